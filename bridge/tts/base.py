@@ -1,0 +1,262 @@
+"""The one interface every TTS / voice provider engine offers the ``Call``.
+
+Theory of operation
+-------------------
+One engine instance is one WebSocket connection to one provider. The shell
+(``bridge.io.tts_client``) opens the socket the engine describes, then pumps:
+
+1. ``session_request()``: an HTTP request to make *before* the WebSocket
+   (zwst's session route), or ``None``. Its answer goes to
+   ``session_response(status, body, now)``.
+2. ``connect_params()``: URL, headers and subprotocols of the upgrade.
+3. ``connection_made(subprotocol, now)`` once the upgrade completed (the
+   engine checks the negotiated subprotocol and may queue a close).
+4. ``receive_text`` / ``receive_bytes`` for every message, ``handle_timer``
+   at ``next_deadline()``, ``connection_lost`` when the socket is gone.
+5. After each call: ``actions_to_send()`` (``SendText``, ``SendBytes``,
+   ``CloseConnection``, ``HttpRequest``) and ``events_received()``.
+
+Turns are the unit the ``Call`` thinks in. A turn id is chosen by the caller
+of ``open_turn``; the engine maps it onto the protocol's own context / session
+ids. ``cancel`` is barge-in: the engine sends the protocol's own cancel, and
+from then on drops every late frame of that turn at its boundary, so no
+``AudioReceived`` for a cancelled turn ever reaches the ``Call``.
+
+Word timings are normalised to seconds from the start of the turn's audio,
+whatever the protocol sends (milliseconds, per-segment offsets, parallel
+arrays).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal, Protocol
+
+from bridge.engine import Action, Event
+
+__all__ = [
+    "AudioEncoding",
+    "AudioFormat",
+    "AudioReceived",
+    "ConnectParams",
+    "ConnectionReady",
+    "HttpRequest",
+    "ProviderFailed",
+    "QueueDepthChanged",
+    "TtsProtocol",
+    "TurnDone",
+    "TurnFailed",
+    "TurnSettings",
+    "TurnStarted",
+    "UsageReported",
+    "WordTiming",
+    "WordsTimed",
+]
+
+AudioEncoding = Literal["pcm_s16le", "mulaw", "alaw"]
+
+
+@dataclass(frozen=True, slots=True)
+class AudioFormat:
+    """An audio format on a provider's wire (always mono)."""
+
+    encoding: AudioEncoding
+    sample_rate_hz: int
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return 2 if self.encoding == "pcm_s16le" else 1
+
+
+PCM_8K = AudioFormat("pcm_s16le", 8000)
+MULAW_8K = AudioFormat("mulaw", 8000)
+ALAW_8K = AudioFormat("alaw", 8000)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSettings:
+    """What one turn asks of the provider.
+
+    ``audio_format`` is a request: the provider may not support it (the engine
+    then asks for what it can and reports the real format on every
+    ``AudioReceived``). Ask for ``mulaw``/``alaw`` at 8000 Hz on G.711 calls
+    so a provider that can pass it through does.
+    """
+
+    voice: str
+    audio_format: AudioFormat
+    model: str | None = None
+    language: str | None = None
+    speed: float | None = None
+    temperature: float | None = None
+    word_timestamps: bool = True
+    extra: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WordTiming:
+    """One word, in seconds from the start of its turn's audio."""
+
+    word: str
+    start_s: float
+    end_s: float
+
+
+# ----------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectParams:
+    """How to open the provider's WebSocket."""
+
+    url: str
+    headers: tuple[tuple[str, str], ...] = ()
+    subprotocols: tuple[str, ...] = ()
+    max_message_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest(Action):
+    """An HTTP request the shell makes for the engine (e.g. a session route)."""
+
+    method: str
+    url: str
+    headers: tuple[tuple[str, str], ...] = ()
+    body: bytes = b""
+
+
+# ------------------------------------------------------------------ events
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionReady(Event):
+    """The connection can take turns (after any protocol handshake)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStarted(Event):
+    """The provider accepted the turn (context_started, generation_started...)."""
+
+    turn_id: str
+    provider_ref: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AudioReceived(Event):
+    """Audio for a turn, in ``audio_format`` (the real one on the wire)."""
+
+    turn_id: str
+    audio: bytes
+    audio_format: AudioFormat
+
+
+@dataclass(frozen=True, slots=True)
+class WordsTimed(Event):
+    """Word timings for a turn, in seconds from the start of the turn's audio."""
+
+    turn_id: str
+    words: tuple[WordTiming, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDepthChanged(Event):
+    """Provider-side backlog for a turn (zwst ``segment_start.queue_depth``)."""
+
+    turn_id: str
+    queue_depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDone(Event):
+    """All audio of the turn has been delivered (or the cancel was confirmed)."""
+
+    turn_id: str
+    cancelled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFailed(Event):
+    """The provider reported an error for one turn; the connection stays usable.
+
+    ``kind`` is the protocol's own error code or kind, ``retryable`` says
+    whether another provider (or a retry) could succeed.
+    """
+
+    turn_id: str
+    kind: str
+    message: str
+    retryable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderFailed(Event):
+    """The connection is unusable (handshake refused, fatal error, closed).
+
+    Every turn still open on it is listed in ``turn_ids``: they will get no
+    more events from this engine.
+    """
+
+    kind: str
+    message: str
+    turn_ids: tuple[str, ...] = ()
+    retryable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReported(Event):
+    """Usage / billing figures the provider reported (logged per call)."""
+
+    turn_id: str | None
+    usage: dict[str, object] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------- interface
+
+
+class TtsProtocol(Protocol):
+    """One connection to one provider, as a sans-I/O engine."""
+
+    protocol_name: ClassVar[str]
+    """The name used in config (``kova``, ``kugelaudio``, ``kletso``, ``coda``, ``zwst``)."""
+
+    max_turns: ClassVar[int]
+    """How many turns one connection can carry at once (1 for KugelAudio)."""
+
+    def session_request(self) -> HttpRequest | None: ...
+
+    def session_response(self, status: int, body: bytes, now: float) -> None: ...
+
+    def connect_params(self) -> ConnectParams: ...
+
+    def connection_made(self, subprotocol: str | None, now: float) -> None: ...
+
+    def connection_lost(self, code: int | None, reason: str, now: float) -> None: ...
+
+    def receive_text(self, text: str, now: float) -> None: ...
+
+    def receive_bytes(self, data: bytes, now: float) -> None: ...
+
+    @property
+    def ready(self) -> bool:
+        """True once turns can be opened (handshake finished, not closed)."""
+        ...
+
+    def open_turns(self) -> int: ...
+
+    def open_turn(self, turn_id: str, settings: TurnSettings, now: float) -> None: ...
+
+    def send_text(self, turn_id: str, text: str, now: float) -> None: ...
+
+    def end_turn(self, turn_id: str, now: float) -> None: ...
+
+    def cancel(self, turn_id: str, now: float) -> None: ...
+
+    def close(self, now: float) -> None: ...
+
+    def handle_timer(self, now: float) -> None: ...
+
+    def next_deadline(self) -> float | None: ...
+
+    def actions_to_send(self) -> list[Action]: ...
+
+    def events_received(self) -> list[Event]: ...

@@ -1,0 +1,90 @@
+"""The server side of the provider protocols: what ``callbridge tts-server`` speaks.
+
+Theory of operation
+-------------------
+One ``ServerSession`` engine per accepted WebSocket, one class per protocol
+(``bridge/ttsd/<protocol>.py``). It parses client frames and validates them
+exactly as the seed document says (answering with the document's own error
+frames), and asks the shell to synthesise text with ``Synthesize`` actions.
+The shell runs the synthesis engine (``tone`` inline, ``piper`` in a worker
+thread) and feeds results back:
+
+* ``synthesis_audio(job_id, pcm, words, now)``: 16-bit little-endian mono
+  PCM at the ``sample_rate_hz`` the job asked for, plus the word timings of
+  that chunk (seconds from the start of the *job's* audio);
+* ``synthesis_done(job_id, now)`` once the job has produced everything;
+* ``synthesis_failed(job_id, message, now)`` when the engine failed.
+
+The session encodes the audio into the wire format the client asked for
+(base64 JSON, binary frames with headers, mu-law, A-law...) and emits the
+protocol's frames in the order the document prescribes. ``CancelSynthesis``
+tells the shell to stop a job (the session already dropped its output).
+
+A session never blocks and never reads a clock, so the same code is both our
+embedded provider and the conformance peer the client engines are tested
+against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from bridge.engine import Action
+from bridge.tts.base import WordTiming
+
+__all__ = [
+    "CancelSynthesis",
+    "ServerSession",
+    "Synthesize",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Synthesize(Action):
+    """Render ``text`` with ``voice`` as PCM s16le mono at ``sample_rate_hz``."""
+
+    job_id: str
+    text: str
+    voice: str
+    sample_rate_hz: int
+    speed: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CancelSynthesis(Action):
+    """Stop a synthesis job; its remaining output is not wanted."""
+
+    job_id: str
+
+
+class ServerSession(Protocol):
+    """One accepted client connection, as a sans-I/O engine."""
+
+    protocol_name: ClassVar[str]
+
+    def connection_made(
+        self, path: str, query: dict[str, str], headers: dict[str, str], now: float
+    ) -> None:
+        """The upgrade completed. ``headers`` keys are lower-case."""
+        ...
+
+    def receive_text(self, text: str, now: float) -> None: ...
+
+    def receive_bytes(self, data: bytes, now: float) -> None: ...
+
+    def connection_lost(self, now: float) -> None: ...
+
+    def synthesis_audio(
+        self, job_id: str, pcm: bytes, words: tuple[WordTiming, ...], now: float
+    ) -> None: ...
+
+    def synthesis_done(self, job_id: str, now: float) -> None: ...
+
+    def synthesis_failed(self, job_id: str, message: str, now: float) -> None: ...
+
+    def handle_timer(self, now: float) -> None: ...
+
+    def next_deadline(self) -> float | None: ...
+
+    def actions_to_send(self) -> list[Action]: ...
