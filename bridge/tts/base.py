@@ -42,6 +42,7 @@ __all__ = [
     "ConnectionReady",
     "HttpRequest",
     "ProviderFailed",
+    "ProviderSettings",
     "QueueDepthChanged",
     "TtsProtocol",
     "TurnDone",
@@ -100,6 +101,30 @@ class WordTiming:
     word: str
     start_s: float
     end_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSettings:
+    """One ``[providers.NAME]`` table, as an engine needs it.
+
+    ``api_key`` is a secret: engines put it only where the protocol says
+    (query string, header, first frame) and never into an event or an error
+    message. ``options`` holds the protocol-specific keys of the table.
+    """
+
+    name: str
+    protocol: str
+    url: str
+    api_key: str = field(default="", repr=False)
+    voice: str = ""
+    model: str = ""
+    options: tuple[tuple[str, str | int | float | bool], ...] = ()
+
+    def option(self, key: str, default: str | int | float | bool) -> str | int | float | bool:
+        for k, v in self.options:
+            if k == key:
+                return v
+        return default
 
 
 # ----------------------------------------------------------------- actions
@@ -215,6 +240,8 @@ class UsageReported(Event):
 
 class TtsProtocol(Protocol):
     """One connection to one provider, as a sans-I/O engine."""
+
+    def __init__(self, settings: ProviderSettings) -> None: ...
 
     protocol_name: ClassVar[str]
     """The name used in config (``kova``, ``kugelaudio``, ``kletso``, ``coda``, ``zwst``)."""

@@ -27,7 +27,7 @@ against.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from bridge.engine import Action
@@ -35,6 +35,7 @@ from bridge.tts.base import WordTiming
 
 __all__ = [
     "CancelSynthesis",
+    "ServerOptions",
     "ServerSession",
     "Synthesize",
 ]
@@ -58,10 +59,31 @@ class CancelSynthesis(Action):
     job_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """What every protocol server session is configured with.
+
+    ``voices``: the voice ids the server knows (others get the protocol's
+    "unknown voice" error). ``api_keys``: accepted keys/tokens; empty means
+    any key is accepted (the embedded server on loopback).
+    """
+
+    voices: frozenset[str] = frozenset({"joe", "tone"})
+    default_voice: str = "joe"
+    api_keys: frozenset[str] = field(default=frozenset(), repr=False)
+    max_contexts: int = 16
+
+
 class ServerSession(Protocol):
-    """One accepted client connection, as a sans-I/O engine."""
+    """One accepted client connection, as a sans-I/O engine.
+
+    Each protocol module also exposes ``PATHS: tuple[str, ...]``, the URL
+    paths it is served on.
+    """
 
     protocol_name: ClassVar[str]
+
+    def __init__(self, options: ServerOptions) -> None: ...
 
     def connection_made(
         self, path: str, query: dict[str, str], headers: dict[str, str], now: float
