@@ -1,0 +1,10 @@
+"""telcodec: telephony audio codecs for callbridge.
+
+G.711 (``g711``), L16 byte order (``l16``), streaming resampling over soxr
+(``resample``), exact 20 ms framing (``framing``), provider-to-telephony
+transcoding pipelines (``transcode``) and DTMF tone generation and detection
+(``dtmf``). Everything is pure computation on bytes and numpy arrays: no I/O,
+no clock, and no dependency on ``bridge``.
+"""
+
+__version__ = "0.1.0"
