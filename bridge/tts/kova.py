@@ -1,0 +1,520 @@
+"""Kova WebSocket TTS client engine (config name ``kova``).
+
+Theory of operation
+-------------------
+One ``KovaProtocol`` is one WebSocket to Kova. Frames are JSON objects in text
+messages; the presence of a discriminator key (``context_started``,
+``audio_chunk``...) names the frame (seed ``000_f43e393e6311affa.txt``).
+Many *contexts* share the socket and every frame carries ``context_id``, so
+one connection carries up to ``max_turns`` concurrent turns.
+
+Each turn gets its own context id (``c1``, ``c2``... per connection; a turn id
+is never reused as a context id, so late frames of a cancelled turn can never
+be mistaken for a new turn with the same id). The life of one context::
+
+    open_turn   -> start_context          STARTING   (timer: start_timeout_s)
+    context_started                       STREAMING  -> TurnStarted
+    send_text   -> send_text              (audio_chunk / timestamps stream in)
+    end_turn    -> flush{flush_id}        FLUSHING   (timer: reply_timeout_s, re-armed per frame)
+    flush_completed                       -> TurnDone; close_context; CLOSING
+    cancel      -> close_context          CLOSING    (late audio dropped here)
+    context_closed                        forgotten  (-> TurnDone(cancelled) after a cancel)
+
+Rules that keep this module honest:
+
+1. Ordering (seed "Frame ordering" 1-4): ``audio_chunk``/``timestamps`` before
+   ``context_started`` is a remote protocol error for that turn
+   (``TurnFailed``); frames after the turn finished or was cancelled are
+   dropped at the boundary, never turned into events.
+2. A per-context ``error`` frame fails only its turn (``TurnFailed``); the
+   socket stays usable, as the seed says. An ``error`` we cannot attribute to
+   a context, invalid JSON, a non-object frame, or the socket closing fail the
+   connection (``ProviderFailed`` listing every open turn).
+3. Unknown frame types (valid JSON objects without a known discriminator) and
+   binary messages are ignored.
+4. Audio is reported in its real format: the one echoed by
+   ``context_started.response_format`` when present, else the one we asked
+   for. G.711 calls ask for ``mulaw``/``alaw`` at 8000 Hz so audio passes
+   through untouched. PCM chunks are re-cut on whole samples.
+5. ``api_key`` goes only into the ``Authorization: Bearer`` header of the
+   upgrade and is scrubbed from every message we surface.
+6. The seed defines no heartbeat frame and no size or context limits; the
+   only timers are ours (reply timeouts), exposed through
+   ``next_deadline()``/``handle_timer(now)``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, SendText
+from bridge.tts.base import (
+    AudioEncoding,
+    AudioFormat,
+    AudioReceived,
+    ConnectionReady,
+    ConnectParams,
+    HttpRequest,
+    ProviderFailed,
+    ProviderSettings,
+    TurnDone,
+    TurnFailed,
+    TurnSettings,
+    TurnStarted,
+    WordsTimed,
+    WordTiming,
+)
+
+__all__ = ["ENGINE", "KovaProtocol"]
+
+logger = logging.getLogger(__name__)
+
+#: Default audio when no ``response_format`` is set (seed, ``audio_chunk``).
+DEFAULT_FORMAT = AudioFormat("pcm_s16le", 32000)
+
+#: Kova encodings we can carry, mapped to the interface's names. ``linear16``
+#: is taken to be the same little-endian int16 PCM as ``pcm``.
+ENCODINGS: dict[str, AudioEncoding] = {
+    "pcm": "pcm_s16le",
+    "linear16": "pcm_s16le",
+    "mulaw": "mulaw",
+    "alaw": "alaw",
+}
+WIRE_ENCODING: dict[AudioEncoding, str] = {"pcm_s16le": "pcm", "mulaw": "mulaw", "alaw": "alaw"}
+
+CLOSE_PROTOCOL_ERROR = 1002
+
+
+class _KovaFrameError(ValueError):
+    """A known frame whose fields do not match the seed's shapes."""
+
+
+@dataclass(slots=True)
+class _Context:
+    """One Kova context, i.e. one turn on the wire."""
+
+    turn_id: str
+    context_id: str
+    audio_format: AudioFormat
+    started: bool = False
+    flush_id: str | None = None
+    closing: bool = False
+    finished: bool = False
+    cancelled: bool = False
+    deadline_at: float | None = None
+    remainder: bytes = b""
+
+
+Handler = Callable[[_Context, dict[str, object], float], None]
+
+
+class KovaProtocol(Outbox):
+    """Client side of Kova's WebSocket frames (see the module docstring).
+
+    After every call into the engine, drain ``actions_to_send()`` and
+    ``events_received()``, then re-arm the timer from ``next_deadline()``.
+    """
+
+    protocol_name: ClassVar[str] = "kova"
+    max_turns: ClassVar[int] = 64
+
+    def __init__(self, settings: ProviderSettings) -> None:
+        super().__init__()
+        self._settings = settings
+        self._start_timeout_s = float(settings.option("start_timeout_s", 10.0))
+        self._reply_timeout_s = float(settings.option("reply_timeout_s", 10.0))
+        self._close_timeout_s = float(settings.option("close_timeout_s", 5.0))
+        self._ready = False
+        self._failed = False
+        self._context_serial = 0
+        self._flush_serial = 0
+        self._contexts: dict[str, _Context] = {}
+        self._turns: dict[str, _Context] = {}
+        self._handlers: dict[str, Handler] = {
+            "context_started": self._on_context_started,
+            "audio_chunk": self._on_audio_chunk,
+            "timestamps": self._on_timestamps,
+            "flush_completed": self._on_flush_completed,
+            "context_closed": self._on_context_closed,
+            "error": self._on_error,
+        }
+
+    # ---------------------------------------------------------- connection
+
+    def session_request(self) -> HttpRequest | None:
+        """Kova has no session route: the WebSocket is opened directly."""
+        return None
+
+    def session_response(self, status: int, body: bytes, now: float) -> None:
+        """Never called for Kova (``session_request()`` is ``None``)."""
+
+    def connect_params(self) -> ConnectParams:
+        """URL from config; the api key as ``Authorization: Bearer`` (see docs)."""
+        headers: tuple[tuple[str, str], ...] = ()
+        if self._settings.api_key:
+            headers = (("Authorization", f"Bearer {self._settings.api_key}"),)
+        return ConnectParams(url=self._settings.url, headers=headers)
+
+    def connection_made(self, subprotocol: str | None, now: float) -> None:
+        """The upgrade completed; Kova has no handshake frame, so turns can open."""
+        self._ready = True
+        self._events.append(ConnectionReady())
+
+    def connection_lost(self, code: int | None, reason: str, now: float) -> None:
+        """The socket is gone: every open turn fails with the connection."""
+        if not self._failed:
+            detail = f"code={code} reason={reason!r}" if code is not None else "no close frame"
+            self._fail_connection("connection_closed", f"connection closed ({detail})")
+        self._ready = False
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and not self._failed
+
+    def open_turns(self) -> int:
+        """Contexts held on the server, including ones still being closed."""
+        return len(self._contexts)
+
+    def close(self, now: float) -> None:
+        """Release every context politely, then close the socket (code 1000)."""
+        for ctx in list(self._contexts.values()):
+            if not ctx.closing:
+                self._send_close_context(ctx, now)
+        self._actions.append(CloseConnection(1000, "client closing"))
+        self._ready = False
+
+    # ------------------------------------------------------------ commands
+
+    def open_turn(self, turn_id: str, settings: TurnSettings, now: float) -> None:
+        """Send ``start_context`` for a new turn.
+
+        Raises:
+            LocalProtocolError: not ready, the turn id is in use, or
+                ``max_turns`` contexts are already held.
+        """
+        if not self.ready:
+            raise LocalProtocolError("kova connection is not ready")
+        if turn_id in self._turns or any(c.turn_id == turn_id for c in self._live_contexts()):
+            raise LocalProtocolError(f"turn {turn_id!r} is already open")
+        if len(self._contexts) >= self.max_turns:
+            raise LocalProtocolError("kova connection has no free context")
+        self._context_serial += 1
+        ctx = _Context(turn_id, f"c{self._context_serial}", _requested_format(settings))
+        ctx.deadline_at = now + self._start_timeout_s
+        self._contexts[ctx.context_id] = ctx
+        self._turns[turn_id] = ctx
+        self._send(
+            {
+                "start_context": self._start_body(settings, ctx.audio_format),
+                "context_id": ctx.context_id,
+            }
+        )
+
+    def send_text(self, turn_id: str, text: str, now: float) -> None:
+        """Send ``send_text``; a no-op for empty text or a turn already ended.
+
+        Raises:
+            LocalProtocolError: text after ``end_turn``.
+        """
+        ctx = self._turns.get(turn_id)
+        if ctx is None or not text:
+            return
+        if ctx.flush_id is not None:
+            raise LocalProtocolError(f"turn {turn_id!r} already ended")
+        self._send({"send_text": text, "context_id": ctx.context_id})
+
+    def end_turn(self, turn_id: str, now: float) -> None:
+        """Send ``flush`` with a fresh ``flush_id``; ``TurnDone`` follows ``flush_completed``."""
+        ctx = self._turns.get(turn_id)
+        if ctx is None or ctx.flush_id is not None:
+            return
+        self._flush_serial += 1
+        ctx.flush_id = f"f{self._flush_serial}"
+        if ctx.started:
+            ctx.deadline_at = now + self._reply_timeout_s
+        self._send({"flush": True, "context_id": ctx.context_id, "flush_id": ctx.flush_id})
+
+    def cancel(self, turn_id: str, now: float) -> None:
+        """Barge-in: send ``close_context`` and drop the turn's late frames.
+
+        ``TurnDone(cancelled=True)`` follows ``context_closed`` (or the close
+        timeout). Cancelling a finished or unknown turn does nothing.
+        """
+        ctx = self._turns.pop(turn_id, None)
+        if ctx is None:
+            return
+        ctx.cancelled = True
+        ctx.remainder = b""
+        self._send_close_context(ctx, now)
+
+    # -------------------------------------------------------------- timers
+
+    def next_deadline(self) -> float | None:
+        deadlines = [c.deadline_at for c in self._contexts.values() if c.deadline_at is not None]
+        return min(deadlines, default=None)
+
+    def handle_timer(self, now: float) -> None:
+        """Expire contexts whose reply did not come in time."""
+        for ctx in list(self._contexts.values()):
+            if ctx.deadline_at is None or ctx.deadline_at > now:
+                continue
+            if ctx.closing:
+                self._forget(ctx)
+                if not ctx.finished:
+                    self._finish(ctx, TurnDone(ctx.turn_id, cancelled=True))
+            elif not ctx.started:
+                self._fail_turn(ctx, "timeout", "no context_started in time", now)
+            else:
+                self._fail_turn(ctx, "timeout", "no frame for the flushed context in time", now)
+
+    # ------------------------------------------------------------- receive
+
+    def receive_text(self, text: str, now: float) -> None:
+        """Parse one server frame; bad input becomes an event, never an exception."""
+        if self._failed:
+            return
+        try:
+            frame = json.loads(text)
+        except (ValueError, RecursionError):
+            self._fail_connection("malformed_frame", "invalid JSON from server", close=True)
+            return
+        if not isinstance(frame, dict):
+            self._fail_connection("malformed_frame", "server frame is not an object", close=True)
+            return
+        kind = next((k for k in self._handlers if k in frame), None)
+        if kind is None:
+            logger.debug("< kova: ignoring unknown frame keys %s", sorted(frame)[:8])
+            return
+        self._dispatch(kind, frame, now)
+
+    def receive_bytes(self, data: bytes, now: float) -> None:
+        """Kova frames are text only; binary messages are ignored."""
+        logger.debug("< kova: ignoring %d-byte binary message", len(data))
+
+    # ------------------------------------------------------------ handlers
+
+    def _dispatch(self, kind: str, frame: dict[str, object], now: float) -> None:
+        ctx = self._context_for(frame)
+        if ctx is None:
+            if kind == "error" and not isinstance(frame.get("context_id"), str):
+                message = f"provider error: {_text(frame.get('error'))}"
+                self._fail_connection("error", message, close=True)
+            return
+        if ctx.closing and kind not in ("context_closed", "error"):
+            return  # late frame of a cancelled / finished turn: dropped here
+        try:
+            self._handlers[kind](ctx, frame, now)
+        except _KovaFrameError as exc:
+            self._fail_turn(ctx, "malformed_frame", f"{kind}: {exc}", now)
+
+    def _context_for(self, frame: dict[str, object]) -> _Context | None:
+        context_id = frame.get("context_id")
+        if isinstance(context_id, str):
+            return self._contexts.get(context_id)
+        flush_id = frame.get("flush_id")  # an error may name only the flush
+        if "error" in frame and isinstance(flush_id, str):
+            return next((c for c in self._contexts.values() if c.flush_id == flush_id), None)
+        return None
+
+    def _on_context_started(self, ctx: _Context, frame: dict[str, object], now: float) -> None:
+        body = frame["context_started"]
+        if not isinstance(body, dict):
+            raise _KovaFrameError("context_started is not an object")
+        if ctx.started:
+            return
+        echoed = body.get("response_format")
+        if isinstance(echoed, dict):
+            real = _format_from_echo(echoed, ctx.audio_format)
+            if real is None:
+                ctx.started = True  # the server holds the context: close it
+                encoding = _text(echoed.get("encoding"))
+                self._fail_turn(ctx, "unsupported_encoding", f"server chose {encoding}", now)
+                return
+            ctx.audio_format = real
+        ctx.started = True
+        ctx.deadline_at = now + self._reply_timeout_s if ctx.flush_id is not None else None
+        self._events.append(TurnStarted(ctx.turn_id, provider_ref=ctx.context_id))
+
+    def _on_audio_chunk(self, ctx: _Context, frame: dict[str, object], now: float) -> None:
+        self._check_started(ctx, "audio_chunk")
+        payload = frame["audio_chunk"]
+        if not isinstance(payload, str):
+            raise _KovaFrameError("audio_chunk is not a string")
+        try:
+            audio = base64.b64decode(payload, validate=True)
+        except binascii.Error as exc:
+            raise _KovaFrameError("audio_chunk is not valid base64") from exc
+        self._touch(ctx, now)
+        if ctx.audio_format.bytes_per_sample == 2:
+            audio = ctx.remainder + audio
+            cut = len(audio) - len(audio) % 2
+            audio, ctx.remainder = audio[:cut], audio[cut:]
+        if audio:
+            self._events.append(AudioReceived(ctx.turn_id, audio, ctx.audio_format))
+
+    def _on_timestamps(self, ctx: _Context, frame: dict[str, object], now: float) -> None:
+        self._check_started(ctx, "timestamps")
+        self._touch(ctx, now)
+        words = _parse_timestamps(frame["timestamps"])
+        if words:
+            self._events.append(WordsTimed(ctx.turn_id, words))
+
+    def _on_flush_completed(self, ctx: _Context, frame: dict[str, object], now: float) -> None:
+        flush_id = frame.get("flush_id")
+        if frame["flush_completed"] is not True or not isinstance(flush_id, str):
+            raise _KovaFrameError("flush_completed needs true and a string flush_id")
+        if flush_id != ctx.flush_id:
+            logger.debug(
+                "< kova %s: flush_completed for unknown flush %r", ctx.context_id, flush_id
+            )
+            return
+        self._finish(ctx, TurnDone(ctx.turn_id))
+        self._send_close_context(ctx, now)
+
+    def _on_context_closed(self, ctx: _Context, frame: dict[str, object], now: float) -> None:
+        self._forget(ctx)
+        if not ctx.finished:
+            self._finish(ctx, TurnDone(ctx.turn_id, cancelled=ctx.cancelled))
+
+    def _on_error(self, ctx: _Context, frame: dict[str, object], now: float) -> None:
+        message = _text(frame["error"])
+        if ctx.closing:
+            # An error while closing (e.g. the context was already gone):
+            # nothing more will come for it.
+            self._forget(ctx)
+            if not ctx.finished:
+                self._finish(ctx, TurnDone(ctx.turn_id, cancelled=True))
+            return
+        self._fail_turn(ctx, "error", message, now)
+
+    # ------------------------------------------------------------- helpers
+
+    def _start_body(self, settings: TurnSettings, fmt: AudioFormat) -> dict[str, object]:
+        body: dict[str, object] = {
+            "voice_id": settings.voice or self._settings.voice,
+            "model_id": settings.model or self._settings.model or "default",
+        }
+        if settings.temperature is not None:
+            body["temperature"] = settings.temperature
+        body["timestamps"] = settings.word_timestamps
+        body["response_format"] = {
+            "encoding": WIRE_ENCODING[fmt.encoding],
+            "sample_rate": fmt.sample_rate_hz,
+        }
+        return body
+
+    def _check_started(self, ctx: _Context, kind: str) -> None:
+        if not ctx.started:
+            raise _KovaFrameError(f"{kind} before context_started (ordering rule 1)")
+
+    def _touch(self, ctx: _Context, now: float) -> None:
+        if ctx.flush_id is not None:
+            ctx.deadline_at = now + self._reply_timeout_s
+
+    def _send(self, frame: dict[str, object]) -> None:
+        self._actions.append(SendText(json.dumps(frame, separators=(",", ":"))))
+
+    def _send_close_context(self, ctx: _Context, now: float) -> None:
+        ctx.closing = True
+        ctx.deadline_at = now + self._close_timeout_s
+        self._turns.pop(ctx.turn_id, None)
+        self._send({"close_context": True, "context_id": ctx.context_id})
+
+    def _finish(self, ctx: _Context, event: Event) -> None:
+        ctx.finished = True
+        ctx.remainder = b""
+        self._turns.pop(ctx.turn_id, None)
+        self._events.append(event)
+
+    def _forget(self, ctx: _Context) -> None:
+        self._contexts.pop(ctx.context_id, None)
+        self._turns.pop(ctx.turn_id, None)
+
+    def _fail_turn(self, ctx: _Context, kind: str, message: str, now: float) -> None:
+        """Fail one turn and release its context (if the server made one)."""
+        self._finish(ctx, TurnFailed(ctx.turn_id, kind, self._scrub(message)))
+        if ctx.started or kind == "timeout":
+            self._send_close_context(ctx, now)
+        else:
+            self._forget(ctx)  # start_context refused: there is nothing to close
+
+    def _fail_connection(self, kind: str, message: str, close: bool = False) -> None:
+        open_turns = tuple(c.turn_id for c in self._live_contexts())
+        self._failed = True
+        self._ready = False
+        self._contexts.clear()
+        self._turns.clear()
+        self._events.append(ProviderFailed(kind, self._scrub(message), open_turns))
+        if close:
+            self._actions.append(CloseConnection(CLOSE_PROTOCOL_ERROR, kind))
+
+    def _live_contexts(self) -> list[_Context]:
+        return [c for c in self._contexts.values() if not c.finished]
+
+    def _scrub(self, message: str) -> str:
+        key = self._settings.api_key
+        return message.replace(key, "***") if key else message
+
+
+# ------------------------------------------------------------ pure helpers
+
+
+def _requested_format(settings: TurnSettings) -> AudioFormat:
+    """What to ask for: G.711 only at 8 kHz (pass-through), PCM at any rate."""
+    fmt = settings.audio_format
+    if fmt.encoding != "pcm_s16le" and fmt.sample_rate_hz != 8000:
+        return AudioFormat("pcm_s16le", fmt.sample_rate_hz)
+    return fmt
+
+
+def _format_from_echo(echoed: dict[str, object], asked: AudioFormat) -> AudioFormat | None:
+    """The real format from ``context_started.response_format`` (None: unusable)."""
+    encoding = ENCODINGS.get(_text(echoed.get("encoding")))
+    if encoding is None:
+        return None
+    rate = echoed.get("sample_rate")
+    if isinstance(rate, int) and not isinstance(rate, bool) and rate > 0:
+        return AudioFormat(encoding, rate)
+    if encoding == asked.encoding:
+        return asked
+    return AudioFormat(encoding, 8000 if encoding != "pcm_s16le" else DEFAULT_FORMAT.sample_rate_hz)
+
+
+def _parse_timestamps(body: object) -> tuple[WordTiming, ...]:
+    """Parallel arrays ``words`` / ``start_seconds`` / ``end_seconds`` to timings."""
+    if not isinstance(body, dict):
+        raise _KovaFrameError("timestamps is not an object")
+    words, starts, ends = body.get("words"), body.get("start_seconds"), body.get("end_seconds")
+    if not (isinstance(words, list) and isinstance(starts, list) and isinstance(ends, list)):
+        raise _KovaFrameError("timestamps needs words, start_seconds and end_seconds arrays")
+    if not len(words) == len(starts) == len(ends):
+        raise _KovaFrameError("timestamps arrays differ in length")
+    timings = []
+    for word, start, end in zip(words, starts, ends, strict=True):
+        start_s, end_s = _seconds(start), _seconds(end)
+        if not isinstance(word, str) or start_s is None or end_s is None:
+            raise _KovaFrameError("timestamps hold a non-string word or a bad time")
+        timings.append(WordTiming(word, start_s, end_s))
+    return tuple(timings)
+
+
+def _seconds(value: object) -> float | None:
+    """A finite, non-negative JSON number as float, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    seconds = float(value)
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+ENGINE = KovaProtocol
