@@ -1,0 +1,335 @@
+"""The media clock: when each outbound 20 ms frame is due, and its RTP timestamp.
+
+Theory of operation
+-------------------
+Pacing is arithmetic, not sleeping. A stream's frame ``n`` is due at the
+absolute time ``origin_s + n * ptime_s`` on the loop's monotonic clock, and
+its RTP timestamp is ``(ts0 + n * samples_per_frame) mod 2**32``. Both are
+computed from the frame index, never from elapsed time, so neither drifts: the
+millionth frame is due exactly 20 000 s after the first.
+
+``MediaClock`` (one per outbound stream) remembers the index of the next frame
+to send. ``tick(now)`` answers "which frame goes out now?":
+
+* ``now`` earlier than the next deadline minus ``early_tolerance_s``:
+  ``None``, nothing is due yet.
+* On time, or late by less than one period: the next frame, once.
+* Late by ``1 .. max_late_frames`` whole periods: still the next frame, once
+  per call. The deadline of the following frame is already past, so the
+  shell's loop ``while (n := clock.tick(now)) is not None`` sends the backlog
+  immediately: a bounded catch-up of at most ``max_late_frames + 1`` frames,
+  which any receive jitter buffer absorbs and which loses no audio.
+* Late by more than ``max_late_frames`` periods (a stall): skip ahead to the
+  newest due frame and send only that one. The skipped indices are never sent
+  but their timestamps are consumed, so the stream stays continuous in time
+  (the receiver sees a gap the size of the stall, not a time warp). The wake
+  is counted in ``late_wakeups`` and the frames in ``skipped_frames``.
+
+Timer resolution. uvloop timers have 1 ms resolution and asyncio fires a
+timer up to ``clock_resolution`` early, so the shell wakes up to about 1 ms on
+either side of what it asked for. A frame counts as due once
+``now >= deadline - early_tolerance_s``, and ``next_deadline()`` returns that
+earlier instant (the *wake-up* time): a shell that arms its timer there and is
+rounded up by up to 1 ms still lands close to the true deadline instead of a
+whole millisecond after it.
+
+``Ticker`` is the process-wide scheduler for many streams (pure data; the
+shell in ``bridge.io`` owns the single timer). It gives each stream a phase
+within the period, spreading streams over ``slots`` evenly spaced offsets
+(the least-loaded slot wins), so one wake-up sends a fraction of the calls'
+frames instead of all of them at once: at 300 calls a single burst per tick
+made the last frames of the burst several milliseconds late (see
+``docs``/design, "One media clock"). ``next_deadline()`` is the earliest
+wake-up time over all streams; ``due(now)`` lists the streams whose next frame
+is due, earliest deadline first. The shell then ticks each listed stream's
+clock (through its call); the ticker re-reads that clock's next deadline on
+its next call, so a stream that was not ticked stays due.
+
+Design choice: no out-of-grid frames. A turn's first frame goes out at the
+stream's next grid slot, at most one period (20 ms) later and 10 ms later on
+average, because a stream's phase is fixed per call and turns start at random
+times relative to it. Sending the frame "now" would keep the RTP timestamps
+continuous only by sending frame ``n`` before its due time, which makes the
+next inter-packet gap up to 40 ms: it injects jitter exactly at a talkspurt
+start, where the receiver's adaptive jitter buffer is sizing itself. Re-basing
+the origin instead would break ``ts = ts0 + n * 160``. Talkspurts and the RTP
+marker bit are the RTP session's business, not the clock's.
+
+Rules that keep this module honest:
+
+1. No clock reads: every method that needs the time takes ``now``.
+2. Deadlines and timestamps are functions of the frame index only.
+3. At most one frame index per ``tick()`` call.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from bridge.engine import LocalProtocolError
+
+__all__ = [
+    "PTIME_S",
+    "RTP_TIMESTAMP_MODULUS",
+    "ClockConfig",
+    "ClockStats",
+    "MediaClock",
+    "Ticker",
+    "TickerConfig",
+]
+
+PTIME_S = 0.020
+RTP_TIMESTAMP_MODULUS = 2**32
+
+# Absorbs float rounding in (now - origin_s) / ptime_s when now sits exactly
+# on a deadline; far below any timer resolution.
+_EPSILON_S = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class ClockConfig:
+    """Pacing parameters of one outbound stream."""
+
+    ptime_s: float = PTIME_S
+    """Frame period in seconds (packetization time)."""
+    samples_per_frame: int = 160
+    """RTP timestamp increment per frame (160 = 20 ms at 8 kHz)."""
+    max_late_frames: int = 2
+    """Whole periods of lateness still caught up frame by frame; beyond it, skip ahead."""
+    early_tolerance_s: float = 0.001
+    """A frame is due once ``now >= deadline - early_tolerance_s`` (timer granularity)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClockStats:
+    """Counters of one clock, for metrics and the end-of-call summary."""
+
+    frames_sent: int
+    """Frame indices handed out by ``tick()``."""
+    late_wakeups: int
+    """Wakes more than ``max_late_frames`` periods late (each caused a skip)."""
+    skipped_frames: int
+    """Frame indices never sent because of late wakeups."""
+    caught_up_frames: int
+    """Frames sent at least one whole period after their deadline."""
+
+
+class MediaClock:
+    """Frame deadlines and RTP timestamps of one outbound stream.
+
+    Args:
+        origin_s: Loop time at which frame 0 is due.
+        ts0: RTP timestamp of frame 0 (random per RFC 3550 §5.1; the RTP
+            session picks it).
+        config: Pacing parameters.
+
+    Calling contract: after a wake-up call ``tick(now)`` until it returns
+    ``None``, sending one frame per returned index; then re-arm the timer at
+    ``next_deadline()``.
+    """
+
+    __slots__ = (
+        "_caught_up_frames",
+        "_config",
+        "_frames_sent",
+        "_late_wakeups",
+        "_next_frame",
+        "_skipped_frames",
+        "origin_s",
+        "ts0",
+    )
+
+    def __init__(self, origin_s: float, ts0: int = 0, config: ClockConfig | None = None) -> None:
+        self._config = config or ClockConfig()
+        if self._config.ptime_s <= 0 or self._config.samples_per_frame <= 0:
+            raise LocalProtocolError("ptime_s and samples_per_frame must be positive")
+        if self._config.max_late_frames < 0 or self._config.early_tolerance_s < 0:
+            raise LocalProtocolError("max_late_frames and early_tolerance_s must be >= 0")
+        self.origin_s = origin_s
+        self.ts0 = ts0 % RTP_TIMESTAMP_MODULUS
+        self._next_frame = 0
+        self._frames_sent = 0
+        self._late_wakeups = 0
+        self._skipped_frames = 0
+        self._caught_up_frames = 0
+
+    @property
+    def config(self) -> ClockConfig:
+        return self._config
+
+    @property
+    def next_frame(self) -> int:
+        """Index of the next frame ``tick()`` will hand out."""
+        return self._next_frame
+
+    def deadline(self, n: int) -> float:
+        """Absolute loop time at which frame ``n`` is due."""
+        return self.origin_s + n * self._config.ptime_s
+
+    def rtp_timestamp(self, n: int) -> int:
+        """RTP timestamp of frame ``n``: ``ts0 + n * samples_per_frame`` mod 2**32."""
+        return (self.ts0 + n * self._config.samples_per_frame) % RTP_TIMESTAMP_MODULUS
+
+    def next_deadline(self) -> float:
+        """The wake-up time for the next frame: its deadline minus the early tolerance."""
+        return self.deadline(self._next_frame) - self._config.early_tolerance_s
+
+    def latest_due(self, now: float) -> int:
+        """Index of the newest frame due at ``now`` (-1 before frame 0 is due)."""
+        elapsed_s = now + self._config.early_tolerance_s - self.origin_s + _EPSILON_S
+        return math.floor(elapsed_s / self._config.ptime_s)
+
+    def tick(self, now: float) -> int | None:
+        """Hand out the frame index to send at ``now``, or ``None`` if none is due.
+
+        Never returns more than one index per call and never returns an index
+        twice; see the module docstring for the late-wake rules.
+        """
+        latest = self.latest_due(now)
+        if latest < self._next_frame:
+            return None
+        lag_frames = latest - self._next_frame
+        if lag_frames > self._config.max_late_frames:
+            self._late_wakeups += 1
+            self._skipped_frames += lag_frames
+            self._next_frame = latest
+        elif lag_frames > 0:
+            self._caught_up_frames += 1
+        n = self._next_frame
+        self._next_frame = n + 1
+        self._frames_sent += 1
+        return n
+
+    def stats(self) -> ClockStats:
+        """A snapshot of the counters."""
+        return ClockStats(
+            frames_sent=self._frames_sent,
+            late_wakeups=self._late_wakeups,
+            skipped_frames=self._skipped_frames,
+            caught_up_frames=self._caught_up_frames,
+        )
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(frozen=True, slots=True)
+class TickerConfig:
+    """Parameters of the process-wide ticker."""
+
+    clock: ClockConfig = ClockConfig()
+    """Pacing parameters given to every stream's clock."""
+    slots: int = 20
+    """Number of phases within one period (20 slots of 20 ms = 1 ms apart)."""
+    epoch_s: float = 0.0
+    """Loop time of the grid: slot ``k`` is due at ``epoch_s + (k / slots + m) * ptime_s``."""
+
+
+class Ticker(Generic[K]):
+    """Schedules the frames of many streams on one timer (pure data).
+
+    Calling contract: arm one timer at ``next_deadline()``; when it fires call
+    ``due(now)`` and, for each key returned, tick that stream's clock (via its
+    call) until it returns ``None``; then ask ``next_deadline()`` again.
+    """
+
+    __slots__ = (
+        "_clocks",
+        "_config",
+        "_entry_seq",
+        "_heap",
+        "_popped",
+        "_seq",
+        "_slot_load",
+        "_slot_of",
+    )
+
+    def __init__(self, config: TickerConfig | None = None) -> None:
+        self._config = config or TickerConfig()
+        if self._config.slots <= 0:
+            raise LocalProtocolError("slots must be positive")
+        self._clocks: dict[K, MediaClock] = {}
+        self._slot_of: dict[K, int] = {}
+        self._slot_load = [0] * self._config.slots
+        # (wake-up time, insertion sequence, key). A key has one live entry, the
+        # one whose sequence is in _entry_seq; the others are skipped lazily.
+        self._entry_seq: dict[K, int] = {}
+        self._heap: list[tuple[float, int, K]] = []
+        self._popped: list[K] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._clocks)
+
+    def add(self, key: K, now: float, ts0: int = 0) -> MediaClock:
+        """Register a stream and return its clock; frame 0 is due at its first slot >= ``now``."""
+        if key in self._clocks:
+            raise LocalProtocolError(f"stream {key!r} already registered")
+        slot = self._slot_load.index(min(self._slot_load))
+        clock = MediaClock(self._first_origin(slot, now), ts0, self._config.clock)
+        self._clocks[key] = clock
+        self._slot_of[key] = slot
+        self._slot_load[slot] += 1
+        self._push(key)
+        return clock
+
+    def remove(self, key: K) -> None:
+        """Forget a stream (its heap entries are dropped lazily). Unknown keys are ignored."""
+        if self._clocks.pop(key, None) is not None:
+            self._slot_load[self._slot_of.pop(key)] -= 1
+            self._entry_seq.pop(key, None)
+
+    def clock(self, key: K) -> MediaClock:
+        """The clock of a registered stream."""
+        return self._clocks[key]
+
+    def phase_s(self, key: K) -> float:
+        """Offset of the stream's deadlines within the period, in seconds."""
+        return self._slot_of[key] * self._config.clock.ptime_s / self._config.slots
+
+    def next_deadline(self) -> float | None:
+        """The earliest wake-up time over all streams, or ``None`` with no streams."""
+        self._requeue_popped()
+        while self._heap:
+            wake_s, seq, key = self._heap[0]
+            if self._entry_seq.get(key) == seq:
+                return wake_s
+            heapq.heappop(self._heap)
+        return None
+
+    def due(self, now: float) -> list[K]:
+        """The streams whose next frame is due at ``now``, earliest deadline first."""
+        self._requeue_popped()
+        keys: list[K] = []
+        while self._heap and self._heap[0][0] <= now + _EPSILON_S:
+            _, seq, key = heapq.heappop(self._heap)
+            if self._entry_seq.get(key) != seq:
+                continue
+            if self._clocks[key].next_deadline() > now + _EPSILON_S:
+                self._push(key)  # ticked outside due(): its entry was early
+                continue
+            del self._entry_seq[key]
+            keys.append(key)
+        self._popped = keys
+        return list(keys)
+
+    def _first_origin(self, slot: int, now: float) -> float:
+        ptime_s = self._config.clock.ptime_s
+        phase_origin_s = self._config.epoch_s + slot * ptime_s / self._config.slots
+        periods = max(0, math.ceil((now - phase_origin_s) / ptime_s - _EPSILON_S))
+        return phase_origin_s + periods * ptime_s
+
+    def _push(self, key: K) -> None:
+        self._seq += 1
+        self._entry_seq[key] = self._seq
+        heapq.heappush(self._heap, (self._clocks[key].next_deadline(), self._seq, key))
+
+    def _requeue_popped(self) -> None:
+        for key in self._popped:
+            if key in self._clocks:
+                self._push(key)
+        self._popped = []

@@ -1,0 +1,222 @@
+"""MediaClock and Ticker, driven with plain numbers for time."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.engine import LocalProtocolError
+from bridge.media.clock import ClockConfig, MediaClock, Ticker, TickerConfig
+
+TOL_S = 0.001
+
+
+def drain(clock: MediaClock, now: float) -> list[int]:
+    """What a shell does on a wake-up: tick until nothing is due."""
+    sent: list[int] = []
+    while (n := clock.tick(now)) is not None:
+        sent.append(n)
+    return sent
+
+
+def test_deadlines_are_absolute_without_drift() -> None:
+    clock = MediaClock(origin_s=1000.0)
+    assert clock.deadline(0) == 1000.0
+    assert clock.deadline(1_000_000) == pytest.approx(21000.0, abs=1e-9)
+    # Accumulating 0.020 a million times drifts; the clock does not accumulate.
+    accumulated_s = 1000.0
+    for _ in range(1_000_000):
+        accumulated_s += 0.020
+    assert abs(accumulated_s - 21000.0) > 1e-9
+
+
+def test_million_frames_on_time_with_jittery_wakeups() -> None:
+    clock = MediaClock(origin_s=5.0)
+    jitter_s = (0.0009, -0.0004, 0.0, 0.0007, -0.0009)  # the shell wakes +-1 ms
+    for i in range(1_000_000):
+        now = clock.next_deadline() + TOL_S + jitter_s[i % 5]
+        assert clock.tick(now) == i
+        assert clock.tick(now) is None  # never twice, never ahead
+    stats = clock.stats()
+    assert stats.frames_sent == 1_000_000
+    assert (stats.late_wakeups, stats.skipped_frames, stats.caught_up_frames) == (0, 0, 0)
+    assert clock.deadline(clock.next_frame) == pytest.approx(5.0 + 1_000_000 * 0.020, abs=1e-9)
+
+
+def test_rtp_timestamp_from_index_wraps_mod_2_32() -> None:
+    clock = MediaClock(origin_s=0.0, ts0=2**32 - 320)
+    assert clock.rtp_timestamp(0) == 2**32 - 320
+    assert clock.rtp_timestamp(1) == 2**32 - 160
+    assert clock.rtp_timestamp(2) == 0
+    assert clock.rtp_timestamp(3) == 160
+    for n in range(5):
+        assert (clock.rtp_timestamp(n + 1) - clock.rtp_timestamp(n)) % 2**32 == 160
+    round_trip = MediaClock(origin_s=0.0, ts0=12345, config=ClockConfig(samples_per_frame=256))
+    assert round_trip.rtp_timestamp(2**24) == 12345  # 2**24 frames of 256 = one full wrap
+    assert round_trip.rtp_timestamp(2**24 + 1) == 12345 + 256
+    wide = MediaClock(origin_s=0.0, ts0=7, config=ClockConfig(samples_per_frame=320))
+    assert wide.rtp_timestamp(10) == 7 + 3200
+
+
+def test_nothing_due_before_origin_or_too_early() -> None:
+    clock = MediaClock(origin_s=10.0)
+    assert clock.tick(9.5) is None
+    assert clock.tick(10.0 - 0.0015) is None  # 1.5 ms early: beyond tolerance
+    assert clock.tick(10.0 - 0.0009) == 0  # 0.9 ms early: within tolerance
+    assert clock.tick(10.0) is None
+
+
+def test_early_wake_within_tolerance_counts_as_due() -> None:
+    clock = MediaClock(origin_s=0.0, config=ClockConfig(early_tolerance_s=0.0005))
+    assert clock.next_deadline() == pytest.approx(-0.0005)
+    assert clock.tick(-0.0004) == 0
+    assert clock.tick(0.020 - 0.0006) is None
+    assert clock.tick(0.020 - 0.0005) == 1
+
+
+def test_slightly_late_wake_sends_the_one_due_frame() -> None:
+    clock = MediaClock(origin_s=0.0)
+    assert drain(clock, 0.0) == [0]
+    assert drain(clock, 0.020 + 0.015) == [1]  # 15 ms late: still one frame
+    assert drain(clock, 0.040 + 0.001) == [2]
+    assert clock.stats().late_wakeups == 0
+
+
+def test_late_by_whole_frames_within_limit_catches_up_without_loss() -> None:
+    clock = MediaClock(origin_s=0.0, config=ClockConfig(max_late_frames=2))
+    drain(clock, 0.0)
+    assert drain(clock, 0.020 + 0.041) == [1, 2, 3]  # frame 1 is 2 whole periods late
+    stats = clock.stats()
+    assert stats.caught_up_frames == 2
+    assert (stats.late_wakeups, stats.skipped_frames) == (0, 0)
+
+
+def test_no_burst_after_200_ms_stall() -> None:
+    clock = MediaClock(origin_s=0.0, ts0=1000, config=ClockConfig(max_late_frames=2))
+    assert drain(clock, 0.0) == [0]
+    sent = drain(clock, 0.220)  # frame 1 was due at 0.020: 10 periods late
+    assert sent == [11]
+    assert clock.rtp_timestamp(11) == 1000 + 11 * 160  # time stays continuous
+    stats = clock.stats()
+    assert stats.late_wakeups == 1
+    assert stats.skipped_frames == 10
+    assert drain(clock, 0.240) == [12]
+
+
+def test_stall_with_zero_tolerance_for_lateness_skips_every_late_frame() -> None:
+    clock = MediaClock(origin_s=0.0, config=ClockConfig(max_late_frames=0))
+    drain(clock, 0.0)
+    assert drain(clock, 0.041) == [2]
+    assert clock.stats().skipped_frames == 1
+
+
+def test_invalid_config_is_our_error() -> None:
+    with pytest.raises(LocalProtocolError):
+        MediaClock(0.0, config=ClockConfig(ptime_s=0.0))
+    with pytest.raises(LocalProtocolError):
+        MediaClock(0.0, config=ClockConfig(max_late_frames=-1))
+
+
+def test_ticker_spreads_phases_over_slots() -> None:
+    ticker: Ticker[str] = Ticker(TickerConfig(slots=20))
+    keys = [f"call-{i}" for i in range(40)]
+    for key in keys:
+        ticker.add(key, now=0.0)
+    phases = sorted({round(ticker.phase_s(k), 6) for k in keys})
+    assert phases == [round(i * 0.001, 6) for i in range(20)]
+    # Each 1 ms wake-up serves two of the forty calls, never all of them.
+    for i in range(20):
+        now = ticker.next_deadline()
+        assert now is not None
+        assert now == pytest.approx(i * 0.001 - TOL_S)
+        due = ticker.due(now)
+        assert len(due) == 2
+        for key in due:
+            assert ticker.clock(key).tick(now) == 0
+
+
+def test_ticker_reuses_freed_slot() -> None:
+    ticker: Ticker[int] = Ticker(TickerConfig(slots=4))
+    for k in range(4):
+        ticker.add(k, now=0.0)
+    ticker.remove(2)
+    ticker.add(99, now=0.0)
+    assert ticker.phase_s(99) == pytest.approx(ticker.phase_s(1) + 0.005)
+    assert len(ticker) == 4
+
+
+def test_ticker_first_deadline_is_next_slot_time() -> None:
+    ticker: Ticker[str] = Ticker(TickerConfig(slots=4, epoch_s=0.0))
+    ticker.add("a", now=0.0)  # slot 0: 0.000, 0.020, ...
+    ticker.add("b", now=0.0)  # slot 1: 0.005, 0.025, ...
+    clock = ticker.add("c", now=0.0513)  # slot 2: 0.010 + m * 0.020 >= 0.0513
+    assert clock.origin_s == pytest.approx(0.070)
+    assert clock.origin_s - 0.0513 <= 0.020
+
+
+def test_ticker_next_deadline_and_due_order() -> None:
+    ticker: Ticker[str] = Ticker(TickerConfig(slots=4))
+    assert ticker.next_deadline() is None
+    assert ticker.due(1.0) == []
+    for key in ("a", "b", "c"):
+        ticker.add(key, now=0.0)
+    assert ticker.next_deadline() == pytest.approx(0.0 - TOL_S)
+    assert ticker.due(0.0) == ["a"]
+    ticker.clock("a").tick(0.0)
+    assert ticker.next_deadline() == pytest.approx(0.005 - TOL_S)
+    # A late wake: everything due comes out earliest deadline first.
+    assert ticker.due(0.0205) == ["b", "c", "a"]
+
+
+def test_ticker_keeps_a_stream_due_until_it_is_ticked() -> None:
+    ticker: Ticker[str] = Ticker(TickerConfig(slots=1))
+    ticker.add("a", now=0.0)
+    assert ticker.due(0.0) == ["a"]
+    assert ticker.due(0.0) == ["a"]  # not ticked: still due
+    ticker.clock("a").tick(0.0)
+    assert ticker.due(0.0) == []
+    assert ticker.next_deadline() == pytest.approx(0.020 - TOL_S)
+
+
+def test_ticker_early_wake_within_tolerance() -> None:
+    ticker: Ticker[str] = Ticker(TickerConfig(slots=2))
+    ticker.add("a", now=0.0)
+    ticker.add("b", now=0.0)  # deadlines at 0.010 + m * 0.020
+    ticker.clock("a").tick(0.0)  # out of band: the ticker copes
+    assert ticker.due(0.010 - 0.0015) == []
+    assert ticker.due(0.010 - 0.0008) == ["b"]
+    assert ticker.clock("b").tick(0.010 - 0.0008) == 0
+
+
+def test_ticker_removed_stream_is_never_due() -> None:
+    ticker: Ticker[str] = Ticker(TickerConfig(slots=2))
+    ticker.add("a", now=0.0)
+    ticker.add("b", now=0.0)
+    ticker.remove("a")
+    ticker.remove("unknown")
+    assert ticker.due(0.1) == ["b"]
+    ticker.remove("b")
+    assert ticker.next_deadline() is None
+    ticker.add("c", now=0.0)
+    with pytest.raises(LocalProtocolError):
+        ticker.add("c", now=0.0)
+
+
+def test_ticker_drives_many_streams_without_loss() -> None:
+    ticker: Ticker[int] = Ticker(TickerConfig(slots=20))
+    for k in range(50):
+        ticker.add(k, now=0.0)
+    sent: dict[int, list[int]] = {k: [] for k in range(50)}
+    wakeups = 0
+    while wakeups < 20 * 50:
+        wake_s = ticker.next_deadline()
+        assert wake_s is not None
+        now = wake_s + 0.0007  # the timer fires a little late
+        for key in ticker.due(now):
+            while (n := ticker.clock(key).tick(now)) is not None:
+                sent[key].append(n)
+        wakeups += 1
+    frames = min(len(v) for v in sent.values())
+    assert frames >= 49
+    for k in range(50):
+        assert sent[k][:frames] == list(range(frames))
+        assert ticker.clock(k).stats().late_wakeups == 0
