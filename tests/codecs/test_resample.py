@@ -1,0 +1,134 @@
+"""StreamResampler: anti-aliasing, continuity across chunks, lengths, state."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from telcodec.resample import StreamResampler
+
+DOWN_RATES_HZ = [16000, 22050, 24000, 32000, 44100, 48000]
+
+
+def tone(freq_hz: float, rate_hz: int, seconds: float, amplitude: float) -> bytes:
+    n = round(rate_hz * seconds)
+    t = np.arange(n) / rate_hz
+    return np.round(amplitude * np.sin(2 * np.pi * freq_hz * t)).astype("<i2").tobytes()
+
+
+def samples(pcm: bytes) -> npt.NDArray[np.float64]:
+    return np.frombuffer(pcm, "<i2").astype(np.float64)
+
+
+def rms(x: npt.NDArray[np.float64]) -> float:
+    return float(np.sqrt(np.mean(x * x)))
+
+
+def run_chunked(rs: StreamResampler, pcm: bytes, rng: random.Random, max_bytes: int) -> bytes:
+    out, i = [], 0
+    while i < len(pcm):
+        n = rng.randint(0, max_bytes)  # odd sizes and empty chunks included
+        out.append(rs.process(pcm[i : i + n]))
+        i += n
+    out.append(rs.flush())
+    return b"".join(out)
+
+
+def test_6khz_tone_at_24k_is_at_least_50_db_down_at_8k() -> None:
+    pcm = tone(6000, 24000, 1.0, 16000)
+    rs = StreamResampler(24000, 8000)
+    out = samples(run_chunked(rs, pcm, random.Random(1), 960))
+    steady = out[400:-400]  # away from the onset and the tail
+    attenuation_db = 20 * math.log10(rms(samples(pcm)) / max(rms(steady), 1e-9))
+    assert attenuation_db >= 50
+
+
+@pytest.mark.parametrize("in_rate_hz", DOWN_RATES_HZ)
+def test_passband_tone_survives_downsampling(in_rate_hz: int) -> None:
+    amplitude = 10000.0
+    out = samples(StreamResampler(in_rate_hz, 8000).process(tone(1000, in_rate_hz, 0.5, amplitude)))
+    steady = out[400:-400]
+    assert rms(steady) == pytest.approx(amplitude / math.sqrt(2), rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("in_rate_hz", "out_rate_hz"),
+    [(r, 8000) for r in DOWN_RATES_HZ] + [(8000, 16000), (8000, 24000)],
+)
+@pytest.mark.parametrize("seed", [7, 8])
+def test_random_chunks_are_continuous_and_length_matches(
+    in_rate_hz: int, out_rate_hz: int, seed: int
+) -> None:
+    amplitude, freq_hz, seconds = 12000.0, 1000.0, 1.0
+    pcm = tone(freq_hz, in_rate_hz, seconds, amplitude)
+    out_pcm = run_chunked(StreamResampler(in_rate_hz, out_rate_hz), pcm, random.Random(seed), 2001)
+    out = samples(out_pcm)
+
+    expected_samples = len(pcm) // 2 * out_rate_hz / in_rate_hz
+    assert abs(len(out) - expected_samples) <= 2
+
+    # Max step of a sampled sine: 2*pi*f/fs*A (a 5 % margin for filter ripple).
+    max_step = 2 * math.pi * freq_hz / out_rate_hz * amplitude * 1.05
+    guard = out_rate_hz // 100  # skip 10 ms at each end: onset / tail transients
+    steps = np.abs(np.diff(out[guard:-guard]))
+    assert steps.max() <= max_step
+    # And it is still the same tone, not silence.
+    assert rms(out[guard:-guard]) == pytest.approx(amplitude / math.sqrt(2), rel=0.02)
+
+
+def test_chunking_does_not_change_the_output() -> None:
+    pcm = tone(440, 22050, 0.5, 8000) + tone(3000, 22050, 0.3, 8000)
+    whole = StreamResampler(22050, 8000)
+    reference = whole.process(pcm) + whole.flush()
+    chunked = run_chunked(StreamResampler(22050, 8000), pcm, random.Random(3), 777)
+    assert chunked == reference
+
+
+def test_odd_byte_is_kept_for_the_next_chunk() -> None:
+    pcm = tone(500, 16000, 0.1, 5000)
+    rs = StreamResampler(16000, 8000)
+    split = rs.process(pcm[:101]) + rs.process(pcm[101:]) + rs.flush()
+    ref = StreamResampler(16000, 8000)
+    assert split == ref.process(pcm) + ref.flush()
+
+
+def test_identity_rate_is_pass_through_with_odd_bytes() -> None:
+    rs = StreamResampler(8000, 8000)
+    assert rs.is_pass_through
+    assert rs.process(b"\x01\x02\x03") == b"\x01\x02"
+    assert rs.process(b"\x04") == b"\x03\x04"
+    assert rs.process(b"\x05") == b""
+    assert rs.flush() == b""  # a lone half sample is dropped
+    assert rs.process(b"\x06\x07") == b"\x06\x07"
+
+
+def test_flush_rearms_for_the_next_utterance() -> None:
+    first = tone(700, 24000, 0.2, 9000)
+    second = tone(1300, 24000, 0.2, 9000)
+    rs = StreamResampler(24000, 8000)
+    rs.process(first)
+    rs.flush()
+    again = rs.process(second) + rs.flush()
+    fresh = StreamResampler(24000, 8000)
+    assert again == fresh.process(second) + fresh.flush()
+
+
+def test_reset_drops_pending_audio() -> None:
+    rs = StreamResampler(24000, 8000)
+    rs.process(tone(700, 24000, 0.05, 9000) + b"\x01")  # also a dangling byte
+    rs.reset()
+    assert rs.flush() == b""
+    second = tone(1300, 24000, 0.2, 9000)
+    fresh = StreamResampler(24000, 8000)
+    assert rs.process(second) + rs.flush() == fresh.process(second) + fresh.flush()
+
+
+def test_invalid_arguments() -> None:
+    with pytest.raises(ValueError):
+        StreamResampler(0, 8000)
+    with pytest.raises(ValueError):
+        StreamResampler(24000, 8000, quality="best")
+    assert StreamResampler(24000, 8000, quality="qq").out_rate_hz == 8000
