@@ -1,0 +1,366 @@
+"""SIP URIs, name-addr values and header parameters (RFC 3261 §19.1, §20.10, §25.1).
+
+Theory of operation
+-------------------
+These are pure parsing helpers for the values inside SIP headers. Each parser
+takes one already-unfolded header value (or one element of a comma list) and
+returns a frozen dataclass, or raises :class:`SipParseError` with a precise
+reason. Nothing here allocates more than a small multiple of its input.
+
+Rules:
+
+1. The user part is kept as it appeared on the wire (``%HH`` escapes intact)
+   so that serialisation round-trips; ``user_unescaped`` decodes it, including
+   ``%00`` (never truncated).
+2. An addr-spec without ``<>`` cannot carry URI parameters: every ``;param``
+   after it is a header parameter (RFC 3261 §20.10). ``?`` or ``,`` in such an
+   addr-spec is rejected, as is whitespace inside it.
+3. IPv6 hosts must be bracketed (RFC 5118 §4.10); brackets are removed in
+   ``host`` and restored on output.
+4. Unknown schemes are accepted and kept opaque (RFC 4475 unksm2); the user
+   agent decides whether to answer 416.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, replace
+
+from bridge.sip.errors import SipParseError
+
+__all__ = [
+    "NameAddr",
+    "Params",
+    "Uri",
+    "format_params",
+    "is_token",
+    "parse_name_addr",
+    "parse_params",
+    "parse_uri",
+    "split_list",
+    "unquote",
+]
+
+Params = tuple[tuple[str, str | None], ...]
+
+# RFC 3261 §25.1 token characters.
+_TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.!%*_+`'~")
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._")
+_WS = " \t"
+MAX_PORT = 65535
+
+
+def is_token(text: str) -> bool:
+    """Return True if ``text`` is a non-empty RFC 3261 token."""
+    return bool(text) and all(ch in _TOKEN_CHARS for ch in text)
+
+
+@dataclass(frozen=True, slots=True)
+class Uri:
+    """A parsed URI. For ``sip``/``sips``/``tel`` the fields are filled; other
+    schemes keep everything after the colon in ``opaque``."""
+
+    scheme: str
+    user: str | None = None
+    password: str | None = None
+    host: str = ""
+    port: int | None = None
+    params: Params = ()
+    headers: str = ""
+    opaque: str = ""
+
+    @property
+    def is_sip(self) -> bool:
+        return self.scheme in ("sip", "sips")
+
+    @property
+    def user_unescaped(self) -> str | None:
+        return None if self.user is None else _unescape(self.user)
+
+    def param(self, name: str) -> str | None:
+        """The value of URI parameter ``name`` ("" for a valueless one), or None."""
+        return _lookup(self.params, name)
+
+    def has_param(self, name: str) -> bool:
+        return any(key.lower() == name.lower() for key, _ in self.params)
+
+    @property
+    def host_port(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port is None else f"{host}:{self.port}"
+
+    def with_params(self, params: Params) -> Uri:
+        return replace(self, params=params)
+
+    def __str__(self) -> str:
+        if not self.is_sip and self.scheme != "tel":
+            return f"{self.scheme}:{self.opaque}"
+        if self.scheme == "tel":
+            return f"tel:{self.user or ''}{format_params(self.params)}"
+        userinfo = ""
+        if self.user is not None:
+            userinfo = self.user if self.password is None else f"{self.user}:{self.password}"
+            userinfo += "@"
+        tail = f"?{self.headers}" if self.headers else ""
+        return f"{self.scheme}:{userinfo}{self.host_port}{format_params(self.params)}{tail}"
+
+
+@dataclass(frozen=True, slots=True)
+class NameAddr:
+    """A From/To/Contact/Route value: optional display name, URI, header params."""
+
+    uri: Uri
+    display_name: str | None = None
+    params: Params = ()
+
+    @property
+    def tag(self) -> str | None:
+        return _lookup(self.params, "tag")
+
+    def param(self, name: str) -> str | None:
+        return _lookup(self.params, name)
+
+    def with_tag(self, tag: str) -> NameAddr:
+        kept = tuple(p for p in self.params if p[0].lower() != "tag")
+        return replace(self, params=(*kept, ("tag", tag)))
+
+    def __str__(self) -> str:
+        name = ""
+        if self.display_name is not None:
+            escaped = self.display_name.replace("\\", "\\\\").replace('"', '\\"')
+            name = f'"{escaped}" '
+        return f"{name}<{self.uri}>{format_params(self.params)}"
+
+
+def _lookup(params: Params, name: str) -> str | None:
+    lname = name.lower()
+    for key, value in params:
+        if key.lower() == lname:
+            return "" if value is None else value
+    return None
+
+
+def _unescape(text: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "%" and _is_hex(text[i + 1 : i + 3]):
+            out.append(chr(int(text[i + 1 : i + 3], 16)))
+            i += 3
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def _is_hex(text: str) -> bool:
+    return len(text) == 2 and all(ch in "0123456789abcdefABCDEF" for ch in text)
+
+
+def format_params(params: Params) -> str:
+    """Serialise parameters as ``;name=value`` / ``;name``."""
+    return "".join(f";{k}" if v is None else f";{k}={v}" for k, v in params)
+
+
+def unquote(value: str) -> str:
+    """Remove the quotes and backslash escapes of a quoted-string (or return as is)."""
+    if len(value) >= 2 and value[0] == '"' and value[-1] == '"':
+        inner = value[1:-1]
+        out: list[str] = []
+        i = 0
+        while i < len(inner):
+            if inner[i] == "\\" and i + 1 < len(inner):
+                i += 1
+            out.append(inner[i])
+            i += 1
+        return "".join(out)
+    return value
+
+
+def _scan_quoted(text: str, start: int) -> int:
+    """Return the index just past the quoted-string starting at ``text[start]``."""
+    i = start + 1
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == '"':
+            return i + 1
+        i += 1
+    raise SipParseError("unterminated quoted string")
+
+
+def split_list(value: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside quoted strings and ``<...>``; strip each element."""
+    parts: list[str] = []
+    depth = 0
+    start = 0
+    i = 0
+    while i < len(value):
+        ch = value[i]
+        if ch == '"':
+            i = _scan_quoted(value, i)
+            continue
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+        elif ch == sep and depth == 0:
+            parts.append(value[start:i].strip(_WS))
+            start = i + 1
+        i += 1
+    parts.append(value[start:].strip(_WS))
+    return [p for p in parts if p]
+
+
+def parse_params(text: str) -> Params:
+    """Parse ``;a=b;c;d="q"`` (leading ``;`` optional, LWS tolerated around ``;``/``=``).
+
+    Empty parameters (``;;``) are an error (RFC 4475 badinv01).
+    """
+    text = text.strip(_WS)
+    if text.startswith(";"):
+        text = text[1:]
+    if not text.strip(_WS):
+        raise SipParseError("empty parameter")
+    out: list[tuple[str, str | None]] = []
+    for item in _split_keep_empty(text, ";"):
+        name, eq, value = item.partition("=")
+        name = name.strip(_WS)
+        if not is_token(name):
+            raise SipParseError("empty parameter" if not name else "bad parameter name")
+        if not eq:
+            out.append((name, None))
+            continue
+        value = value.strip(_WS)
+        if value.startswith('"'):
+            if _scan_quoted(value, 0) != len(value):
+                raise SipParseError("garbage after quoted parameter value")
+        elif not value or any(ch in _WS or ch in ',"' for ch in value):
+            raise SipParseError(f"bad value for parameter {name[:32]!r}")
+        out.append((name, value))
+    return tuple(out)
+
+
+def _split_keep_empty(text: str, sep: str) -> list[str]:
+    parts: list[str] = []
+    start = 0
+    i = 0
+    while i < len(text):
+        if text[i] == '"':
+            i = _scan_quoted(text, i)
+            continue
+        if text[i] == sep:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    parts.append(text[start:])
+    return parts
+
+
+def parse_host_port(text: str) -> tuple[str, int | None]:
+    """Parse ``host[:port]`` with bracketed IPv6; return (host without brackets, port)."""
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise SipParseError("unterminated IPv6 reference")
+        host, rest = text[1:end], text[end + 1 :]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise SipParseError("bad IPv6 address") from None
+    else:
+        host, colon, port_text = text.partition(":")
+        if ":" in port_text:
+            raise SipParseError("IPv6 address without brackets")
+        rest = colon + port_text
+        if not host or any(ch not in _HOST_CHARS for ch in host):
+            raise SipParseError(f"bad host {host[:64]!r}")
+    if not rest:
+        return host, None
+    if not rest.startswith(":") or not rest[1:].isdigit() or len(rest) > 6:
+        raise SipParseError("bad port")
+    port = int(rest[1:])
+    if port > MAX_PORT:
+        raise SipParseError("port out of range")
+    return host, port
+
+
+def parse_uri(text: str) -> Uri:
+    """Parse a URI (``sip:``, ``sips:``, ``tel:`` fully; other schemes opaquely)."""
+    scheme, colon, rest = text.partition(":")
+    if not colon or not scheme or not scheme[0].isalpha():
+        raise SipParseError("URI without scheme")
+    if any(not (ch.isalnum() or ch in "+-.") for ch in scheme) or not scheme.isascii():
+        raise SipParseError("bad URI scheme")
+    if any(ch in " \t\r\n<>" for ch in text):
+        raise SipParseError("whitespace or brackets inside URI")
+    scheme = scheme.lower()
+    if scheme == "tel":
+        number, _, ptext = rest.partition(";")
+        if not number:
+            raise SipParseError("empty tel URI")
+        return Uri(scheme="tel", user=number, params=parse_params(ptext) if ptext else ())
+    if scheme not in ("sip", "sips"):
+        if not rest:
+            raise SipParseError("empty URI")
+        return Uri(scheme=scheme, opaque=rest)
+    return _parse_sip_uri(scheme, rest)
+
+
+def _parse_sip_uri(scheme: str, rest: str) -> Uri:
+    user: str | None = None
+    password: str | None = None
+    at = rest.find("@")
+    question = rest.find("?")
+    if at >= 0 and (question < 0 or at < question):
+        userinfo, rest = rest[:at], rest[at + 1 :]
+        user, colon, pw = userinfo.partition(":")
+        password = pw if colon else None
+        if not user:
+            raise SipParseError("empty user part")
+    rest, _, headers = rest.partition("?")
+    hostport, _, ptext = rest.partition(";")
+    host, port = parse_host_port(hostport)
+    params = parse_params(ptext) if ptext else ()
+    return Uri(scheme, user, password, host, port, params, headers)
+
+
+def parse_name_addr(value: str) -> NameAddr:
+    """Parse ``"Name" <uri>;params``, ``Name <uri>;params`` or ``uri;params``."""
+    value = value.strip(_WS)
+    if not value:
+        raise SipParseError("empty name-addr")
+    display: str | None = None
+    if value.startswith('"'):
+        end = _scan_quoted(value, 0)
+        display = unquote(value[:end])
+        rest = value[end:].lstrip(_WS)
+        if not rest.startswith("<"):
+            raise SipParseError("quoted display name not followed by <")
+        return _parse_bracketed(rest, display)
+    lt = value.find("<")
+    if lt >= 0:
+        words = value[:lt].split()
+        if not all(is_token(w) for w in words):
+            raise SipParseError("display name is not a token or quoted string")
+        display = " ".join(words) if words else None
+        return _parse_bracketed(value[lt:], display)
+    uri_text, _, ptext = value.partition(";")
+    uri_text = uri_text.strip(_WS)
+    if any(ch in uri_text for ch in ",? \t"):
+        raise SipParseError("addr-spec with reserved characters needs <>")
+    return NameAddr(parse_uri(uri_text), None, parse_params(ptext) if ptext else ())
+
+
+def _parse_bracketed(rest: str, display: str | None) -> NameAddr:
+    gt = rest.find(">")
+    if gt < 0:
+        raise SipParseError("missing > in name-addr")
+    uri = parse_uri(rest[1:gt].strip(_WS))
+    tail = rest[gt + 1 :].strip(_WS)
+    if tail and not tail.startswith(";"):
+        raise SipParseError("garbage after name-addr")
+    return NameAddr(uri, display, parse_params(tail) if tail else ())
