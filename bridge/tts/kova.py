@@ -333,7 +333,6 @@ class KovaProtocol(Outbox):
         if isinstance(echoed, dict):
             real = _format_from_echo(echoed, ctx.audio_format)
             if real is None:
-                ctx.started = True  # the server holds the context: close it
                 encoding = _text(echoed.get("encoding"))
                 self._fail_turn(ctx, "unsupported_encoding", f"server chose {encoding}", now)
                 return
@@ -392,7 +391,9 @@ class KovaProtocol(Outbox):
             if not ctx.finished:
                 self._finish(ctx, TurnDone(ctx.turn_id, cancelled=True))
             return
-        self._fail_turn(ctx, "error", message, now)
+        # An error before context_started refused start_context: the server
+        # holds no context, so there is nothing to close.
+        self._fail_turn(ctx, "error", message, now, release=ctx.started)
 
     # ------------------------------------------------------------- helpers
 
@@ -437,13 +438,15 @@ class KovaProtocol(Outbox):
         self._contexts.pop(ctx.context_id, None)
         self._turns.pop(ctx.turn_id, None)
 
-    def _fail_turn(self, ctx: _Context, kind: str, message: str, now: float) -> None:
-        """Fail one turn and release its context (if the server made one)."""
+    def _fail_turn(
+        self, ctx: _Context, kind: str, message: str, now: float, release: bool = True
+    ) -> None:
+        """Fail one turn; ``release`` sends ``close_context`` (the server holds it)."""
         self._finish(ctx, TurnFailed(ctx.turn_id, kind, self._scrub(message)))
-        if ctx.started or kind == "timeout":
+        if release:
             self._send_close_context(ctx, now)
         else:
-            self._forget(ctx)  # start_context refused: there is nothing to close
+            self._forget(ctx)
 
     def _fail_connection(self, kind: str, message: str, close: bool = False) -> None:
         open_turns = tuple(c.turn_id for c in self._live_contexts())
