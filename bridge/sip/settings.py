@@ -1,0 +1,73 @@
+"""Configuration of the SIP engines: frozen dataclasses built by the config loader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["SipAuthUser", "SipSettings", "TimerSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class TimerSettings:
+    """RFC 3261 §17 base timer values (Table 4)."""
+
+    t1_s: float = 0.5
+    """RTT estimate; A, E and G start here; B, F, H, J, L, M are 64*T1."""
+    t2_s: float = 4.0
+    """Cap of the retransmit interval for non-INVITE requests and INVITE responses."""
+    t4_s: float = 5.0
+    """Longest time a message stays in the network (timers I and K)."""
+
+    @property
+    def timeout_s(self) -> float:
+        """64*T1: timers B, F, H, J (UDP), L and M."""
+        return 64 * self.t1_s
+
+
+@dataclass(frozen=True, slots=True)
+class SipAuthUser:
+    """One ``[sip.auth]`` account: inbound INVITEs may be challenged for it."""
+
+    username: str
+    password: str
+
+
+@dataclass(frozen=True, slots=True)
+class SipSettings:
+    """Everything a :class:`~bridge.sip.ua.SipUserAgent` needs to know."""
+
+    local_host: str = "127.0.0.1"
+    """Host (IP or name) we put in Via sent-by and Contact."""
+    local_port: int = 5060
+    """Port of the listening transport."""
+    transport: str = "UDP"
+    """``UDP`` or ``TCP``: reliable transports do not retransmit (RFC 3261 §17)."""
+    user_agent: str = ""
+    """``User-Agent``/``Server`` header; empty sends none (no version banner)."""
+    timers: TimerSettings = field(default_factory=TimerSettings)
+    allowed_sources: tuple[str, ...] = ()
+    """CIDRs allowed to send requests; empty allows everyone. Others are
+    dropped silently (not 403: silence keeps the node invisible to scanners)."""
+    auth_realm: str = "callbridge"
+    auth_users: tuple[SipAuthUser, ...] = ()
+    """When non-empty, new INVITEs must carry valid digest credentials."""
+    auth_secret: bytes = b"change-me"
+    """HMAC key of the stateless nonces (RFC 7616 §3.3 nonce construction)."""
+    auth_nonce_lifetime_s: float = 300.0
+    """How long a nonce stays valid; older ones get ``stale=true``."""
+    invite_rate_per_s: float = 0.0
+    """Per-source token-bucket refill rate for new INVITEs; 0 disables the limit."""
+    invite_burst: int = 10
+    """Per-source token-bucket depth for new INVITEs."""
+    max_calls: int = 0
+    """Concurrent call limit; 0 disables it. Past it: 503 + Retry-After."""
+    retry_after_s: int = 30
+    """Retry-After value of our 503 answers."""
+    session_expires_s: int = 1800
+    """Session interval we ask for / accept (RFC 4028); 0 disables session timers."""
+    min_se_s: int = 90
+    """Smallest session interval we accept (Min-SE); smaller requests get 422."""
+    register_expires_s: int = 3600
+    """Expires we ask for in REGISTER; refreshed at half of the granted value."""
+    codecs: tuple[str, ...] = ("PCMU", "PCMA")
+    """SDP codec preference order."""
