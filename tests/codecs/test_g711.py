@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+
 from telcodec import g711
 
 # --- reference implementation, from the definition ---------------------------

@@ -8,6 +8,7 @@ import random
 import numpy as np
 import numpy.typing as npt
 import pytest
+
 from telcodec.resample import StreamResampler
 
 DOWN_RATES_HZ = [16000, 22050, 24000, 32000, 44100, 48000]

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 import pytest
+
 from telcodec import g711
 from telcodec.transcode import Encoding, FromTelephony, ToTelephony
 
