@@ -1,0 +1,221 @@
+"""BargeInDetector with synthetic frame sequences and plain-number times; one real-VAD test."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from bridge.engine import LocalProtocolError
+from bridge.media.bargein import (
+    BargeInDetector,
+    BargeInPolicy,
+    BargeInTriggered,
+    SpeechStarted,
+    SpeechStopped,
+)
+from bridge.media.vad import MIN_DBFS, Vad, energy_dbfs
+
+FRAME_S = 0.020
+LOUD_DBFS = -20.0
+
+
+def feed(
+    det: BargeInDetector, pattern: str, start_s: float = 0.0, level_dbfs: float = LOUD_DBFS
+) -> list[tuple[int, BargeInTriggered]]:
+    """Feed one frame per character ('S' speech, '.' silence); return (frame index, trigger)."""
+    triggers: list[tuple[int, BargeInTriggered]] = []
+    for i, c in enumerate(pattern):
+        speech = c == "S"
+        now = round(start_s + i * FRAME_S, 6)  # literal times compare exactly
+        decision = det.observe(speech, level_dbfs if speech else MIN_DBFS, now)
+        if decision is not None:
+            triggers.append((i, decision))
+    return triggers
+
+
+def speaking_detector(policy: BargeInPolicy | None = None) -> BargeInDetector:
+    det = BargeInDetector(policy)
+    det.set_bot_speaking(True)
+    return det
+
+
+def test_speech_shorter_than_minimum_does_not_trigger() -> None:
+    det = speaking_detector()
+    assert feed(det, "." * 5 + "S" * 7 + "." * 30) == []
+    assert det.events_received() == []
+
+
+def test_speech_triggers_at_exactly_the_minimum_frame() -> None:
+    det = speaking_detector(BargeInPolicy(min_speech_ms=160))
+    triggers = feed(det, "..." + "S" * 20, start_s=10.0)
+    assert len(triggers) == 1
+    index, trigger = triggers[0]
+    assert index == 3 + 7  # the eighth speech frame
+    assert trigger == BargeInTriggered("speech", onset_s=10.06, now=10.2)
+    assert det.events_received() == [SpeechStarted(10.2, 10.06)]
+
+
+def test_short_gaps_within_hangover_are_bridged() -> None:
+    det = speaking_detector(BargeInPolicy(min_speech_ms=160, hangover_ms=60))
+    # 5 speech, 2 gap (credit 100 -> 60), 5 speech (credit 160 on the 5th).
+    triggers = feed(det, "SSSSS..SSSSS")
+    assert [(i, t.onset_s) for i, t in triggers] == [(11, 0.0)]
+
+
+def test_gap_longer_than_hangover_restarts_the_run() -> None:
+    det = speaking_detector(BargeInPolicy(min_speech_ms=160, hangover_ms=60, speech_end_ms=400))
+    triggers = feed(det, "SSSSSSS" + "...." + "SSSSSSSS")
+    assert [(i, t.onset_s) for i, t in triggers] == [(18, 0.22)]
+
+
+def test_energy_floor() -> None:
+    det = speaking_detector(BargeInPolicy(energy_floor_dbfs=-45.0))
+    assert feed(det, "S" * 30, level_dbfs=-46.0) == []
+    assert det.events_received() == []
+    assert len(feed(det, "S" * 30, start_s=1.0, level_dbfs=-44.0)) == 1
+
+
+def test_echo_guard_ignores_caller_at_echo_level() -> None:
+    det = speaking_detector(BargeInPolicy(echo_return_loss_db=15.0))
+    triggers = []
+    for i in range(40):
+        now = i * FRAME_S
+        det.record_bot_level(-10.0, now)
+        if (d := det.observe(True, -25.0, now)) is not None:  # exactly the expected echo
+            triggers.append(d)
+    assert triggers == []
+    assert det.events_received() == []
+
+
+def test_echo_guard_lets_loud_caller_through() -> None:
+    det = speaking_detector(BargeInPolicy(echo_return_loss_db=15.0, min_speech_ms=160))
+    triggers = []
+    for i in range(20):
+        now = i * FRAME_S
+        det.record_bot_level(-10.0, now)
+        if (d := det.observe(True, -18.0, now)) is not None:
+            triggers.append((i, d.reason))
+    assert triggers == [(7, "speech")]
+
+
+def test_echo_guard_covers_echo_tail_then_expires() -> None:
+    det = BargeInDetector(BargeInPolicy(echo_window_ms=200, min_speech_ms=40))
+    det.record_bot_level(-10.0, 0.0)
+    assert det.observe(True, -30.0, 0.1) is None
+    assert det.observe(True, -30.0, 0.12) is None
+    assert det.events_received() == []  # still within the echo window
+    det.observe(True, -30.0, 0.22)
+    det.observe(True, -30.0, 0.24)
+    assert det.events_received() == [SpeechStarted(0.24, 0.22)]
+
+
+def test_dtmf_triggers_immediately_only_while_bot_speaks() -> None:
+    det = BargeInDetector()
+    assert det.dtmf("5", 1.0) is None
+    det.set_bot_speaking(True)
+    assert det.dtmf("5", 2.0) == BargeInTriggered("dtmf", 2.0, 2.0)
+    off = speaking_detector(BargeInPolicy(dtmf_triggers=False))
+    assert off.dtmf("#", 2.0) is None
+
+
+def test_single_click_and_sparse_clicks_never_trigger() -> None:
+    det = speaking_detector()
+    assert feed(det, ".....S.....") == []
+    assert feed(det, "S.." * 40, start_s=1.0) == []  # a click every 60 ms
+    assert feed(det, "S." * 60, start_s=5.0) == []  # a click every 40 ms
+    assert det.events_received() == []
+
+
+def test_speech_started_without_trigger_when_bot_silent() -> None:
+    det = BargeInDetector()
+    assert feed(det, "S" * 30 + "." * 25) == []
+    assert det.events_received() == [
+        SpeechStarted(0.14, 0.0),
+        SpeechStopped(0.98, 0.0, 0.58),
+    ]
+
+
+def test_disabled_policy_still_reports_speech() -> None:
+    det = speaking_detector(BargeInPolicy(enabled=False))
+    assert feed(det, "S" * 20) == []
+    assert det.dtmf("1", 1.0) is None
+    assert len(det.events_received()) == 1
+
+
+def test_one_trigger_per_run_and_rearmed_by_new_bot_turn() -> None:
+    det = speaking_detector()
+    assert [i for i, _ in feed(det, "S" * 30)] == [7]
+    det.set_bot_speaking(False)  # the call cut the turn
+    det.set_bot_speaking(True)  # and a new one starts while the caller still talks
+    triggers = feed(det, "S" * 3, start_s=0.6)
+    assert [(i, t.onset_s) for i, t in triggers] == [(0, 0.0)]
+    assert det.caller_speaking
+
+
+def test_speech_stops_after_speech_end_silence() -> None:
+    det = BargeInDetector(BargeInPolicy(speech_end_ms=100))
+    feed(det, "S" * 10 + "...." + "SS" + ".....")
+    assert det.events_received() == [
+        SpeechStarted(0.14, 0.0),
+        SpeechStopped(0.4, 0.0, 0.3),
+    ]
+    assert not det.caller_speaking
+
+
+def test_invalid_policy_is_our_error() -> None:
+    with pytest.raises(LocalProtocolError):
+        BargeInDetector(BargeInPolicy(min_speech_ms=0))
+
+
+def voiced(duration_s: float, sample_rate_hz: int = 8000) -> npt.NDArray[np.float64]:
+    """A vowel-like signal: 130 Hz harmonics with a 4 Hz syllable envelope."""
+    t = np.arange(int(duration_s * sample_rate_hz)) / sample_rate_hz
+    harmonics = sum(np.sin(2 * np.pi * 130 * k * t) / k for k in range(1, 25))
+    envelope = 0.6 + 0.4 * np.sin(2 * np.pi * 4 * t)
+    signal = np.asarray(harmonics * envelope, dtype=np.float64)
+    peak = float(np.max(np.abs(signal)))
+    return signal / peak
+
+
+def to_pcm(signal: npt.NDArray[np.float64], peak: float) -> bytes:
+    return (signal * peak * 32767).astype("<i2").tobytes()
+
+
+def test_real_webrtcvad_through_detector() -> None:
+    rng = np.random.default_rng(7)
+    noise = to_pcm(rng.normal(0.0, 1.0, 8000) / 1000.0, 1.0)  # 1 s of -70 dBFS hiss
+    voice = to_pcm(voiced(1.0), 0.3)
+    audio = noise + voice + bytes(16000)
+    vad = Vad(aggressiveness=2)
+    det = speaking_detector()
+    triggers: list[BargeInTriggered] = []
+    for k in range(len(audio) // 320):
+        chunk = audio[k * 320 : (k + 1) * 320]
+        analysis = vad.analyze(chunk)
+        if (d := det.observe(analysis.is_speech, analysis.energy_dbfs, k * FRAME_S)) is not None:
+            triggers.append(d)
+    assert len(triggers) == 1
+    (trigger,) = triggers
+    assert 1.0 <= trigger.onset_s <= 1.1  # the voice starts at 1.0 s
+    assert trigger.now == pytest.approx(trigger.onset_s + 0.14)
+    events = det.events_received()
+    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped]
+    assert isinstance(events[1], SpeechStopped)
+    assert 1.9 <= events[1].last_speech_s <= 2.1
+
+
+def test_vad_rejects_wrong_frame_size_and_measures_levels() -> None:
+    vad = Vad()
+    assert vad.frame_bytes == 320
+    assert not vad.is_speech(b"\x00" * 100)
+    assert energy_dbfs(b"") == MIN_DBFS
+    assert energy_dbfs(bytes(320)) == MIN_DBFS
+    square = np.tile(np.array([32767, -32767], dtype="<i2"), 80).tobytes()
+    assert energy_dbfs(square) == pytest.approx(0.0, abs=0.01)
+    sine = np.sin(2 * np.pi * 1000 * np.arange(160) / 8000) * 32767
+    assert energy_dbfs(sine.astype("<i2").tobytes()) == pytest.approx(-3.01, abs=0.01)
+    with pytest.raises(ValueError):
+        Vad(aggressiveness=4)
+    with pytest.raises(ValueError):
+        Vad(sample_rate_hz=11025)
