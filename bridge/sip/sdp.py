@@ -1,0 +1,352 @@
+"""SDP for one audio stream: parse, offer/answer (RFC 8866, RFC 3264, RFC 3551, RFC 4733).
+
+Theory of operation
+-------------------
+Pure functions over frozen dataclasses; no state is kept here (the dialog
+keeps the o= session id and version).
+
+* ``parse_sdp(text)`` reads the lines we need (v, o, s, c, t, m, a=rtpmap,
+  fmtp, ptime, direction, rtcp, rtcp-mux) at session and media level and keeps
+  the other attributes raw. Malformed input raises :class:`SdpError`
+  (a ``ValueError``); the user agent turns it into ``400``/``488``.
+* ``negotiate(offer, codecs)`` picks the first audio ``m=`` line speaking
+  RTP/AVP with a codec from our preference list (PCMU=0 / PCMA=8, or a
+  dynamic payload type mapped to them) plus ``telephone-event`` at 8 kHz,
+  keeping the offerer's payload type numbers. ``None`` means "no match": 488.
+* ``build_answer`` answers every ``m=`` line in order (RFC 3264 §6): the chosen
+  one with our address, port and ``ptime:20``, the others with port 0. The
+  answered direction follows §6.1: sendonly -> recvonly, recvonly -> sendonly,
+  inactive -> inactive, intersected with the direction we want.
+* ``build_offer`` makes the offer of an outbound call; ``negotiate`` also
+  reads the answer to it.
+* Hold (RFC 3264 §8.4): the remote side is on hold when it offers sendonly or
+  inactive, or the legacy ``c=0.0.0.0`` (RFC 2543).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "Direction",
+    "MediaDescription",
+    "NegotiatedAudio",
+    "Origin",
+    "SdpError",
+    "SessionDescription",
+    "answer_direction",
+    "build_answer",
+    "build_offer",
+    "negotiate",
+    "parse_sdp",
+]
+
+Direction = Literal["sendrecv", "sendonly", "recvonly", "inactive"]
+_DIRECTIONS: tuple[Direction, ...] = ("sendrecv", "sendonly", "recvonly", "inactive")
+MAX_SDP_LINES = 256
+"""Most lines accepted in one SDP body."""
+MAX_MEDIA_LINES = 16
+"""Most ``m=`` lines accepted in one SDP body."""
+STATIC_PAYLOAD_TYPES = {0: "PCMU", 8: "PCMA"}
+CLOCK_RATE_HZ = 8000
+PTIME_MS = 20
+
+
+class SdpError(ValueError):
+    """The SDP body is malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    username: str
+    session_id: str
+    session_version: int
+    address_type: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class MediaDescription:
+    media: str
+    port: int
+    proto: str
+    formats: tuple[str, ...]
+    connection: str | None = None
+    rtpmap: tuple[tuple[int, str, int], ...] = ()
+    """(payload type, encoding name, clock rate)."""
+    fmtp: tuple[tuple[int, str], ...] = ()
+    ptime_ms: int | None = None
+    direction: Direction | None = None
+    rtcp_port: int | None = None
+    rtcp_mux: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SessionDescription:
+    origin: Origin
+    connection: str | None
+    direction: Direction | None
+    media: tuple[MediaDescription, ...]
+    timing: str = "0 0"
+
+
+@dataclass(frozen=True, slots=True)
+class NegotiatedAudio:
+    """The outcome of offer/answer for the audio stream."""
+
+    media_index: int
+    codec: Literal["PCMU", "PCMA"]
+    payload_type: int
+    telephone_event_pt: int | None
+    remote_addr: tuple[str, int] | None
+    """Where to send RTP; None while the peer holds with ``c=0.0.0.0`` or port 0."""
+    remote_direction: Direction
+    ptime_ms: int
+
+    @property
+    def remote_on_hold(self) -> bool:
+        """The peer put us on hold (RFC 3264 §8.4, or legacy c=0.0.0.0)."""
+        return self.remote_direction in ("sendonly", "inactive") or self.remote_addr is None
+
+
+def parse_sdp(text: str) -> SessionDescription:
+    """Parse an SDP body.
+
+    Raises:
+        SdpError: missing v/o/m essentials, bad numbers, too many lines.
+    """
+    lines = [line.rstrip("\r") for line in text.split("\n") if line.strip()]
+    if len(lines) > MAX_SDP_LINES:
+        raise SdpError("too many SDP lines")
+    if not lines or lines[0] != "v=0":
+        raise SdpError("SDP must start with v=0")
+    session: dict[str, str] = {}
+    session_direction: Direction | None = None
+    blocks: list[list[str]] = []
+    for line in lines[1:]:
+        kind, eq, value = line.partition("=")
+        if not eq or len(kind) != 1:
+            raise SdpError("malformed SDP line")
+        if kind == "m":
+            if len(blocks) >= MAX_MEDIA_LINES:
+                raise SdpError("too many m= lines")
+            blocks.append([value])
+        elif blocks:
+            blocks[-1].append(line)
+        elif kind == "a" and value in _DIRECTIONS:
+            session_direction = _direction(value)
+        elif kind in "oct":
+            session.setdefault(kind, value)
+    if "o" not in session:
+        raise SdpError("missing o= line")
+    return SessionDescription(
+        origin=_parse_origin(session["o"]),
+        connection=_parse_connection(session["c"]) if "c" in session else None,
+        direction=session_direction,
+        media=tuple(_parse_media(block) for block in blocks),
+        timing=session.get("t", "0 0"),
+    )
+
+
+def _direction(value: str) -> Direction:
+    for direction in _DIRECTIONS:
+        if direction == value:
+            return direction
+    raise SdpError("bad direction")
+
+
+def _parse_origin(value: str) -> Origin:
+    parts = value.split()
+    if len(parts) != 6 or not parts[2].isdigit() or len(parts[2]) > 20:
+        raise SdpError("malformed o= line")
+    return Origin(parts[0], parts[1], int(parts[2]), parts[4], parts[5])
+
+
+def _parse_connection(value: str) -> str:
+    parts = value.split()
+    if len(parts) != 3 or parts[0] != "IN" or parts[1] not in ("IP4", "IP6"):
+        raise SdpError("malformed c= line")
+    return parts[2].split("/")[0]  # drop a multicast TTL suffix
+
+
+def _int(text: str, limit: int, what: str) -> int:
+    if not text.isdigit() or len(text) > 10 or int(text) > limit:
+        raise SdpError(f"bad {what}")
+    return int(text)
+
+
+def _parse_media(block: list[str]) -> MediaDescription:
+    parts = block[0].split()
+    if len(parts) < 4:
+        raise SdpError("malformed m= line")
+    media, port_text, proto, *formats = parts
+    port = _int(port_text.split("/")[0], 65535, "m= port")
+    connection = None
+    rtpmap: list[tuple[int, str, int]] = []
+    fmtp: list[tuple[int, str]] = []
+    ptime = rtcp = None
+    direction: Direction | None = None
+    rtcp_mux = False
+    for line in block[1:]:
+        kind, value = line[0], line[2:]
+        if kind == "c":
+            connection = _parse_connection(value)
+            continue
+        if kind != "a":
+            continue
+        name, _, arg = value.partition(":")
+        if name == "rtpmap":
+            pt, _, codec = arg.partition(" ")
+            encoding, _, rate = codec.partition("/")
+            rtpmap.append(
+                (
+                    _int(pt, 127, "payload type"),
+                    encoding,
+                    _int(rate.split("/")[0], 10**6, "clock rate"),
+                )
+            )
+        elif name == "fmtp":
+            pt, _, params = arg.partition(" ")
+            fmtp.append((_int(pt, 127, "payload type"), params.strip()))
+        elif name == "ptime":
+            ptime = _int(arg.strip().split(".")[0], 1000, "ptime")
+        elif name == "rtcp":
+            rtcp = _int(arg.split()[0] if arg.split() else "", 65535, "rtcp port")
+        elif name == "rtcp-mux":
+            rtcp_mux = True
+        elif name in _DIRECTIONS:
+            direction = _direction(name)
+    return MediaDescription(
+        media, port, proto, tuple(formats), connection, tuple(rtpmap), tuple(fmtp),
+        ptime, direction, rtcp, rtcp_mux,
+    )  # fmt: skip
+
+
+def _codec_of(media: MediaDescription, fmt: str) -> tuple[int, str, int] | None:
+    if not fmt.isdigit() or int(fmt) > 127:
+        return None
+    pt = int(fmt)
+    for mapped_pt, encoding, rate in media.rtpmap:
+        if mapped_pt == pt:
+            return pt, encoding.upper(), rate
+    if pt in STATIC_PAYLOAD_TYPES:
+        return pt, STATIC_PAYLOAD_TYPES[pt], CLOCK_RATE_HZ
+    return None
+
+
+def negotiate(sdp: SessionDescription, codecs: Sequence[str]) -> NegotiatedAudio | None:
+    """Choose the audio stream and codec from an offer (or from an answer to ours).
+
+    Args:
+        sdp: the remote description.
+        codecs: our preference order, e.g. ``("PCMU", "PCMA")``.
+
+    Returns:
+        The negotiated stream, or None when nothing is acceptable (answer 488).
+    """
+    for index, media in enumerate(sdp.media):
+        if media.media != "audio" or media.port == 0 or media.proto != "RTP/AVP":
+            continue
+        offered = [c for c in (_codec_of(media, f) for f in media.formats) if c is not None]
+        chosen = _choose(offered, codecs)
+        if chosen is None:
+            continue
+        events = [pt for pt, enc, rate in offered if enc == "TELEPHONE-EVENT" and rate == 8000]
+        connection = media.connection or sdp.connection
+        if connection is None:
+            continue
+        held = connection in ("0.0.0.0", "::")
+        return NegotiatedAudio(
+            media_index=index,
+            codec="PCMU" if chosen[1] == "PCMU" else "PCMA",
+            payload_type=chosen[0],
+            telephone_event_pt=events[0] if events else None,
+            remote_addr=None if held else (connection, media.port),
+            remote_direction=media.direction or sdp.direction or "sendrecv",
+            ptime_ms=media.ptime_ms or PTIME_MS,
+        )
+    return None
+
+
+def _choose(
+    offered: list[tuple[int, str, int]], codecs: Sequence[str]
+) -> tuple[int, str, int] | None:
+    for wanted in codecs:
+        for codec in offered:
+            if codec[1] == wanted.upper() and codec[2] == CLOCK_RATE_HZ:
+                return codec
+    return None
+
+
+def answer_direction(offered: Direction, wanted: Direction = "sendrecv") -> Direction:
+    """RFC 3264 §6.1: what we may answer to ``offered`` given what we ``wanted``."""
+    we_send = offered in ("sendrecv", "recvonly") and wanted in ("sendrecv", "sendonly")
+    we_receive = offered in ("sendrecv", "sendonly") and wanted in ("sendrecv", "recvonly")
+    if we_send and we_receive:
+        return "sendrecv"
+    if we_send:
+        return "sendonly"
+    return "recvonly" if we_receive else "inactive"
+
+
+def _session_lines(address: str, session_id: int, version: int, timing: str) -> list[str]:
+    family = "IP6" if ":" in address else "IP4"
+    return [
+        "v=0",
+        f"o=- {session_id} {version} IN {family} {address}",
+        "s=-",
+        f"c=IN {family} {address}",
+        f"t={timing}",
+    ]
+
+
+def _audio_lines(
+    port: int, codec_pts: Sequence[tuple[int, str]], event_pt: int | None, direction: Direction
+) -> list[str]:
+    formats = [str(pt) for pt, _ in codec_pts] + ([str(event_pt)] if event_pt is not None else [])
+    lines = [f"m=audio {port} RTP/AVP {' '.join(formats)}"]
+    lines += [f"a=rtpmap:{pt} {name}/{CLOCK_RATE_HZ}" for pt, name in codec_pts]
+    if event_pt is not None:
+        lines += [f"a=rtpmap:{event_pt} telephone-event/8000", f"a=fmtp:{event_pt} 0-16"]
+    lines += [f"a=ptime:{PTIME_MS}", f"a={direction}"]
+    return lines
+
+
+def build_answer(
+    offer: SessionDescription,
+    audio: NegotiatedAudio,
+    address: str,
+    port: int,
+    session_id: int,
+    version: int,
+    wanted: Direction = "sendrecv",
+) -> str:
+    """The answer to ``offer``: same m= lines in the same order, ours for the audio."""
+    lines = _session_lines(address, session_id, version, offer.timing)
+    direction = answer_direction(audio.remote_direction, wanted)
+    for index, media in enumerate(offer.media):
+        if index == audio.media_index:
+            codec = [(audio.payload_type, audio.codec)]
+            lines += _audio_lines(port, codec, audio.telephone_event_pt, direction)
+        else:
+            lines.append(f"m={media.media} 0 {media.proto} {' '.join(media.formats)}")
+    return "\r\n".join(lines) + "\r\n"
+
+
+def build_offer(
+    address: str,
+    port: int,
+    session_id: int,
+    version: int,
+    codecs: Sequence[str] = ("PCMU", "PCMA"),
+    telephone_event_pt: int | None = 101,
+    direction: Direction = "sendrecv",
+) -> str:
+    """An audio offer for an outbound call (static payload types 0/8)."""
+    pts = {"PCMU": 0, "PCMA": 8}
+    codec_pts = [(pts[name], name) for name in codecs if name in pts]
+    lines = _session_lines(address, session_id, version, "0 0")
+    lines += _audio_lines(port, codec_pts, telephone_event_pt, direction)
+    return "\r\n".join(lines) + "\r\n"
