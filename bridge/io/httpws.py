@@ -306,10 +306,14 @@ async def serve_http_ws(
     *,
     http: HttpHandler,
     ws: WsRouter,
-    subprotocols: Sequence[str] = (),
+    subprotocols: Callable[[HttpRequest], Sequence[str]] | None = None,
     max_message_bytes: int = 1024 * 1024,
 ) -> HttpWsServer:
-    """Listen on ``host:port``; plain requests go to ``http``, upgrades to ``ws``."""
+    """Listen on ``host:port``; plain requests go to ``http``, upgrades to ``ws``.
+
+    ``subprotocols(request)`` names the subprotocols offered on that request's
+    path (none by default: a client offering one then gets none back).
+    """
     tasks: set[asyncio.Task[Any]] = set()
 
     async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -343,8 +347,9 @@ async def serve_http_ws(
             await writer.drain()
             return
         decision = await ws(request)
+        offered = subprotocols(request) if subprotocols is not None else ()
         proto = ServerProtocol(
-            subprotocols=[Subprotocol(s) for s in subprotocols] or None,
+            subprotocols=[Subprotocol(s) for s in offered] or None,
             max_size=max_message_bytes,
         )
         proto.receive_data(head)

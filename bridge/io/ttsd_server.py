@@ -189,9 +189,11 @@ async def start_tts_server(
     for name, mod in mods.items():
         for path in getattr(mod, "PATHS", ()):
             by_path[path] = name
-    subprotocols: list[str] = []
-    for mod in mods.values():
-        subprotocols.extend(getattr(mod, "SUBPROTOCOLS", ()))
+
+    def subprotocols(request: HttpRequest) -> tuple[str, ...]:
+        name = by_path.get(request.path)
+        return tuple(getattr(mods[name], "SUBPROTOCOLS", ())) if name else ()
+
     session_routes = {
         mod.SESSION_ROUTE: mod for mod in mods.values() if hasattr(mod, "SESSION_ROUTE")
     }

@@ -1,0 +1,265 @@
+"""``callbridge serve``: the daemon process.
+
+Start-up order: logging, the embedded TTS children (if any provider is
+``embedded``), a warm connection to every provider, then every listener
+(SIP, media streams, API). Only when all of that is up does it tell systemd
+``READY=1``.
+
+Signals:
+    SIGTERM/SIGINT: drain. New calls are refused (SIP 503 + Retry-After,
+        WebSocket upgrades refused, ``/readyz`` false); calls in progress get
+        up to ``drain_timeout_s`` to finish, then are ended cleanly; exit 0.
+    SIGHUP: reload the config file. A valid one applies to new calls (calls
+        in progress keep the config they started with); an invalid one is
+        logged and the old one stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from bridge import __version__
+from bridge.config import Config, ConfigError, ProviderConfig, load_config, split_hostport
+from bridge.io.embedded import EmbeddedTts
+from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, serve_http_ws
+from bridge.io.notify import Notifier
+from bridge.io.tts_client import PromptCache, ProviderPool
+from bridge.logs import configure, get_logger
+from bridge.metrics import Metrics
+from bridge.tts.base import ProviderSettings
+
+__all__ = ["Daemon", "Leg", "Runtime", "provider_settings", "run_daemon"]
+
+log = get_logger("callbridge.daemon")
+
+
+def provider_settings(p: ProviderConfig, embedded: dict[str, EmbeddedTts]) -> ProviderSettings:
+    url = embedded[p.engine].url(p.protocol) if p.embedded else p.url
+    return ProviderSettings(
+        name=p.name,
+        protocol=p.protocol,
+        url=url,
+        api_key=p.api_key,
+        voice=p.voice,
+        model=p.model,
+        options=p.options,
+    )
+
+
+@dataclass
+class Runtime:
+    """What one config generation provides to the calls that start under it."""
+
+    config: Config
+    pools: dict[str, ProviderPool]
+    cache: PromptCache
+
+    async def close(self) -> None:
+        await asyncio.gather(*(p.close() for p in self.pools.values()), return_exceptions=True)
+
+
+class Leg(Protocol):
+    """A listener that produces calls (SIP, media streams)."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    def active_calls(self) -> int: ...
+
+    def set_draining(self, draining: bool) -> None: ...
+
+    async def end_all_calls(self, reason: str) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+LegFactory = Callable[["Daemon"], Leg | None]
+LEG_FACTORIES: list[LegFactory] = []
+ApiHandler = Callable[["Daemon", HttpRequest], Awaitable[HttpResponse | None]]
+API_HANDLERS: list[ApiHandler] = []
+
+
+@dataclass
+class Daemon:
+    config: Config
+    metrics: Metrics = field(default_factory=Metrics)
+    notifier: Notifier = field(default_factory=Notifier)
+    embedded: dict[str, EmbeddedTts] = field(default_factory=dict)
+    runtime: Runtime | None = None
+    legs: list[Leg] = field(default_factory=list)
+    api: HttpWsServer | None = None
+    draining: bool = False
+    ready: bool = False
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _old_runtimes: list[Runtime] = field(default_factory=list)
+
+    # ------------------------------------------------------------ start-up
+
+    async def _ensure_embedded(self, cfg: Config) -> None:
+        for engine in sorted({p.engine for p in cfg.providers if p.embedded}):
+            if engine not in self.embedded:
+                child = EmbeddedTts(engine)
+                await child.start()
+                self.embedded[engine] = child
+
+    async def _build_runtime(self, cfg: Config) -> Runtime:
+        await self._ensure_embedded(cfg)
+        pools = {p.name: ProviderPool(provider_settings(p, self.embedded)) for p in cfg.providers}
+        results = await asyncio.gather(*(pool.start() for pool in pools.values()))
+        for (name, pool), ok in zip(pools.items(), results, strict=True):
+            level = log.info if ok else log.warning
+            level("provider.warm", provider=name, protocol=pool.settings.protocol, ready=ok)
+        return Runtime(cfg, pools, PromptCache(cfg.daemon.prompt_cache_bytes))
+
+    async def start(self) -> None:
+        self.runtime = await self._build_runtime(self.config)
+        embedded_ok = all(
+            self.runtime.pools[p.name].connections
+            and any(c.engine.ready for c in self.runtime.pools[p.name].connections)
+            for p in self.config.providers
+            if p.embedded
+        )
+        if self.config.api.enabled:
+            host, port = split_hostport(self.config.api.listen)
+            self.api = await serve_http_ws(host, port, http=self._api, ws=self._no_ws)
+        for factory in LEG_FACTORIES:
+            leg = factory(self)
+            if leg is not None:
+                await leg.start()
+                self.legs.append(leg)
+        self.ready = embedded_ok
+        self.notifier.ready(self.status_line())
+        self.notifier.start_watchdog()
+        log.info(
+            "daemon.ready",
+            version=__version__,
+            legs=[leg.name for leg in self.legs],
+            api=self.config.api.listen if self.api else None,
+            embedded_ok=embedded_ok,
+        )
+
+    def status_line(self) -> str:
+        calls = sum(leg.active_calls() for leg in self.legs)
+        state = "draining" if self.draining else "ready"
+        return f"{state}: {calls} call(s) active"
+
+    # ----------------------------------------------------------------- API
+
+    async def _no_ws(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse.text(404, "no WebSocket here")
+
+    async def _api(self, request: HttpRequest) -> HttpResponse:
+        path = request.path
+        if path == "/healthz":
+            return HttpResponse.json(200, b'{"ok": true}')
+        if path == "/readyz":
+            ok = self.ready and not self.draining
+            body = json.dumps({"ready": ok, "draining": self.draining}).encode()
+            return HttpResponse.json(200 if ok else 503, body)
+        if path == "/metrics":
+            return HttpResponse(200, self.metrics.render(), "text/plain; version=0.0.4")
+        for handler in API_HANDLERS:
+            response = await handler(self, request)
+            if response is not None:
+                return response
+        return HttpResponse.text(404, "not found")
+
+    # ------------------------------------------------------ reload, drain
+
+    async def reload(self) -> None:
+        self.notifier.reloading()
+        try:
+            cfg = load_config(self.config.path)
+        except ConfigError as e:
+            log.error("config.reload_rejected", errors=e.errors)
+            self.notifier.status(self.status_line() + " (reload rejected: config invalid)")
+            return
+        try:
+            runtime = await self._build_runtime(cfg)
+        except (RuntimeError, OSError) as e:
+            log.error("config.reload_failed", error=str(e))
+            return
+        old, self.runtime, self.config = self.runtime, runtime, cfg
+        if old is not None:
+            self._old_runtimes.append(old)  # calls in progress keep their providers
+        log.info("config.reloaded", summary=cfg.summary())
+        self.notifier.ready(self.status_line())
+
+    async def drain_and_stop(self) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        self.metrics.draining.set(1)
+        self.notifier.stopping(self.status_line())
+        for leg in self.legs:
+            leg.set_draining(True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.daemon.drain_timeout_s
+        while sum(leg.active_calls() for leg in self.legs) and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        remaining = sum(leg.active_calls() for leg in self.legs)
+        log.info("daemon.drained", calls_ended_by_drain=remaining)
+        await asyncio.gather(*(leg.end_all_calls("shutdown") for leg in self.legs))
+        self._stop.set()
+
+    async def close(self) -> None:
+        self.notifier.stop_watchdog()
+        for leg in self.legs:
+            with contextlib.suppress(Exception):
+                await leg.stop()
+        if self.api is not None:
+            await self.api.close()
+        for rt in [self.runtime, *self._old_runtimes]:
+            if rt is not None:
+                await rt.close()
+        for child in self.embedded.values():
+            await child.stop()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        tasks: set[asyncio.Task[None]] = set()
+
+        def spawn(coro: Awaitable[None]) -> None:
+            t: asyncio.Task[None] = asyncio.ensure_future(coro)
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+
+        loop.add_signal_handler(signal.SIGTERM, lambda: spawn(self.drain_and_stop()))
+        loop.add_signal_handler(signal.SIGINT, lambda: spawn(self.drain_and_stop()))
+        loop.add_signal_handler(signal.SIGHUP, lambda: spawn(self.reload()))
+        try:
+            await self.start()
+            status_every_s = 5.0
+            while not self._stop.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), status_every_s)
+                if not self._stop.is_set():
+                    self.notifier.status(self.status_line())
+        finally:
+            await self.close()
+        log.info("daemon.stopped")
+        return 0
+
+
+def with_runtime_override(cfg: Config, **changes: Any) -> Config:
+    """A copy of ``cfg`` with top-level sections replaced (tests)."""
+    return replace(cfg, **changes)
+
+
+def run_daemon(cfg: Config) -> int:
+    configure(cfg.daemon.log_level, cfg.daemon.log_format)
+    if cfg.daemon.event_loop == "uvloop":
+        try:
+            import uvloop
+
+            return uvloop.run(Daemon(cfg).run())  # type: ignore[no-any-return]
+        except ImportError:
+            log.warning("daemon.uvloop_unavailable", fallback="asyncio")
+    return asyncio.run(Daemon(cfg).run())

@@ -1,0 +1,92 @@
+"""Prometheus metrics (``prometheus-client``), one registry per daemon.
+
+Histogram buckets resolve milliseconds where the figure is a latency the
+project has a goal for (added latency, pacing, barge-in).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+MS_BUCKETS_S = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0,
+)  # fmt: skip
+SETUP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """Every metric the daemon exports, on its own registry."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.calls_active = Gauge(
+            "callbridge_calls_active", "Calls in progress", ["leg", "route"], registry=r
+        )
+        self.calls_total = Counter(
+            "callbridge_calls_total", "Calls handled", ["leg", "route", "outcome"], registry=r
+        )
+        self.call_setup_seconds = Histogram(
+            "callbridge_call_setup_seconds",
+            "Call setup time (offer to answer)",
+            ["leg"],
+            buckets=SETUP_BUCKETS_S,
+            registry=r,
+        )
+        self.turns_total = Counter(
+            "callbridge_turns_total", "Turns spoken", ["provider", "outcome"], registry=r
+        )
+        self.time_to_first_audio_seconds = Histogram(
+            "callbridge_time_to_first_audio_seconds",
+            "Turn opened to first provider audio",
+            ["provider"],
+            buckets=MS_BUCKETS_S,
+            registry=r,
+        )
+        self.added_latency_seconds = Histogram(
+            "callbridge_added_latency_seconds",
+            "First provider audio byte received to first frame carrying it sent",
+            ["leg"],
+            buckets=MS_BUCKETS_S,
+            registry=r,
+        )
+        self.pacing_deviation_seconds = Histogram(
+            "callbridge_pacing_deviation_seconds",
+            "Outbound frame departure minus its deadline",
+            ["leg"],
+            buckets=MS_BUCKETS_S,
+            registry=r,
+        )
+        self.underruns_total = Counter(
+            "callbridge_underruns_total", "Frames sent as silence inside a turn", registry=r
+        )
+        self.bargeins_total = Counter(
+            "callbridge_bargeins_total", "Turns interrupted", ["reason"], registry=r
+        )
+        self.bargein_latency_seconds = Histogram(
+            "callbridge_bargein_latency_seconds",
+            "Detector decision to outbound speech stopped",
+            buckets=MS_BUCKETS_S,
+            registry=r,
+        )
+        self.provider_errors_total = Counter(
+            "callbridge_provider_errors_total", "Provider errors", ["provider", "kind"], registry=r
+        )
+        self.provider_reconnects_total = Counter(
+            "callbridge_provider_reconnects_total", "Provider reconnects", ["provider"], registry=r
+        )
+        self.sip_responses_total = Counter(
+            "callbridge_sip_responses_total", "SIP responses sent", ["code"], registry=r
+        )
+        self.rejected_total = Counter(
+            "callbridge_rejected_total", "Requests refused", ["reason"], registry=r
+        )
+        self.rtp_packets_lost_total = Counter(
+            "callbridge_rtp_packets_lost_total", "Inbound RTP packets lost", registry=r
+        )
+        self.draining = Gauge("callbridge_draining", "1 while draining", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
