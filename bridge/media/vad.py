@@ -8,7 +8,8 @@ detector (``webrtcvad``, a C library with no I/O; aggressiveness 0 = least
 likely to call noise "not speech", 3 = most likely) and validates the frame
 size instead of letting the C code raise on odd input. ``energy_dbfs`` is the
 frame's RMS level relative to a full-scale square wave (a full-scale sine
-reads -3.01 dBFS); digital silence reads ``MIN_DBFS`` rather than -inf, so
+reads -3.01 dBFS; ``audioop.rms`` truncates the RMS to an integer, a 0.1 dB
+step at -50 dBFS); digital silence reads ``MIN_DBFS`` rather than -inf, so
 the value is always a finite float.
 
 Input is signed 16-bit little-endian mono PCM, the decoder's output. A frame
@@ -19,28 +20,39 @@ remote input.
 from __future__ import annotations
 
 import math
+import sys
+import warnings
 from dataclasses import dataclass
 
-import numpy as np
 import webrtcvad
+
+with warnings.catch_warnings():
+    # audioop is deprecated in 3.11-3.12; from 3.13 it comes from audioop-lts.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import audioop
 
 __all__ = ["MIN_DBFS", "FrameAnalysis", "Vad", "energy_dbfs"]
 
 MIN_DBFS = -100.0
 _FULL_SCALE = 32768.0
+_NATIVE_IS_LE = sys.byteorder == "little"
 _VALID_RATES_HZ = (8000, 16000, 32000, 48000)
 _VALID_FRAME_MS = (10, 20, 30)
 
 
 def energy_dbfs(pcm_s16le: bytes) -> float:
-    """RMS level of a frame in dBFS, floored at ``MIN_DBFS`` (empty or silent frames)."""
-    samples = np.frombuffer(pcm_s16le[: len(pcm_s16le) & ~1], dtype="<i2")
-    if samples.size == 0:
+    """RMS level of a frame in dBFS, floored at ``MIN_DBFS`` (empty or silent frames).
+
+    ``audioop.rms`` (C) costs well under a microsecond per 20 ms frame, several
+    times less than numpy on arrays this small. A trailing odd byte is ignored.
+    """
+    pcm = pcm_s16le[: len(pcm_s16le) & ~1]
+    if not _NATIVE_IS_LE:
+        pcm = audioop.byteswap(pcm, 2)
+    rms = audioop.rms(pcm, 2) if pcm else 0
+    if rms <= 0:
         return MIN_DBFS
-    mean_square = float(np.mean(np.square(samples, dtype=np.float64)))
-    if mean_square <= 0.0:
-        return MIN_DBFS
-    return max(MIN_DBFS, 10.0 * math.log10(mean_square / (_FULL_SCALE * _FULL_SCALE)))
+    return max(MIN_DBFS, 20.0 * math.log10(rms / _FULL_SCALE))
 
 
 @dataclass(frozen=True, slots=True)
