@@ -137,7 +137,7 @@ class KovaPair:
     events: list[Event] = field(default_factory=list)
     jobs: dict[str, Job] = field(default_factory=dict)
     cancelled_jobs: list[str] = field(default_factory=list)
-    in_flight: list[str] = field(default_factory=list)
+    in_flight: list[str | CloseConnection] = field(default_factory=list)
     server_frames: list[dict[str, object]] = field(default_factory=list)
 
     def connect(self) -> None:
@@ -164,9 +164,13 @@ class KovaPair:
                 self._server_action(action)
             if deliver and self.in_flight:
                 moved = True
-                for text in self.in_flight:
-                    self.client.receive_text(text, self.now)
-                self.in_flight.clear()
+                held, self.in_flight = self.in_flight, []
+                for item in held:
+                    if isinstance(item, str):
+                        self.client.receive_text(item, self.now)
+                    else:  # the server's close arrives after the frames before it
+                        self.server.connection_lost(self.now)
+                        self.client.connection_lost(item.code, item.reason, self.now)
             self.events.extend(self.client.events_received())
 
     def _server_action(self, action: Action) -> None:
@@ -184,19 +188,19 @@ class KovaPair:
             self.cancelled_jobs.append(action.job_id)
             self.jobs.pop(action.job_id, None)
         elif isinstance(action, CloseConnection):
-            self.server.connection_lost(self.now)
-            self.client.connection_lost(action.code, action.reason, self.now)
+            self.in_flight.append(action)
 
     def step_synthesis(self, deliver: bool = True) -> bool:
-        """Deliver one chunk (or the end) of the oldest job; False when idle."""
+        """Deliver one chunk (or the end) of the next job, round robin; False when idle."""
         if not self.jobs:
             return False
         job_id, job = next(iter(self.jobs.items()))
+        del self.jobs[job_id]
         if job.chunks:
             pcm, words = job.chunks.pop(0)
+            self.jobs[job_id] = job  # to the back: jobs of several contexts interleave
             self.server.synthesis_audio(job_id, pcm, words, self.now)
         else:
-            del self.jobs[job_id]
             self.server.synthesis_done(job_id, self.now)
         self.pump(deliver)
         return True
