@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import random
+import shutil
+import subprocess
+import wave
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 
 from telcodec import dtmf
+from telcodec.resample import StreamResampler
 
 FS_HZ = 8000
 ALL_DIGITS = "0123456789*#ABCD"
@@ -210,3 +215,22 @@ def test_no_digits_in_speech_like_audio(vowel: str, seed: int) -> None:
 def test_digit_still_detected_after_speech() -> None:
     pcm = speech_like(2.0, VOWEL_FORMANTS_HZ["a"], 0) + dtmf.generate("8")
     assert dtmf.DtmfDetector().process(pcm) == ["8"]
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
+def test_no_digits_in_synthesized_speech(tmp_path: Path) -> None:
+    wav_path = tmp_path / "speech.wav"
+    text = (
+        "Thank you for calling. Please say or enter your account number, "
+        "or press one for sales and two for support. Seven, eight, nine, zero."
+    )
+    subprocess.run(["espeak-ng", "-w", str(wav_path), text], check=True, capture_output=True)
+    with wave.open(str(wav_path)) as wav:
+        rate_hz = wav.getframerate()
+        pcm = wav.readframes(wav.getnframes())
+    resampler = StreamResampler(rate_hz, FS_HZ)
+    speech = resampler.process(pcm) + resampler.flush()
+    assert len(speech) > 2 * FS_HZ * 3  # several seconds of real speech
+    assert detect_in_random_chunks(speech, seed=4) == []
+    # And a digit after it is still found.
+    assert dtmf.DtmfDetector().process(speech + dtmf.generate("3")) == ["3"]
