@@ -17,8 +17,10 @@ to send. ``tick(now)`` answers "which frame goes out now?":
 * Late by ``1 .. max_late_frames`` whole periods: still the next frame, once
   per call. The deadline of the following frame is already past, so the
   shell's loop ``while (n := clock.tick(now)) is not None`` sends the backlog
-  immediately: a bounded catch-up of at most ``max_late_frames + 1`` frames,
-  which any receive jitter buffer absorbs and which loses no audio.
+  immediately: a bounded catch-up of at most ``max_late_frames + 1`` frames
+  (counted in ``caught_up_frames``). A receive jitter buffer absorbs that and
+  no audio is lost, where skipping would lose it; ``max_late_frames=0`` makes
+  the clock skip on any whole-period lateness instead.
 * Late by more than ``max_late_frames`` periods (a stall): skip ahead to the
   newest due frame and send only that one. The skipped indices are never sent
   but their timestamps are consumed, so the stream stays continuous in time
@@ -38,8 +40,8 @@ shell in ``bridge.io`` owns the single timer). It gives each stream a phase
 within the period, spreading streams over ``slots`` evenly spaced offsets
 (the least-loaded slot wins), so one wake-up sends a fraction of the calls'
 frames instead of all of them at once: at 300 calls a single burst per tick
-made the last frames of the burst several milliseconds late (see
-``docs``/design, "One media clock"). ``next_deadline()`` is the earliest
+made the last frames of the burst several milliseconds late (design notes,
+"One media clock"). ``next_deadline()`` is the earliest
 wake-up time over all streams; ``due(now)`` lists the streams whose next frame
 is due, earliest deadline first. The shell then ticks each listed stream's
 clock (through its call); the ticker re-reads that clock's next deadline on
