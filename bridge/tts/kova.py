@@ -133,6 +133,7 @@ class KovaProtocol(Outbox):
         self._close_timeout_s = float(settings.option("close_timeout_s", 5.0))
         self._ready = False
         self._failed = False
+        self._closing = False
         self._context_serial = 0
         self._flush_serial = 0
         self._contexts: dict[str, _Context] = {}
@@ -168,7 +169,12 @@ class KovaProtocol(Outbox):
         self._events.append(ConnectionReady())
 
     def connection_lost(self, code: int | None, reason: str, now: float) -> None:
-        """The socket is gone: every open turn fails with the connection."""
+        """The socket is gone: every open turn fails with the connection.
+
+        After our own ``close()`` with no turn left open this is silent.
+        """
+        if self._closing and not self._live_contexts():
+            self._failed = True
         if not self._failed:
             detail = f"code={code} reason={reason!r}" if code is not None else "no close frame"
             self._fail_connection("connection_closed", f"connection closed ({detail})")
@@ -189,6 +195,7 @@ class KovaProtocol(Outbox):
                 self._send_close_context(ctx, now)
         self._actions.append(CloseConnection(1000, "client closing"))
         self._ready = False
+        self._closing = True
 
     # ------------------------------------------------------------ commands
 

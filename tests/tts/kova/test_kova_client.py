@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bridge.engine import LocalProtocolError, SendText
+from bridge.engine import CloseConnection, LocalProtocolError, SendText
 from bridge.tts.base import (
     MULAW_8K,
     AudioFormat,
@@ -360,3 +360,12 @@ def test_close_releases_contexts_then_socket(kova: Any) -> None:
     engine.connection_lost(1000, "", 1.1)
     (failed,) = engine.events_received()
     assert isinstance(failed, ProviderFailed) and failed.turn_ids == ("t1",)
+
+
+def test_clean_close_without_turns_is_silent(kova: Any) -> None:
+    engine = connected(kova)
+    engine.close(1.0)
+    assert engine.actions_to_send() == [CloseConnection(1000, "client closing")]
+    engine.connection_lost(1000, "", 1.1)
+    assert engine.events_received() == []
+    assert not engine.ready
