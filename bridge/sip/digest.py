@@ -1,0 +1,291 @@
+"""HTTP Digest authentication for SIP (RFC 2617, RFC 7616, RFC 8760, RFC 3261 §22).
+
+Theory of operation
+-------------------
+Client side (UAC): ``parse_challenge`` reads a ``WWW-Authenticate`` /
+``Proxy-Authenticate`` value, ``choose_challenge`` takes the first one whose
+algorithm we support (a server may offer several, strongest first: RFC 8760
+§2.4), and ``authorization`` builds the ``Authorization`` /
+``Proxy-Authorization`` value (``qop=auth`` with cnonce and nc when offered;
+``-sess`` variants supported). The caller supplies the cnonce, so tests are
+deterministic.
+
+Server side (UAS): :class:`DigestVerifier` issues challenges and verifies
+answers without per-challenge state. A nonce is
+``base64(issue_time || HMAC-SHA256(secret, issue_time || realm)[:16])``: it
+proves we issued it and when, so verification needs only the secret and
+``now``. A small bounded memory of (nonce, cnonce, nc) triples refuses replays.
+
+Rules:
+
+1. An unknown user, a wrong password, a foreign scheme, a malformed header and
+   a replay all give the same ``AuthResult.FAILED``, and the caller answers
+   all of them with the same fresh challenge: nothing tells a scanner whether
+   the user exists (reliability.md §2.1, svwar). The digest is computed
+   against a dummy password for unknown users so that the work done is equal.
+2. An expired but genuine nonce gives ``STALE`` (re-challenge with
+   ``stale=true``); ``now`` is a parameter, never a clock read.
+3. Comparisons are constant time (``hmac.compare_digest``).
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import hashlib
+import hmac
+import struct
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from bridge.sip.errors import SipParseError
+from bridge.sip.uri import split_list, unquote
+
+__all__ = [
+    "AuthResult",
+    "Challenge",
+    "DigestVerifier",
+    "authorization",
+    "choose_challenge",
+    "compute_response",
+    "parse_auth_params",
+    "parse_challenge",
+]
+
+_HASHES: dict[str, Callable[[bytes], str]] = {
+    "MD5": lambda data: hashlib.md5(data).hexdigest(),
+    "SHA-256": lambda data: hashlib.sha256(data).hexdigest(),
+}
+if "sha512_256" in hashlib.algorithms_available:
+    _HASHES["SHA-512-256"] = lambda data: hashlib.new("sha512_256", data).hexdigest()
+MAX_REPLAY_MEMORY = 4096
+"""Most (nonce, cnonce, nc) triples remembered to refuse replays."""
+_NONCE_MAC_BYTES = 16
+
+
+class AuthResult(enum.Enum):
+    OK = "ok"
+    STALE = "stale"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """One Digest challenge."""
+
+    realm: str
+    nonce: str
+    algorithm: str = "MD5"
+    qop: tuple[str, ...] = ()
+    opaque: str | None = None
+    stale: bool = False
+
+
+def _base_algorithm(algorithm: str) -> str:
+    upper = algorithm.upper()
+    return upper[: -len("-SESS")] if upper.endswith("-SESS") else upper
+
+
+def parse_auth_params(value: str) -> tuple[str, dict[str, str]]:
+    """Split ``Scheme a=b, c="d"`` into the scheme and its (unquoted) parameters."""
+    scheme, _, rest = value.strip().partition(" ")
+    params: dict[str, str] = {}
+    for item in split_list(rest):
+        name, eq, raw = item.partition("=")
+        if not eq:
+            raise SipParseError("malformed auth parameter")
+        params[name.strip().lower()] = unquote(raw.strip())
+    return scheme, params
+
+
+def parse_challenge(value: str) -> Challenge | None:
+    """Parse a WWW-/Proxy-Authenticate value; None if it is not a usable Digest one."""
+    try:
+        scheme, params = parse_auth_params(value)
+    except SipParseError:
+        return None
+    if scheme.lower() != "digest" or "realm" not in params or "nonce" not in params:
+        return None
+    qop = tuple(q.strip() for q in params.get("qop", "").split(",") if q.strip())
+    return Challenge(
+        realm=params["realm"],
+        nonce=params["nonce"],
+        algorithm=params.get("algorithm", "MD5"),
+        qop=qop,
+        opaque=params.get("opaque"),
+        stale=params.get("stale", "").lower() == "true",
+    )
+
+
+def choose_challenge(values: Sequence[str]) -> Challenge | None:
+    """The first challenge whose algorithm we implement, in the server's order."""
+    for value in values:
+        challenge = parse_challenge(value)
+        if challenge and _base_algorithm(challenge.algorithm) in _HASHES:
+            return challenge
+    return None
+
+
+def compute_response(
+    *,
+    algorithm: str,
+    username: str,
+    realm: str,
+    password: str,
+    nonce: str,
+    method: str,
+    uri: str,
+    qop: str | None = None,
+    nc: str = "",
+    cnonce: str = "",
+) -> str:
+    """The ``response`` value (RFC 7616 §3.4.1; RFC 2617 §3.2.2 without qop)."""
+    digest = _HASHES[_base_algorithm(algorithm)]
+    ha1 = digest(f"{username}:{realm}:{password}".encode())
+    if algorithm.upper().endswith("-SESS"):
+        ha1 = digest(f"{ha1}:{nonce}:{cnonce}".encode())
+    ha2 = digest(f"{method}:{uri}".encode())
+    if qop:
+        return digest(f"{ha1}:{nonce}:{nc}:{cnonce}:{qop}:{ha2}".encode())
+    return digest(f"{ha1}:{nonce}:{ha2}".encode())
+
+
+def authorization(
+    challenge: Challenge,
+    *,
+    username: str,
+    password: str,
+    method: str,
+    uri: str,
+    cnonce: str,
+    nc: int = 1,
+) -> str:
+    """The Authorization / Proxy-Authorization value answering ``challenge``."""
+    qop = "auth" if "auth" in challenge.qop else None
+    nc_text = f"{nc:08x}"
+    response = compute_response(
+        algorithm=challenge.algorithm,
+        username=username,
+        realm=challenge.realm,
+        password=password,
+        nonce=challenge.nonce,
+        method=method,
+        uri=uri,
+        qop=qop,
+        nc=nc_text,
+        cnonce=cnonce,
+    )
+    parts = [
+        f'username="{username}"',
+        f'realm="{challenge.realm}"',
+        f'nonce="{challenge.nonce}"',
+        f'uri="{uri}"',
+        f'response="{response}"',
+        f"algorithm={challenge.algorithm}",
+    ]
+    if qop:
+        parts += [f"qop={qop}", f"nc={nc_text}", f'cnonce="{cnonce}"']
+    if challenge.opaque is not None:
+        parts.append(f'opaque="{challenge.opaque}"')
+    return "Digest " + ", ".join(parts)
+
+
+class DigestVerifier:
+    """Stateless-nonce Digest challenges and verification for a UAS."""
+
+    def __init__(
+        self,
+        realm: str,
+        secret: bytes,
+        users: Mapping[str, str],
+        nonce_lifetime_s: float = 300.0,
+        algorithms: Sequence[str] = ("SHA-256", "MD5"),
+    ) -> None:
+        self.realm = realm
+        self._secret = secret
+        self._users = dict(users)
+        self._lifetime_s = nonce_lifetime_s
+        self._algorithms = [a for a in algorithms if _base_algorithm(a) in _HASHES]
+        self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+
+    def nonce(self, now: float) -> str:
+        stamp = struct.pack("!d", now)
+        mac = hmac.new(self._secret, stamp + self.realm.encode(), hashlib.sha256).digest()
+        return base64.b64encode(stamp + mac[:_NONCE_MAC_BYTES]).decode()
+
+    def challenges(self, now: float, stale: bool = False) -> list[str]:
+        """WWW-Authenticate values, one per algorithm, strongest first (RFC 8760)."""
+        nonce = self.nonce(now)
+        suffix = ", stale=true" if stale else ""
+        return [
+            f'Digest realm="{self.realm}", nonce="{nonce}", algorithm={algorithm}, '
+            f'qop="auth"{suffix}'
+            for algorithm in self._algorithms
+        ]
+
+    def _nonce_age_s(self, nonce: str, now: float) -> float | None:
+        try:
+            raw = base64.b64decode(nonce, validate=True)
+        except ValueError:
+            return None
+        if len(raw) != 8 + _NONCE_MAC_BYTES:
+            return None
+        stamp, mac = raw[:8], raw[8:]
+        expected = hmac.new(self._secret, stamp + self.realm.encode(), hashlib.sha256).digest()
+        if not hmac.compare_digest(mac, expected[:_NONCE_MAC_BYTES]):
+            return None
+        (issued_at,) = struct.unpack("!d", stamp)
+        return now - float(issued_at)
+
+    def verify(self, header: str | None, method: str, now: float) -> AuthResult:
+        """Check an Authorization value for a request with ``method``.
+
+        Returns:
+            OK, STALE (genuine nonce too old: re-challenge with stale=true) or
+            FAILED (everything else, indistinguishably).
+        """
+        if header is None:
+            return AuthResult.FAILED
+        try:
+            scheme, params = parse_auth_params(header)
+        except SipParseError:
+            return AuthResult.FAILED
+        needed = ("username", "realm", "nonce", "uri", "response")
+        if scheme.lower() != "digest" or any(k not in params for k in needed):
+            return AuthResult.FAILED
+        algorithm = params.get("algorithm", "MD5")
+        if algorithm not in self._algorithms or params["realm"] != self.realm:
+            return AuthResult.FAILED
+        age = self._nonce_age_s(params["nonce"], now)
+        if age is None or age < 0:
+            return AuthResult.FAILED
+        known = params["username"] in self._users
+        password = self._users.get(params["username"], "\x00unknown-user\x00")
+        expected = compute_response(
+            algorithm=algorithm,
+            username=params["username"],
+            realm=self.realm,
+            password=password,
+            nonce=params["nonce"],
+            method=method,
+            uri=params["uri"],
+            qop=params.get("qop"),
+            nc=params.get("nc", ""),
+            cnonce=params.get("cnonce", ""),
+        )
+        matches = hmac.compare_digest(expected, params["response"].lower())
+        if not (known and matches):
+            return AuthResult.FAILED
+        if age > self._lifetime_s:
+            return AuthResult.STALE
+        return self._remember(params)
+
+    def _remember(self, params: dict[str, str]) -> AuthResult:
+        key = (params["nonce"], params.get("cnonce", ""), params.get("nc", ""))
+        if key in self._seen:
+            return AuthResult.FAILED  # a replayed answer
+        self._seen[key] = None
+        if len(self._seen) > MAX_REPLAY_MEMORY:
+            self._seen.popitem(last=False)
+        return AuthResult.OK
