@@ -1,0 +1,769 @@
+"""Coda (Rime) WebSocket TTS client engine (config name ``coda``).
+
+Theory of operation
+-------------------
+One ``CodaProtocol`` is one WebSocket to ``wss://coda.api.rime.ai/ws`` (seed
+``003_e1fb1d1bb580e7a1.txt``), subprotocol ``rime.v1.json``: JSON text
+messages, each with exactly one payload key and an optional ``contextId``
+(no ``type`` discriminator). The payload is found by *presence*
+(``"done" in msg``), never by truthiness: ``{}`` is a valid ``done``.
+
+Connection life::
+
+    connection_made(subprotocol)   must be "rime.v1.json", else ProviderFailed + close 1002
+                                   AWAITING_READY (timer: ready_timeout_s)
+    ready{protocol: 1}             READY -> ConnectionReady; at most one ``config``
+                                   (defaults / authorization / license), before any start
+    error without contextId        unauthenticated, permission_denied, unavailable,
+                                   internal... -> ProviderFailed + close;
+                                   invalid_input -> logged (the seed: "existing
+                                   contexts continue"); resource_exhausted -> the
+                                   newest turn still waiting for ``started`` fails
+    connection_lost                ProviderFailed listing every unfinished turn
+
+Each turn is one *context* with a fresh id (``<n>-<turn_id>``, at most 128
+UTF-8 bytes, never ``default``), so a late ``cancel``/``cancelled`` can never
+touch the next turn. The life of one context::
+
+    open_turn  -> start (no text)           STREAMING  (input_mode "streaming")
+               or nothing yet               PENDING    (input_mode "complete")
+    send_text  -> text                      (PENDING: buffered)
+    end_turn   -> end                       ENDED      (PENDING: one complete-text start)
+    started                                 -> TurnStarted(provider_ref=requestId)
+    audio                                   -> AudioReceived (whole samples only)
+    done{timestamps}                        -> WordsTimed, TurnDone
+    cancel     -> cancel                    CANCELLING: every later frame dropped here
+    cancelled / done / error                -> TurnDone(cancelled=True)
+    error{contextId}                        -> TurnFailed(kind, retryable by kind)
+
+Rules that keep this module honest:
+
+1. One terminal event per context (``done``, ``cancelled`` or a context
+   ``error``); nothing of a context reaches the ``Call`` after it, or after
+   ``cancel()``. Frames for unknown contexts are dropped.
+2. No frame we send exceeds ``MAX_MESSAGE_BYTES`` (64 KiB, envelope
+   included): long text is split over several ``text`` messages (at
+   whitespace when possible), and a complete-text ``start`` too big for one
+   frame becomes a streaming ``start`` + ``text``... + ``end``.
+3. At most ``MAX_CONTEXTS`` (16) contexts are open per socket (``max_turns``);
+   a context counts until its terminal frame arrives, cancelled or not.
+4. Bad input never raises: invalid JSON, a non-object or a binary frame fail
+   the connection (``ProviderFailed``, close 1002); a bad payload of one
+   context (undecodable base64) fails only that turn, which is cancelled.
+5. The server pings every 30 s and drops a socket after 75 s without pongs;
+   the WebSocket library in the shell answers pings. Our own timers are the
+   ``ready`` timeout and a per-context response timeout (armed whenever we
+   wait on the server: after ``start``, ``end`` and ``cancel``, re-armed by
+   every frame of the context; not while a streaming input is idle). Both
+   fail the connection.
+6. ``api_key`` goes only into the upgrade header (or ``config.authorization``
+   with ``auth = "config"``), never into an event or a log line.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, SendText
+from bridge.tts.base import (
+    AudioFormat,
+    AudioReceived,
+    ConnectionReady,
+    ConnectParams,
+    HttpRequest,
+    ProviderFailed,
+    ProviderSettings,
+    TurnDone,
+    TurnFailed,
+    TurnSettings,
+    TurnStarted,
+    WordsTimed,
+    WordTiming,
+)
+
+__all__ = [
+    "DEFAULT_URL",
+    "ENGINE",
+    "ERROR_KINDS",
+    "MAX_CONTEXTS",
+    "MAX_CONTEXT_ID_BYTES",
+    "MAX_MESSAGE_BYTES",
+    "PROTOCOL_VERSION",
+    "SPLIT_STRATEGIES",
+    "SUBPROTOCOL",
+    "TIME_SCALE_RANGE",
+    "CodaProtocol",
+    "dump_message",
+    "format_duration",
+    "parse_duration_s",
+    "split_text",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_URL = "wss://coda.api.rime.ai/ws"
+SUBPROTOCOL = "rime.v1.json"
+PROTOCOL_VERSION = 1
+#: "Incoming message or frame: 64 KiB, including the envelope" (seed, limits).
+MAX_MESSAGE_BYTES = 64 * 1024
+MAX_CONTEXTS = 16
+MAX_CONTEXT_ID_BYTES = 128
+SPLIT_STRATEGIES = frozenset(
+    {"SPLIT_STRATEGY_ACCUMULATE_SENTENCE", "SPLIT_STRATEGY_NONE", "SPLIT_STRATEGY_SENTENCE"}
+)
+#: ``error.kind`` -> whether a retry (or another provider) could succeed.
+ERROR_KINDS: dict[str, bool] = {
+    "invalid_input": False,
+    "unauthenticated": False,
+    "permission_denied": False,
+    "not_found": False,
+    "resource_exhausted": True,
+    "unavailable": True,
+    "timeout": True,
+    "internal": True,
+}
+#: ``timeScaleFactor`` is clamped to this range by the engine (seed).
+TIME_SCALE_RANGE = (0.4, 2.5)
+
+# WebSocket close codes we use.
+_CLOSE_NORMAL = 1000
+_CLOSE_PROTOCOL_ERROR = 1002
+# Close codes the seed defines.
+_CLOSE_UNDECODABLE = 1007
+_CLOSE_CREDENTIALS = 1008
+
+
+# ------------------------------------------------------------ shared helpers
+
+
+def dump_message(message: dict[str, Any]) -> str:
+    """Serialise one frame compactly (UTF-8 text, no ASCII escaping)."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _escaped_len(ch: str) -> int:
+    """Bytes ``ch`` takes inside a JSON string written by ``dump_message``."""
+    if " " <= ch <= "~" and ch not in '"\\':
+        return 1
+    return _utf8_len(json.dumps(ch, ensure_ascii=False)) - 2
+
+
+def split_text(text: str, budget_bytes: int) -> list[str]:
+    """Cut ``text`` into pieces whose JSON-escaped UTF-8 size is <= ``budget_bytes``.
+
+    A cut is moved back to just after the last whitespace of the piece when
+    that whitespace lies in the piece's second half, so words stay whole.
+    """
+    if budget_bytes < 12:
+        raise ValueError("budget_bytes must leave room for one escaped character")
+    pieces: list[str] = []
+    start = 0
+    while start < len(text):
+        size = 0
+        end = start
+        while end < len(text) and size + _escaped_len(text[end]) <= budget_bytes:
+            size += _escaped_len(text[end])
+            end += 1
+        if end < len(text):
+            space = max(text.rfind(" ", start, end), text.rfind("\n", start, end))
+            if space >= start + (end - start) // 2:
+                end = space + 1
+        pieces.append(text[start:end])
+        start = end
+    return pieces
+
+
+def parse_duration_s(value: object) -> float | None:
+    """A proto3 JSON ``Duration`` (``"0.080s"``) in seconds; ``None`` if invalid."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and value.endswith("s"):
+        try:
+            seconds = float(value[:-1])
+        except ValueError:
+            return None
+    else:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0.0 else None
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as a proto3 JSON ``Duration``: 0, 3, 6 or 9 fractional digits."""
+    nanos_total = round(seconds * 1_000_000_000)
+    whole, nanos = divmod(nanos_total, 1_000_000_000)
+    if nanos == 0:
+        return f"{whole}s"
+    if nanos % 1_000_000 == 0:
+        return f"{whole}.{nanos // 1_000_000:03d}s"
+    if nanos % 1_000 == 0:
+        return f"{whole}.{nanos // 1_000:06d}s"
+    return f"{whole}.{nanos:09d}s"
+
+
+# ------------------------------------------------------------------ states
+
+
+class _Phase(enum.Enum):
+    CONNECTING = "connecting"
+    AWAITING_READY = "awaiting_ready"
+    READY = "ready"
+    CLOSING = "closing"  # close() called, waiting for connection_lost
+    CLOSED = "closed"  # ProviderFailed emitted; nothing more happens
+
+
+class _State(enum.Enum):
+    PENDING = "pending"  # complete-text input being collected, nothing sent
+    STREAMING = "streaming"  # start sent, input open
+    ENDED = "ended"  # all input sent, waiting for done
+    CANCELLING = "cancelling"  # cancel sent, waiting for the terminal frame
+    ABANDONED = "abandoned"  # already failed towards the Call; waiting silently
+
+
+_SILENT = (_State.CANCELLING, _State.ABANDONED)
+
+
+@dataclass(slots=True)
+class _Turn:
+    turn_id: str
+    context_id: str
+    audio_format: AudioFormat
+    start: dict[str, Any]
+    state: _State
+    pending_text: list[str] = field(default_factory=list)
+    started: bool = False
+    carry: bytes = b""
+    expect_by: float | None = None
+
+
+# ------------------------------------------------------------------ engine
+
+
+class CodaProtocol(Outbox):
+    """One WebSocket to Coda, carrying up to 16 turns as contexts.
+
+    After every call (commands, ``receive_*``, ``handle_timer``,
+    ``connection_*``) the shell must drain ``actions_to_send()`` and
+    ``events_received()``, and re-arm its timer from ``next_deadline()``.
+
+    Provider options (``[providers.NAME]``): ``language``, ``split_strategy``
+    (default ``SPLIT_STRATEGY_ACCUMULATE_SENTENCE``), ``text_lookahead_tokens``,
+    ``input_mode`` (``streaming`` | ``complete``), ``auth`` (``header`` |
+    ``config``), ``license``, ``ready_timeout_s`` (10), ``response_timeout_s``
+    (30). ``TurnSettings.extra`` may override ``split_strategy``,
+    ``input_mode`` and ``text_lookahead_tokens`` per turn.
+    """
+
+    protocol_name: ClassVar[str] = "coda"
+    max_turns: ClassVar[int] = MAX_CONTEXTS
+
+    def __init__(self, settings: ProviderSettings) -> None:
+        super().__init__()
+        self._settings = settings
+        self._auth_in_config = settings.option("auth", "header") == "config"
+        self._ready_timeout_s = float(settings.option("ready_timeout_s", 10.0))
+        self._response_timeout_s = float(settings.option("response_timeout_s", 30.0))
+        self._phase = _Phase.CONNECTING
+        self._ready_by: float | None = None
+        self._turns: dict[str, _Turn] = {}
+        self._by_context: dict[str, _Turn] = {}
+        self._next_context = 1
+        self.languages: tuple[str, ...] = ()
+        """``ready.languages``: the language tags the engine supports."""
+        self.default_language = ""
+        """``ready.defaultLanguage``, when the deployment sets one."""
+
+    # ---------------------------------------------------------- connection
+
+    def session_request(self) -> HttpRequest | None:
+        return None
+
+    def session_response(self, status: int, body: bytes, now: float) -> None:
+        """Coda has no session route; nothing to do."""
+
+    def connect_params(self) -> ConnectParams:
+        headers: tuple[tuple[str, str], ...] = ()
+        if self._settings.api_key and not self._auth_in_config:
+            headers = (("Authorization", f"Bearer {self._settings.api_key}"),)
+        url = self._settings.url or DEFAULT_URL
+        return ConnectParams(url=url, headers=headers, subprotocols=(SUBPROTOCOL,))
+
+    def connection_made(self, subprotocol: str | None, now: float) -> None:
+        if self._phase is not _Phase.CONNECTING:
+            return
+        if subprotocol != SUBPROTOCOL:
+            self._fail(
+                "subprotocol",
+                f"server negotiated subprotocol {subprotocol!r}, expected {SUBPROTOCOL!r}",
+                retryable=False,
+                close_code=_CLOSE_PROTOCOL_ERROR,
+            )
+            return
+        self._phase = _Phase.AWAITING_READY
+        self._ready_by = now + self._ready_timeout_s
+
+    def connection_lost(self, code: int | None, reason: str, now: float) -> None:
+        detail = f"connection closed (code {code}{', ' + reason if reason else ''})"
+        if code == _CLOSE_CREDENTIALS:
+            kind, retryable = "unauthenticated", False
+        elif code == _CLOSE_UNDECODABLE:
+            kind, retryable = "invalid_input", True
+        else:
+            kind, retryable = (
+                ("closed" if self._phase is _Phase.CLOSING else "connection_lost"),
+                True,
+            )
+        self._fail(kind, detail, retryable, close_code=None)
+
+    @property
+    def ready(self) -> bool:
+        return self._phase is _Phase.READY
+
+    def open_turns(self) -> int:
+        return len(self._turns)
+
+    def close(self, now: float) -> None:
+        """Close the socket; the server cancels every active context."""
+        if self._phase in (_Phase.CLOSING, _Phase.CLOSED):
+            return
+        self._phase = _Phase.CLOSING
+        self._ready_by = None
+        for turn in self._turns.values():
+            turn.expect_by = None
+        self._actions.append(CloseConnection(_CLOSE_NORMAL, ""))
+
+    # ------------------------------------------------------------ commands
+
+    def open_turn(self, turn_id: str, settings: TurnSettings, now: float) -> None:
+        """Open a context for ``turn_id`` (streaming ``start`` unless complete mode).
+
+        Raises:
+            LocalProtocolError: not ready, ``turn_id`` already open, or 16
+                contexts already open.
+        """
+        if not self.ready:
+            raise LocalProtocolError("open_turn before the connection is ready")
+        if turn_id in self._turns:
+            raise LocalProtocolError(f"turn {turn_id!r} is already open")
+        if len(self._turns) >= self.max_turns:
+            raise LocalProtocolError(f"a Coda connection carries at most {self.max_turns} turns")
+        audio_format, audio_parameters = _audio_request(settings)
+        turn = _Turn(
+            turn_id=turn_id,
+            context_id=self._new_context_id(turn_id),
+            audio_format=audio_format,
+            start=self._start_payload(settings, audio_parameters),
+            state=_State.PENDING,
+        )
+        self._turns[turn_id] = turn
+        self._by_context[turn.context_id] = turn
+        if self._turn_option(settings, "input_mode", "streaming") != "complete":
+            self._send_start(turn, "", now)
+            turn.state = _State.STREAMING
+
+    def send_text(self, turn_id: str, text: str, now: float) -> None:
+        """Stream ``text`` into the turn (sent unchanged, spaces included)."""
+        turn = self._turns.get(turn_id)
+        if turn is None or turn.state in _SILENT or not text:
+            return  # a turn that already ended or was cancelled: late text is moot
+        if turn.state is _State.ENDED:
+            raise LocalProtocolError(f"send_text after end_turn on turn {turn_id!r}")
+        if turn.state is _State.PENDING:
+            turn.pending_text.append(text)
+            return
+        self._send_text_messages(turn, text)
+
+    def end_turn(self, turn_id: str, now: float) -> None:
+        """No more text: send ``end`` (or the complete-text ``start``)."""
+        turn = self._turns.get(turn_id)
+        if turn is None or turn.state not in (_State.PENDING, _State.STREAMING):
+            return
+        if turn.state is _State.PENDING:
+            text = "".join(turn.pending_text)
+            turn.pending_text.clear()
+            message = {"contextId": turn.context_id, "start": {**turn.start, "text": text}}
+            if text.strip() and _utf8_len(dump_message(message)) <= MAX_MESSAGE_BYTES:
+                self._send(message)
+            else:  # blank or too big for one frame: stream it instead
+                self._send_start(turn, "", now)
+                self._send_text_messages(turn, text)
+                self._send({"contextId": turn.context_id, "end": {}})
+        else:
+            self._send({"contextId": turn.context_id, "end": {}})
+        turn.state = _State.ENDED
+        turn.expect_by = now + self._response_timeout_s
+
+    def cancel(self, turn_id: str, now: float) -> None:
+        """Barge-in: send ``cancel``; from now on the turn's frames are dropped."""
+        turn = self._turns.get(turn_id)
+        if turn is None or turn.state in _SILENT:
+            return
+        if turn.state is _State.PENDING:  # nothing was sent for it yet
+            self._forget(turn)
+            self._events.append(TurnDone(turn_id, cancelled=True))
+            return
+        self._send({"contextId": turn.context_id, "cancel": {}})
+        turn.state = _State.CANCELLING
+        turn.carry = b""
+        turn.expect_by = now + self._response_timeout_s
+
+    # -------------------------------------------------------------- timers
+
+    def next_deadline(self) -> float | None:
+        deadlines = [t.expect_by for t in self._turns.values() if t.expect_by is not None]
+        if self._ready_by is not None:
+            deadlines.append(self._ready_by)
+        return min(deadlines, default=None)
+
+    def handle_timer(self, now: float) -> None:
+        if self._ready_by is not None and now >= self._ready_by:
+            self._fail("timeout", f"no ready within {self._ready_timeout_s:g} s")
+            return
+        for turn in self._turns.values():
+            if turn.expect_by is not None and now >= turn.expect_by:
+                self._fail(
+                    "timeout",
+                    f"no answer for context {turn.context_id!r} "
+                    f"within {self._response_timeout_s:g} s",
+                )
+                return
+
+    # ------------------------------------------------------------- receive
+
+    def receive_text(self, text: str, now: float) -> None:
+        if self._phase in (_Phase.CONNECTING, _Phase.CLOSING, _Phase.CLOSED):
+            return
+        try:
+            message = json.loads(text)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            self._fail("malformed", "frame is not a JSON object", close_code=_CLOSE_PROTOCOL_ERROR)
+            return
+        context_id = message.get("contextId", "")
+        if not isinstance(context_id, str):
+            self._fail("malformed", "contextId is not a string", close_code=_CLOSE_PROTOCOL_ERROR)
+            return
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("< %s", _summary(message))
+        if "ready" in message:
+            self._on_ready(message["ready"], now)
+        elif "error" in message:
+            self._on_error(context_id, message["error"], now)
+        else:
+            self._on_context_frame(context_id, message, now)
+
+    def receive_bytes(self, data: bytes, now: float) -> None:
+        if self._phase in (_Phase.CONNECTING, _Phase.CLOSING, _Phase.CLOSED):
+            return
+        self._fail(
+            "malformed",
+            f"binary frame ({len(data)} bytes) on the JSON subprotocol",
+            close_code=_CLOSE_PROTOCOL_ERROR,
+        )
+
+    def _on_ready(self, body: object, now: float) -> None:
+        if self._phase is not _Phase.AWAITING_READY:
+            logger.debug("= duplicate ready ignored")
+            return
+        body = body if isinstance(body, dict) else {}
+        protocol = body.get("protocol", 0)  # proto3 JSON omits a zero
+        if protocol != PROTOCOL_VERSION or isinstance(protocol, bool):
+            self._fail(
+                "protocol_version",
+                f"server speaks protocol {protocol!r}, expected {PROTOCOL_VERSION}",
+                retryable=False,
+                close_code=_CLOSE_PROTOCOL_ERROR,
+            )
+            return
+        languages = body.get("languages", [])
+        if isinstance(languages, list):
+            self.languages = tuple(x for x in languages if isinstance(x, str))
+        default_language = body.get("defaultLanguage", "")
+        self.default_language = default_language if isinstance(default_language, str) else ""
+        self._phase = _Phase.READY
+        self._ready_by = None
+        config = self._config_payload()
+        if config:
+            self._send({"config": config})
+        self._events.append(ConnectionReady())
+
+    def _on_context_frame(self, context_id: str, message: dict[str, Any], now: float) -> None:
+        key = next((k for k in self._CONTEXT_HANDLERS if k in message), None)
+        if key is None:
+            logger.debug("= frame without a known payload ignored: %s", sorted(message))
+            return
+        if self._phase is not _Phase.READY:
+            logger.debug("= %s before ready ignored", key)
+            return
+        turn = self._by_context.get(context_id)
+        if turn is None:
+            logger.debug("= %s for unknown context %r dropped", key, context_id)
+            return
+        turn.expect_by = None if turn.state is _State.STREAMING else now + self._response_timeout_s
+        self._CONTEXT_HANDLERS[key](self, turn, message[key], now)
+
+    def _on_started(self, turn: _Turn, body: object, now: float) -> None:
+        if turn.started:
+            return
+        turn.started = True
+        request_id = body.get("requestId", "") if isinstance(body, dict) else ""
+        request_id = request_id if isinstance(request_id, str) else ""
+        logger.info("coda context %s started, requestId %s", turn.context_id, request_id)
+        if turn.state not in _SILENT:
+            self._events.append(TurnStarted(turn.turn_id, provider_ref=request_id))
+
+    def _on_audio(self, turn: _Turn, body: object, now: float) -> None:
+        if turn.state in _SILENT:
+            return
+        try:
+            if not isinstance(body, str):
+                raise ValueError("audio is not a string")
+            data = base64.b64decode(body, validate=True)
+        except (ValueError, binascii.Error):
+            self._abandon(turn, "malformed", "audio payload is not valid base64", now)
+            return
+        data = turn.carry + data
+        width = turn.audio_format.bytes_per_sample
+        whole = len(data) - len(data) % width
+        data, turn.carry = data[:whole], data[whole:]
+        if data:
+            self._events.append(AudioReceived(turn.turn_id, data, turn.audio_format))
+
+    def _on_done(self, turn: _Turn, body: object, now: float) -> None:
+        if turn.state in _SILENT:
+            self._finish(turn, TurnDone(turn.turn_id, cancelled=True))
+            return
+        if turn.carry:
+            logger.warning("coda context %s ended on half a sample", turn.context_id)
+        timestamps = body.get("timestamps") if isinstance(body, dict) else None
+        words = _parse_timestamps(turn.context_id, timestamps)
+        if words:
+            self._events.append(WordsTimed(turn.turn_id, words))
+        self._finish(turn, TurnDone(turn.turn_id))
+
+    def _on_cancelled(self, turn: _Turn, body: object, now: float) -> None:
+        if turn.state in _SILENT:
+            self._finish(turn, TurnDone(turn.turn_id, cancelled=True))
+        else:
+            message = "the provider cancelled the context"
+            self._finish(turn, TurnFailed(turn.turn_id, "cancelled", message, retryable=True))
+
+    _CONTEXT_HANDLERS: ClassVar[dict[str, Callable[[CodaProtocol, _Turn, object, float], None]]] = {
+        "started": _on_started,
+        "audio": _on_audio,
+        "done": _on_done,
+        "cancelled": _on_cancelled,
+    }
+
+    def _on_error(self, context_id: str, body: object, now: float) -> None:
+        body = body if isinstance(body, dict) else {}
+        kind = body.get("kind", "")
+        kind = kind if isinstance(kind, str) and kind else "unknown"
+        text = body.get("message", "")
+        request_id = body.get("requestId", "")
+        message = self._scrub(str(text)) + (f" (requestId {request_id})" if request_id else "")
+        logger.warning("coda error %s for context %r: %s", kind, context_id, message)
+        retryable = ERROR_KINDS.get(kind, True)
+        if self._phase is not _Phase.READY:
+            self._fail(kind, message, retryable)
+        elif context_id:
+            turn = self._by_context.get(context_id)
+            if turn is None:
+                return
+            if turn.state in _SILENT:
+                self._finish(turn, TurnDone(turn.turn_id, cancelled=True))
+            else:
+                self._finish(turn, TurnFailed(turn.turn_id, kind, message, retryable))
+        elif kind == "invalid_input":
+            pass  # e.g. text racing a context's end: the seed says contexts continue
+        elif kind == "resource_exhausted":
+            waiting = [t for t in self._turns.values() if not t.started and t.state in _LIVE_SENT]
+            if waiting:  # the newest start is the one the server refused
+                self._finish(waiting[-1], TurnFailed(waiting[-1].turn_id, kind, message, True))
+        else:
+            self._fail(kind, message, retryable)
+
+    # ------------------------------------------------------------- helpers
+
+    def _new_context_id(self, turn_id: str) -> str:
+        raw = f"{self._next_context}-{turn_id}".encode()[:MAX_CONTEXT_ID_BYTES]
+        self._next_context += 1
+        return raw.decode("utf-8", "ignore")
+
+    def _turn_option(self, settings: TurnSettings, key: str, default: str) -> str:
+        for k, v in settings.extra:
+            if k == key:
+                return v
+        return str(self._settings.option(key, default))
+
+    def _start_payload(
+        self, settings: TurnSettings, audio_parameters: dict[str, Any]
+    ) -> dict[str, Any]:
+        start: dict[str, Any] = {}
+        speaker = settings.voice or self._settings.voice
+        if speaker:
+            start["speaker"] = speaker
+        language = settings.language or str(self._settings.option("language", ""))
+        if language:
+            start["language"] = language
+        if settings.speed is not None and settings.speed > 0:
+            low, high = TIME_SCALE_RANGE
+            audio_parameters["timeScaleFactor"] = min(high, max(low, 1.0 / settings.speed))
+        start["audioParameters"] = audio_parameters
+        split = self._turn_option(settings, "split_strategy", "SPLIT_STRATEGY_ACCUMULATE_SENTENCE")
+        if split:
+            start["splitStrategy"] = split
+        lookahead = int(self._turn_option(settings, "text_lookahead_tokens", "-1"))
+        if lookahead >= 0:
+            start["codaParameters"] = {"textLookaheadTokens": lookahead}
+        if settings.word_timestamps:
+            start["timestamps"] = {"enable": True}
+        return start
+
+    def _config_payload(self) -> dict[str, Any]:
+        config: dict[str, Any] = {}
+        defaults: dict[str, Any] = {}
+        if self._settings.voice:
+            defaults["speaker"] = self._settings.voice
+        language = str(self._settings.option("language", ""))
+        if language:
+            defaults["language"] = language
+        if defaults:
+            config["defaults"] = defaults
+        if self._auth_in_config and self._settings.api_key:
+            config["authorization"] = self._settings.api_key
+        license_json = str(self._settings.option("license", ""))
+        if license_json:
+            config["license"] = license_json
+        return config
+
+    def _send_start(self, turn: _Turn, text: str, now: float) -> None:
+        self._send({"contextId": turn.context_id, "start": {**turn.start, "text": text}})
+        turn.expect_by = now + self._response_timeout_s
+
+    def _send_text_messages(self, turn: _Turn, text: str) -> None:
+        envelope = _utf8_len(dump_message({"contextId": turn.context_id, "text": ""}))
+        for piece in split_text(text, MAX_MESSAGE_BYTES - envelope):
+            self._send({"contextId": turn.context_id, "text": piece})
+
+    def _send(self, message: dict[str, Any]) -> None:
+        text = dump_message(message)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates from upstream text
+            text = text.encode("utf-8", "replace").decode("utf-8")
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("> %s", _summary(message))
+        self._actions.append(SendText(text))
+
+    def _abandon(self, turn: _Turn, kind: str, message: str, now: float) -> None:
+        """Fail one turn towards the Call and cancel its context on the server."""
+        self._events.append(TurnFailed(turn.turn_id, kind, message, retryable=True))
+        self._send({"contextId": turn.context_id, "cancel": {}})
+        turn.state = _State.ABANDONED
+        turn.expect_by = now + self._response_timeout_s
+
+    def _finish(self, turn: _Turn, event: Event) -> None:
+        """The context's terminal frame: report once (unless abandoned) and forget it."""
+        if turn.state is not _State.ABANDONED:
+            self._events.append(event)
+        self._forget(turn)
+
+    def _forget(self, turn: _Turn) -> None:
+        self._turns.pop(turn.turn_id, None)
+        self._by_context.pop(turn.context_id, None)
+
+    def _fail(
+        self,
+        kind: str,
+        message: str,
+        retryable: bool = True,
+        close_code: int | None = _CLOSE_NORMAL,
+    ) -> None:
+        """The connection is unusable: report every unfinished turn once, close."""
+        if self._phase is _Phase.CLOSED:
+            return
+        if close_code is not None and self._phase is not _Phase.CLOSING:
+            self._actions.append(CloseConnection(close_code, kind))
+        turn_ids = tuple(t.turn_id for t in self._turns.values() if t.state is not _State.ABANDONED)
+        self._events.append(ProviderFailed(kind, self._scrub(message), turn_ids, retryable))
+        self._turns.clear()
+        self._by_context.clear()
+        self._ready_by = None
+        self._phase = _Phase.CLOSED
+
+    def _scrub(self, message: str) -> str:
+        key = self._settings.api_key
+        return message.replace(key, "***") if key else message
+
+
+_LIVE_SENT = (_State.STREAMING, _State.ENDED)
+
+
+def _audio_request(settings: TurnSettings) -> tuple[AudioFormat, dict[str, Any]]:
+    """The format we ask for, and its ``audioParameters``.
+
+    mu-law passes through as ``audio/pcmu``; Coda has no A-law, so an A-law
+    call gets PCM at the same rate and the Call encodes it.
+    """
+    rate_hz = settings.audio_format.sample_rate_hz
+    if settings.audio_format.encoding == "mulaw":
+        return AudioFormat("mulaw", rate_hz), {"audioFormat": "audio/pcmu", "samplingRate": rate_hz}
+    return AudioFormat("pcm_s16le", rate_hz), {"audioFormat": "audio/pcm", "samplingRate": rate_hz}
+
+
+def _parse_timestamps(context_id: str, body: object) -> tuple[WordTiming, ...]:
+    """``done.timestamps`` -> word timings (already seconds from the context's start)."""
+    if not isinstance(body, dict):
+        return ()
+    status = body.get("status", {})
+    if isinstance(status, dict) and status.get("code", 0):
+        logger.warning(
+            "coda context %s: no word timestamps (status %s: %s)",
+            context_id,
+            status.get("code"),
+            status.get("message", ""),
+        )
+    spans = body.get("spans", [])
+    words: list[WordTiming] = []
+    for span in spans if isinstance(spans, list) else []:
+        if not isinstance(span, dict):
+            continue
+        start_s = parse_duration_s(span.get("start", "0s"))  # proto3 omits zero
+        end_s = parse_duration_s(span.get("end", "0s"))
+        text = span.get("text", "")
+        if start_s is None or end_s is None or not isinstance(text, str):
+            logger.debug("= malformed timestamp span dropped: %r", span)
+            continue
+        words.append(WordTiming(text, start_s, max(start_s, end_s)))
+    return tuple(words)
+
+
+def _summary(message: dict[str, Any]) -> str:
+    """A log line for a frame: audio shown by size, never the credentials."""
+    shown: dict[str, Any] = {}
+    for key, value in message.items():
+        if key == "audio" and isinstance(value, str):
+            shown[key] = f"<{len(value)} b64 chars>"
+        elif key == "config" and isinstance(value, dict):
+            shown[key] = {k: ("***" if k == "authorization" else v) for k, v in value.items()}
+        else:
+            shown[key] = value
+    return dump_message(shown)[:300]
+
+
+ENGINE = CodaProtocol
