@@ -568,6 +568,8 @@ class KletsoProtocol(Outbox):
         self._events.append(VoiceInterrupted(item_id, int(end_ms)))
         reply = self._reply
         if reply is not None and reply.item_id in (None, item_id):
+            if reply.live:
+                self._send_played(reply.item_id)
             self._end_reply("interrupted")
 
     def _on_ended(self, msg: JsonObject, now: float) -> None:
