@@ -409,10 +409,14 @@ class ZwstProtocol(Outbox):
     def open_turn(self, turn_id: str, settings: TurnSettings, now: float) -> None:
         """Register a turn; nothing is sent until its first text.
 
+        A turn that needs another (voice, wire format) than this connection's
+        fails at once (``TurnFailed(kind="unsupported_settings")``, so a
+        failover chain moves on): the session properties cannot change on a
+        socket, which is why the shell pools zwst per ``pool_key``.
+
         Raises:
-            LocalProtocolError: not ready, the turn id is in use, ``max_turns``
-                turns are open, or the turn needs another (voice, format) than
-                this connection's (the shell pools per ``pool_key``).
+            LocalProtocolError: not ready, the turn id is in use, or
+                ``max_turns`` turns are open.
         """
         if not self.ready:
             raise LocalProtocolError("open_turn on a connection that is not ready")
@@ -422,10 +426,13 @@ class ZwstProtocol(Outbox):
             raise LocalProtocolError(f"{self.max_turns} turns already open on this connection")
         voice, fmt = pool_key(self._settings, settings)
         if (voice, fmt) != (self._voice, self._format):
-            raise LocalProtocolError(
-                f"turn wants voice={voice!r} {fmt}; this connection is "
-                f"voice={self._voice!r} {self._format} (pool zwst per voice and format)"
+            message = (
+                f"turn wants voice={voice!r} {fmt.encoding}@{fmt.sample_rate_hz}; this zwst "
+                f"connection is voice={self._voice!r} "
+                f"{self._format.encoding}@{self._format.sample_rate_hz}"
             )
+            self._events.append(TurnFailed(turn_id, "unsupported_settings", message))
+            return
         self._context_serial += 1
         ctx = _Context(
             turn_id=turn_id,
@@ -437,12 +444,17 @@ class ZwstProtocol(Outbox):
         self._by_context[ctx.context_id] = ctx
 
     def send_text(self, turn_id: str, text: str, now: float) -> None:
-        """Queue text on the turn's context (one ``synthesize``; empty text is skipped).
+        """Queue text on the turn's context (one ``synthesize``).
+
+        A no-op for empty text and for a turn that is no longer open (it may
+        have failed or been cancelled meanwhile).
 
         Raises:
-            LocalProtocolError: unknown turn, or the turn was ended.
+            LocalProtocolError: text after ``end_turn``.
         """
-        ctx = self._turn(turn_id)
+        ctx = self._turns.get(turn_id)
+        if ctx is None:
+            return
         if ctx.ended:
             raise LocalProtocolError(f"send_text after end_turn on turn {turn_id!r}")
         if not text.strip():
@@ -464,9 +476,12 @@ class ZwstProtocol(Outbox):
         )
 
     def end_turn(self, turn_id: str, now: float) -> None:
-        """No more text for the turn: ``end`` (or ``TurnDone`` at once if it sent none)."""
-        ctx = self._turn(turn_id)
-        if ctx.ended:
+        """No more text for the turn: ``end`` (or ``TurnDone`` at once if it sent none).
+
+        A no-op for a turn already ended or no longer open.
+        """
+        ctx = self._turns.get(turn_id)
+        if ctx is None or ctx.ended:
             return
         ctx.ended = True
         if ctx.ordinal is None:
@@ -632,12 +647,6 @@ class ZwstProtocol(Outbox):
         self._events.append(TurnFailed(ctx.turn_id, "provider_error", message))
 
     # ------------------------------------------------------------- helpers
-
-    def _turn(self, turn_id: str) -> _Context:
-        ctx = self._turns.get(turn_id)
-        if ctx is None:
-            raise LocalProtocolError(f"no open turn {turn_id!r}")
-        return ctx
 
     def _send(self, frame: dict[str, object]) -> None:
         self._actions.append(SendText(json.dumps(frame, separators=(",", ":"), ensure_ascii=False)))

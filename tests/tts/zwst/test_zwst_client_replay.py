@@ -398,9 +398,15 @@ def test_pooling_is_per_voice_and_wire_format() -> None:
     engine.session_request()
     engine.session_response(200, b'{"url": "ws://127.0.0.1:1/v1/stream?token=t"}', 0.0)
     engine.connection_made(None, 0.0)
+    assert engine.events_received() == [ConnectionReady()]
     engine.open_turn("t1", mulaw_turn, 0.0)  # same key: accepted
-    with pytest.raises(LocalProtocolError):
-        engine.open_turn("t2", turn_settings(), 0.0)  # 24 kHz needs another connection
+    engine.open_turn("t2", turn_settings(), 0.0)  # 24 kHz needs another connection
+    [failed] = engine.events_received()
+    assert isinstance(failed, TurnFailed)
+    assert (failed.turn_id, failed.kind) == ("t2", "unsupported_settings")
+    engine.send_text("t2", "ignored: the turn is not open", 0.0)
+    engine.end_turn("t2", 0.0)
+    assert engine.actions_to_send() == [] and engine.open_turns() == 1
 
 
 def test_max_turns_and_misuse_raise_local_errors() -> None:
@@ -409,6 +415,7 @@ def test_max_turns_and_misuse_raise_local_errors() -> None:
         engine.open_turn(f"t{i}", turn_settings(), 0.0)
     with pytest.raises(LocalProtocolError):
         engine.open_turn("one-too-many", turn_settings(), 0.0)
+    engine.send_text("t0", "Xin chào.", 0.0)
     engine.end_turn("t0", 0.0)
     with pytest.raises(LocalProtocolError):
         engine.send_text("t0", "after end", 0.0)
