@@ -508,6 +508,7 @@ class KletsoServerSession(Outbox):
         data = {"voiceSessionId": self._session_id, "model": self._model, "voice": voice}
         self._log("voice.started", {**data, "limits": limits})
         self._log("avatar.mood", {"mood": "neutral", "source": "rule"})
+        self._state = ""  # announce the first state whatever it is
         self._set_state(self._resting_state())
 
     def _end_session(self, reason: str) -> None:
