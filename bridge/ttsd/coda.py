@@ -1,0 +1,571 @@
+"""Coda (Rime) WebSocket TTS server session (the provider's side of ``coda``).
+
+Theory of operation
+-------------------
+One ``CodaServerSession`` per accepted WebSocket on ``/ws`` (the seed's
+``wss://coda.api.rime.ai/ws``) or ``/v1/ws/coda`` (ours, beside the other
+protocols of ``callbridge tts-server``). It behaves as a *direct engine
+connection* of seed ``003_e1fb1d1bb580e7a1.txt``: JSON messages with one
+payload key (``config``, ``start``, ``text``, ``end``, ``cancel``) and an
+optional ``contextId`` (omitted or empty selects ``default``)::
+
+    connection_made        -> ready{protocol: 1, languages, defaultLanguage}
+                              credentials: ``Authorization: Bearer`` header, or
+                              ``config.authorization`` within 10 s (timer)
+    config (once, before the first start) -> defaults merged at the top level
+    start  -> validate -> started{requestId}; complete text: one job
+    text   -> per splitStrategy: NONE = one job per message, SENTENCE = one job
+              per sentence of each message, ACCUMULATE_SENTENCE = joined, one
+              job per complete sentence (rest at ``end``)
+    end    -> rest of the text; once the last job is done -> done{timestamps}
+    cancel -> CancelSynthesis, queue dropped -> cancelled (also for unknown ids)
+    job    -> Synthesize ... synthesis_audio -> audio (base64) ... synthesis_done
+
+Only one job per context runs at a time, so audio order is text order and a
+job's word timings are offset by the audio already sent in the context.
+
+Errors (the seed's "Handle completion and errors"):
+
+* connection-level ``error`` (no ``contextId``): a duplicate ``start``, text
+  outside an open streaming input, a 17th context (``resource_exhausted``),
+  a second ``config`` or one after ``start``, a message without a payload;
+  every context continues.
+* context ``error`` (ends that context): invalid ``start`` fields (missing or
+  empty ``audioFormat``, unknown voice, unsupported language, bad types),
+  a failed synthesis (``internal``, with the ``requestId``).
+* ``invalid_input`` + close 1007: an undecodable envelope (not JSON, not an
+  object, two payloads, a non-string ``contextId``, any binary message: the
+  Protobuf schema is unpublished); + close 1009: a message over 64 KiB.
+* ``unauthenticated`` + close 1008: wrong credentials, credentials in both
+  the header and ``config``, or none within 10 s (when keys are configured).
+
+Rules: bad input never raises; nothing is sent for a context after its
+terminal frame; output of cancelled jobs is dropped here; no clock is read
+(the only timer is the credentials deadline). WebSocket pings (every 30 s)
+and the 75 s read-inactivity limit belong to the shell: see
+``PING_INTERVAL_S`` and ``READ_INACTIVITY_TIMEOUT_S``, and pass
+``select_subprotocol`` to the WebSocket server.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+import struct
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from bridge.engine import CloseConnection, Outbox, SendText
+from bridge.tts.base import WordTiming
+from bridge.tts.coda import (
+    MAX_CONTEXT_ID_BYTES,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    SPLIT_STRATEGIES,
+    SUBPROTOCOL,
+    TIME_SCALE_RANGE,
+    dump_message,
+    format_duration,
+)
+from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
+from telcodec import g711
+
+__all__ = [
+    "PATHS",
+    "SESSION",
+    "SUBPROTOCOLS",
+    "CodaServerSession",
+    "SUBcodaCOLS",
+    "select_subprotocol",
+]
+
+PATHS: tuple[str, ...] = ("/ws", "/v1/ws/coda")
+#: Subprotocols we accept. ``rime.v1.binary`` is not: its Protobuf schema is unpublished.
+SUBcodaCOLS: tuple[str, ...] = (SUBPROTOCOL,)
+SUBPROTOCOLS = SUBcodaCOLS
+
+LANGUAGES: tuple[str, ...] = ("en",)
+DEFAULT_LANGUAGE = "en"
+#: Languages Coda returns word timestamps for (seed, "Word timestamps").
+ALIGNED_LANGUAGES = frozenset({"de", "en", "es", "fr", "it", "pt"})
+MAX_ALIGNED_AUDIO_S = 180.0
+CREDENTIALS_DEADLINE_S = 10.0
+PING_INTERVAL_S = 30.0
+READ_INACTIVITY_TIMEOUT_S = 75.0
+DEFAULT_SAMPLING_RATE_HZ = 24000
+MAX_SAMPLING_RATE_HZ = 192000
+DEFAULT_SPLIT_STRATEGY = "SPLIT_STRATEGY_NONE"
+#: Raw audio per ``audio`` frame: base64 of it plus the envelope stays under 64 KiB.
+MAX_AUDIO_CHUNK_BYTES = 48000
+
+#: MIME type (and the direct-engine aliases) -> what we put on the wire;
+#: ``None``: a format we have no encoder for. Unknown types fall back to WAV.
+_FORMATS: dict[str, str | None] = {
+    "audio/pcm": "pcm",
+    "audio/l16": "pcm",  # little-endian, as the seed warns
+    "audio/wav": "wav",
+    "audio/pcmu": "mulaw",
+    "audio/x-mulaw": "mulaw",
+    "audio/mpeg": None,
+    "audio/mp3": None,
+    "audio/ogg;codecs=opus": None,
+    "audio/ogg": None,
+    "audio/webm;codecs=opus": None,
+    "audio/webm": None,
+}
+_PAYLOADS = ("config", "start", "text", "end", "cancel")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_GRPC_OUT_OF_RANGE = 11
+_GRPC_UNIMPLEMENTED = 12
+
+_CLOSE_UNDECODABLE = 1007
+_CLOSE_CREDENTIALS = 1008
+_CLOSE_TOO_BIG = 1009
+
+
+def select_subprotocol(offered: Sequence[str]) -> str | None:
+    """The seed's rule: the first offered value we support, else none (JSON)."""
+    for value in offered:
+        if value in SUBcodaCOLS:
+            return value
+    return None
+
+
+@dataclass(slots=True)
+class _Context:
+    context_id: str
+    request_id: str
+    voice: str
+    language: str
+    wire: str  # "pcm" | "mulaw" | "wav"
+    sample_rate_hz: int
+    speed: float
+    split: str
+    lookahead_tokens: int
+    timestamps: bool
+    streaming: bool
+    input_ended: bool = False
+    buffer: str = ""
+    queue: deque[str] = field(default_factory=deque)
+    dispatched: bool = False
+    job_id: str | None = None
+    samples_sent: int = 0
+    job_start_samples: int = 0
+    carry: bytes = b""
+    header_sent: bool = False
+    spans: list[WordTiming] = field(default_factory=list)
+
+
+class CodaServerSession(Outbox):
+    """One client of our Coda endpoint (see the module docstring).
+
+    After every call the shell drains ``actions_to_send()`` (``SendText``,
+    ``CloseConnection``, ``Synthesize``, ``CancelSynthesis``) and re-arms its
+    timer from ``next_deadline()``.
+    """
+
+    protocol_name: ClassVar[str] = "coda"
+
+    def __init__(self, options: ServerOptions) -> None:
+        super().__init__()
+        self._options = options
+        self._open = False
+        self._authenticated = not options.api_keys
+        self._header_credentials = False
+        self._credentials_by: float | None = None
+        self._config_seen = False
+        self._start_seen = False
+        self._defaults: dict[str, Any] = {}
+        self._contexts: dict[str, _Context] = {}
+        self._jobs: dict[str, _Context] = {}
+        self._request_serial = 0
+        self._job_serial = 0
+
+    # ---------------------------------------------------------- connection
+
+    def connection_made(
+        self, path: str, query: dict[str, str], headers: dict[str, str], now: float
+    ) -> None:
+        self._open = True
+        ready: dict[str, Any] = {"protocol": PROTOCOL_VERSION, "languages": list(LANGUAGES)}
+        ready["defaultLanguage"] = DEFAULT_LANGUAGE
+        self._send({"ready": ready})
+        authorization = headers.get("authorization")
+        if authorization is not None:
+            self._header_credentials = True
+            scheme, _, key = authorization.partition(" ")
+            if self._options.api_keys and (
+                scheme.lower() != "bearer" or key.strip() not in self._options.api_keys
+            ):
+                self._reject_credentials("invalid API key")
+                return
+            self._authenticated = True
+        elif not self._authenticated:
+            self._credentials_by = now + CREDENTIALS_DEADLINE_S
+
+    def connection_lost(self, now: float) -> None:
+        for job_id in self._jobs:
+            self._actions.append(CancelSynthesis(job_id))
+        self._jobs.clear()
+        self._contexts.clear()
+        self._credentials_by = None
+        self._open = False
+
+    def next_deadline(self) -> float | None:
+        return self._credentials_by
+
+    def handle_timer(self, now: float) -> None:
+        if self._credentials_by is not None and now >= self._credentials_by:
+            self._reject_credentials(f"no credentials within {CREDENTIALS_DEADLINE_S:g} s")
+
+    # ------------------------------------------------------------- receive
+
+    def receive_text(self, text: str, now: float) -> None:
+        if not self._open:
+            return
+        if len(text.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
+            self._error("invalid_input", f"message exceeds {MAX_MESSAGE_BYTES} bytes")
+            self._close(_CLOSE_TOO_BIG, "message too big")
+            return
+        try:
+            message = json.loads(text)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            self._undecodable("message is not a JSON object")
+            return
+        context_id = message.get("contextId", "")
+        payloads = [key for key in _PAYLOADS if key in message]
+        if not isinstance(context_id, str) or len(payloads) > 1:
+            self._undecodable("contextId must be a string and there must be one payload")
+            return
+        if not payloads:
+            self._error(
+                "invalid_input", "message has no payload (config, start, text, end, cancel)"
+            )
+            return
+        context_id = context_id or "default"
+        if len(context_id.encode("utf-8", "surrogatepass")) > MAX_CONTEXT_ID_BYTES:
+            self._error("invalid_input", f"contextId exceeds {MAX_CONTEXT_ID_BYTES} bytes")
+            return
+        kind = payloads[0]
+        if not self._authenticated and kind != "config":
+            self._reject_credentials("credentials required before " + kind)
+            return
+        self._HANDLERS[kind](self, context_id, message[kind], now)
+
+    def receive_bytes(self, data: bytes, now: float) -> None:
+        if not self._open:
+            return
+        if len(data) > MAX_MESSAGE_BYTES:
+            self._error("invalid_input", f"message exceeds {MAX_MESSAGE_BYTES} bytes")
+            self._close(_CLOSE_TOO_BIG, "message too big")
+            return
+        self._undecodable("binary (Protobuf) messages are not supported by this server")
+
+    def _on_config(self, context_id: str, body: object, now: float) -> None:
+        if self._start_seen or self._config_seen:
+            self._error("invalid_input", "send at most one config, before the first start")
+            return
+        self._config_seen = True
+        if not isinstance(body, dict):
+            self._error("invalid_input", "config must be an object")
+            return
+        if "authorization" in body and not self._accept_config_credentials(body["authorization"]):
+            return
+        if not self._authenticated:
+            self._reject_credentials("credentials required")
+            return
+        license_json = body.get("license", "")
+        defaults = body.get("defaults", {})
+        problem = "config.license must be a string" if not isinstance(license_json, str) else None
+        problem = problem or _check_synthesis(defaults, "config.defaults")
+        if problem:
+            self._error("invalid_input", problem)
+            return
+        self._defaults = {k: v for k, v in defaults.items() if k != "text"}
+
+    def _on_start(self, context_id: str, body: object, now: float) -> None:
+        self._start_seen = True
+        if context_id in self._contexts:
+            self._error("invalid_input", f"duplicate start for open context {context_id!r}")
+            return
+        if len(self._contexts) >= self._options.max_contexts:
+            self._error(
+                "resource_exhausted",
+                f"the connection already has {self._options.max_contexts} open contexts",
+            )
+            return
+        problem = _check_synthesis(body, "start")
+        ctx = None
+        if problem is None and isinstance(body, dict):
+            ctx, problem = self._new_context(context_id, {**self._defaults, **body})
+        if ctx is None:
+            self._error("invalid_input", problem or "invalid start", context_id)
+            return
+        self._contexts[context_id] = ctx
+        self._send({"contextId": context_id, "started": {"requestId": ctx.request_id}})
+        text = body.get("text", "") if isinstance(body, dict) else ""
+        if not ctx.streaming:
+            ctx.queue.append(text)
+            ctx.input_ended = True
+        self._pump(ctx)
+
+    def _on_text(self, context_id: str, body: object, now: float) -> None:
+        ctx = self._contexts.get(context_id)
+        if ctx is None or not ctx.streaming or ctx.input_ended:
+            self._error("invalid_input", f"text outside an open streaming input ({context_id!r})")
+            return
+        if not isinstance(body, str):
+            self._error("invalid_input", "text must be a string")
+            return
+        if ctx.split == "SPLIT_STRATEGY_ACCUMULATE_SENTENCE":
+            *complete, ctx.buffer = _SENTENCE_END.split(ctx.buffer + body)
+            ctx.queue.extend(complete)
+        elif ctx.split == "SPLIT_STRATEGY_SENTENCE":
+            ctx.queue.extend(_SENTENCE_END.split(body))
+        else:
+            ctx.queue.append(body)
+        self._pump(ctx)
+
+    def _on_end(self, context_id: str, body: object, now: float) -> None:
+        ctx = self._contexts.get(context_id)
+        if ctx is None or not ctx.streaming or ctx.input_ended:
+            return  # the seed: a repeated end, or one for complete/unknown contexts, has no effect
+        ctx.input_ended = True
+        ctx.queue.append(ctx.buffer)
+        ctx.buffer = ""
+        self._pump(ctx)
+
+    def _on_cancel(self, context_id: str, body: object, now: float) -> None:
+        ctx = self._contexts.pop(context_id, None)
+        if ctx is not None and ctx.job_id is not None:
+            self._jobs.pop(ctx.job_id, None)
+            self._actions.append(CancelSynthesis(ctx.job_id))
+        self._send({"contextId": context_id, "cancelled": {}})
+
+    _HANDLERS: ClassVar[dict[str, Callable[[CodaServerSession, str, object, float], None]]] = {
+        "config": _on_config,
+        "start": _on_start,
+        "text": _on_text,
+        "end": _on_end,
+        "cancel": _on_cancel,
+    }
+
+    # ----------------------------------------------------------- synthesis
+
+    def synthesis_audio(
+        self, job_id: str, pcm: bytes, words: tuple[WordTiming, ...], now: float
+    ) -> None:
+        ctx = self._jobs.get(job_id)
+        if ctx is None:
+            return  # cancelled or finished: dropped at the boundary
+        offset_s = ctx.job_start_samples / ctx.sample_rate_hz  # words: from the job's start
+        for word in words:
+            ctx.spans.append(WordTiming(word.word, offset_s + word.start_s, offset_s + word.end_s))
+        data = ctx.carry + pcm
+        whole = len(data) - len(data) % 2
+        data, ctx.carry = data[:whole], data[whole:]
+        ctx.samples_sent += whole // 2
+        wire = g711.ulaw_encode(data) if ctx.wire == "mulaw" else data
+        if ctx.wire == "wav" and not ctx.header_sent:
+            wire = _wav_header(ctx.sample_rate_hz) + wire
+            ctx.header_sent = True
+        for i in range(0, len(wire), MAX_AUDIO_CHUNK_BYTES):
+            chunk = base64.b64encode(wire[i : i + MAX_AUDIO_CHUNK_BYTES]).decode("ascii")
+            self._send({"contextId": ctx.context_id, "audio": chunk})
+
+    def synthesis_done(self, job_id: str, now: float) -> None:
+        ctx = self._jobs.pop(job_id, None)
+        if ctx is None:
+            return
+        ctx.job_id = None
+        self._pump(ctx)
+
+    def synthesis_failed(self, job_id: str, message: str, now: float) -> None:
+        ctx = self._jobs.pop(job_id, None)
+        if ctx is None:
+            return
+        self._contexts.pop(ctx.context_id, None)
+        body = {"kind": "internal", "message": message, "requestId": ctx.request_id}
+        self._send({"contextId": ctx.context_id, "error": body})
+
+    # ------------------------------------------------------------- helpers
+
+    def _new_context(self, context_id: str, merged: dict[str, Any]) -> tuple[_Context | None, str]:
+        """Build a context from a merged synthesis object, or say why not."""
+        audio = merged.get("audioParameters", {})
+        mime = audio.get("audioFormat", "")
+        if not mime:
+            return None, "audioParameters.audioFormat is required"
+        wire = _FORMATS.get(mime.strip().lower(), "wav")
+        if wire is None:
+            return None, f"audio format {mime!r} is not supported by this server"
+        voice = merged.get("speaker", "") or self._options.default_voice
+        if voice not in self._options.voices:
+            return None, f"unknown voice {voice!r}"
+        language = merged.get("language", "") or DEFAULT_LANGUAGE
+        if language not in LANGUAGES:
+            return None, f"unsupported language {language!r}; see ready.languages"
+        low, high = TIME_SCALE_RANGE
+        scale = min(high, max(low, float(audio.get("timeScaleFactor", 1.0))))
+        split = merged.get("splitStrategy", DEFAULT_SPLIT_STRATEGY)
+        self._request_serial += 1
+        return _Context(
+            context_id=context_id,
+            request_id=f"coda-request-{self._request_serial}",
+            voice=voice,
+            language=language,
+            wire=wire,
+            sample_rate_hz=audio.get("samplingRate", DEFAULT_SAMPLING_RATE_HZ),
+            speed=1.0 / scale,
+            split=split if split in SPLIT_STRATEGIES else DEFAULT_SPLIT_STRATEGY,
+            lookahead_tokens=merged.get("codaParameters", {}).get("textLookaheadTokens", 0),
+            timestamps=merged.get("timestamps", {}).get("enable", False),
+            streaming=not merged.get("text", "").strip(),
+        ), ""
+
+    def _pump(self, ctx: _Context) -> None:
+        """Start the context's next job, or finish the context when all is done."""
+        while ctx.job_id is None and ctx.queue:
+            if not self._lookahead_satisfied(ctx):
+                return
+            text = ctx.queue.popleft().strip()
+            if not text:
+                continue
+            self._job_serial += 1
+            ctx.job_id = f"coda-{self._job_serial}"
+            ctx.dispatched = True
+            ctx.job_start_samples = ctx.samples_sent
+            self._jobs[ctx.job_id] = ctx
+            self._actions.append(
+                Synthesize(ctx.job_id, text, ctx.voice, ctx.sample_rate_hz, ctx.speed)
+            )
+        if ctx.job_id is None and not ctx.queue and ctx.input_ended:
+            self._contexts.pop(ctx.context_id, None)
+            self._send({"contextId": ctx.context_id, "done": self._done_body(ctx)})
+
+    def _lookahead_satisfied(self, ctx: _Context) -> bool:
+        """Hold a streaming context's first job until ``textLookaheadTokens`` more tokens."""
+        if ctx.dispatched or not ctx.streaming or ctx.input_ended or ctx.lookahead_tokens <= 0:
+            return True
+        later = " ".join(list(ctx.queue)[1:]) + " " + ctx.buffer
+        return len(later.split()) >= ctx.lookahead_tokens
+
+    def _done_body(self, ctx: _Context) -> dict[str, Any]:
+        if not ctx.timestamps:
+            return {}
+        duration_s = ctx.samples_sent / ctx.sample_rate_hz
+        if ctx.language not in ALIGNED_LANGUAGES:
+            status = {"code": _GRPC_UNIMPLEMENTED, "message": f"no alignment for {ctx.language}"}
+            return {"timestamps": {"status": status}}
+        if duration_s > MAX_ALIGNED_AUDIO_S:
+            message = f"audio longer than {MAX_ALIGNED_AUDIO_S:g} s is not aligned"
+            return {"timestamps": {"status": {"code": _GRPC_OUT_OF_RANGE, "message": message}}}
+        spans = [
+            {"text": w.word, "start": format_duration(w.start_s), "end": format_duration(w.end_s)}
+            for w in ctx.spans
+        ]
+        return {"timestamps": {"status": {}, "spans": spans}}
+
+    def _accept_config_credentials(self, value: object) -> bool:
+        if self._header_credentials:
+            self._reject_credentials("credentials in both the upgrade header and config")
+            return False
+        if not isinstance(value, str) or (
+            self._options.api_keys and value not in self._options.api_keys
+        ):
+            self._reject_credentials("invalid config.authorization")
+            return False
+        self._authenticated = True
+        self._credentials_by = None
+        return True
+
+    def _reject_credentials(self, message: str) -> None:
+        self._error("unauthenticated", message)
+        self._close(_CLOSE_CREDENTIALS, "invalid credentials")
+
+    def _undecodable(self, message: str) -> None:
+        self._error("invalid_input", message)
+        self._close(_CLOSE_UNDECODABLE, "undecodable envelope")
+
+    def _error(self, kind: str, message: str, context_id: str | None = None) -> None:
+        frame: dict[str, Any] = {"error": {"kind": kind, "message": message}}
+        if context_id is not None:
+            frame["contextId"] = context_id
+        self._send(frame)
+
+    def _close(self, code: int, reason: str) -> None:
+        self._actions.append(CloseConnection(code, reason))
+        self.connection_lost(0.0)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        self._actions.append(SendText(dump_message(message)))
+
+
+def _check_synthesis(body: object, where: str) -> str | None:
+    """Type-check a synthesis object (``start`` or ``config.defaults``); None if fine."""
+    if not isinstance(body, dict):
+        return f"{where} must be an object"
+    for key in ("speaker", "language", "text"):
+        if key in body and not isinstance(body[key], str):
+            return f"{where}.{key} must be a string"
+    split = body.get("splitStrategy", DEFAULT_SPLIT_STRATEGY)
+    if split not in SPLIT_STRATEGIES and split != "SPLIT_STRATEGY_UNSPECIFIED":
+        return f"{where}.splitStrategy {split!r} is not a split strategy"
+    return (
+        _check_object(body, "audioParameters", _AUDIO_FIELDS, where)
+        or _check_object(body, "codaParameters", _CODA_FIELDS, where)
+        or _check_object(body, "timestamps", _TIMESTAMP_FIELDS, where)
+    )
+
+
+def _check_object(
+    body: dict[str, Any], key: str, checks: dict[str, Callable[[object], bool]], where: str
+) -> str | None:
+    value = body.get(key, {})
+    if not isinstance(value, dict):
+        return f"{where}.{key} must be an object"
+    for name, valid in checks.items():
+        if name in value and not valid(value[name]):
+            return f"{where}.{key}.{name} is invalid"
+    return None
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_AUDIO_FIELDS: dict[str, Callable[[object], bool]] = {
+    "audioFormat": lambda v: isinstance(v, str),
+    "samplingRate": lambda v: _is_int(v) and 0 < v <= MAX_SAMPLING_RATE_HZ,  # type: ignore[operator]
+    "timeScaleFactor": _is_number,
+}
+_CODA_FIELDS: dict[str, Callable[[object], bool]] = {
+    "textLookaheadTokens": lambda v: _is_int(v) and v >= 0,  # type: ignore[operator]
+}
+_TIMESTAMP_FIELDS: dict[str, Callable[[object], bool]] = {
+    "enable": lambda v: isinstance(v, bool),
+}
+
+
+def _wav_header(sample_rate_hz: int) -> bytes:
+    """A streaming WAV header (16-bit mono PCM, sizes unknown: 0xFFFFFFFF)."""
+    unknown = 0xFFFFFFFF
+    byte_rate = sample_rate_hz * 2
+    return struct.pack(
+        "<4sI4s4sIHHIIHH4sI",
+        *(b"RIFF", unknown, b"WAVE", b"fmt ", 16, 1, 1, sample_rate_hz, byte_rate, 2, 16),
+        *(b"data", unknown),
+    )
+
+
+SESSION = CodaServerSession
