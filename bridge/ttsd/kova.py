@@ -49,11 +49,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from telcodec import g711
-
 from bridge.engine import CloseConnection, Outbox, SendText
 from bridge.tts.base import WordTiming
 from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
+from telcodec import g711
 
 __all__ = ["PATHS", "SESSION", "KovaServerSession"]
 
