@@ -108,6 +108,7 @@ class _Connection:
         self.task: asyncio.Task[None] | None = None
         self.closed = False
         self.ready_event = asyncio.Event()
+        self.changed = asyncio.Event()
 
     def now(self) -> float:
         return self.loop.time()
@@ -169,6 +170,7 @@ class _Connection:
                 self.loop.create_task(self.ws.close(action.code, action.reason))
         for event in self.engine.events_received():
             self._dispatch(event)
+        self.changed.set()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -266,6 +268,9 @@ class ProviderPool:
         for conn in self.connections:
             if conn.has_room() and (conn.engine.ready or not conn.ready_event.is_set()):
                 return conn
+        for conn in self.connections:
+            if conn.has_room():
+                return conn  # busy finishing a cancelled turn: the turn waits for it
         return self._open()
 
     def open_turn(self, turn_id: str, settings: TurnSettings, sink: Sink) -> _TurnHandle:
@@ -293,34 +298,50 @@ class ProviderPool:
 
 
 class _TurnHandle:
-    """Commands for one turn on one connection; buffered until the connection is ready."""
+    """Commands for one turn on one connection.
+
+    Until the turn is open on its connection (the connection may still be
+    handshaking, or busy with the previous turn of a one-turn protocol),
+    commands are buffered; after that they go straight to the engine.
+    """
 
     def __init__(self, conn: _Connection, turn_id: str) -> None:
         self.conn = conn
         self.turn_id = turn_id
+        self.live = False
         self._queued: list[Callable[[TtsProtocol, float], None]] = []
         self._flushing: asyncio.Task[None] | None = None
 
     def call(self, fn: Callable[[TtsProtocol, float], None]) -> None:
-        if self.conn.engine.ready and not self._queued:
-            fn(self.conn.engine, self.conn.now())
-            self.conn.pump()
+        if self.live:
+            if not self.conn.closed:
+                fn(self.conn.engine, self.conn.now())
+                self.conn.pump()
             return
         self._queued.append(fn)
-        if self._flushing is None:
+        if self.conn.engine.ready and self._flushing is None:
+            self._flush()
+        elif self._flushing is None:
             self._flushing = asyncio.get_running_loop().create_task(self._flush_when_ready())
+
+    def _flush(self) -> None:
+        self.live = True
+        for fn in self._queued:
+            fn(self.conn.engine, self.conn.now())
+        self._queued.clear()
+        self.conn.pump()
 
     async def _flush_when_ready(self) -> None:
         await self.conn.ready_event.wait()
+        while not self.conn.engine.ready and not self.conn.closed:
+            self.conn.changed.clear()
+            await self.conn.changed.wait()  # e.g. a one-turn protocol finishing its last turn
         if not self.conn.engine.ready:
             sink = self.conn.sinks.pop(self.turn_id, None)
             if sink is not None:
                 sink(ProviderFailed("connect_failed", "provider unreachable", (self.turn_id,)))
             return
-        for fn in self._queued:
-            fn(self.conn.engine, self.conn.now())
-        self._queued.clear()
-        self.conn.pump()
+        self._flush()
 
     def send_text(self, text: str) -> None:
         self.call(lambda e, now: e.send_text(self.turn_id, text, now))
