@@ -102,27 +102,26 @@ class ToneEngine:
         return max(TONE_WORD_MIN_S, TONE_WORD_S_PER_CHAR * len(word)) / max(speed, 0.25)
 
     def synthesize(self, text: str, voice: str, speed: float = 1.0) -> Iterator[SynthChunk]:
+        """One chunk per word (a streaming provider's granularity)."""
         rate = self.native_rate_hz
+        gap = np.zeros(round(TONE_GAP_S * rate))
         t_s = 0.0
-        for sentence in split_sentences(text):
-            parts: list[np.ndarray] = []
-            words: list[WordTiming] = []
-            for word in split_words(sentence):
-                n = round(self.word_duration_s(word, speed) * rate)
-                i = np.arange(n)
-                wave = np.sin(2 * math.pi * tone_frequency_hz(word) * i / rate)
-                ramp = min(n // 2, round(TONE_RAMP_S * rate))
-                env = np.ones(n)
-                env[:ramp] = np.linspace(0.0, 1.0, ramp)
-                env[n - ramp :] = np.linspace(1.0, 0.0, ramp)
-                parts.append(wave * env * TONE_AMPLITUDE)
-                words.append(WordTiming(word, t_s, t_s + n / rate))
-                gap = round(TONE_GAP_S * rate)
-                parts.append(np.zeros(gap))
-                t_s += (n + gap) / rate
-            if parts:
-                pcm = np.concatenate(parts).round().astype("<i2").tobytes()
-                yield SynthChunk(pcm, tuple(words))
+        for word in split_words(text):
+            n = round(self.word_duration_s(word, speed) * rate)
+            i = np.arange(n)
+            wave = np.sin(2 * math.pi * tone_frequency_hz(word) * i / rate)
+            ramp = min(n // 2, round(TONE_RAMP_S * rate))
+            env = np.ones(n)
+            env[:ramp] = np.linspace(0.0, 1.0, ramp)
+            env[n - ramp :] = np.linspace(1.0, 0.0, ramp)
+            pcm = np.concatenate([wave * env * TONE_AMPLITUDE, gap])
+            timing = WordTiming(word, t_s, t_s + n / rate)
+            t_s += len(pcm) / rate
+            yield SynthChunk(pcm.round().astype("<i2").tobytes(), (timing,))
+
+    def at_rate(self, sample_rate_hz: int) -> ToneEngine:
+        """The same engine generating directly at ``sample_rate_hz`` (no resampling)."""
+        return ToneEngine(sample_rate_hz)
 
 
 # ---------------------------------------------------------------- render
@@ -135,6 +134,8 @@ def render(engine: SynthEngine, job: Synthesize) -> Iterator[SynthChunk]:
     resampled with one streaming resampler for the whole job so chunk joins
     stay continuous.
     """
+    if isinstance(engine, ToneEngine):
+        engine = engine.at_rate(job.sample_rate_hz)
     if engine.native_rate_hz == job.sample_rate_hz:
         yield from engine.synthesize(job.text, job.voice, job.speed)
         return

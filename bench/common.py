@@ -1,0 +1,59 @@
+"""Shared bits of the benchmarks: machine/commit metadata, percentiles, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "commit": commit,
+    }
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100), nearest-rank."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, round(q / 100 * len(s) + 0.5) - 1))
+    return s[k]
+
+
+def summary_ms(values_s: list[float]) -> dict[str, float]:
+    ms = [v * 1000 for v in values_s]
+    return {
+        "n": len(ms),
+        "p50_ms": round(statistics.median(ms), 3) if ms else float("nan"),
+        "p95_ms": round(pct(ms, 95), 3),
+        "p99_ms": round(pct(ms, 99), 3),
+        "max_ms": round(max(ms), 3) if ms else float("nan"),
+    }
+
+
+def write(name: str, figures: dict[str, Any], settings: dict[str, Any]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(
+        json.dumps({"machine": machine(), "settings": settings, "figures": figures}, indent=2)
+        + "\n"
+    )
+    return path
