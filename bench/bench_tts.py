@@ -67,6 +67,12 @@ async def ttfa(protocol: str, engine: str, turns: int, voice: str) -> list[float
     return out
 
 
+def _row(protocol: str, engine: str, s: dict[str, float]) -> None:
+    print(
+        f"{protocol:<12} {engine:<6} {s['n']:>5} {s['p50_ms']:>8} {s['p95_ms']:>8} {s['p99_ms']:>8}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -77,15 +83,11 @@ def main() -> None:
     for protocol in ["kova", "kugelaudio", "coda", "zwst"]:
         s = summary_ms(asyncio.run(ttfa(protocol, "tone", turns, "tone")))
         figures[f"{protocol}_tone"] = s
-        print(
-            f"{protocol:<12} {'tone':<6} {s['n']:>5} {s['p50_ms']:>8} {s['p95_ms']:>8} {s['p99_ms']:>8}"
-        )
+        _row(protocol, "tone", s)
     try:
         s = summary_ms(asyncio.run(ttfa("kova", "piper", 3 if args.quick else 10, "joe")))
         figures["kova_piper_greeting"] = s
-        print(
-            f"{'kova':<12} {'piper':<6} {s['n']:>5} {s['p50_ms']:>8} {s['p95_ms']:>8} {s['p99_ms']:>8}"
-        )
+        _row("kova", "piper", s)
     except ImportError as e:
         print(f"piper not installed ({e}); install the local-tts extra")
     path = write("tts", figures, {"turns": turns, "text": GREETING, "format": "mulaw/8000"})
