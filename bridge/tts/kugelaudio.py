@@ -62,7 +62,6 @@ Rules that keep this module honest:
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import logging
 from dataclasses import dataclass, field
@@ -624,7 +623,7 @@ def _b64(value: object) -> bytes:
         raise _MalformedFrame("'audio' must be a base64 string")
     try:
         return base64.b64decode(value, validate=True)
-    except binascii.Error as exc:
+    except ValueError as exc:  # binascii.Error, or non-ASCII characters
         raise _MalformedFrame(f"bad base64 ({exc})") from None
 
 

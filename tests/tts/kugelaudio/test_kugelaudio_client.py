@@ -491,6 +491,7 @@ def test_unknown_encoding_fails_the_turn() -> None:
         json.dumps({"audio": "AAAA", "enc": "pcm_s16le", "sr": "24000"}),
         json.dumps({"audio": "AAAA", "enc": "pcm_s16le", "sr": 24000, "idx": "0"}),
         json.dumps({"audio": 5, "enc": "pcm_s16le", "sr": 24000}),
+        json.dumps({"audio": "\x80"}),  # non-ASCII base64 (found by Hypothesis)
         json.dumps({"word_timestamps": "Hello"}),
     ],
 )

@@ -10,6 +10,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridge.engine import CloseConnection, SendText
 from bridge.tts.base import WordTiming
@@ -479,3 +481,48 @@ def test_connection_lost_cancels_the_running_job() -> None:
     assert drain(s) == [CancelSynthesis(job.job_id)]
     send(s, {"text": "ignored"}, 0.2)
     assert drain(s) == []
+
+
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_KEYS = st.sampled_from(
+    [
+        "text",
+        "flush",
+        "cancel",
+        "close",
+        "end_session",
+        "close_socket",
+        "update_settings",
+        "voice_id",
+        "sample_rate",
+        "speed",
+        "word_timestamps",
+        "dictionary_ids",
+        "project_id",
+        "flush_timeout_ms",
+        "max_buffer_length",
+        "output_format",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.dictionaries(_KEYS, _VALUES, max_size=4) | st.text(max_size=20), max_size=8))
+def test_fuzzed_client_frames_never_raise(frames_in: list[Any]) -> None:
+    s = session(CONFIG)
+    for i, frame in enumerate(frames_in):
+        s.receive_text(frame if isinstance(frame, str) else json.dumps(frame), 0.1 * i)
+        for action in drain(s):
+            if isinstance(action, Synthesize):
+                s.synthesis_audio(action.job_id, tone(33), (WordTiming("w", 0.0, 0.01),), 0.1 * i)
+                s.synthesis_done(action.job_id, 0.1 * i)
+        deadline = s.next_deadline()
+        if deadline is not None:
+            s.handle_timer(deadline)
+        drain(s)
