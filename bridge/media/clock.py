@@ -47,15 +47,19 @@ is due, earliest deadline first. The shell then ticks each listed stream's
 clock (through its call); the ticker re-reads that clock's next deadline on
 its next call, so a stream that was not ticked stays due.
 
-Design choice: no out-of-grid frames. A turn's first frame goes out at the
-stream's next grid slot, at most one period (20 ms) later and 10 ms later on
-average, because a stream's phase is fixed per call and turns start at random
-times relative to it. Sending the frame "now" would keep the RTP timestamps
-continuous only by sending frame ``n`` before its due time, which makes the
-next inter-packet gap up to 40 ms: it injects jitter exactly at a talkspurt
-start, where the receiver's adaptive jitter buffer is sizing itself. Re-basing
-the origin instead would break ``ts = ts0 + n * 160``. Talkspurts and the RTP
-marker bit are the RTP session's business, not the clock's.
+Talkspurt starts re-phase the stream (``MediaClock.start_talkspurt(now)``,
+``Ticker.start_talkspurt(key, now)``). Between turns a stream sends comfort
+silence on its grid; when a turn's first 20 ms of audio exist, waiting for
+the next grid slot would add 0-20 ms (10 ms on average) to every turn's
+latency. Instead the grid moves so that the next frame index is due *now*:
+the origin shifts earlier by less than one period, the frame goes out at
+once, and every later frame follows on the new grid. The RTP timestamp is
+still ``ts0 + n * samples_per_frame``: consecutive packets stay exactly one
+frame apart in timestamp (no overlap, no gap), only their departure moves up
+by the shift, once, on the packet that carries the marker bit. That is the
+case the marker bit exists for: the receiver's jitter buffer re-anchors its
+playout point at a talkspurt start (RFC 3550 §5.1, RFC 3551 §4.1). Outside a
+talkspurt start the grid never moves.
 
 Rules that keep this module honest:
 
@@ -118,6 +122,8 @@ class ClockStats:
     """Frame indices never sent because of late wakeups."""
     caught_up_frames: int
     """Frames sent at least one whole period after their deadline."""
+    rephased: int = 0
+    """Talkspurt starts that moved the grid (``start_talkspurt``)."""
 
 
 class MediaClock:
@@ -140,6 +146,7 @@ class MediaClock:
         "_frames_sent",
         "_late_wakeups",
         "_next_frame",
+        "_rephased",
         "_skipped_frames",
         "origin_s",
         "ts0",
@@ -158,6 +165,7 @@ class MediaClock:
         self._late_wakeups = 0
         self._skipped_frames = 0
         self._caught_up_frames = 0
+        self._rephased = 0
 
     @property
     def config(self) -> ClockConfig:
@@ -206,6 +214,21 @@ class MediaClock:
         self._frames_sent += 1
         return n
 
+    def start_talkspurt(self, now: float) -> float:
+        """Move the grid so that the next frame is due at ``now``; return the shift (s).
+
+        Only moves the grid earlier (a frame already due stays due), and by
+        less than one period. Timestamps are unchanged: frame ``n`` keeps
+        ``ts0 + n * samples_per_frame``.
+        """
+        wake_s = self.next_deadline()
+        if now >= wake_s:
+            return 0.0
+        shift_s = self.deadline(self._next_frame) - now
+        self.origin_s -= shift_s
+        self._rephased += 1
+        return shift_s
+
     def stats(self) -> ClockStats:
         """A snapshot of the counters."""
         return ClockStats(
@@ -213,6 +236,7 @@ class MediaClock:
             late_wakeups=self._late_wakeups,
             skipped_frames=self._skipped_frames,
             caught_up_frames=self._caught_up_frames,
+            rephased=self._rephased,
         )
 
 
@@ -288,6 +312,11 @@ class Ticker(Generic[K]):
     def clock(self, key: K) -> MediaClock:
         """The clock of a registered stream."""
         return self._clocks[key]
+
+    def start_talkspurt(self, key: K, now: float) -> None:
+        """Re-phase a stream so its next frame is due at ``now`` (see the module docstring)."""
+        if self._clocks[key].start_talkspurt(now) > 0.0 and key in self._entry_seq:
+            self._push(key)
 
     def phase_s(self, key: K) -> float:
         """Offset of the stream's deadlines within the period, in seconds."""

@@ -220,3 +220,45 @@ def test_ticker_drives_many_streams_without_loss() -> None:
     for k in range(50):
         assert sent[k][:frames] == list(range(frames))
         assert ticker.clock(k).stats().late_wakeups == 0
+
+
+def test_start_talkspurt_sends_the_next_frame_now_with_contiguous_timestamps() -> None:
+    clock = MediaClock(origin_s=100.0, ts0=1000)
+    assert clock.tick(100.0) == 0
+    assert clock.tick(100.020) == 1
+    # a turn's first audio exists at 100.0265: 13.5 ms before frame 2's slot
+    now = 100.0265
+    assert clock.tick(now) is None
+    shift = clock.start_talkspurt(now)
+    assert abs(shift - 0.0135) < 1e-9
+    n = clock.tick(now)
+    assert n == 2
+    assert clock.rtp_timestamp(n) == 1000 + 2 * 160  # no overlap, no gap
+    assert abs(clock.deadline(3) - (now + 0.020)) < 1e-9  # later frames follow the new grid
+    assert clock.tick(now + 0.0185) is None  # not due before its tolerance window
+    assert clock.tick(now + 0.020) == 3
+    assert clock.stats().rephased == 1
+
+
+def test_start_talkspurt_never_moves_a_due_frame_or_the_grid_later() -> None:
+    clock = MediaClock(origin_s=0.0)
+    assert clock.tick(0.0) == 0
+    before = clock.deadline(1)
+    assert clock.start_talkspurt(0.0195) == 0.0  # frame 1 is already due (tolerance)
+    assert clock.deadline(1) == before
+    assert clock.stats().rephased == 0
+
+
+def test_ticker_start_talkspurt_makes_the_stream_due_now() -> None:
+    ticker: Ticker[str] = Ticker()
+    clock = ticker.add("a", now=0.0)
+    deadline = ticker.next_deadline()
+    assert deadline is not None
+    assert ticker.due(deadline) == ["a"]
+    assert clock.tick(deadline) == 0
+    now = deadline + 0.005
+    assert ticker.due(now) == []
+    ticker.start_talkspurt("a", now)
+    assert ticker.next_deadline() is not None and ticker.next_deadline() <= now
+    assert ticker.due(now) == ["a"]
+    assert clock.tick(now) == 1
