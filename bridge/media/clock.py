@@ -19,8 +19,9 @@ to send. ``tick(now)`` answers "which frame goes out now?":
   shell's loop ``while (n := clock.tick(now)) is not None`` sends the backlog
   immediately: a bounded catch-up of at most ``max_late_frames + 1`` frames
   (counted in ``caught_up_frames``). A receive jitter buffer absorbs that and
-  no audio is lost, where skipping would lose it; ``max_late_frames=0`` makes
-  the clock skip on any whole-period lateness instead.
+  no audio is lost, where skipping would lose it. The default is
+  ``max_late_frames=0``: the clock never bursts, and skips on any
+  whole-period lateness instead (the design rule: "never bursts").
 * Late by more than ``max_late_frames`` periods (a stall): skip ahead to the
   newest due frame and send only that one. The skipped indices are never sent
   but their timestamps are consumed, so the stream stays continuous in time
@@ -104,8 +105,10 @@ class ClockConfig:
     """Frame period in seconds (packetization time)."""
     samples_per_frame: int = 160
     """RTP timestamp increment per frame (160 = 20 ms at 8 kHz)."""
-    max_late_frames: int = 2
-    """Whole periods of lateness still caught up frame by frame; beyond it, skip ahead."""
+    max_late_frames: int = 0
+    """Whole periods of lateness still caught up frame by frame; beyond it, skip ahead.
+
+    0 (the default): never burst; a wake-up a whole period late skips ahead."""
     early_tolerance_s: float = 0.001
     """A frame is due once ``now >= deadline - early_tolerance_s`` (timer granularity)."""
 
