@@ -1,0 +1,895 @@
+"""The per-call bridge: one caller leg, its turns, playout and barge-in.
+
+Theory of operation
+-------------------
+``CallBridge`` is the sans-I/O core of one call. It does not know which SIP
+stack, carrier or TTS vendor it talks to: the shell feeds it caller frames,
+provider events and turn-source commands, ticks it once per 20 ms frame, and
+carries out the actions it queues.
+
+Inputs (every ``now`` is the loop's monotonic time; nothing here reads a clock):
+
+* ``caller_audio(frame, now)``: one 20 ms inbound frame in the leg codec
+  (s16le little-endian for linear legs: L16 byte swapping is the leg's job).
+  Decoded, analysed by webrtcvad and the level meter, fed to the
+  ``BargeInDetector``; with a voice agent active it also goes up to the agent
+  (``SendAgentAudio``, s16le at 24 kHz in 40-60 ms pieces).
+* ``caller_dtmf(digit, now)``: ``DtmfHeard``; an immediate barge-in trigger
+  when the policy says so.
+* ``mark_echoed(name, cleared, now)``: a media-stream carrier echoed a mark
+  (``cleared``: the stream engine knows the echo was caused by a ``clear``).
+* ``tick(now) -> bytes | None``: once per 20 ms deadline of this call's media
+  clock. Returns exactly one frame in the leg codec, or ``None`` (RTP legs
+  send comfort silence keeping timestamps continuous; WS legs send nothing).
+* ``provider_event(event, now)``: every event of ``bridge.tts.base`` (and
+  Kletso's ``VoiceInterrupted``/``VoiceEnded``/``VoiceFailed``) for this call.
+* ``execute(command, now)``: ``Say``, ``Cancel``, ``Hangup``, ``Transfer``,
+  ``SendDtmf``, ``HandOver`` from the turn source.
+* ``barge_in(reason, now)``: stop the bot now (also run internally).
+* ``hangup_received(reason, now)`` / ``leg_ended(now)``: the call is over.
+* ``handle_timer(now)`` at ``next_deadline()`` (the agent's played-position
+  timer; ``tick`` runs due timers too, so a ticked call needs no other timer).
+
+Calling contract: after *every* call above, send the frame ``tick`` returned
+(if any) *first*, then drain ``actions_to_send()`` (a ``SendMark`` queued by
+a tick belongs right after that tick's frame) and ``events_received()``.
+
+Actions (``bridge.media.call_types``): ``OpenTurn``, ``SendTurnText``,
+``EndTurn``, ``CancelTurn`` for the Speaker; ``ClearLeg``, ``SendMark``,
+``HangupLeg``, ``TransferLeg``, ``SendLegDtmf`` for the leg; ``StartAgent``,
+``StopAgent``, ``SendAgentAudio``, ``AgentPlayed`` (send Kletso
+``voice.played`` now with this position) for the voice agent; ``ConnectApp``.
+
+Events (``bridge.control.commands``): ``DtmfHeard``, ``SpeechStarted``
+(``at_s`` = onset of the caller's speech), ``SpeechStopped`` (``at_s`` = last
+speech frame), ``TurnBegan``, ``TurnFinished``, ``TurnInterrupted``,
+``ProviderErrored``, ``CallEnded``; plus ``CommandRejected`` and
+``AgentEnded`` from ``call_types``.
+
+Turns. A ``Say`` for a new turn id opens a turn: it is queued in the
+``PlayoutQueue`` at once (behind the current turns, or replacing them) and
+``OpenTurn`` + ``SendTurnText`` (+ ``EndTurn`` when ``final``) go to the
+Speaker. The settings ask for the leg's own format (mu-law/A-law at 8 kHz on
+G.711 legs) so a provider that honours it is passed through untouched; audio
+in any other format is transcoded. Provider audio is cut into 20 ms frames
+and pushed as soon as a whole frame exists. ``TurnDone`` flushes the framer
+(last frame padded with silence) and ends the turn; ``TurnFailed`` (or a
+``ProviderFailed`` naming the turn) emits ``ProviderErrored`` and ends the
+turn with what it had. A voice agent's replies are turns too: they open on
+``TurnStarted`` (or their first audio) while the agent is active.
+
+Per-turn phases::
+
+    QUEUED --first frame popped (TurnBegan)--> SOUNDING --last frame popped--+
+      |                                           |                          |
+      |   frames leg: report now; marks leg: AWAITING_MARK --final mark echo-+--> DONE
+      +------------- barge-in / cancel / replace / hangup / provider error ------> DONE
+
+DONE means reported, exactly once: ``TurnFinished`` (played to its end) or
+``TurnInterrupted`` (barge-in reasons ``speech``/``dtmf``/the caller's,
+``cancelled``, ``replaced``, ``provider_error``, ``agent_interrupted``,
+``call_ended``).
+
+Heard position. ``frames`` legs (RTP): a frame popped is a frame heard.
+``marks`` legs: marks go out at every ``mark_interval_ms`` inside a turn and
+after its last frame, and only echoed marks move the heard position. A cut
+that sends ``ClearLeg`` voids every mark in flight (``carrier_cleared``), so
+the echoes ``clear`` provokes never count; a cut that cannot clear reports
+everything sent as heard (the carrier will play it). ``heard_text`` is the
+words whose ``end_s`` is at most the heard position.
+
+Barge-in (``barge_in``) is one function: the playout queue drops every queued
+frame of the interruptible turns (the next tick already sends none of them),
+``ClearLeg`` goes out when the leg can clear and no non-interruptible turn is
+sounding, ``CancelTurn`` goes out for every cut turn (the Speaker runs the
+provider's own cancel; for a finished provider turn it is a no-op), agent
+turns also get ``AgentPlayed`` with the heard position, and each cut turn is
+reported. Late audio for a cut turn is dropped before it is transcoded. The
+detector is armed only while an interruptible turn is sounding, so caller
+speech over a non-interruptible prompt interrupts nothing (it re-arms when
+the next turn starts).
+
+Rules that keep this module honest:
+
+1. Bad remote input never raises: a bad command is ``CommandRejected``, a
+   bad provider format is a provider error for that turn, unknown mark
+   echoes and late audio are dropped and counted.
+2. One frame per ``tick``; nothing is ever sent outside a tick.
+3. Every turn is reported exactly once.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from bridge.control import commands as cmd
+from bridge.engine import Action, Event, LocalProtocolError
+from bridge.media import bargein
+from bridge.media.bargein import BargeInDetector, BargeInPolicy
+from bridge.media.call_audio import AgentUplink, Framer, decode_leg, frame_level_dbfs, make_framer
+from bridge.media.call_types import (
+    AgentEnded,
+    AgentPlayed,
+    BargeInTiming,
+    CallOptions,
+    CallStats,
+    CancelTurn,
+    ClearLeg,
+    CommandRejected,
+    ConnectApp,
+    EndTurn,
+    HangupLeg,
+    LegProfile,
+    OpenTurn,
+    SendAgentAudio,
+    SendLegDtmf,
+    SendMark,
+    SendTurnText,
+    StartAgent,
+    StopAgent,
+    TransferLeg,
+)
+from bridge.media.playout import (
+    MarkReached,
+    PlayoutConfig,
+    PlayoutQueue,
+    TurnCut,
+    TurnPlaybackStarted,
+    TurnPlayed,
+)
+from bridge.media.vad import Vad
+from bridge.tts.base import (
+    AudioFormat,
+    AudioReceived,
+    ProviderFailed,
+    TurnDone,
+    TurnFailed,
+    TurnSettings,
+    TurnStarted,
+    WordsTimed,
+    WordTiming,
+)
+from bridge.tts.kletso import VoiceEnded, VoiceFailed, VoiceInterrupted
+
+__all__ = ["CallBridge"]
+
+DTMF_DIGITS = frozenset("0123456789*#ABCD")
+MAX_WORDS_PER_TURN = 10_000
+"""Security limit on word timings kept for one turn."""
+MAX_MARKS_TRACKED = 256
+"""Marks sent and not yet echoed that the call remembers (oldest forgotten first)."""
+
+
+class _Phase(enum.Enum):
+    QUEUED = "queued"
+    SOUNDING = "sounding"
+    AWAITING_MARK = "awaiting_mark"
+    DONE = "done"
+
+
+@dataclass(slots=True)
+class _Turn:
+    turn_id: str
+    provider: str
+    interruptible: bool
+    agent: bool
+    opened_s: float
+    item_id: str = ""
+    text_open: bool = True
+    audio_open: bool = True
+    framer: Framer | None = None
+    in_format: AudioFormat | None = None
+    words: list[WordTiming] = field(default_factory=list)
+    first_audio_s: float | None = None
+    head_at_first_audio: bool = False
+    last_frame_s: float | None = None
+    frames_since_mark: int = 0
+    final_mark: str | None = None
+    end_reason: str | None = None
+    phase: _Phase = _Phase.QUEUED
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    """One turn being stopped: how much went out, how much was acknowledged."""
+
+    turn: _Turn
+    played_samples: int
+    heard_samples: int
+    cancel_provider: bool
+
+
+class CallBridge:
+    """One call's media bridge (see the module docstring for the contract).
+
+    Args:
+        call_id: the call's id (for the shell's bookkeeping and logs).
+        leg: what the caller leg is and can do.
+        policy: barge-in thresholds (``None``: the defaults).
+        now: loop time at which the call starts.
+        options: other tunables (``None``: the defaults).
+
+    Raises:
+        ValueError: bad options (a config error, not remote input).
+    """
+
+    def __init__(
+        self,
+        call_id: str,
+        leg: LegProfile,
+        policy: BargeInPolicy | None,
+        now: float,
+        *,
+        options: CallOptions | None = None,
+    ) -> None:
+        self.call_id = call_id
+        self._leg = leg
+        self._options = options or CallOptions()
+        self._started_s = now
+        self._actions: list[Action] = []
+        self._events: list[cmd.CallEvent] = []
+        self._playout = PlayoutQueue(
+            PlayoutConfig(
+                samples_per_frame=leg.samples_per_frame,
+                sample_rate_hz=leg.sample_rate_hz,
+                max_queued_frames=self._options.max_queued_frames,
+                max_turn_history=max(1, self._options.max_turn_history // 2),
+            )
+        )
+        self._detector = BargeInDetector(policy)
+        self._vad = Vad(self._options.vad_aggressiveness, leg.sample_rate_hz, 20)
+        self._marks_leg = leg.heard_from == "marks"
+        self._mark_every_frames = leg.mark_interval_ms // 20
+        self._turns: dict[str, _Turn] = {}
+        self._retired: deque[str] = deque()
+        self._awaiting: dict[str, None] = {}
+        self._marks: OrderedDict[str, tuple[str, bool]] = OrderedDict()
+        self._mark_seq = 0
+        self._agent: str | None = None
+        self._uplink: AgentUplink | None = None
+        self._agent_played_at: float | None = None
+        self._last_agent_turn: str | None = None
+        self._ended = False
+        self._hangup_reason: str | None = None
+        keep = self._options.max_samples_kept
+        self._ttfa_s: deque[float] = deque(maxlen=keep)
+        self._added_s: deque[float] = deque(maxlen=keep)
+        self._timings: deque[BargeInTiming] = deque(maxlen=keep)
+        self._barge_ins: dict[str, int] = {}
+        self._turn_count = 0
+        self._finished = 0
+        self._interrupted = 0
+        self._late_chunks = 0
+        self._provider_errors = 0
+        self._frames_sent = 0
+        self._bad_inbound = 0
+
+    # ------------------------------------------------------------ outbox
+
+    def actions_to_send(self) -> list[Action]:
+        """Drain the actions queued since the last call (after the tick's frame)."""
+        actions, self._actions = self._actions, []
+        return actions
+
+    def events_received(self) -> list[cmd.CallEvent]:
+        """Drain the call events queued since the last call."""
+        events, self._events = self._events, []
+        return events
+
+    # ------------------------------------------------------------ queries
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    @property
+    def agent_active(self) -> bool:
+        return self._agent is not None
+
+    def next_deadline(self) -> float | None:
+        """When ``handle_timer`` is due (the agent's played-position report), if ever."""
+        return self._agent_played_at
+
+    def stats(self) -> CallStats:
+        """A snapshot of the counters (metrics and the end-of-call summary)."""
+        playout = self._playout.stats()
+        return CallStats(
+            turns=self._turn_count,
+            turns_finished=self._finished,
+            turns_interrupted=self._interrupted,
+            underruns=playout.underruns,
+            barge_ins=dict(self._barge_ins),
+            bargein_timings=tuple(self._timings),
+            time_to_first_audio_s=tuple(self._ttfa_s),
+            added_latency_s=tuple(self._added_s),
+            late_chunks_dropped=self._late_chunks,
+            late_frames_dropped=playout.stale_frames_dropped,
+            overflow_frames_dropped=playout.overflow_frames_dropped,
+            provider_errors=self._provider_errors,
+            frames_sent=self._frames_sent,
+            bad_inbound_frames=self._bad_inbound,
+        )
+
+    # ------------------------------------------------------------ leg input
+
+    def caller_audio(self, frame: bytes, now: float) -> None:
+        """One 20 ms inbound frame in the leg codec; a frame of the wrong size is ignored."""
+        if self._ended:
+            return
+        if len(frame) != self._leg.frame_bytes:
+            self._bad_inbound += 1
+            return
+        analysis = self._vad.analyze(decode_leg(frame, self._leg.codec))
+        trigger = self._detector.observe(analysis.is_speech, analysis.energy_dbfs, now)
+        self._drain_detector()
+        if trigger is not None:
+            self._barge_in(trigger.reason, now, trigger.onset_s)
+        if self._uplink is not None:
+            batch = self._uplink.push(frame)
+            if batch:
+                self._actions.append(SendAgentAudio(batch))
+        self._pump(now)
+
+    def caller_dtmf(self, digit: str, now: float) -> None:
+        """A DTMF digit from the caller (RFC 4733 or the carrier's DTMF message)."""
+        if self._ended or digit not in DTMF_DIGITS:
+            return
+        self._events.append(cmd.DtmfHeard(digit))
+        trigger = self._detector.dtmf(digit, now)
+        if trigger is not None:
+            self._barge_in(trigger.reason, now, trigger.onset_s)
+        self._pump(now)
+
+    def mark_echoed(self, name: str, cleared: bool, now: float) -> None:
+        """The carrier echoed a mark; echoes caused by a ``clear`` never count as heard."""
+        if self._ended:
+            return
+        entry = self._marks.pop(name, None)
+        if cleared or not self._playout.acknowledge_mark(name) or entry is None:
+            return
+        turn_id, final = entry
+        turn = self._turns.get(turn_id)
+        if final and turn is not None and turn.phase is _Phase.AWAITING_MARK:
+            del self._awaiting[turn_id]
+            self._report(turn, self._heard_samples(turn))
+        self._pump(now)
+
+    def tick(self, now: float) -> bytes | None:
+        """The frame to send at this 20 ms deadline, or ``None`` (silence / nothing)."""
+        if self._ended:
+            return None
+        frame = self._playout.pop(now)
+        self._pump(now)
+        payload: bytes | None = None
+        if frame is not None:
+            payload = frame.payload
+            self._frames_sent += 1
+            turn = self._turns.get(frame.turn_id)
+            if turn is not None:
+                turn.last_frame_s = now
+            self._detector.record_bot_level(frame_level_dbfs(payload, self._leg.codec), now)
+        self._detector.set_bot_speaking(self._interruptible_sounding())
+        self._run_timers(now)
+        return payload
+
+    def handle_timer(self, now: float) -> None:
+        """Run the timers due at ``now`` (``tick`` does this too)."""
+        if not self._ended:
+            self._run_timers(now)
+
+    def hangup_received(self, reason: str, now: float) -> None:
+        """The far end hung up (SIP BYE, stream ``stop``)."""
+        self._end(reason, now)
+
+    def leg_ended(self, now: float) -> None:
+        """The leg is gone (after our ``HangupLeg``, or the transport closed)."""
+        self._end(self._hangup_reason or "leg_ended", now)
+
+    # ------------------------------------------------------------ barge-in
+
+    def barge_in(self, reason: str, now: float) -> list[str]:
+        """Stop every interruptible turn now; return the ids of the turns reported.
+
+        Non-interruptible turns keep playing. See the module docstring.
+        """
+        if self._ended:
+            return []
+        stopped = self._barge_in(reason, now, now)
+        self._pump(now)
+        return stopped
+
+    def _barge_in(self, reason: str, now: float, onset_s: float) -> list[str]:
+        cuts = self._playout.barge_in(now)
+        stops = [self._stop_from_cut(c) for c in cuts if c.turn_id in self._turns]
+        stops += self._awaiting_stops(interruptible_only=True)
+        if not stops:
+            return []
+        last_frames = [s.turn.last_frame_s for s in stops if s.turn.last_frame_s is not None]
+        self._barge_ins[reason] = self._barge_ins.get(reason, 0) + 1
+        self._timings.append(
+            BargeInTiming(reason, onset_s, now, max(last_frames) if last_frames else None)
+        )
+        self._detector.set_bot_speaking(False)
+        return self._stop(stops, reason)
+
+    def _stop_from_cut(self, cut: TurnCut) -> _Stop:
+        return _Stop(self._turns[cut.turn_id], cut.played_samples, cut.heard_samples, True)
+
+    def _awaiting_stops(self, interruptible_only: bool) -> list[_Stop]:
+        stops = []
+        for turn_id in list(self._awaiting):
+            turn = self._turns[turn_id]
+            if interruptible_only and not turn.interruptible:
+                continue
+            del self._awaiting[turn_id]
+            stops.append(_Stop(turn, *self._positions(turn), cancel_provider=False))
+        return stops
+
+    def _stop(self, stops: list[_Stop], reason: str) -> list[str]:
+        """Clear the carrier if it helps, cancel providers, report each turn."""
+        sounding = any(s.played_samples > s.heard_samples for s in stops)
+        cleared = False
+        if self._leg.can_clear and sounding and not self._protected_sounding():
+            self._actions.append(ClearLeg())
+            for name in self._playout.carrier_cleared():
+                self._marks.pop(name, None)
+            cleared = True
+        for stop in stops:
+            turn = stop.turn
+            turn.audio_open = turn.text_open = False
+            if turn.framer is not None:
+                turn.framer.reset()
+                turn.framer = None
+            if not self._marks_leg or not cleared:
+                heard = stop.played_samples
+            else:
+                heard = stop.heard_samples
+            if turn.agent:
+                self._actions.append(AgentPlayed(turn.item_id, self._ms(heard)))
+            if stop.cancel_provider:
+                self._actions.append(CancelTurn(turn.turn_id))
+            turn.end_reason = reason
+            self._report(turn, heard)
+        return [s.turn.turn_id for s in stops]
+
+    def _protected_sounding(self) -> bool:
+        """Whether a non-interruptible turn has audio at the carrier (a clear would cut it)."""
+        head = self._head_turn()
+        if head is not None and not head.interruptible and head.phase is _Phase.SOUNDING:
+            return True
+        return any(not self._turns[t].interruptible for t in self._awaiting)
+
+    # ------------------------------------------------------------ commands
+
+    def execute(self, command: cmd.Command, now: float) -> None:
+        """Carry out a turn-source command; a command that cannot be done is rejected."""
+        if self._ended:
+            self._reject(command, "", "call_ended")
+            return
+        match command:
+            case cmd.Say():
+                self._say(command, now)
+            case cmd.Cancel(turn_id=turn_id):
+                self._cancel(turn_id, now)
+            case cmd.Hangup(reason=reason):
+                self._hangup_reason = reason
+                self._actions.append(HangupLeg(reason))
+            case cmd.Transfer(target=target):
+                if target:
+                    self._actions.append(TransferLeg(target))
+                else:
+                    self._reject(command, "", "empty_target")
+            case cmd.SendDtmf(digits=digits):
+                if digits and all(d in DTMF_DIGITS for d in digits.upper()):
+                    self._actions.append(SendLegDtmf(digits.upper()))
+                else:
+                    self._reject(command, "", "bad_digits")
+            case cmd.HandOver():
+                self._hand_over(command)
+            case _:
+                self._reject(command, "", "unknown_command")
+        self._pump(now)
+
+    def _say(self, say: cmd.Say, now: float) -> None:
+        turn = self._turns.get(say.turn_id)
+        if turn is None:
+            turn = self._open_turn(say, now)
+            if turn is None:
+                return
+        elif not turn.text_open:
+            self._reject(say, say.turn_id, "turn_closed")
+            return
+        if say.text:
+            self._actions.append(SendTurnText(turn.turn_id, say.text))
+        if say.final:
+            turn.text_open = False
+            self._actions.append(EndTurn(turn.turn_id))
+
+    def _open_turn(self, say: cmd.Say, now: float) -> _Turn | None:
+        if not say.turn_id:
+            self._reject(say, "", "empty_turn_id")
+            return None
+        try:
+            self._playout.begin_turn(
+                say.turn_id, now, interruptible=say.interruptible, replace=say.replace
+            )
+        except LocalProtocolError:
+            # The playout queue still remembers a turn the call has forgotten.
+            self._reject(say, say.turn_id, "duplicate_turn_id")
+            return None
+        cuts = self._drain_playout(now)
+        stops = [self._stop_from_cut(c) for c in cuts if c.turn_id in self._turns]
+        if say.replace:
+            stops += self._awaiting_stops(interruptible_only=False)
+        if stops:
+            self._stop(stops, "replaced")
+        turn = _Turn(say.turn_id, say.provider or "", say.interruptible, False, now)
+        self._register(turn)
+        settings = TurnSettings(
+            voice=say.voice or self._options.default_voice, audio_format=self._leg_format()
+        )
+        self._actions.append(OpenTurn(turn.turn_id, settings, say.provider, say.cacheable))
+        return turn
+
+    def _cancel(self, turn_id: str, now: float) -> None:
+        turn = self._turns.get(turn_id)
+        if turn is None or turn.phase is _Phase.DONE:
+            self._reject(cmd.Cancel(turn_id), turn_id, "no_such_turn")
+            return
+        if turn.phase is _Phase.AWAITING_MARK:
+            del self._awaiting[turn_id]
+            self._stop([_Stop(turn, *self._positions(turn), cancel_provider=False)], "cancelled")
+            return
+        played, heard = self._positions(turn)
+        self._playout.truncate(turn_id, self._ms(played))
+        self._stop([_Stop(turn, played, heard, cancel_provider=True)], "cancelled")
+
+    def _hand_over(self, command: cmd.HandOver) -> None:
+        if not command.app and not command.voice_agent:
+            self._reject(command, "", "nothing_to_hand_over")
+            return
+        if command.voice_agent:
+            if self._agent is not None:
+                self._reject(command, "", "agent_already_active")
+                return
+            self._agent = command.voice_agent
+            self._uplink = AgentUplink(
+                self._leg,
+                self._options.agent_rate_hz,
+                self._options.agent_batch_ms,
+                self._options.resample_quality,
+            )
+            self._actions.append(StartAgent(command.voice_agent))
+        if command.app:
+            self._actions.append(ConnectApp(command.app))
+
+    def _reject(self, command: cmd.Command, turn_id: str, reason: str) -> None:
+        self._events.append(CommandRejected(type(command).__name__, turn_id, reason))
+
+    # ------------------------------------------------------------ provider input
+
+    def provider_event(self, event: Event, now: float) -> None:
+        """One event from the turn's provider engine (or the voice agent)."""
+        if self._ended:
+            if isinstance(event, AudioReceived):
+                self._late_chunks += 1
+            return
+        match event:
+            case AudioReceived():
+                self._on_audio(event, now)
+            case WordsTimed(turn_id=turn_id, words=words):
+                turn = self._turns.get(turn_id)
+                if turn is not None and turn.phase is not _Phase.DONE:
+                    room = MAX_WORDS_PER_TURN - len(turn.words)
+                    turn.words.extend(words[: max(0, room)])
+            case TurnStarted(turn_id=turn_id, provider_ref=ref):
+                self._on_turn_started(turn_id, ref, now)
+            case TurnDone(turn_id=turn_id):
+                turn = self._turns.get(turn_id)
+                if turn is not None:
+                    self._end_audio(turn)
+            case TurnFailed(turn_id=turn_id, kind=kind, message=message):
+                self._on_turn_failed(turn_id, kind, message)
+            case ProviderFailed(kind=kind, message=message, turn_ids=turn_ids):
+                self._on_provider_failed(kind, message, turn_ids)
+            case VoiceInterrupted(item_id=item_id, audio_end_ms=audio_end_ms):
+                self._on_voice_interrupted(item_id, audio_end_ms)
+            case VoiceEnded(reason=reason):
+                self._stop_agent_uplink()
+                self._events.append(AgentEnded(reason))
+            case VoiceFailed(code=code, message=message):
+                self._provider_errors += 1
+                self._events.append(cmd.ProviderErrored("", self._agent or "", code, message))
+            case _:
+                pass  # usage, queue depth, readiness: the shell logs them
+        self._pump(now)
+
+    def _on_audio(self, event: AudioReceived, now: float) -> None:
+        turn = self._turns.get(event.turn_id)
+        if turn is None and self._agent is not None:
+            turn = self._open_agent_turn(event.turn_id, "", now)
+        if turn is None or not turn.audio_open:
+            self._late_chunks += 1
+            return
+        if turn.first_audio_s is None:
+            turn.first_audio_s = now
+            turn.head_at_first_audio = self._playout.current_turn_id == turn.turn_id
+            if not turn.agent:
+                self._ttfa_s.append(now - turn.opened_s)
+        if turn.framer is None or event.audio_format != turn.in_format:
+            tail = turn.framer.flush() if turn.framer is not None else []
+            try:
+                turn.framer = make_framer(
+                    event.audio_format, self._leg, self._options.resample_quality
+                )
+            except ValueError as exc:
+                turn.framer = None
+                self._push_frames(turn, tail)
+                self._fail_turn(turn, "bad_audio_format", str(exc))
+                return
+            turn.in_format = event.audio_format
+            self._push_frames(turn, tail)
+        self._push_frames(turn, turn.framer.push(event.audio))
+
+    def _on_turn_started(self, turn_id: str, provider_ref: str, now: float) -> None:
+        turn = self._turns.get(turn_id)
+        if turn is not None:
+            if turn.agent and provider_ref:
+                turn.item_id = provider_ref
+        elif self._agent is not None:
+            self._open_agent_turn(turn_id, provider_ref, now)
+
+    def _on_turn_failed(self, turn_id: str, kind: str, message: str) -> None:
+        turn = self._turns.get(turn_id)
+        if turn is None or turn.phase is _Phase.DONE:
+            return
+        self._fail_turn(turn, kind, message)
+
+    def _on_provider_failed(self, kind: str, message: str, turn_ids: tuple[str, ...]) -> None:
+        ours = [
+            self._turns[t]
+            for t in turn_ids
+            if t in self._turns and self._turns[t].phase is not _Phase.DONE
+        ]
+        for turn in ours:
+            self._fail_turn(turn, kind, message)
+        if not ours:
+            # Nothing of ours was named: the connection that failed is the
+            # agent's when one is active (the shell routes pool failures by turn).
+            self._provider_errors += 1
+            self._events.append(cmd.ProviderErrored("", self._agent or "", kind, message))
+            if self._agent is not None:
+                self._stop_agent_uplink()
+                self._events.append(AgentEnded(kind))
+
+    def _fail_turn(self, turn: _Turn, kind: str, message: str) -> None:
+        """A provider error ends this turn only, with the audio it already has."""
+        self._provider_errors += 1
+        self._events.append(cmd.ProviderErrored(turn.turn_id, turn.provider, kind, message))
+        turn.text_open = False
+        if turn.audio_open:
+            turn.end_reason = "provider_error"
+            self._end_audio(turn)
+
+    def _on_voice_interrupted(self, item_id: str, audio_end_ms: int) -> None:
+        turn = next(
+            (t for t in self._turns.values() if t.agent and t.item_id == item_id and item_id),
+            None,
+        )
+        if turn is None and self._last_agent_turn is not None:
+            turn = self._turns.get(self._last_agent_turn)
+        if turn is None or turn.phase not in (_Phase.QUEUED, _Phase.SOUNDING):
+            return
+        turn.audio_open = False
+        if turn.framer is not None:
+            turn.framer.reset()
+            turn.framer = None
+        turn.end_reason = "agent_interrupted"
+        self._playout.truncate(turn.turn_id, audio_end_ms)
+        if self._marks_leg:
+            self._place_mark(turn, final=True)
+
+    def _open_agent_turn(self, turn_id: str, item_id: str, now: float) -> _Turn | None:
+        if not turn_id:
+            return None
+        try:
+            self._playout.begin_turn(turn_id, now)
+        except LocalProtocolError:
+            # Reused id of a turn the queue still remembers: late audio, drop it.
+            return None
+        turn = _Turn(turn_id, self._agent or "", True, True, now, item_id, text_open=False)
+        self._register(turn)
+        self._last_agent_turn = turn_id
+        return turn
+
+    def _stop_agent_uplink(self) -> None:
+        self._agent = None
+        if self._uplink is not None:
+            self._uplink.reset()
+        self._uplink = None
+
+    # ------------------------------------------------------------ audio to playout
+
+    def _push_frames(self, turn: _Turn, frames: list[bytes]) -> None:
+        for frame in frames:
+            if not self._playout.push(turn.turn_id, frame) or not self._marks_leg:
+                continue
+            turn.frames_since_mark += 1
+            if turn.frames_since_mark >= self._mark_every_frames:
+                self._place_mark(turn, final=False)
+
+    def _place_mark(self, turn: _Turn, final: bool) -> None:
+        self._mark_seq += 1
+        name = f"{turn.turn_id}/{self._mark_seq}"
+        if not self._playout.mark(turn.turn_id, name):
+            return
+        turn.frames_since_mark = 0
+        self._marks[name] = (turn.turn_id, final)
+        while len(self._marks) > MAX_MARKS_TRACKED:
+            self._marks.popitem(last=False)
+        if final:
+            turn.final_mark = name
+
+    def _end_audio(self, turn: _Turn) -> None:
+        """The provider is done with the turn: flush, place the final mark, end it."""
+        if not turn.audio_open:
+            return
+        turn.audio_open = turn.text_open = False
+        if turn.framer is not None:
+            self._push_frames(turn, turn.framer.flush())
+            turn.framer = None
+        if self._marks_leg:
+            self._place_mark(turn, final=True)
+        self._playout.end_turn(turn.turn_id)
+
+    # ------------------------------------------------------------ playout events
+
+    def _pump(self, now: float) -> None:
+        cuts = self._drain_playout(now)
+        stops = [self._stop_from_cut(c) for c in cuts if c.turn_id in self._turns]
+        if stops:
+            self._stop(stops, "replaced")
+
+    def _drain_playout(self, now: float) -> list[TurnCut]:
+        cuts: list[TurnCut] = []
+        for event in self._playout.events_received():
+            match event:
+                case TurnPlaybackStarted(turn_id=turn_id):
+                    self._on_playback_started(turn_id, now)
+                case MarkReached(name=name):
+                    if name in self._marks:
+                        self._actions.append(SendMark(name))
+                case TurnPlayed(turn_id=turn_id):
+                    self._on_played(turn_id)
+                case TurnCut():
+                    cuts.append(event)
+        return cuts
+
+    def _on_playback_started(self, turn_id: str, now: float) -> None:
+        turn = self._turns.get(turn_id)
+        if turn is None or turn.phase is not _Phase.QUEUED:
+            return
+        turn.phase = _Phase.SOUNDING
+        self._events.append(cmd.TurnBegan(turn_id))
+        if turn.first_audio_s is not None and turn.head_at_first_audio:
+            self._added_s.append(now - turn.first_audio_s)
+        if turn.agent and self._agent_played_at is None:
+            self._agent_played_at = now + self._options.agent_played_interval_ms / 1000
+
+    def _on_played(self, turn_id: str) -> None:
+        turn = self._turns.get(turn_id)
+        if turn is None or turn.phase is _Phase.DONE:
+            return
+        if self._marks_leg and turn.final_mark is not None and turn.final_mark in self._marks:
+            turn.phase = _Phase.AWAITING_MARK
+            self._awaiting[turn_id] = None
+            return
+        self._report(turn, self._heard_samples(turn))
+
+    # ------------------------------------------------------------ reporting
+
+    def _report(self, turn: _Turn, heard_samples: int) -> None:
+        heard_ms = self._ms(heard_samples)
+        if turn.end_reason is None:
+            text = " ".join(w.word for w in turn.words)
+            self._events.append(cmd.TurnFinished(turn.turn_id, heard_ms, text))
+            self._finished += 1
+        else:
+            limit_s = heard_ms / 1000 + 1e-9
+            text = " ".join(w.word for w in turn.words if w.end_s <= limit_s)
+            self._events.append(cmd.TurnInterrupted(turn.turn_id, heard_ms, text, turn.end_reason))
+            self._interrupted += 1
+        turn.phase = _Phase.DONE
+        turn.words = []
+        self._retired.append(turn.turn_id)
+        while len(self._retired) > self._options.max_turn_history:
+            self._turns.pop(self._retired.popleft(), None)
+
+    def _register(self, turn: _Turn) -> None:
+        self._turns[turn.turn_id] = turn
+        self._turn_count += 1
+
+    def _positions(self, turn: _Turn) -> tuple[int, int]:
+        """(played, acknowledged) samples of a turn, 0 if the queue forgot it."""
+        try:
+            return (
+                self._playout.played_samples(turn.turn_id),
+                self._playout.heard_samples(turn.turn_id),
+            )
+        except LocalProtocolError:
+            return 0, 0
+
+    def _heard_samples(self, turn: _Turn) -> int:
+        played, acknowledged = self._positions(turn)
+        return acknowledged if self._marks_leg else played
+
+    def _ms(self, samples: int) -> int:
+        return samples * 1000 // self._leg.sample_rate_hz
+
+    def _leg_format(self) -> AudioFormat:
+        return AudioFormat(self._leg.codec, self._leg.sample_rate_hz)
+
+    def _head_turn(self) -> _Turn | None:
+        head = self._playout.current_turn_id
+        return None if head is None else self._turns.get(head)
+
+    def _interruptible_sounding(self) -> bool:
+        head = self._head_turn()
+        if head is not None and head.interruptible and head.phase is _Phase.SOUNDING:
+            return True
+        return any(self._turns[t].interruptible for t in self._awaiting)
+
+    def _drain_detector(self) -> None:
+        for event in self._detector.events_received():
+            if isinstance(event, bargein.SpeechStarted):
+                self._events.append(cmd.SpeechStarted(event.onset_s))
+            elif isinstance(event, bargein.SpeechStopped):
+                self._events.append(cmd.SpeechStopped(event.last_speech_s))
+
+    # ------------------------------------------------------------ timers
+
+    def _run_timers(self, now: float) -> None:
+        due = self._agent_played_at
+        if due is None or now < due:
+            return
+        turn = self._sounding_agent_turn()
+        if turn is None:
+            self._agent_played_at = None
+            return
+        self._actions.append(AgentPlayed(turn.item_id, self._ms(self._heard_samples(turn))))
+        interval_s = self._options.agent_played_interval_ms / 1000
+        self._agent_played_at = due + interval_s if due + interval_s > now else now + interval_s
+
+    def _sounding_agent_turn(self) -> _Turn | None:
+        head = self._head_turn()
+        if head is not None and head.agent and head.phase is _Phase.SOUNDING:
+            return head
+        for turn_id in self._awaiting:
+            if self._turns[turn_id].agent:
+                return self._turns[turn_id]
+        return None
+
+    # ------------------------------------------------------------ the end
+
+    def _end(self, reason: str, now: float) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        for turn in list(self._turns.values()):
+            if turn.phase is _Phase.DONE:
+                continue
+            played, acknowledged = self._positions(turn)
+            if turn.audio_open or turn.text_open:
+                self._actions.append(CancelTurn(turn.turn_id))
+            turn.audio_open = turn.text_open = False
+            turn.framer = None
+            turn.end_reason = "call_ended"
+            self._report(turn, acknowledged if self._marks_leg else played)
+        self._awaiting.clear()
+        if self._agent is not None:
+            self._actions.append(StopAgent("user"))
+            self._stop_agent_uplink()
+        self._agent_played_at = None
+        self._events.append(cmd.CallEnded(reason))
