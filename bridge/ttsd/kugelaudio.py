@@ -77,7 +77,7 @@ IDENTITY_FIELDS = frozenset(
     {"voice_id", "model_id", "sample_rate", "output_format", "project_id", "dictionary_ids"}
 )
 CLOSE_POLICY_VIOLATION = 1008
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
+_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+")
 
 
 class _Invalid(ValueError):

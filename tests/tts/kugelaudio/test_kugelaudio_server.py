@@ -452,6 +452,13 @@ def test_flush_timeout_then_idle_auto_end_with_warning() -> None:
     assert s.next_deadline() is None
 
 
+def test_sentence_split_keeps_closing_quotes() -> None:
+    s = session(CONFIG)
+    send(s, {"text": 'He said "hi." Then left.\n'}, 0.0)
+    job = only_job(drain(s))
+    assert job.text == 'He said "hi."'
+
+
 def test_max_buffer_length_forces_a_chunk() -> None:
     s = session({**CONFIG, "max_buffer_length": 10})
     send(s, {"text": "abcdefghij"}, 0.0)
