@@ -226,6 +226,11 @@ class SipMessage:
                 out.extend(split_list(value))
         return out
 
+    def get_lines(self, name: str) -> list[str]:
+        """Every line of ``name`` unsplit (for values with commas inside, e.g. challenges)."""
+        key = _key(name)
+        return [value for k, _, value in self.headers if k == key]
+
     def count(self, name: str) -> int:
         key = _key(name)
         return sum(1 for k, _, _ in self.headers if k == key)

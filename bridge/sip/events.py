@@ -1,0 +1,139 @@
+"""Actions and events of the SIP user agent (the vocabulary the shell and the ``Call`` see)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bridge.engine import Action, Event
+
+__all__ = [
+    "Address",
+    "CallCancelled",
+    "CallEnded",
+    "CallEstablished",
+    "CallOffered",
+    "CloseStream",
+    "DtmfInfoReceived",
+    "HoldChanged",
+    "OutboundCallAnswered",
+    "OutboundCallFailed",
+    "RegistrationStateChanged",
+    "SendStream",
+    "TransferProgress",
+]
+
+Address = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SendStream(Action):
+    """Write ``data`` on the stream connection ``conn_id`` (SIP over TCP)."""
+
+    conn_id: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CloseStream(Action):
+    """Close stream connection ``conn_id`` (its framing is broken beyond repair)."""
+
+    conn_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CallOffered(Event):
+    """A new INVITE passed every check; answer with ``answer()`` or ``reject()``.
+
+    ``offer_sdp`` is empty for a delayed offer (the SDP answer then arrives in
+    the ACK, reported by ``CallEstablished.remote_sdp``).
+    """
+
+    call_id: str
+    from_uri: str
+    to_uri: str
+    offer_sdp: str
+    source: Address
+    request_uri: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallEstablished(Event):
+    """The ACK for our 2xx arrived: media may flow both ways."""
+
+    call_id: str
+    remote_sdp: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CallCancelled(Event):
+    """The caller cancelled before we answered (we sent 487)."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallEnded(Event):
+    """The dialog is over. ``reason``: remote-bye, local-hangup, ack-timeout,
+    session-expired, transaction-timeout."""
+
+    call_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DtmfInfoReceived(Event):
+    """A digit sent in SIP INFO (application/dtmf-relay or application/dtmf)."""
+
+    call_id: str
+    digit: str
+    duration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class HoldChanged(Event):
+    """The peer re-offered media: hold (sendonly/inactive/0.0.0.0), resume or moved.
+
+    ``direction`` is the peer's offered direction; ``remote_rtp_addr`` where RTP
+    must go now (None: send nothing).
+    """
+
+    call_id: str
+    direction: str
+    remote_rtp_addr: Address | None
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationStateChanged(Event):
+    """A REGISTER completed. ``expires_s`` is the granted time when registered."""
+
+    registration_id: str
+    registered: bool
+    status: int
+    expires_s: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TransferProgress(Event):
+    """A NOTIFY for our REFER: the sipfrag status line of the transferred call."""
+
+    call_id: str
+    status: int
+    reason: str
+    final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundCallAnswered(Event):
+    """Our INVITE got a 2xx (we sent the ACK)."""
+
+    call_id: str
+    answer_sdp: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundCallFailed(Event):
+    """Our INVITE ended without a 2xx (final response, timeout or cancel)."""
+
+    call_id: str
+    status: int
+    reason: str

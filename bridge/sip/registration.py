@@ -1,0 +1,72 @@
+"""Client registrations (RFC 3261 §10) as data: what to send and when to refresh.
+
+Theory of operation
+-------------------
+One :class:`Registration` per (registrar, address-of-record). The user agent
+asks it for the next REGISTER (``build_request``), feeds it the final
+response (``granted_expires_s``) and arms ``refresh_at`` at half the granted
+time, so the binding is renewed well before it expires. All REGISTERs of one
+registration share a Call-ID and From tag and increment CSeq (§10.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bridge.sip.dialog import Peer
+from bridge.sip.message import SipRequest, SipResponse
+from bridge.sip.uri import parse_name_addr
+
+__all__ = ["Registration"]
+
+MIN_REFRESH_S = 1.0
+FAILURE_RETRY_S = 60.0
+"""Retry interval after a failed REGISTER."""
+
+
+@dataclass(slots=True)
+class Registration:
+    registration_id: str
+    registrar_uri: str
+    aor: str
+    contact: str
+    peer: Peer
+    call_id: str
+    from_tag: str
+    expires_s: int
+    credentials: tuple[str, str] | None = None
+    cseq: int = 0
+    registered: bool = False
+    refresh_at: float | None = None
+    auth_attempted: bool = False
+
+    def build_request(self, expires_s: int | None = None) -> SipRequest:
+        """The next REGISTER (no Via: the transaction layer adds it)."""
+        self.cseq += 1
+        request = SipRequest(method="REGISTER", uri=self.registrar_uri)
+        request.add("Max-Forwards", "70")
+        request.add("From", f"<{self.aor}>;tag={self.from_tag}")
+        request.add("To", f"<{self.aor}>")
+        request.add("Call-ID", self.call_id)
+        request.add("CSeq", f"{self.cseq} REGISTER")
+        request.add("Contact", self.contact)
+        request.add("Expires", str(self.expires_s if expires_s is None else expires_s))
+        return request
+
+    def granted_expires_s(self, response: SipResponse) -> int:
+        """Expiry the registrar granted our contact (Contact param, else Expires)."""
+        ours = parse_name_addr(self.contact).uri
+        for contact in response.contacts():
+            value = contact.param("expires")
+            if contact.uri.host_port == ours.host_port and value and value.isdigit():
+                return int(value)
+        header = (response.get("expires") or "").strip()
+        return int(header) if header.isdigit() else self.expires_s
+
+    def schedule(self, now: float, granted_s: int) -> None:
+        self.registered = granted_s > 0
+        self.refresh_at = now + max(MIN_REFRESH_S, granted_s / 2) if granted_s > 0 else None
+
+    def schedule_retry(self, now: float) -> None:
+        self.registered = False
+        self.refresh_at = now + FAILURE_RETRY_S

@@ -1,0 +1,438 @@
+"""The SIP user agent engine: inbound and outbound calls over one listening transport.
+
+Theory of operation
+-------------------
+``SipUserAgent`` = :class:`~bridge.sip.ua_core.UaCore` (transport, parsing,
+transactions, stateless errors) + :class:`~bridge.sip.uas.UasAgent` (inbound
+calls, admission checks, in-dialog requests, 2xx retransmission, session
+timers) + this module: the client side.
+
+Calling contract (the shell's pump)::
+
+    ua.receive_datagram(data, source, now)   # or receive_stream(conn_id, ...)
+    ua.handle_timer(now)                     # when now >= ua.next_deadline()
+    ua.actions_to_send()  -> SendDatagram / SendStream / CloseStream
+    ua.events_received()  -> CallOffered, CallEstablished, CallEnded, ...
+
+After every command (``answer``, ``reject``, ``hangup``, ``invite``,
+``refer``, ``send_info``, ``register``, ``unregister``) drain both queues too.
+
+Client-side results are dispatched on the kind of request that was sent
+(``_RESPONSE_HANDLERS``):
+
+========  ==============================================================
+kind      on a final response
+========  ==============================================================
+invite    2xx: dialog, ACK, ``OutboundCallAnswered`` (or BYE if hung up);
+          401/407: one retry with credentials; 422: one retry with Min-SE;
+          else ``OutboundCallFailed``
+reinvite  2xx: ACK, session timer re-armed; 408/481: call ends
+register  2xx: ``RegistrationStateChanged``, refresh at half the expiry;
+          401/407: one retry with credentials; else failure + retry later
+refer     ``TransferProgress`` (202 accepted, or the failure, final)
+other     nothing (BYE, CANCEL, INFO, UPDATE)
+========  ==============================================================
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from bridge.engine import LocalProtocolError
+from bridge.sip.dialog import Call, Dialog, DialogState, Peer
+from bridge.sip.digest import authorization, choose_challenge
+from bridge.sip.events import (
+    OutboundCallAnswered,
+    OutboundCallFailed,
+    RegistrationStateChanged,
+    TransferProgress,
+)
+from bridge.sip.message import SipRequest, SipResponse
+from bridge.sip.registration import Registration
+from bridge.sip.sdp import SdpError, negotiate, parse_sdp
+from bridge.sip.settings import SipSettings
+from bridge.sip.ua_core import ClientEntry, ServerEntry
+from bridge.sip.uas import ALLOWED_METHODS, UasAgent
+
+__all__ = ["SipUserAgent"]
+
+ResponseHandler = Callable[["SipUserAgent", ClientEntry, SipResponse, float], None]
+
+
+class SipUserAgent(UasAgent):
+    """One user agent per listening transport; see the module docstring."""
+
+    def __init__(self, settings: SipSettings, rng: random.Random | None = None) -> None:
+        super().__init__(settings, rng)
+        self._registrations: dict[str, Registration] = {}
+
+    # --- outbound calls ------------------------------------------------------------------
+    def invite(
+        self,
+        to_uri: str,
+        from_uri: str,
+        offer_sdp: str,
+        destination: tuple[str, int],
+        now: float,
+        *,
+        credentials: tuple[str, str] | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> str:
+        """Place an outbound call; returns its call id (the SIP Call-ID).
+
+        Args:
+            to_uri: Request-URI and To.
+            from_uri: our identity (From).
+            offer_sdp: the SDP offer (``bridge.sip.sdp.build_offer``).
+            destination: next hop (an outbound proxy or the callee).
+            credentials: (username, password) for a 401/407 challenge.
+        """
+        call_id = f"{self._token()}@{self.settings.local_host}"
+        request = SipRequest(method="INVITE", uri=to_uri)
+        request.add("Max-Forwards", "70")
+        request.add("From", f"<{from_uri}>;tag={self._token()}")
+        request.add("To", f"<{to_uri}>")
+        request.add("Call-ID", call_id)
+        request.add("CSeq", "1 INVITE")
+        request.add("Contact", self._contact())
+        request.add("Allow", ", ".join(ALLOWED_METHODS))
+        request.add("Supported", "timer")
+        if self.settings.session_expires_s > 0:
+            request.add("Session-Expires", str(self.settings.session_expires_s))
+        for name, value in headers:
+            request.add(name, value)
+        request.add("Content-Type", "application/sdp")
+        request.body = offer_sdp.encode()
+        peer = Peer(destination)
+        dialog = Dialog(call_id, request.from_(), request.to(), to_uri, [], 1, None, peer, False)
+        call = Call(call_id, dialog, True, request, local_sdp=offer_sdp, credentials=credentials)
+        self._calls[call_id] = call
+        self._start_client(request, peer, "invite", call_id, now)
+        return call_id
+
+    def hangup(self, call_id: str, now: float) -> None:
+        """End a call: BYE once answered, CANCEL (outbound) or 480 (inbound) before."""
+        call = self._calls.get(call_id)
+        if call is None:
+            raise LocalProtocolError(f"no call {call_id!r}")
+        if call.answered:
+            self._end_call(call, "local-hangup", now, send_bye=True)
+        elif not call.is_outbound:
+            self.reject(call_id, 480, "Temporarily Unavailable", now)
+        else:
+            call.cancel_requested = True
+            if call.provisional_seen:
+                self._send_cancel(call, now)
+
+    def reinvite(self, call_id: str, offer_sdp: str, now: float) -> None:
+        """Send a new offer in the dialog (hold, resume, new media address).
+
+        Raises:
+            LocalProtocolError: no answered call, or an offer is already pending.
+        """
+        call = self._answered(call_id)
+        if call.reinvite_pending:
+            raise LocalProtocolError(f"an offer is already pending on {call_id!r}")
+        call.reinvite_pending = True
+        call.local_sdp = offer_sdp
+        headers = (("Supported", "timer"), ("Content-Type", "application/sdp"))
+        self._send_in_dialog(call, "INVITE", now, body=offer_sdp.encode(), headers=headers)
+
+    def _send_cancel(self, call: Call, now: float) -> None:
+        """RFC 3261 §9.1: same Request-URI, Call-ID, From, To, CSeq number and top Via."""
+        invite = call.invite
+        cancel = SipRequest(method="CANCEL", uri=invite.uri)
+        cancel.add("Via", invite.get_all("via")[0])
+        for route in invite.get_all("route"):
+            cancel.add("Route", route)
+        cancel.add("Max-Forwards", "70")
+        cancel.add("From", invite.get("from") or "")
+        cancel.add("To", invite.get("to") or "")
+        cancel.add("Call-ID", call.call_id)
+        cancel.add("CSeq", f"{invite.cseq().number} CANCEL")
+        self._start_client(cancel, call.dialog.peer, "cancel", call.call_id, now, add_via=False)
+
+    def _retry_invite(
+        self, call: Call, now: float, header: tuple[str, str] | None, session_expires: int | None
+    ) -> None:
+        """A new INVITE with CSeq+1 and a new branch (RFC 3261 §22.2)."""
+        old = call.invite
+        request = SipRequest(method="INVITE", uri=old.uri, body=old.body)
+        request.headers = [
+            h
+            for h in old.headers
+            if h[0] not in ("via", "cseq", "authorization", "proxy-authorization")
+        ]
+        number = old.cseq().number + 1
+        request.add("CSeq", f"{number} INVITE")
+        if header is not None:
+            request.add(*header)
+        if session_expires is not None:
+            request.set("Session-Expires", str(session_expires))
+            request.set("Min-SE", str(session_expires))
+        call.invite = request
+        call.dialog.local_cseq = number
+        self._start_client(request, call.dialog.peer, "invite", call.call_id, now)
+
+    def _on_invite_response(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
+        call = self._calls.get(entry.ref)
+        if call is None or entry.tx.request is not call.invite:
+            if 200 <= response.status < 300:
+                self._ack_and_bye_stray(entry, response, now)
+            return
+        if response.status < 200:
+            self._on_invite_provisional(call, response, now)
+        elif response.status < 300:
+            self._on_invite_success(call, entry, response, now)
+        elif response.status in (401, 407) and call.credentials and not call.auth_attempted:
+            call.auth_attempted = True
+            header = self._authorization(entry.tx.request, response, call.credentials)
+            if header is None:
+                self._fail_outbound(call, response)
+            else:
+                self._retry_invite(call, now, header, None)
+        elif response.status == 422 and not call.session_retry_done:
+            call.session_retry_done = True
+            min_se = (response.get("min-se") or "").split(";")[0].strip()
+            if min_se.isdigit():
+                self._retry_invite(call, now, None, int(min_se))
+            else:
+                self._fail_outbound(call, response)
+        else:
+            self._fail_outbound(call, response)
+
+    def _on_invite_provisional(self, call: Call, response: SipResponse, now: float) -> None:
+        if response.status > 100 and response.to().tag and not call.dialog.remote_tag:
+            call.dialog = Dialog.from_response(call.invite, response, call.dialog.peer)
+        first = not call.provisional_seen
+        call.provisional_seen = True
+        if first and call.cancel_requested:
+            self._send_cancel(call, now)
+
+    def _on_invite_success(
+        self, call: Call, entry: ClientEntry, response: SipResponse, now: float
+    ) -> None:
+        if call.answered:
+            if call.last_ack is not None:  # a retransmitted 2xx: the ACK was lost
+                self._send(call.last_ack, call.dialog.next_hop())
+            return
+        call.dialog = Dialog.from_response(call.invite, response, call.dialog.peer)
+        call.dialog.state = DialogState.CONFIRMED
+        call.answered = call.established = True
+        call.remote_sdp = response.body.decode("utf-8", "replace")
+        self._send_ack(call, call.invite.cseq().number)
+        self._uac_session_timer(call, response, now)
+        try:
+            call.audio = (
+                negotiate(parse_sdp(call.remote_sdp), self.settings.codecs)
+                if call.remote_sdp
+                else None
+            )
+        except SdpError:
+            call.audio = None
+        if call.cancel_requested:
+            self._end_call(call, "local-hangup", now, send_bye=True)
+            return
+        self._events.append(OutboundCallAnswered(call.call_id, call.remote_sdp))
+
+    def _send_ack(self, call: Call, cseq: int) -> None:
+        """The ACK for a 2xx is a new request of the dialog (RFC 3261 §13.2.2.4)."""
+        ack = call.dialog.build_request("ACK", cseq=cseq)
+        ack.headers.insert(0, ("via", "Via", self._via()))
+        call.last_ack = ack
+        self._send(ack, call.dialog.next_hop())
+
+    def _ack_and_bye_stray(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
+        """A 2xx for an INVITE we no longer want (hung up, or a forked answer)."""
+        dialog = Dialog.from_response(entry.tx.request, response, entry.peer)
+        call = Call(dialog.call_id, dialog, True, entry.tx.request)
+        self._send_ack(call, entry.tx.request.cseq().number)
+        bye = dialog.build_request("BYE")
+        self._start_client(bye, dialog.next_hop(), "bye", dialog.call_id, now)
+
+    def _uac_session_timer(self, call: Call, response: SipResponse, now: float) -> None:
+        value = response.get("session-expires")
+        number = (value or "").split(";")[0].strip()
+        if value is None or not number.isdigit():
+            call.session_interval_s = 0
+            return
+        call.session_interval_s = int(number)
+        call.we_refresh = "refresher=uas" not in value.replace(" ", "").lower()
+        call.arm_session_timer(now)
+
+    def _fail_outbound(self, call: Call, response: SipResponse) -> None:
+        self._calls.pop(call.call_id, None)
+        self._events.append(OutboundCallFailed(call.call_id, response.status, response.reason))
+
+    def _authorization(
+        self, request: SipRequest, response: SipResponse, credentials: tuple[str, str]
+    ) -> tuple[str, str] | None:
+        proxy = response.status == 407
+        challenge = choose_challenge(
+            response.get_lines("proxy-authenticate" if proxy else "www-authenticate")
+        )
+        if challenge is None:
+            return None
+        value = authorization(
+            challenge,
+            username=credentials[0],
+            password=credentials[1],
+            method=request.method,
+            uri=request.uri,
+            cnonce=self._token(),
+        )
+        return ("Proxy-Authorization" if proxy else "Authorization", value)
+
+    # --- in-dialog client results -------------------------------------------------------------
+    def _on_reinvite_response(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
+        call = self._calls.get(entry.ref)
+        if call is None or response.status < 200:
+            return
+        call.reinvite_pending = False
+        if response.status < 300:
+            self._send_ack(call, entry.tx.request.cseq().number)
+            call.dialog.update_target(response)
+            interval = (response.get("session-expires") or "").split(";")[0].strip()
+            if interval.isdigit():
+                call.session_interval_s = int(interval)
+            call.arm_session_timer(now)
+        elif response.status in (408, 481):
+            self._end_call(
+                call,
+                "transaction-timeout" if response.status == 408 else "remote-gone",
+                now,
+                send_bye=response.status == 408,
+            )
+        else:
+            call.arm_session_timer(now)
+
+    def _on_refer_response(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
+        if response.status >= 200:
+            final = response.status >= 300
+            self._events.append(
+                TransferProgress(entry.ref, response.status, response.reason, final)
+            )
+
+    def _on_other_response(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
+        if entry.kind == "update" and 200 <= response.status < 300:
+            call = self._calls.get(entry.ref)
+            if call is not None:
+                call.arm_session_timer(now)
+
+    def _on_client_response(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
+        handler = _RESPONSE_HANDLERS.get(entry.kind, SipUserAgent._on_other_response)
+        handler(self, entry, response, now)
+
+    def _on_client_timeout(self, entry: ClientEntry, now: float) -> None:
+        call = self._calls.get(entry.ref)
+        if entry.kind == "invite" and call is not None and entry.tx.request is call.invite:
+            self._calls.pop(call.call_id, None)
+            self._events.append(OutboundCallFailed(call.call_id, 408, "Request Timeout"))
+        elif entry.kind == "reinvite" and call is not None:
+            self._end_call(call, "transaction-timeout", now, send_bye=True)
+        elif entry.kind == "register" and entry.ref in self._registrations:
+            registration = self._registrations[entry.ref]
+            registration.schedule_retry(now)
+            self._events.append(RegistrationStateChanged(entry.ref, False, 408))
+
+    def _on_server_timeout(self, entry: ServerEntry) -> None:
+        """Timer H: no ACK for our non-2xx final response; nothing more to do."""
+
+    # --- registrations ---------------------------------------------------------------------
+    def register(
+        self,
+        registrar: tuple[str, int],
+        registrar_uri: str,
+        aor: str,
+        now: float,
+        *,
+        credentials: tuple[str, str] | None = None,
+        expires_s: int | None = None,
+    ) -> str:
+        """Register ``aor`` with our Contact; returns the registration id."""
+        registration_id = self._token()
+        registration = Registration(
+            registration_id=registration_id,
+            registrar_uri=registrar_uri,
+            aor=aor,
+            contact=self._contact(),
+            peer=Peer(registrar),
+            call_id=f"{self._token()}@{self.settings.local_host}",
+            from_tag=self._token(),
+            expires_s=expires_s or self.settings.register_expires_s,
+            credentials=credentials,
+        )
+        self._registrations[registration_id] = registration
+        self._send_register(registration, now)
+        return registration_id
+
+    def unregister(self, registration_id: str, now: float) -> None:
+        """Remove the binding (Expires: 0) and stop refreshing."""
+        registration = self._registrations.get(registration_id)
+        if registration is None:
+            raise LocalProtocolError(f"no registration {registration_id!r}")
+        registration.expires_s = 0
+        registration.refresh_at = None
+        self._send_register(registration, now)
+
+    def _send_register(
+        self, registration: Registration, now: float, header: tuple[str, str] | None = None
+    ) -> None:
+        request = registration.build_request()
+        if header is not None:
+            request.add(*header)
+        self._start_client(
+            request, registration.peer, "register", registration.registration_id, now
+        )
+
+    def _on_register_response(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
+        registration = self._registrations.get(entry.ref)
+        if registration is None or response.status < 200:
+            return
+        if 200 <= response.status < 300:
+            registration.auth_attempted = False
+            granted = registration.granted_expires_s(response) if registration.expires_s else 0
+            registration.schedule(now, granted)
+            self._events.append(
+                RegistrationStateChanged(entry.ref, granted > 0, response.status, granted)
+            )
+            if registration.expires_s == 0:
+                del self._registrations[entry.ref]
+            return
+        if (
+            response.status in (401, 407)
+            and registration.credentials
+            and not registration.auth_attempted
+        ):
+            registration.auth_attempted = True
+            header = self._authorization(entry.tx.request, response, registration.credentials)
+            if header is not None:
+                self._send_register(registration, now, header)
+                return
+        registration.schedule_retry(now)
+        self._events.append(RegistrationStateChanged(entry.ref, False, response.status))
+
+    # --- timers ---------------------------------------------------------------------------
+    def _tu_deadlines(self) -> list[float]:
+        deadlines = super()._tu_deadlines()
+        deadlines += [
+            r.refresh_at for r in self._registrations.values() if r.refresh_at is not None
+        ]
+        return deadlines
+
+    def _tu_handle_timer(self, now: float) -> None:
+        super()._tu_handle_timer(now)
+        for registration in list(self._registrations.values()):
+            if registration.refresh_at is not None and registration.refresh_at <= now:
+                registration.refresh_at = None
+                registration.auth_attempted = False
+                self._send_register(registration, now)
+
+
+_RESPONSE_HANDLERS: dict[str, ResponseHandler] = {
+    "invite": SipUserAgent._on_invite_response,
+    "reinvite": SipUserAgent._on_reinvite_response,
+    "register": SipUserAgent._on_register_response,
+    "refer": SipUserAgent._on_refer_response,
+}

@@ -1,0 +1,357 @@
+"""Transport and transaction plumbing under the SIP user agent (RFC 3261 §17, §18).
+
+Theory of operation
+-------------------
+:class:`UaCore` is the lower half of :class:`bridge.sip.ua.SipUserAgent`. It
+owns the transport side of one listening socket:
+
+1. Input: ``receive_datagram(data, source, now)`` or
+   ``receive_stream(conn_id, data, source, now)`` (cut into messages by a
+   :class:`SipStreamFramer` per connection).
+2. Requests from sources outside the allowlist are dropped. Parse errors are
+   answered statelessly (``400 <reason>``, ``505``, ``513``) when the request
+   is answerable, else dropped (reliability.md §1.7); error answers are
+   rate-limited per source so we are no reflector.
+3. The top Via gets ``received``/``rport`` (RFC 3581); responses go to the
+   source address when ``rport`` is present, else to the source IP and the
+   sent-by port (§18.2.2).
+4. Requests are matched to server transactions (§17.2.3; RFC 2543 matching
+   when the branch lacks the magic cookie): retransmissions and ACKs for
+   non-2xx are absorbed there. New requests create a server transaction and
+   go up to ``_on_request``; ACKs that match none go to ``_on_ack``.
+5. Responses are matched to client transactions by (branch, CSeq method) and
+   go up through ``_on_client_response`` / ``_on_client_timeout``.
+6. Timers: ``next_deadline()`` is the minimum of every transaction's deadline
+   and the TU's own (``_tu_deadlines``); ``handle_timer(now)`` fires them.
+
+Nothing here reads a clock or touches a socket: everything leaves as
+``SendDatagram`` / ``SendStream`` / ``CloseStream`` actions.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+from bridge.engine import Outbox, SendDatagram
+from bridge.sip.dialog import Peer
+from bridge.sip.errors import SipParseError
+from bridge.sip.events import CloseStream, SendStream
+from bridge.sip.framer import SipStreamFramer
+from bridge.sip.guard import InviteRateLimiter, SourceAllowlist
+from bridge.sip.message import (
+    SipMessage,
+    SipRequest,
+    SipResponse,
+    build_response,
+    can_answer,
+    parse_message,
+)
+from bridge.sip.settings import SipSettings
+from bridge.sip.transaction import (
+    ClientTransaction,
+    ResponseReceived,
+    ServerTransaction,
+    TransactionTerminated,
+    TransactionTimedOut,
+    TransmitMessage,
+)
+
+__all__ = ["ClientEntry", "ServerEntry", "UaCore"]
+
+logger = logging.getLogger(__name__)
+
+MAGIC_COOKIE = "z9hG4bK"
+ERROR_RESPONSES_PER_S = 20.0
+"""Stateless error answers allowed per source per second (burst of the same size)."""
+
+
+@dataclass(slots=True)
+class ServerEntry:
+    tx: ServerTransaction
+    peer: Peer
+    key: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class ClientEntry:
+    tx: ClientTransaction
+    peer: Peer
+    kind: str
+    """What the TU sent it for: invite, reinvite, bye, cancel, register, refer, info, update."""
+    ref: str
+    """The call id or registration id it belongs to."""
+
+
+def server_key(request: SipRequest) -> tuple[str, ...]:
+    """RFC 3261 §17.2.3 matching key (RFC 2543 fallback without the cookie)."""
+    via = request.top_via()
+    method = "INVITE" if request.method == "ACK" else request.method
+    branch = via.branch or ""
+    sent_by = f"{via.host}:{via.port or 5060}"
+    if branch.startswith(MAGIC_COOKIE):
+        return (branch, sent_by, method)
+    from_tag = request.from_().tag or ""
+    return ("2543", request.call_id, from_tag, str(request.cseq().number), method, sent_by)
+
+
+class UaCore(Outbox):
+    """Transport side of the user agent; see the module docstring."""
+
+    def __init__(self, settings: SipSettings, rng: random.Random | None = None) -> None:
+        super().__init__()
+        self.settings = settings
+        self._rng = rng or random.SystemRandom()
+        self._reliable = settings.transport.upper() != "UDP"
+        self._server_txs: dict[tuple[str, ...], ServerEntry] = {}
+        self._client_txs: dict[tuple[str, str], ClientEntry] = {}
+        self._framers: dict[int, SipStreamFramer] = {}
+        self._allowlist = SourceAllowlist(settings.allowed_sources)
+        self._error_limiter = InviteRateLimiter(ERROR_RESPONSES_PER_S, int(ERROR_RESPONSES_PER_S))
+        self.dropped_messages = 0
+        """Messages dropped (unparseable, unanswerable, not allowed, unmatched)."""
+
+    # --- identifiers -----------------------------------------------------------
+    def _token(self, bits: int = 64) -> str:
+        return f"{self._rng.getrandbits(bits):x}"
+
+    def _via(self) -> str:
+        s = self.settings
+        host = f"[{s.local_host}]" if ":" in s.local_host else s.local_host
+        branch = f"{MAGIC_COOKIE}{self._token()}"
+        return f"SIP/2.0/{s.transport.upper()} {host}:{s.local_port};branch={branch};rport"
+
+    def _contact(self, user: str = "callbridge") -> str:
+        s = self.settings
+        transport = "" if s.transport.upper() == "UDP" else f";transport={s.transport.lower()}"
+        host = f"[{s.local_host}]" if ":" in s.local_host else s.local_host
+        return f"<sip:{user}@{host}:{s.local_port}{transport}>"
+
+    # --- input -------------------------------------------------------------------
+    def receive_datagram(self, data: bytes, source: tuple[str, int], now: float) -> None:
+        """Feed one UDP datagram. Drain actions and events afterwards."""
+        self._receive_message(data, Peer(source), now)
+
+    def receive_stream(
+        self, conn_id: int, data: bytes, source: tuple[str, int], now: float
+    ) -> None:
+        """Feed bytes read from stream connection ``conn_id`` (any chunk size)."""
+        framer = self._framers.setdefault(conn_id, SipStreamFramer())
+        try:
+            messages = framer.feed(data)
+        except SipParseError:
+            self.dropped_messages += 1
+            del self._framers[conn_id]
+            self._actions.append(CloseStream(conn_id))
+            return
+        for message in messages:
+            self._receive_message(message, Peer(source, conn_id), now)
+
+    def connection_lost(self, conn_id: int) -> None:
+        self._framers.pop(conn_id, None)
+
+    def _receive_message(self, data: bytes, peer: Peer, now: float) -> None:
+        try:
+            message = parse_message(data)
+        except SipParseError as exc:
+            self._on_parse_error(exc, peer, now)
+            return
+        if isinstance(message, SipResponse):
+            self._receive_response(message, now)
+        elif not self._allowlist.allows(peer.addr[0]):
+            self.dropped_messages += 1
+        else:
+            self._receive_request(message, peer, now)
+
+    def _on_parse_error(self, exc: SipParseError, peer: Peer, now: float) -> None:
+        partial = exc.partial
+        if (
+            not isinstance(partial, SipRequest)
+            or not can_answer(partial)
+            or not self._allowlist.allows(peer.addr[0])
+            or not self._error_limiter.allow(peer.addr[0], now)
+        ):
+            self.dropped_messages += 1
+            return
+        reason = "".join(ch for ch in exc.reason if " " <= ch < "\x7f")[:120]
+        self._stamp_via(partial, peer)
+        response = build_response(partial, exc.status, reason or "Bad Request")
+        self._send(response, self._response_peer(partial, peer))
+
+    def _stamp_via(self, request: SipRequest, peer: Peer) -> None:
+        """Add ``received`` and fill ``rport`` in the top Via (RFC 3261 §18.2.1, RFC 3581)."""
+        via = request.top_via()
+        stamped = via
+        if via.host != peer.addr[0]:
+            stamped = stamped.with_param("received", peer.addr[0])
+        if via.rport is not None:
+            stamped = stamped.with_param("received", peer.addr[0])
+            stamped = stamped.with_param("rport", str(peer.addr[1]))
+        if stamped is not via:
+            values = request.get_all("via")
+            request.remove("via")
+            request.add("Via", str(stamped))
+            for value in values[1:]:
+                request.add("Via", value)
+
+    def _response_peer(self, request: SipRequest, peer: Peer) -> Peer:
+        if peer.conn_id is not None:
+            return peer
+        via = request.top_via()
+        if via.rport is not None:
+            return peer
+        return Peer((peer.addr[0], via.port or 5060))
+
+    def _receive_request(self, request: SipRequest, peer: Peer, now: float) -> None:
+        self._stamp_via(request, peer)
+        reply_to = self._response_peer(request, peer)
+        if request.top_via().branch == MAGIC_COOKIE:
+            if request.method != "ACK":
+                self._send(build_response(request, 400, "Bad Branch"), reply_to)
+            return
+        key = server_key(request)
+        entry = self._server_txs.get(key)
+        if entry is not None:
+            if entry.tx.receive_request(request, now):
+                self._on_ack(request, peer, now)
+            self._pump_server(entry)
+            return
+        if request.method == "ACK":
+            self._on_ack(request, peer, now)
+            return
+        tx = ServerTransaction(request, self.settings.timers, self._reliable)
+        entry = ServerEntry(tx, reply_to, key)
+        self._server_txs[entry.key] = entry
+        self._on_request(request, entry, peer, now)
+        self._pump_server(entry)
+
+    def _receive_response(self, response: SipResponse, now: float) -> None:
+        branch = response.top_via().branch or ""
+        entry = self._client_txs.get((branch, response.cseq().method))
+        if entry is None:
+            self.dropped_messages += 1
+            return
+        entry.tx.receive_response(response, now)
+        self._pump_client(entry, now)
+
+    # --- responding and sending ------------------------------------------------------
+    def _respond(
+        self,
+        entry: ServerEntry,
+        status: int,
+        reason: str,
+        now: float,
+        *,
+        to_tag: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+        body: bytes = b"",
+    ) -> SipResponse:
+        response = build_response(entry.tx.request, status, reason, to_tag)
+        for name, value in headers:
+            response.add(name, value)
+        if self.settings.user_agent:
+            response.add("Server", self.settings.user_agent)
+        response.body = body
+        entry.tx.respond(response, now)
+        self._pump_server(entry)
+        return response
+
+    def _send(self, message: SipMessage, peer: Peer) -> None:
+        assert isinstance(message, SipRequest | SipResponse)
+        data = message.to_bytes()
+        if peer.conn_id is None:
+            self._actions.append(SendDatagram(data, peer.addr))
+        else:
+            self._actions.append(SendStream(peer.conn_id, data))
+
+    def _start_client(
+        self,
+        request: SipRequest,
+        peer: Peer,
+        kind: str,
+        ref: str,
+        now: float,
+        *,
+        add_via: bool = True,
+    ) -> ClientEntry:
+        """Put a fresh top Via on ``request`` (unless it is a CANCEL that reuses
+        the INVITE's) and run it in a client transaction."""
+        if add_via:
+            request.headers.insert(0, ("via", "Via", self._via()))
+        if self.settings.user_agent:
+            request.add("User-Agent", self.settings.user_agent)
+        tx = ClientTransaction(request, self.settings.timers, self._reliable)
+        branch = request.top_via().branch or ""
+        entry = ClientEntry(tx, peer, kind, ref)
+        self._client_txs[(branch, request.method)] = entry
+        tx.start(now)
+        self._pump_client(entry, now)
+        return entry
+
+    def _pump_server(self, entry: ServerEntry) -> None:
+        for action in entry.tx.actions_to_send():
+            if isinstance(action, TransmitMessage):
+                self._send(action.message, entry.peer)
+        for event in entry.tx.events_received():
+            if isinstance(event, TransactionTimedOut):
+                self._on_server_timeout(entry)
+            if isinstance(event, TransactionTerminated):
+                self._server_txs.pop(entry.key, None)
+
+    def _pump_client(self, entry: ClientEntry, now: float) -> None:
+        for action in entry.tx.actions_to_send():
+            if isinstance(action, TransmitMessage):
+                self._send(action.message, entry.peer)
+        for event in entry.tx.events_received():
+            if isinstance(event, ResponseReceived):
+                self._on_client_response(entry, event.response, now)
+            elif isinstance(event, TransactionTimedOut):
+                self._on_client_timeout(entry, now)
+            elif isinstance(event, TransactionTerminated):
+                branch = entry.tx.request.top_via().branch or ""
+                self._client_txs.pop((branch, entry.tx.request.method), None)
+
+    # --- timers ------------------------------------------------------------------------
+    def next_deadline(self) -> float | None:
+        deadlines = [e.tx.next_deadline() for e in self._server_txs.values()]
+        deadlines += [e.tx.next_deadline() for e in self._client_txs.values()]
+        deadlines += self._tu_deadlines()
+        known = [d for d in deadlines if d is not None]
+        return min(known) if known else None
+
+    def handle_timer(self, now: float) -> None:
+        """Fire everything due at ``now``; then drain actions and events."""
+        for server in list(self._server_txs.values()):
+            deadline = server.tx.next_deadline()
+            if deadline is not None and deadline <= now:
+                server.tx.handle_timer(now)
+                self._pump_server(server)
+        for client in list(self._client_txs.values()):
+            deadline = client.tx.next_deadline()
+            if deadline is not None and deadline <= now:
+                client.tx.handle_timer(now)
+                self._pump_client(client, now)
+        self._tu_handle_timer(now)
+
+    # --- hooks for the transaction user (implemented by SipUserAgent) ---------------------
+    def _on_request(self, request: SipRequest, entry: ServerEntry, peer: Peer, now: float) -> None:
+        raise NotImplementedError
+
+    def _on_ack(self, request: SipRequest, peer: Peer, now: float) -> None:
+        raise NotImplementedError
+
+    def _on_server_timeout(self, entry: ServerEntry) -> None:
+        raise NotImplementedError
+
+    def _on_client_response(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
+        raise NotImplementedError
+
+    def _on_client_timeout(self, entry: ClientEntry, now: float) -> None:
+        raise NotImplementedError
+
+    def _tu_deadlines(self) -> list[float]:
+        raise NotImplementedError
+
+    def _tu_handle_timer(self, now: float) -> None:
+        raise NotImplementedError

@@ -1,0 +1,605 @@
+"""The inbound (UAS) half of the SIP user agent and the in-dialog machinery.
+
+Theory of operation
+-------------------
+``SipUserAgent`` is the transaction user (RFC 3261 §8, §12-§15) above
+:class:`~bridge.sip.ua_core.UaCore`. The shell feeds it datagrams or stream
+bytes with ``now``, calls ``handle_timer(now)`` at ``next_deadline()``, and
+drains ``actions_to_send()`` (``SendDatagram``, ``SendStream``, ``CloseStream``)
+and ``events_received()`` (``CallOffered``, ``CallEstablished``...).
+
+Requests are dispatched by method through ``_HANDLERS`` (table below). Before
+any handler, out-of-dialog INVITEs pass the admission checks, cheapest first,
+so that nothing expensive is created for a request we refuse:
+
+==========================  ============================================
+check                       outcome
+==========================  ============================================
+source not in allowlist     dropped silently (in ``UaCore``)
+over per-source INVITE rate dropped silently (counted)
+draining                    503 + Retry-After (OPTIONS too: Kamailio drains)
+concurrent calls >= limit   503 + Retry-After
+unknown Require tag         420 + Unsupported
+Request-URI scheme          416
+body not application/sdp    415 + Accept
+digest (when configured)    401, same challenge for unknown users and bad passwords
+Session-Expires < Min-SE    422 + Min-SE
+SDP unparseable / no codec  400 / 488
+==========================  ============================================
+
+Then 100 Trying, an early dialog with our To tag, and ``CallOffered``. The
+application answers with ``answer(call_id, sdp, now)`` (200 OK, retransmitted
+at T1, 2T1... capped at T2 until the ACK; no ACK in 64*T1 -> BYE) or
+``reject``. In-dialog requests (re-INVITE, UPDATE, BYE, INFO, NOTIFY,
+OPTIONS) are matched by Call-ID and tags (481 otherwise). re-INVITEs and
+UPDATEs with SDP are answered automatically from our last local SDP with the
+direction mirrored (RFC 3264 §6.1, §8.4) and reported as ``HoldChanged``.
+Session timers follow RFC 4028 (see ``bridge.sip.dialog``).
+
+Outbound: ``invite`` (digest retry on 401/407, 422 retry with Min-SE),
+``hangup`` (BYE, or CANCEL before answer), ``refer``, ``send_info``,
+``register`` (refresh at half the granted expiry, digest auth).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from bridge.engine import LocalProtocolError
+from bridge.sip.dialog import Call, Dialog, DialogState, Peer
+from bridge.sip.digest import AuthResult, DigestVerifier
+from bridge.sip.events import (
+    CallCancelled,
+    CallEnded,
+    CallEstablished,
+    CallOffered,
+    DtmfInfoReceived,
+    HoldChanged,
+    TransferProgress,
+)
+from bridge.sip.guard import InviteRateLimiter
+from bridge.sip.message import SipRequest, SipResponse
+from bridge.sip.sdp import SdpError, build_answer, negotiate, parse_sdp
+from bridge.sip.settings import SipSettings
+from bridge.sip.transaction import State
+from bridge.sip.ua_core import ClientEntry, ServerEntry, UaCore, server_key
+from bridge.sip.uri import parse_params
+
+__all__ = ["ALLOWED_METHODS", "UasAgent"]
+
+ALLOWED_METHODS = ("INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO", "UPDATE", "NOTIFY")
+KNOWN_METHODS = (*ALLOWED_METHODS, "REGISTER", "SUBSCRIBE", "PUBLISH", "MESSAGE", "PRACK", "REFER")
+SUPPORTED_OPTIONS = ("timer",)
+DTMF_DIGITS = "0123456789*#ABCD"
+_ALLOW = ("Allow", ", ".join(ALLOWED_METHODS))
+_SUPPORTED = ("Supported", ", ".join(SUPPORTED_OPTIONS))
+_SDP = ("Content-Type", "application/sdp")
+
+Handler = Callable[["UasAgent", SipRequest, ServerEntry, Peer, float], None]
+
+
+class UasAgent(UaCore):
+    """The inbound half of the user agent; ``bridge.sip.ua.SipUserAgent`` adds the rest."""
+
+    def __init__(self, settings: SipSettings, rng: random.Random | None = None) -> None:
+        super().__init__(settings, rng)
+        self._calls: dict[str, Call] = {}
+        self._rate = InviteRateLimiter(settings.invite_rate_per_s, settings.invite_burst)
+        users = {u.username: u.password for u in settings.auth_users}
+        self._verifier = (
+            DigestVerifier(
+                settings.auth_realm, settings.auth_secret, users, settings.auth_nonce_lifetime_s
+            )
+            if users
+            else None
+        )
+        self.draining = False
+
+    @property
+    def active_calls(self) -> int:
+        return len(self._calls)
+
+    def drain(self) -> None:
+        """Refuse new calls (503) and answer OPTIONS 503; existing calls go on."""
+        self.draining = True
+
+    # --- request dispatch ------------------------------------------------------------
+    def _on_request(self, request: SipRequest, entry: ServerEntry, peer: Peer, now: float) -> None:
+        if request.method not in KNOWN_METHODS:
+            self._respond(entry, 501, "Not Implemented", now, headers=(_ALLOW,))
+            return
+        handler = _HANDLERS.get(request.method)
+        if handler is None:
+            self._respond(entry, 405, "Method Not Allowed", now, headers=(_ALLOW,))
+            return
+        unsupported = [t for t in request.get_all("require") if t.lower() not in SUPPORTED_OPTIONS]
+        if unsupported and request.method not in ("CANCEL", "BYE"):
+            headers = (("Unsupported", ", ".join(unsupported)),)
+            self._respond(entry, 420, "Bad Extension", now, headers=headers)
+            return
+        scheme = request.request_uri().scheme
+        if scheme not in ("sip", "sips", "tel"):
+            self._respond(entry, 416, "Unsupported URI Scheme", now)
+            return
+        handler(self, request, entry, peer, now)
+
+    def _in_dialog(self, request: SipRequest, entry: ServerEntry, now: float) -> Call | None:
+        """The call whose dialog ``request`` belongs to, or None after answering 481/500."""
+        call = self._calls.get(request.call_id)
+        tag_ok = call is not None and (
+            request.to().tag == call.dialog.local_tag
+            and request.from_().tag == call.dialog.remote_tag
+        )
+        if call is None or not tag_ok:
+            self._respond(entry, 481, "Call/Transaction Does Not Exist", now)
+            return None
+        number = request.cseq().number
+        if call.dialog.remote_cseq is not None and number < call.dialog.remote_cseq:
+            self._respond(entry, 500, "CSeq Out of Order", now)
+            return None
+        call.dialog.remote_cseq = number
+        return call
+
+    def _on_invite(self, request: SipRequest, entry: ServerEntry, peer: Peer, now: float) -> None:
+        if request.to().tag is not None:
+            call = self._in_dialog(request, entry, now)
+            if call is not None:
+                self._on_reinvite(call, request, entry, now)
+            return
+        if not self._rate.allow(peer.addr[0], now):
+            self._server_txs.pop(entry.key, None)
+            self.dropped_messages += 1
+            return
+        retry = ("Retry-After", str(self.settings.retry_after_s))
+        if self.draining:
+            self._respond(
+                entry, 503, "Service Unavailable", now, to_tag=self._token(), headers=(retry,)
+            )
+            return
+        if request.call_id in self._calls:
+            self._respond(entry, 482, "Loop Detected", now, to_tag=self._token())
+            return
+        if self.settings.max_calls and len(self._calls) >= self.settings.max_calls:
+            self._respond(
+                entry, 503, "Service Unavailable", now, to_tag=self._token(), headers=(retry,)
+            )
+            return
+        if self._refuse_invite(request, entry, now):
+            return
+        self._respond(entry, 100, "Trying", now)
+        local_tag = self._token()
+        dialog = Dialog.from_request(request, local_tag, entry.peer)
+        call = Call(request.call_id, dialog, False, request, entry.key)
+        call.remote_sdp = request.body.decode("utf-8", "replace")
+        if call.remote_sdp:
+            call.audio = negotiate(parse_sdp(call.remote_sdp), self.settings.codecs)
+        self._calls[call.call_id] = call
+        self._events.append(
+            CallOffered(
+                call.call_id,
+                str(request.from_().uri),
+                str(request.to().uri),
+                call.remote_sdp,
+                peer.addr,
+                request.uri,
+            )
+        )
+
+    def _refuse_invite(self, request: SipRequest, entry: ServerEntry, now: float) -> bool:
+        """Body type, digest, session interval and SDP checks; True if answered."""
+        tag = self._token()
+        content_type = (request.get("content-type") or "application/sdp").split(";")[0].strip()
+        if request.body and content_type.lower() != "application/sdp":
+            self._respond(
+                entry,
+                415,
+                "Unsupported Media Type",
+                now,
+                to_tag=tag,
+                headers=(("Accept", "application/sdp"),),
+            )
+            return True
+        if self._verifier is not None:
+            result = self._verifier.verify(request.get("authorization"), "INVITE", now)
+            if result is not AuthResult.OK:
+                challenges = self._verifier.challenges(now, stale=result is AuthResult.STALE)
+                headers = tuple(("WWW-Authenticate", c) for c in challenges)
+                self._respond(entry, 401, "Unauthorized", now, to_tag=tag, headers=headers)
+                return True
+        interval = _session_expires(request)[0]
+        if interval is not None and interval < self.settings.min_se_s:
+            self._respond(
+                entry,
+                422,
+                "Session Interval Too Small",
+                now,
+                to_tag=tag,
+                headers=(("Min-SE", str(self.settings.min_se_s)),),
+            )
+            return True
+        if request.body:
+            try:
+                audio = negotiate(
+                    parse_sdp(request.body.decode("utf-8", "replace")), self.settings.codecs
+                )
+            except SdpError:
+                self._respond(entry, 400, "Bad SDP", now, to_tag=tag)
+                return True
+            if audio is None:
+                self._respond(entry, 488, "Not Acceptable Here", now, to_tag=tag)
+                return True
+        return False
+
+    def _on_ack(self, request: SipRequest, peer: Peer, now: float) -> None:
+        call = self._calls.get(request.call_id)
+        if call is None or not call.answered or call.is_outbound:
+            self.dropped_messages += 1
+            return
+        call.ok_response = None
+        call.ok_retransmit_at = call.ok_give_up_at = None
+        if not call.established:
+            call.established = True
+            self._events.append(
+                CallEstablished(call.call_id, request.body.decode("utf-8", "replace"))
+            )
+
+    def _on_cancel(self, request: SipRequest, entry: ServerEntry, peer: Peer, now: float) -> None:
+        invite_entry = self._server_txs.get((*server_key(request)[:-1], "INVITE"))
+        if invite_entry is None:
+            self._respond(entry, 481, "Call/Transaction Does Not Exist", now)
+            return
+        self._respond(entry, 200, "OK", now)
+        if invite_entry.tx.state is State.PROCEEDING:
+            call = self._calls.pop(request.call_id, None)
+            tag = call.dialog.local_tag if call else self._token()
+            self._respond(invite_entry, 487, "Request Terminated", now, to_tag=tag)
+            if call is not None:
+                self._events.append(CallCancelled(call.call_id))
+
+    def _on_bye(self, request: SipRequest, entry: ServerEntry, peer: Peer, now: float) -> None:
+        call = self._in_dialog(request, entry, now)
+        if call is None:
+            return
+        self._respond(entry, 200, "OK", now)
+        self._end_call(call, "remote-bye", now, send_bye=False)
+
+    def _on_options(self, request: SipRequest, entry: ServerEntry, peer: Peer, now: float) -> None:
+        if self.draining:
+            retry = ("Retry-After", str(self.settings.retry_after_s))
+            self._respond(entry, 503, "Service Unavailable", now, headers=(retry,))
+            return
+        headers = (_ALLOW, ("Accept", "application/sdp"), _SUPPORTED)
+        self._respond(entry, 200, "OK", now, to_tag=self._token(), headers=headers)
+
+    def _on_info(self, request: SipRequest, entry: ServerEntry, peer: Peer, now: float) -> None:
+        call = self._in_dialog(request, entry, now)
+        if call is None:
+            return
+        content_type = (request.get("content-type") or "").split(";")[0].strip().lower()
+        body = request.body.decode("utf-8", "replace")
+        if not body.strip():
+            self._respond(entry, 200, "OK", now)
+            return
+        if content_type not in ("application/dtmf-relay", "application/dtmf"):
+            accept = ("Accept", "application/dtmf-relay, application/dtmf")
+            self._respond(entry, 415, "Unsupported Media Type", now, headers=(accept,))
+            return
+        digit, duration_ms = _parse_dtmf_info(content_type, body)
+        if digit is None:
+            self._respond(entry, 400, "Bad DTMF Body", now)
+            return
+        self._respond(entry, 200, "OK", now)
+        self._events.append(DtmfInfoReceived(call.call_id, digit, duration_ms))
+
+    def _on_notify(self, request: SipRequest, entry: ServerEntry, peer: Peer, now: float) -> None:
+        call = self._in_dialog(request, entry, now)
+        if call is None:
+            return
+        self._respond(entry, 200, "OK", now)
+        first = request.body.decode("utf-8", "replace").split("\r\n", 1)[0].split("\n", 1)[0]
+        parts = first.split(" ", 2)
+        if len(parts) >= 2 and parts[0] == "SIP/2.0" and parts[1].isdigit():
+            state = (request.get("subscription-state") or "").split(";")[0].strip().lower()
+            final = state == "terminated" or int(parts[1]) >= 200
+            reason = parts[2] if len(parts) > 2 else ""
+            self._events.append(TransferProgress(call.call_id, int(parts[1]), reason, final))
+
+    def _on_update(self, request: SipRequest, entry: ServerEntry, peer: Peer, now: float) -> None:
+        call = self._in_dialog(request, entry, now)
+        if call is not None:
+            self._renegotiate(call, request, entry, now)
+
+    def _on_reinvite(self, call: Call, request: SipRequest, entry: ServerEntry, now: float) -> None:
+        if call.reinvite_pending:
+            self._respond(entry, 491, "Request Pending", now)
+            return
+        previous = self._server_txs.get(call.reinvite_server_key or ())
+        if previous is not None and previous.tx.state is State.PROCEEDING:
+            retry = ("Retry-After", str(self._rng.randint(0, 10)))
+            self._respond(entry, 500, "Server Internal Error", now, headers=(retry,))
+            return
+        call.reinvite_server_key = entry.key
+        self._renegotiate(call, request, entry, now)
+
+    def _renegotiate(self, call: Call, request: SipRequest, entry: ServerEntry, now: float) -> None:
+        """Answer a re-INVITE/UPDATE: new SDP offer (hold/resume/move) and session refresh."""
+        if not call.answered:
+            self._respond(entry, 491 if request.method == "INVITE" else 200, "Request Pending", now)
+            return
+        call.dialog.update_target(request)
+        body = call.local_sdp
+        if request.body:
+            answer = self._auto_answer(call, request.body.decode("utf-8", "replace"))
+            if answer is None:
+                self._respond(entry, 488, "Not Acceptable Here", now)
+                return
+            body = answer
+        elif request.method == "UPDATE":
+            body = ""
+        interval, refresher = _session_expires(request)
+        if interval is not None and interval < self.settings.min_se_s:
+            self._respond(
+                entry,
+                422,
+                "Session Interval Too Small",
+                now,
+                headers=(("Min-SE", str(self.settings.min_se_s)),),
+            )
+            return
+        headers = [
+            ("Contact", self._contact()),
+            _ALLOW,
+            _SUPPORTED,
+            *self._uas_timer_headers(call, request, interval, refresher),
+        ]
+        if body:
+            headers.append(_SDP)
+        response = self._respond(entry, 200, "OK", now, headers=tuple(headers), body=body.encode())
+        call.arm_session_timer(now)
+        if request.method == "INVITE":
+            self._retransmit_ok(call, response, now)
+
+    def _auto_answer(self, call: Call, offer_text: str) -> str | None:
+        try:
+            offer = parse_sdp(offer_text)
+            local = parse_sdp(call.local_sdp) if call.local_sdp else None
+        except SdpError:
+            return None
+        audio = negotiate(offer, self.settings.codecs)
+        if audio is None or local is None:
+            return None
+        ours = next((m for m in local.media if m.media == "audio" and m.port), None)
+        address = (
+            (ours.connection if ours else None) or local.connection or self.settings.local_host
+        )
+        port = ours.port if ours else 0
+        old = call.audio
+        if old is None or (old.remote_direction, old.remote_addr) != (
+            audio.remote_direction,
+            audio.remote_addr,
+        ):
+            self._events.append(
+                HoldChanged(call.call_id, audio.remote_direction, audio.remote_addr)
+            )
+        call.audio = audio
+        session_id = int(local.origin.session_id) if local.origin.session_id.isdigit() else 1
+        version = local.origin.session_version
+        answer = build_answer(offer, audio, address, port, session_id, version)
+        if _without_origin(answer) != _without_origin(call.local_sdp):
+            answer = build_answer(offer, audio, address, port, session_id, version + 1)
+        call.local_sdp = answer
+        return answer
+
+    # --- UAS commands --------------------------------------------------------------------
+    def answer(self, call_id: str, answer_sdp: str, now: float) -> None:
+        """Send 200 OK with ``answer_sdp`` (an SDP offer if the INVITE had none).
+
+        Raises:
+            LocalProtocolError: unknown call, outbound call, or already answered.
+        """
+        call = self._inbound_unanswered(call_id)
+        entry = self._server_txs[call.invite_tx_key]
+        interval, refresher = _session_expires(call.invite)
+        headers = [("Contact", self._contact()), _ALLOW, _SUPPORTED, _SDP]
+        headers += self._uas_timer_headers(call, call.invite, interval, refresher)
+        response = self._respond(
+            entry,
+            200,
+            "OK",
+            now,
+            to_tag=call.dialog.local_tag,
+            headers=tuple(headers),
+            body=answer_sdp.encode(),
+        )
+        call.answered = True
+        call.local_sdp = answer_sdp
+        call.dialog.state = DialogState.CONFIRMED
+        call.arm_session_timer(now)
+        self._retransmit_ok(call, response, now)
+
+    def reject(
+        self,
+        call_id: str,
+        status: int,
+        reason: str,
+        now: float,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        """Answer the INVITE with a final non-2xx response (e.g. 486 Busy Here)."""
+        if not 300 <= status <= 699:
+            raise LocalProtocolError(f"reject needs a 3xx-6xx status, not {status}")
+        call = self._inbound_unanswered(call_id)
+        entry = self._server_txs[call.invite_tx_key]
+        del self._calls[call_id]
+        self._respond(entry, status, reason, now, to_tag=call.dialog.local_tag, headers=headers)
+
+    def _inbound_unanswered(self, call_id: str) -> Call:
+        call = self._calls.get(call_id)
+        if (
+            call is None
+            or call.is_outbound
+            or call.answered
+            or call.invite_tx_key not in self._server_txs
+        ):
+            raise LocalProtocolError(f"no unanswered inbound call {call_id!r}")
+        return call
+
+    def _uas_timer_headers(
+        self, call: Call, request: SipRequest, interval: int | None, refresher: str | None
+    ) -> list[tuple[str, str]]:
+        """RFC 4028 §9: pick the interval and refresher and report them in the 2xx."""
+        supports = "timer" in [t.lower() for t in request.get_all("supported")]
+        if self.settings.session_expires_s <= 0 or (interval is None and not supports):
+            call.session_interval_s = 0
+            return []
+        chosen = interval if interval is not None else self.settings.session_expires_s
+        chosen = max(min(chosen, self.settings.session_expires_s), self.settings.min_se_s)
+        if refresher not in ("uac", "uas"):
+            refresher = "uac" if supports else "uas"
+        if refresher == "uac" and not supports:
+            refresher = "uas"
+        call.session_interval_s = chosen
+        call.we_refresh = refresher == ("uas" if call.dialog.is_uas else "uac")
+        headers = [("Session-Expires", f"{chosen};refresher={refresher}")]
+        if refresher == "uac" and call.dialog.is_uas:
+            headers.append(("Require", "timer"))
+        return headers
+
+    def _retransmit_ok(self, call: Call, response: SipResponse, now: float) -> None:
+        """RFC 3261 §13.3.1.4: the TU retransmits 2xx until the ACK (UDP only)."""
+        call.ok_response = response
+        call.ok_interval_s = self.settings.timers.t1_s
+        call.ok_retransmit_at = None if self._reliable else now + call.ok_interval_s
+        call.ok_give_up_at = now + self.settings.timers.timeout_s
+
+    # --- generic commands ----------------------------------------------------------------
+    def refer(self, call_id: str, target_uri: str, now: float) -> None:
+        """Blind transfer (RFC 3515): progress arrives as ``TransferProgress``."""
+        call = self._answered(call_id)
+        headers = (("Refer-To", f"<{target_uri}>"), ("Referred-By", str(call.dialog.local.uri)))
+        self._send_in_dialog(call, "REFER", now, headers=headers)
+
+    def send_info(self, call_id: str, body: str, content_type: str, now: float) -> None:
+        call = self._answered(call_id)
+        self._send_in_dialog(
+            call, "INFO", now, body=body.encode(), headers=(("Content-Type", content_type),)
+        )
+
+    def _answered(self, call_id: str) -> Call:
+        call = self._calls.get(call_id)
+        if call is None or not call.answered:
+            raise LocalProtocolError(f"no answered call {call_id!r}")
+        return call
+
+    def _send_in_dialog(
+        self,
+        call: Call,
+        method: str,
+        now: float,
+        *,
+        body: bytes = b"",
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> ClientEntry:
+        request = call.dialog.build_request(method)
+        if method in ("INVITE", "UPDATE", "REFER"):
+            request.add("Contact", self._contact())
+        for name, value in headers:
+            request.add(name, value)
+        request.body = body
+        kind = "reinvite" if method == "INVITE" else method.lower()
+        return self._start_client(request, call.dialog.next_hop(), kind, call.call_id, now)
+
+    def _end_call(self, call: Call, reason: str, now: float, *, send_bye: bool) -> None:
+        if send_bye:
+            self._send_in_dialog(call, "BYE", now)
+        call.dialog.state = DialogState.TERMINATED
+        self._calls.pop(call.call_id, None)
+        self._events.append(CallEnded(call.call_id, reason))
+
+    # --- timers of the transaction user ------------------------------------------------
+    def _tu_deadlines(self) -> list[float]:
+        return [d for call in self._calls.values() for d in call.deadlines()]
+
+    def _tu_handle_timer(self, now: float) -> None:
+        for call in list(self._calls.values()):
+            self._call_timers(call, now)
+
+    def _call_timers(self, call: Call, now: float) -> None:
+        if call.ok_give_up_at is not None and call.ok_give_up_at <= now:
+            call.ok_response = None
+            call.ok_retransmit_at = call.ok_give_up_at = None
+            self._end_call(call, "ack-timeout", now, send_bye=True)
+            return
+        if call.ok_retransmit_at is not None and call.ok_retransmit_at <= now and call.ok_response:
+            self._send(call.ok_response, call.dialog.peer)
+            call.ok_interval_s = min(call.ok_interval_s * 2, self.settings.timers.t2_s)
+            call.ok_retransmit_at = now + call.ok_interval_s
+        if call.expire_at is not None and call.expire_at <= now:
+            self._end_call(call, "session-expired", now, send_bye=True)
+            return
+        if call.refresh_at is not None and call.refresh_at <= now:
+            call.refresh_at = None
+            self._refresh_session(call, now)
+
+    def _refresh_session(self, call: Call, now: float) -> None:
+        """RFC 4028 §7.4: re-INVITE with the unchanged SDP (same o= version)."""
+        headers = (
+            (
+                "Session-Expires",
+                f"{call.session_interval_s};refresher={'uas' if call.dialog.is_uas else 'uac'}",
+            ),
+            _SUPPORTED,
+            _SDP,
+        )
+        call.reinvite_pending = True
+        self._send_in_dialog(call, "INVITE", now, body=call.local_sdp.encode(), headers=headers)
+
+
+def _session_expires(request: SipRequest) -> tuple[int | None, str | None]:
+    """(interval, refresher) from Session-Expires (compact ``x``), or (None, None)."""
+    value = request.get("session-expires")
+    if value is None:
+        return None, None
+    number, _, params = value.partition(";")
+    number = number.strip()
+    if not number.isdigit() or len(number) > 10:
+        return None, None
+    refresher = None
+    try:
+        for key, val in parse_params(params) if params.strip() else ():
+            if key.lower() == "refresher" and val is not None:
+                refresher = val.lower()
+    except ValueError:
+        refresher = None
+    return int(number), refresher
+
+
+def _parse_dtmf_info(content_type: str, body: str) -> tuple[str | None, int]:
+    if content_type == "application/dtmf":
+        digit = body.strip().upper()
+        return (digit if len(digit) == 1 and digit in DTMF_DIGITS else None), 250
+    fields: dict[str, str] = {}
+    for line in body.splitlines():
+        key, _, value = line.partition("=")
+        fields[key.strip().lower()] = value.strip()
+    signal = fields.get("signal", "").upper()
+    duration = fields.get("duration", "250")
+    if len(signal) != 1 or signal not in DTMF_DIGITS:
+        return None, 0
+    return signal, int(duration) if duration.isdigit() and len(duration) < 7 else 250
+
+
+def _without_origin(sdp: str) -> str:
+    return "\n".join(line for line in sdp.splitlines() if not line.startswith("o="))
+
+
+_HANDLERS: dict[str, Handler] = {
+    "INVITE": UasAgent._on_invite,
+    "CANCEL": UasAgent._on_cancel,
+    "BYE": UasAgent._on_bye,
+    "OPTIONS": UasAgent._on_options,
+    "INFO": UasAgent._on_info,
+    "NOTIFY": UasAgent._on_notify,
+    "UPDATE": UasAgent._on_update,
+}
