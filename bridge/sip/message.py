@@ -464,6 +464,10 @@ def _validate_common(message: SipMessage) -> None:
         parse_via(value)
     message.from_()
     message.to()
+    for key in ("contact", "record-route", "route"):
+        for value in message.get_all(key):
+            if value != "*":
+                parse_name_addr(value)
     if not message.call_id:
         raise SipParseError("empty Call-ID")
 
@@ -483,9 +487,6 @@ def _validate_request(request: SipRequest) -> None:
         raise SipParseError("CSeq method does not match request method")
     _check_scalar(request, "max-forwards", MAX_MAX_FORWARDS)
     _check_scalar(request, "expires", MAX_EXPIRES)
-    for value in request.get_all("contact"):
-        if value != "*":
-            parse_name_addr(value)
 
 
 def _validate_response(response: SipResponse) -> None:

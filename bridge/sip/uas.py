@@ -49,6 +49,7 @@ from collections.abc import Callable
 from bridge.engine import LocalProtocolError
 from bridge.sip.dialog import Call, Dialog, DialogState, Peer
 from bridge.sip.digest import AuthResult, DigestVerifier
+from bridge.sip.errors import SipParseError
 from bridge.sip.events import (
     CallCancelled,
     CallEnded,
@@ -570,7 +571,7 @@ def _session_expires(request: SipRequest) -> tuple[int | None, str | None]:
         for key, val in parse_params(params) if params.strip() else ():
             if key.lower() == "refresher" and val is not None:
                 refresher = val.lower()
-    except ValueError:
+    except SipParseError:
         refresher = None
     return int(number), refresher
 

@@ -10,6 +10,9 @@ import itertools
 import random
 from dataclasses import dataclass, field, replace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from bridge.engine import Event, SendDatagram
 from bridge.sip.digest import DigestVerifier, authorization, choose_challenge
 from bridge.sip.events import (
@@ -47,6 +50,7 @@ class Sim:
     log: list[tuple[float, Address, Address, str]] = field(default_factory=list)
     events: dict[Address, list[Event]] = field(default_factory=dict)
     raw_out: list[tuple[Address, bytes]] = field(default_factory=list)
+    wire: list[bytes] = field(default_factory=list)
 
     def pump(self) -> None:
         moved = True
@@ -62,6 +66,7 @@ class Sim:
     def _deliver(self, src: Address, action: SendDatagram) -> None:
         first = action.data.split(b"\r\n", 1)[0].decode()
         self.log.append((self.now, src, action.addr, first))
+        self.wire.append(action.data)
         for prefix in self.drop:
             if first.startswith(prefix):
                 self.drop.remove(prefix)
@@ -547,3 +552,38 @@ def test_tcp_stream_fed_one_byte_at_a_time() -> None:
         8, b"OPTIONS sip:x SIP/2.0\r\nVia: SIP/2.0/TCP h;branch=z9hG4bK1\r\n\r\n", A_ADDR, 0.0
     )
     assert [type(a).__name__ for a in ua.actions_to_send()] == ["CloseStream"]
+
+
+MUTATIONS = [b";", b",", b'"', b"<", b">", b" ", b"\r\n", b":", b"\x00", b"@", b"=", b"9"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_user_agent_never_raises_on_mutated_traffic(data: st.DataObject) -> None:
+    """Record a real call, mutate any message of it, and replay into a fresh pair."""
+    sim, a, b = make(
+        replace(BASE, local_port=5070, session_expires_s=1800),
+        replace(BASE, local_port=5060, session_expires_s=90),
+    )
+    call(sim, a, b)
+    sim.run_until(50.0)
+    a_reference = SipUserAgent(replace(BASE, local_port=5070), random.Random(1))
+    a_reference.invite(B_URI, A_URI, offer(), B_ADDR, 0.0)  # so responses match a transaction
+    fresh_b = SipUserAgent(replace(BASE, local_port=5060), random.Random(2))
+    recorded = [entry for entry in sim.log]
+    index = data.draw(st.integers(0, len(recorded) - 1))
+    _, src, dst, _ = recorded[index]
+    wire = _rebuild(sim, index)
+    for _ in range(data.draw(st.integers(1, 6))):
+        pos = data.draw(st.integers(0, len(wire) - 1))
+        wire[pos:pos] = data.draw(st.sampled_from(MUTATIONS))
+    target = fresh_b if dst == B_ADDR else a_reference
+    target.receive_datagram(bytes(wire), src, 1.0)
+    target.handle_timer(100.0)
+    target.actions_to_send()
+    target.events_received()
+
+
+def _rebuild(sim: Sim, index: int) -> bytearray:
+    """The bytes of the index-th datagram of a replayed copy of the simulation."""
+    return bytearray(sim.wire[index])
