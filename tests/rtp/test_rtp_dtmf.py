@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Literal
 
 import pytest
-from telcodec import dtmf as tone_dtmf
-from telcodec import g711
 
 from bridge.rtp.dtmf import (
     DtmfReceived,
@@ -17,6 +15,8 @@ from bridge.rtp.dtmf import (
     TelephoneEvent,
     TelephoneEventPacket,
 )
+from telcodec import dtmf as tone_dtmf
+from telcodec import g711
 
 
 def payload(event: int, duration: int, end: bool = False, volume: int = 10) -> bytes:
