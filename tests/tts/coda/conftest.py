@@ -22,6 +22,7 @@ that time.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -118,6 +119,7 @@ def replay(
 # --------------------------------------------------------------- the pair
 
 
+@functools.lru_cache(maxsize=256)
 def word_pcm(word: str, sample_rate_hz: int) -> bytes:
     """A deterministic tone for one word: 40 ms + 10 ms per letter, pitch by length."""
     n_samples = sample_rate_hz * (40 + 10 * len(word)) // 1000
@@ -128,13 +130,14 @@ def word_pcm(word: str, sample_rate_hz: int) -> bytes:
 
 def render(text: str, sample_rate_hz: int) -> tuple[bytes, tuple[WordTiming, ...]]:
     """What the fake synthesizer makes of ``text``: PCM and word timings."""
-    pcm, words, at_s = b"", [], 0.0
+    chunks, words, at_s = [], [], 0.0
     for word in text.split():
         chunk = word_pcm(word, sample_rate_hz)
         dur_s = len(chunk) / 2 / sample_rate_hz
         words.append(WordTiming(word, at_s, at_s + dur_s))
-        pcm, at_s = pcm + chunk, at_s + dur_s
-    return pcm, tuple(words)
+        chunks.append(chunk)
+        at_s += dur_s
+    return b"".join(chunks), tuple(words)
 
 
 @dataclass
@@ -190,6 +193,9 @@ class CodaPair:
             self.events.extend(self.client.events_received())
 
     def _close(self, action: CloseConnection) -> None:
+        for text in self.in_flight:  # frames sent before the close arrive first
+            self.client.receive_text(text, self.now)
+        self.in_flight.clear()
         if not self.closed:
             self.closed = True
             self.server.connection_lost(self.now)
