@@ -90,8 +90,6 @@ SUBPROTOCOLS = SUBcodaCOLS
 
 LANGUAGES: tuple[str, ...] = ("en",)
 DEFAULT_LANGUAGE = "en"
-#: Languages Coda returns word timestamps for (seed, "Word timestamps").
-ALIGNED_LANGUAGES = frozenset({"de", "en", "es", "fr", "it", "pt"})
 MAX_ALIGNED_AUDIO_S = 180.0
 CREDENTIALS_DEADLINE_S = 10.0
 PING_INTERVAL_S = 30.0
@@ -120,7 +118,6 @@ _FORMATS: dict[str, str | None] = {
 _PAYLOADS = ("config", "start", "text", "end", "cancel")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _GRPC_OUT_OF_RANGE = 11
-_GRPC_UNIMPLEMENTED = 12
 
 _CLOSE_UNDECODABLE = 1007
 _CLOSE_CREDENTIALS = 1008
@@ -460,9 +457,6 @@ class CodaServerSession(Outbox):
         if not ctx.timestamps:
             return {}
         duration_s = ctx.samples_sent / ctx.sample_rate_hz
-        if ctx.language not in ALIGNED_LANGUAGES:
-            status = {"code": _GRPC_UNIMPLEMENTED, "message": f"no alignment for {ctx.language}"}
-            return {"timestamps": {"status": status}}
         if duration_s > MAX_ALIGNED_AUDIO_S:
             message = f"audio longer than {MAX_ALIGNED_AUDIO_S:g} s is not aligned"
             return {"timestamps": {"status": {"code": _GRPC_OUT_OF_RANGE, "message": message}}}
