@@ -620,7 +620,7 @@ class KletsoProtocol(Outbox):
                 self._flush_held(now)
         elif scope == "session":
             self._end_reply("failed", code, message, retryable)
-            self._fail_waiting(code, message, retryable)
+            self._fail_waiting(code, message, retryable, held_too=True)
             self._session = _Session.IDLE
         else:
             self._fail_waiting(code, message, retryable)
@@ -674,10 +674,12 @@ class KletsoProtocol(Outbox):
         else:
             self._events.append(TurnDone(reply.turn_id, cancelled=outcome == "interrupted"))
 
-    def _fail_waiting(self, kind: str, message: str, retryable: bool) -> None:
-        """Fail the text turn that waits for a reply (held or sent)."""
+    def _fail_waiting(
+        self, kind: str, message: str, retryable: bool, held_too: bool = False
+    ) -> None:
+        """Fail the text turn whose ``voice.text`` was sent (and, if ``held_too``, a held one)."""
         turn = self._turn
-        if turn is None or turn.phase not in ("held", "awaiting"):
+        if turn is None or turn.phase not in (("held", "awaiting") if held_too else ("awaiting",)):
             return
         self._owners = deque(None if o == turn.turn_id else o for o in self._owners)
         self._held = [(a, o) for a, o in self._held if o != turn.turn_id]

@@ -462,3 +462,24 @@ def test_played_sends_now_and_defaults_to_current() -> None:
     (action,) = engine.actions_to_send()
     assert isinstance(action, SendText)
     assert json.loads(action.text) == {"type": "voice.played", "itemId": "current", "ms": 480}
+
+
+def test_turn_opened_while_stopping_restarts_the_session_after_voice_ended() -> None:
+    engine = ready_engine()
+    engine.stop_voice("background", 1.0)
+    engine.open_turn("t1", SETTINGS, 1.1)
+    engine.send_text("t1", "Back again.", 1.1)
+    engine.end_turn("t1", 1.1)
+    sent = [json.loads(a.text) for a in engine.actions_to_send() if isinstance(a, SendText)]
+    assert sent == [{"type": "voice.stop", "reason": "background"}]
+    usage = {"audioInSeconds": 0, "audioOutSeconds": 0, "costMicros": 0}
+    ended = {"type": "voice.ended", "data": {"reason": "user", "usage": usage}}
+    engine.receive_text(json.dumps(ended), 1.2)
+    assert not of_type(engine.events_received(), TurnFailed)
+    restart = [json.loads(a.text) for a in engine.actions_to_send() if isinstance(a, SendText)]
+    assert [f["type"] for f in restart] == ["voice.start"]
+    started = {"voiceSessionId": "vs2", "model": "m", "voice": "v", "limits": {}}
+    engine.receive_text(json.dumps({"type": "voice.started", "data": started}), 1.3)
+    (text,) = engine.actions_to_send()
+    assert isinstance(text, SendText)
+    assert json.loads(text.text) == {"type": "voice.text", "text": "Back again."}
