@@ -327,9 +327,8 @@ class CallBridge:
         if trigger is not None:
             self._barge_in(trigger.reason, now, trigger.onset_s)
         if self._uplink is not None:
-            batch = self._uplink.push(frame)
-            if batch:
-                self._actions.append(SendAgentAudio(batch))
+            for piece in self._uplink.push(frame):
+                self._actions.append(SendAgentAudio(piece))
         self._pump(now)
 
     def caller_dtmf(self, digit: str, now: float) -> None:
@@ -803,6 +802,8 @@ class CallBridge:
             self._interrupted += 1
         turn.phase = _Phase.DONE
         turn.words = []
+        if turn.agent and self._sounding_agent_turn() is None:
+            self._agent_played_at = None
         self._retired.append(turn.turn_id)
         while len(self._retired) > self._options.max_turn_history:
             self._turns.pop(self._retired.popleft(), None)

@@ -14,8 +14,8 @@ turns or time:
   leg rate, for the VAD and the level meter. ``frame_level_dbfs`` is the same
   for outbound frames (the barge-in echo guard).
 * ``AgentUplink`` (inbound, voice agents only): caller audio resampled up to
-  the agent's rate (``FromTelephony`` on 8 kHz legs) and released in pieces
-  of at least ``batch_ms`` (one 20 ms frame in, so 40-60 ms pieces out).
+  the agent's rate (``FromTelephony`` on 8 kHz legs) and re-cut into pieces
+  of ``batch_ms`` to 1.5 x ``batch_ms`` (40-60 ms by default).
 
 Input formats come from remote peers: constructors raise ``ValueError`` on a
 format they cannot convert and the call turns that into a provider error.
@@ -129,14 +129,13 @@ class AgentUplink:
     Args:
         leg: the caller leg (codec and rate of the frames pushed).
         out_rate_hz: the agent's rate (24000 for Kletso).
-        batch_ms: release once at least this much audio is buffered.
+        batch_ms: smallest piece released (the largest is 1.5 x this).
         quality: soxr quality.
     """
 
-    __slots__ = ("_batch_bytes", "_buffer", "_codec", "_from_8k", "_resampler")
+    __slots__ = ("_batch_bytes", "_buffer", "_from_8k", "_max_piece_bytes", "_resampler")
 
     def __init__(self, leg: LegProfile, out_rate_hz: int, batch_ms: int, quality: str = "HQ"):
-        self._codec = leg.codec
         self._from_8k: FromTelephony | None = None
         self._resampler: StreamResampler | None = None
         if leg.sample_rate_hz == 8000:
@@ -144,20 +143,26 @@ class AgentUplink:
         else:
             self._resampler = StreamResampler(leg.sample_rate_hz, out_rate_hz, quality)
         self._batch_bytes = max(2, out_rate_hz * batch_ms // 1000 * 2)
+        self._max_piece_bytes = self._batch_bytes * 3 // 2 & ~1
         self._buffer = bytearray()
 
-    def push(self, frame: bytes) -> bytes | None:
-        """Feed one caller frame; return a batch of s16le once enough is buffered."""
+    def push(self, frame: bytes) -> list[bytes]:
+        """Feed one caller frame; return the pieces of s16le now ready (often none).
+
+        The resampler releases audio in bursts (soxr HQ: about 61 ms every
+        third 20 ms frame), so pieces are re-cut to ``batch_ms`` .. 1.5 x
+        ``batch_ms`` and the remainder waits for the next burst.
+        """
         if self._from_8k is not None:
             self._buffer += self._from_8k.push(frame)
         elif self._resampler is not None:
             self._buffer += self._resampler.process(frame)
-        if len(self._buffer) < self._batch_bytes:
-            return None
-        whole = len(self._buffer) & ~1
-        batch = bytes(self._buffer[:whole])
-        del self._buffer[:whole]
-        return batch
+        pieces = []
+        while len(self._buffer) >= self._batch_bytes:
+            size = min(len(self._buffer) & ~1, self._max_piece_bytes)
+            pieces.append(bytes(self._buffer[:size]))
+            del self._buffer[:size]
+        return pieces
 
     def reset(self) -> None:
         """Drop what is buffered (the agent session ended)."""

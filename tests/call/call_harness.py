@@ -9,7 +9,7 @@ Time is always a number the test writes: tick ``n`` of a call is at
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -94,8 +94,8 @@ class Harness:
         self.actions, self.events = [], []
         return actions, events
 
-    def say(self, turn_id: str, text: str = "hello", now: float = 0.0, **kw: object) -> None:
-        self.call.execute(Say(turn_id, text, **kw), now)  # type: ignore[arg-type]
+    def say(self, turn_id: str, text: str = "hello", now: float = 0.0, **kw: Any) -> None:
+        self.call.execute(Say(turn_id, text, **kw), now)
         self.drain()
 
     def provide(self, event: Event, now: float) -> None:

@@ -1,6 +1,8 @@
-"""CallBridge barge-in: speech and DTMF triggers, RTP and mark-based legs, non-interruptible turns."""
+"""CallBridge barge-in: speech and DTMF, RTP and mark-based legs, non-interruptible turns."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from call_harness import (
@@ -23,7 +25,7 @@ from bridge.control.commands import (
     TurnInterrupted,
 )
 from bridge.media.bargein import BargeInPolicy
-from bridge.media.call_types import CancelTurn, ClearLeg, SendMark
+from bridge.media.call_types import CancelTurn, ClearLeg, LegProfile, SendMark
 from bridge.tts.base import TurnDone, WordsTimed, WordTiming
 
 WORDS = (
@@ -35,9 +37,9 @@ WORDS = (
 )
 
 
-def playing(leg: object = SIP, frames: int = 100, **say: object) -> tuple[Harness, list[bytes]]:
+def playing(leg: LegProfile = SIP, frames: int = 100, **say: Any) -> tuple[Harness, list[bytes]]:
     """A call with turn t1 fully delivered (``frames`` x 20 ms) and word timings."""
-    h = Harness(leg)  # type: ignore[arg-type]
+    h = Harness(leg)
     h.say("t1", "The quick brown fox jumps", **say)
     audio = tone_ulaw_frames(frames)
     h.frames("t1", audio, now=0.0)
@@ -224,7 +226,7 @@ def test_mark_leg_barge_in_while_the_final_mark_is_in_flight_clears() -> None:
 
 
 def test_mark_leg_without_clear_reports_what_was_sent() -> None:
-    leg = TWILIO.__class__(
+    leg = LegProfile(
         kind="vonage", codec="mulaw", heard_from="marks", can_clear=False, mark_interval_ms=200
     )
     h, audio = playing(leg, frames=50)
@@ -234,9 +236,7 @@ def test_mark_leg_without_clear_reports_what_was_sent() -> None:
     actions, events = h.take()
     assert actions == [CancelTurn("t1")]
     # Nothing can stop the carrier: everything sent will be heard.
-    assert of_type(events, TurnInterrupted) == [
-        TurnInterrupted("t1", 400, "The quick", "dtmf")
-    ]
+    assert of_type(events, TurnInterrupted) == [TurnInterrupted("t1", 400, "The quick", "dtmf")]
 
 
 @pytest.mark.parametrize("reason", ["speech", "api"])
