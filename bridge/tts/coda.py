@@ -168,13 +168,17 @@ def split_text(text: str, budget_bytes: int) -> list[str]:
     """
     if budget_bytes < 12:
         raise ValueError("budget_bytes must leave room for one escaped character")
+    if _utf8_len(json.dumps(text, ensure_ascii=False)) - 2 <= budget_bytes:
+        return [text] if text else []
     pieces: list[str] = []
     start = 0
     while start < len(text):
         size = 0
         end = start
-        while end < len(text) and size + _escaped_len(text[end]) <= budget_bytes:
+        while end < len(text):
             size += _escaped_len(text[end])
+            if size > budget_bytes:
+                break
             end += 1
         if end < len(text):
             space = max(text.rfind(" ", start, end), text.rfind("\n", start, end))
