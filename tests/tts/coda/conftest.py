@@ -219,17 +219,21 @@ class CodaPair:
         elif isinstance(action, CloseConnection):
             self._close(action)
 
-    def step_synthesis(self, deliver: bool = True) -> bool:
-        """Deliver one chunk (or the end) of the oldest job; False when idle."""
-        if not self.jobs:
-            return False
-        job_id, job = next(iter(self.jobs.items()))
+    def step_job(self, job_id: str) -> None:
+        """Hand the server the next chunk (or the end) of one job."""
+        job = self.jobs[job_id]
         if job.chunks:
             pcm, words = job.chunks.pop(0)
             self.server.synthesis_audio(job_id, pcm, words, self.now)
         else:
             del self.jobs[job_id]
             self.server.synthesis_done(job_id, self.now)
+
+    def step_synthesis(self, deliver: bool = True) -> bool:
+        """Deliver one chunk (or the end) of the oldest job; False when idle."""
+        if not self.jobs:
+            return False
+        self.step_job(next(iter(self.jobs)))
         self.pump(deliver)
         return True
 

@@ -163,13 +163,7 @@ def test_concurrent_turns_keep_their_own_audio(coda: Any) -> None:
     # deliver the chunks round-robin so the contexts' frames interleave
     while pair.jobs:
         for job_id in list(pair.jobs):
-            job = pair.jobs[job_id]
-            if job.chunks:
-                pcm, words = job.chunks.pop(0)
-                pair.server.synthesis_audio(job_id, pcm, words, pair.now)
-            else:
-                del pair.jobs[job_id]
-                pair.server.synthesis_done(job_id, pair.now)
+            pair.step_job(job_id)
         pair.pump()
     for turn_id, text in texts.items():
         pcm, _ = expected_speech(coda, [text], 16000)
