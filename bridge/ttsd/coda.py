@@ -205,6 +205,10 @@ class CodaServerSession(Outbox):
             self._credentials_by = now + CREDENTIALS_DEADLINE_S
 
     def connection_lost(self, now: float) -> None:
+        self._shut_down()
+
+    def _shut_down(self) -> None:
+        """Stop every job and accept nothing more (socket gone or being closed)."""
         for job_id in self._jobs:
             self._actions.append(CancelSynthesis(job_id))
         self._jobs.clear()
@@ -495,7 +499,7 @@ class CodaServerSession(Outbox):
 
     def _close(self, code: int, reason: str) -> None:
         self._actions.append(CloseConnection(code, reason))
-        self.connection_lost(0.0)
+        self._shut_down()
 
     def _send(self, message: dict[str, Any]) -> None:
         self._actions.append(SendText(dump_message(message)))
