@@ -56,7 +56,7 @@ and pushed as soon as a whole frame exists. ``TurnDone`` flushes the framer
 (last frame padded with silence) and ends the turn; ``TurnFailed`` (or a
 ``ProviderFailed`` naming the turn) emits ``ProviderErrored`` and ends the
 turn with what it had. A voice agent's replies are turns too: they open on
-``TurnStarted`` (or their first audio) while the agent is active.
+``TurnStarted`` while the agent is active (Kletso sends it before any audio).
 
 Per-turn phases::
 
@@ -100,15 +100,14 @@ Rules that keep this module honest:
 
 from __future__ import annotations
 
-import enum
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 
 from bridge.control import commands as cmd
 from bridge.engine import Action, Event, LocalProtocolError
 from bridge.media import bargein
 from bridge.media.bargein import BargeInDetector, BargeInPolicy
-from bridge.media.call_audio import AgentUplink, Framer, decode_leg, frame_level_dbfs, make_framer
+from bridge.media.call_audio import AgentUplink, decode_leg, frame_level_dbfs, make_framer
+from bridge.media.call_turns import CallTurn, TurnBook, TurnPhase, TurnStop, heard_text
 from bridge.media.call_types import (
     AgentEnded,
     AgentPlayed,
@@ -149,7 +148,6 @@ from bridge.tts.base import (
     TurnSettings,
     TurnStarted,
     WordsTimed,
-    WordTiming,
 )
 from bridge.tts.kletso import VoiceEnded, VoiceFailed, VoiceInterrupted
 
@@ -160,45 +158,6 @@ MAX_WORDS_PER_TURN = 10_000
 """Security limit on word timings kept for one turn."""
 MAX_MARKS_TRACKED = 256
 """Marks sent and not yet echoed that the call remembers (oldest forgotten first)."""
-
-
-class _Phase(enum.Enum):
-    QUEUED = "queued"
-    SOUNDING = "sounding"
-    AWAITING_MARK = "awaiting_mark"
-    DONE = "done"
-
-
-@dataclass(slots=True)
-class _Turn:
-    turn_id: str
-    provider: str
-    interruptible: bool
-    agent: bool
-    opened_s: float
-    item_id: str = ""
-    text_open: bool = True
-    audio_open: bool = True
-    framer: Framer | None = None
-    in_format: AudioFormat | None = None
-    words: list[WordTiming] = field(default_factory=list)
-    first_audio_s: float | None = None
-    head_at_first_audio: bool = False
-    last_frame_s: float | None = None
-    frames_since_mark: int = 0
-    final_mark: str | None = None
-    end_reason: str | None = None
-    phase: _Phase = _Phase.QUEUED
-
-
-@dataclass(frozen=True, slots=True)
-class _Stop:
-    """One turn being stopped: how much went out, how much was acknowledged."""
-
-    turn: _Turn
-    played_samples: int
-    heard_samples: int
-    cancel_provider: bool
 
 
 class CallBridge:
@@ -242,9 +201,7 @@ class CallBridge:
         self._vad = Vad(self._options.vad_aggressiveness, leg.sample_rate_hz, 20)
         self._marks_leg = leg.heard_from == "marks"
         self._mark_every_frames = leg.mark_interval_ms // 20
-        self._turns: dict[str, _Turn] = {}
-        self._retired: deque[str] = deque()
-        self._awaiting: dict[str, None] = {}
+        self._turns = TurnBook(self._options.max_turn_history)
         self._marks: OrderedDict[str, tuple[str, bool]] = OrderedDict()
         self._mark_seq = 0
         self._agent: str | None = None
@@ -350,8 +307,7 @@ class CallBridge:
             return
         turn_id, final = entry
         turn = self._turns.get(turn_id)
-        if final and turn is not None and turn.phase is _Phase.AWAITING_MARK:
-            del self._awaiting[turn_id]
+        if final and turn is not None and turn.phase is TurnPhase.AWAITING_MARK:
             self._report(turn, self._heard_samples(turn))
         self._pump(now)
 
@@ -401,7 +357,7 @@ class CallBridge:
 
     def _barge_in(self, reason: str, now: float, onset_s: float) -> list[str]:
         cuts = self._playout.barge_in(now)
-        stops = [self._stop_from_cut(c) for c in cuts if c.turn_id in self._turns]
+        stops = self._stops_from_cuts(cuts)
         stops += self._awaiting_stops(interruptible_only=True)
         if not stops:
             return []
@@ -413,20 +369,21 @@ class CallBridge:
         self._detector.set_bot_speaking(False)
         return self._stop(stops, reason)
 
-    def _stop_from_cut(self, cut: TurnCut) -> _Stop:
-        return _Stop(self._turns[cut.turn_id], cut.played_samples, cut.heard_samples, True)
-
-    def _awaiting_stops(self, interruptible_only: bool) -> list[_Stop]:
+    def _stops_from_cuts(self, cuts: list[TurnCut]) -> list[TurnStop]:
         stops = []
-        for turn_id in list(self._awaiting):
-            turn = self._turns[turn_id]
-            if interruptible_only and not turn.interruptible:
-                continue
-            del self._awaiting[turn_id]
-            stops.append(_Stop(turn, *self._positions(turn), cancel_provider=False))
+        for cut in cuts:
+            turn = self._turns.get(cut.turn_id)
+            if turn is not None:
+                stops.append(TurnStop(turn, cut.played_samples, cut.heard_samples, True))
         return stops
 
-    def _stop(self, stops: list[_Stop], reason: str) -> list[str]:
+    def _awaiting_stops(self, interruptible_only: bool) -> list[TurnStop]:
+        return [
+            TurnStop(turn, *self._positions(turn), cancel_provider=False)
+            for turn in self._turns.take_awaiting(interruptible_only)
+        ]
+
+    def _stop(self, stops: list[TurnStop], reason: str) -> list[str]:
         """Clear the carrier if it helps, cancel providers, report each turn."""
         sounding = any(s.played_samples > s.heard_samples for s in stops)
         cleared = False
@@ -435,6 +392,8 @@ class CallBridge:
             for name in self._playout.carrier_cleared():
                 self._marks.pop(name, None)
             cleared = True
+            # A turn whose final mark the clear voided can never finish: it was cut too.
+            stops += self._awaiting_stops(interruptible_only=False)
         for stop in stops:
             turn = stop.turn
             turn.audio_open = turn.text_open = False
@@ -456,9 +415,9 @@ class CallBridge:
     def _protected_sounding(self) -> bool:
         """Whether a non-interruptible turn has audio at the carrier (a clear would cut it)."""
         head = self._head_turn()
-        if head is not None and not head.interruptible and head.phase is _Phase.SOUNDING:
+        if head is not None and not head.interruptible and head.phase is TurnPhase.SOUNDING:
             return True
-        return any(not self._turns[t].interruptible for t in self._awaiting)
+        return any(not turn.interruptible for turn in self._turns.awaiting())
 
     # ------------------------------------------------------------ commands
 
@@ -506,7 +465,7 @@ class CallBridge:
             turn.text_open = False
             self._actions.append(EndTurn(turn.turn_id))
 
-    def _open_turn(self, say: cmd.Say, now: float) -> _Turn | None:
+    def _open_turn(self, say: cmd.Say, now: float) -> CallTurn | None:
         if not say.turn_id:
             self._reject(say, "", "empty_turn_id")
             return None
@@ -519,12 +478,12 @@ class CallBridge:
             self._reject(say, say.turn_id, "duplicate_turn_id")
             return None
         cuts = self._drain_playout(now)
-        stops = [self._stop_from_cut(c) for c in cuts if c.turn_id in self._turns]
+        stops = self._stops_from_cuts(cuts)
         if say.replace:
             stops += self._awaiting_stops(interruptible_only=False)
         if stops:
             self._stop(stops, "replaced")
-        turn = _Turn(say.turn_id, say.provider or "", say.interruptible, False, now)
+        turn = CallTurn(say.turn_id, say.provider or "", say.interruptible, False, now)
         self._register(turn)
         settings = TurnSettings(
             voice=say.voice or self._options.default_voice, audio_format=self._leg_format()
@@ -534,16 +493,16 @@ class CallBridge:
 
     def _cancel(self, turn_id: str, now: float) -> None:
         turn = self._turns.get(turn_id)
-        if turn is None or turn.phase is _Phase.DONE:
+        if turn is None or turn.phase is TurnPhase.DONE:
             self._reject(cmd.Cancel(turn_id), turn_id, "no_such_turn")
             return
-        if turn.phase is _Phase.AWAITING_MARK:
-            del self._awaiting[turn_id]
-            self._stop([_Stop(turn, *self._positions(turn), cancel_provider=False)], "cancelled")
+        if turn.phase is TurnPhase.AWAITING_MARK:
+            self._turns.stop_awaiting(turn)
+            self._stop([TurnStop(turn, *self._positions(turn), cancel_provider=False)], "cancelled")
             return
         played, heard = self._positions(turn)
         self._playout.truncate(turn_id, self._ms(played))
-        self._stop([_Stop(turn, played, heard, cancel_provider=True)], "cancelled")
+        self._stop([TurnStop(turn, played, heard, cancel_provider=True)], "cancelled")
 
     def _hand_over(self, command: cmd.HandOver) -> None:
         if not command.app and not command.voice_agent:
@@ -580,7 +539,7 @@ class CallBridge:
                 self._on_audio(event, now)
             case WordsTimed(turn_id=turn_id, words=words):
                 turn = self._turns.get(turn_id)
-                if turn is not None and turn.phase is not _Phase.DONE:
+                if turn is not None and turn.phase is not TurnPhase.DONE:
                     room = MAX_WORDS_PER_TURN - len(turn.words)
                     turn.words.extend(words[: max(0, room)])
             case TurnStarted(turn_id=turn_id, provider_ref=ref):
@@ -607,8 +566,6 @@ class CallBridge:
 
     def _on_audio(self, event: AudioReceived, now: float) -> None:
         turn = self._turns.get(event.turn_id)
-        if turn is None and self._agent is not None:
-            turn = self._open_agent_turn(event.turn_id, "", now)
         if turn is None or not turn.audio_open:
             self._late_chunks += 1
             return
@@ -642,16 +599,12 @@ class CallBridge:
 
     def _on_turn_failed(self, turn_id: str, kind: str, message: str) -> None:
         turn = self._turns.get(turn_id)
-        if turn is None or turn.phase is _Phase.DONE:
+        if turn is None or turn.phase is TurnPhase.DONE:
             return
         self._fail_turn(turn, kind, message)
 
     def _on_provider_failed(self, kind: str, message: str, turn_ids: tuple[str, ...]) -> None:
-        ours = [
-            self._turns[t]
-            for t in turn_ids
-            if t in self._turns and self._turns[t].phase is not _Phase.DONE
-        ]
+        ours = [t for t in map(self._turns.get, turn_ids) if t and t.phase is not TurnPhase.DONE]
         for turn in ours:
             self._fail_turn(turn, kind, message)
         if not ours:
@@ -663,7 +616,7 @@ class CallBridge:
                 self._stop_agent_uplink()
                 self._events.append(AgentEnded(kind))
 
-    def _fail_turn(self, turn: _Turn, kind: str, message: str) -> None:
+    def _fail_turn(self, turn: CallTurn, kind: str, message: str) -> None:
         """A provider error ends this turn only, with the audio it already has."""
         self._provider_errors += 1
         self._events.append(cmd.ProviderErrored(turn.turn_id, turn.provider, kind, message))
@@ -674,12 +627,12 @@ class CallBridge:
 
     def _on_voice_interrupted(self, item_id: str, audio_end_ms: int) -> None:
         turn = next(
-            (t for t in self._turns.values() if t.agent and t.item_id == item_id and item_id),
+            (t for t in self._turns.unreported() if t.agent and item_id and t.item_id == item_id),
             None,
         )
         if turn is None and self._last_agent_turn is not None:
             turn = self._turns.get(self._last_agent_turn)
-        if turn is None or turn.phase not in (_Phase.QUEUED, _Phase.SOUNDING):
+        if turn is None or turn.phase not in (TurnPhase.QUEUED, TurnPhase.SOUNDING):
             return
         turn.audio_open = False
         if turn.framer is not None:
@@ -690,7 +643,7 @@ class CallBridge:
         if self._marks_leg:
             self._place_mark(turn, final=True)
 
-    def _open_agent_turn(self, turn_id: str, item_id: str, now: float) -> _Turn | None:
+    def _open_agent_turn(self, turn_id: str, item_id: str, now: float) -> CallTurn | None:
         if not turn_id:
             return None
         try:
@@ -698,7 +651,7 @@ class CallBridge:
         except LocalProtocolError:
             # Reused id of a turn the queue still remembers: late audio, drop it.
             return None
-        turn = _Turn(turn_id, self._agent or "", True, True, now, item_id, text_open=False)
+        turn = CallTurn(turn_id, self._agent or "", True, True, now, item_id, text_open=False)
         self._register(turn)
         self._last_agent_turn = turn_id
         return turn
@@ -711,7 +664,7 @@ class CallBridge:
 
     # ------------------------------------------------------------ audio to playout
 
-    def _push_frames(self, turn: _Turn, frames: list[bytes]) -> None:
+    def _push_frames(self, turn: CallTurn, frames: list[bytes]) -> None:
         for frame in frames:
             if not self._playout.push(turn.turn_id, frame) or not self._marks_leg:
                 continue
@@ -719,7 +672,7 @@ class CallBridge:
             if turn.frames_since_mark >= self._mark_every_frames:
                 self._place_mark(turn, final=False)
 
-    def _place_mark(self, turn: _Turn, final: bool) -> None:
+    def _place_mark(self, turn: CallTurn, final: bool) -> None:
         self._mark_seq += 1
         name = f"{turn.turn_id}/{self._mark_seq}"
         if not self._playout.mark(turn.turn_id, name):
@@ -731,7 +684,7 @@ class CallBridge:
         if final:
             turn.final_mark = name
 
-    def _end_audio(self, turn: _Turn) -> None:
+    def _end_audio(self, turn: CallTurn) -> None:
         """The provider is done with the turn: flush, place the final mark, end it."""
         if not turn.audio_open:
             return
@@ -746,8 +699,7 @@ class CallBridge:
     # ------------------------------------------------------------ playout events
 
     def _pump(self, now: float) -> None:
-        cuts = self._drain_playout(now)
-        stops = [self._stop_from_cut(c) for c in cuts if c.turn_id in self._turns]
+        stops = self._stops_from_cuts(self._drain_playout(now))
         if stops:
             self._stop(stops, "replaced")
 
@@ -768,9 +720,9 @@ class CallBridge:
 
     def _on_playback_started(self, turn_id: str, now: float) -> None:
         turn = self._turns.get(turn_id)
-        if turn is None or turn.phase is not _Phase.QUEUED:
+        if turn is None or turn.phase is not TurnPhase.QUEUED:
             return
-        turn.phase = _Phase.SOUNDING
+        turn.phase = TurnPhase.SOUNDING
         self._events.append(cmd.TurnBegan(turn_id))
         if turn.first_audio_s is not None and turn.head_at_first_audio:
             self._added_s.append(now - turn.first_audio_s)
@@ -779,40 +731,34 @@ class CallBridge:
 
     def _on_played(self, turn_id: str) -> None:
         turn = self._turns.get(turn_id)
-        if turn is None or turn.phase is _Phase.DONE:
+        if turn is None or turn.phase is TurnPhase.DONE:
             return
         if self._marks_leg and turn.final_mark is not None and turn.final_mark in self._marks:
-            turn.phase = _Phase.AWAITING_MARK
-            self._awaiting[turn_id] = None
+            self._turns.await_mark(turn)
             return
         self._report(turn, self._heard_samples(turn))
 
     # ------------------------------------------------------------ reporting
 
-    def _report(self, turn: _Turn, heard_samples: int) -> None:
+    def _report(self, turn: CallTurn, heard_samples: int) -> None:
         heard_ms = self._ms(heard_samples)
         if turn.end_reason is None:
             text = " ".join(w.word for w in turn.words)
             self._events.append(cmd.TurnFinished(turn.turn_id, heard_ms, text))
             self._finished += 1
         else:
-            limit_s = heard_ms / 1000 + 1e-9
-            text = " ".join(w.word for w in turn.words if w.end_s <= limit_s)
+            text = heard_text(turn.words, heard_ms)
             self._events.append(cmd.TurnInterrupted(turn.turn_id, heard_ms, text, turn.end_reason))
             self._interrupted += 1
-        turn.phase = _Phase.DONE
-        turn.words = []
+        self._turns.retire(turn)
         if turn.agent and self._sounding_agent_turn() is None:
             self._agent_played_at = None
-        self._retired.append(turn.turn_id)
-        while len(self._retired) > self._options.max_turn_history:
-            self._turns.pop(self._retired.popleft(), None)
 
-    def _register(self, turn: _Turn) -> None:
-        self._turns[turn.turn_id] = turn
+    def _register(self, turn: CallTurn) -> None:
+        self._turns.add(turn)
         self._turn_count += 1
 
-    def _positions(self, turn: _Turn) -> tuple[int, int]:
+    def _positions(self, turn: CallTurn) -> tuple[int, int]:
         """(played, acknowledged) samples of a turn, 0 if the queue forgot it."""
         try:
             return (
@@ -822,7 +768,7 @@ class CallBridge:
         except LocalProtocolError:
             return 0, 0
 
-    def _heard_samples(self, turn: _Turn) -> int:
+    def _heard_samples(self, turn: CallTurn) -> int:
         played, acknowledged = self._positions(turn)
         return acknowledged if self._marks_leg else played
 
@@ -832,15 +778,15 @@ class CallBridge:
     def _leg_format(self) -> AudioFormat:
         return AudioFormat(self._leg.codec, self._leg.sample_rate_hz)
 
-    def _head_turn(self) -> _Turn | None:
+    def _head_turn(self) -> CallTurn | None:
         head = self._playout.current_turn_id
         return None if head is None else self._turns.get(head)
 
     def _interruptible_sounding(self) -> bool:
         head = self._head_turn()
-        if head is not None and head.interruptible and head.phase is _Phase.SOUNDING:
+        if head is not None and head.interruptible and head.phase is TurnPhase.SOUNDING:
             return True
-        return any(self._turns[t].interruptible for t in self._awaiting)
+        return any(turn.interruptible for turn in self._turns.awaiting())
 
     def _drain_detector(self) -> None:
         for event in self._detector.events_received():
@@ -863,14 +809,11 @@ class CallBridge:
         interval_s = self._options.agent_played_interval_ms / 1000
         self._agent_played_at = due + interval_s if due + interval_s > now else now + interval_s
 
-    def _sounding_agent_turn(self) -> _Turn | None:
+    def _sounding_agent_turn(self) -> CallTurn | None:
         head = self._head_turn()
-        if head is not None and head.agent and head.phase is _Phase.SOUNDING:
+        if head is not None and head.agent and head.phase is TurnPhase.SOUNDING:
             return head
-        for turn_id in self._awaiting:
-            if self._turns[turn_id].agent:
-                return self._turns[turn_id]
-        return None
+        return next((turn for turn in self._turns.awaiting() if turn.agent), None)
 
     # ------------------------------------------------------------ the end
 
@@ -878,9 +821,8 @@ class CallBridge:
         if self._ended:
             return
         self._ended = True
-        for turn in list(self._turns.values()):
-            if turn.phase is _Phase.DONE:
-                continue
+        self._turns.forget_awaiting()
+        for turn in self._turns.unreported():
             played, acknowledged = self._positions(turn)
             if turn.audio_open or turn.text_open:
                 self._actions.append(CancelTurn(turn.turn_id))
@@ -888,7 +830,6 @@ class CallBridge:
             turn.framer = None
             turn.end_reason = "call_ended"
             self._report(turn, acknowledged if self._marks_leg else played)
-        self._awaiting.clear()
         if self._agent is not None:
             self._actions.append(StopAgent("user"))
             self._stop_agent_uplink()

@@ -13,10 +13,13 @@ from call_harness import (
     at,
     of_type,
     tone_ulaw_frames,
+    voiced_s16le,
     voiced_ulaw_frames,
 )
 
 from bridge.control.commands import (
+    CallEnded,
+    Cancel,
     DtmfHeard,
     SpeechStarted,
     SpeechStopped,
@@ -26,7 +29,7 @@ from bridge.control.commands import (
 )
 from bridge.media.bargein import BargeInPolicy
 from bridge.media.call_types import CancelTurn, ClearLeg, LegProfile, SendMark
-from bridge.tts.base import TurnDone, WordsTimed, WordTiming
+from bridge.tts.base import AudioFormat, TurnDone, WordsTimed, WordTiming
 
 WORDS = (
     WordTiming("The", 0.00, 0.10),
@@ -245,3 +248,77 @@ def test_barge_in_with_nothing_playing_changes_nothing(reason: str) -> None:
     assert h.call.barge_in(reason, 0.1) == []
     assert h.take() == ([], [])
     assert h.call.stats().barge_ins == {}
+
+
+def test_mark_leg_with_everything_acknowledged_needs_no_clear() -> None:
+    h, audio = playing(TWILIO, frames=50)
+    assert [h.tick(n) for n in range(1, 21)] == audio[:20]  # 400 ms sent
+    actions, _ = h.take()
+    for mark in of_type(actions, SendMark):
+        h.call.mark_echoed(mark.name, False, at(20) + 0.001)
+    h.call.caller_dtmf("2", at(20) + 0.002)
+    actions, events = h.take()
+    assert actions == [CancelTurn("t1")]  # the carrier has nothing left of t1 to clear
+    assert of_type(events, TurnInterrupted) == [TurnInterrupted("t1", 400, "The quick", "dtmf")]
+
+
+def test_cancel_while_the_final_mark_is_in_flight_keeps_the_other_turn_waiting() -> None:
+    h = Harness(TWILIO)
+    h.say("t1")
+    h.say("t2")
+    h.frames("t1", tone_ulaw_frames(3), now=0.0)
+    h.provide(TurnDone("t1"), now=0.0)
+    h.frames("t2", tone_ulaw_frames(3, 880.0), now=0.0)
+    h.provide(TurnDone("t2"), now=0.0)
+    assert all(h.tick(n) is not None for n in range(1, 7))
+    actions, _ = h.take()
+    final_t1, final_t2 = [a.name for a in of_type(actions, SendMark)]
+    h.call.mark_echoed(final_t1, False, at(6) + 0.001)  # t1 played out
+    h.call.execute(Cancel("t2"), at(6) + 0.002)
+    actions, events = h.take()
+    assert actions == [ClearLeg()]
+    assert events == [
+        TurnFinished("t1", 60, ""),
+        TurnInterrupted("t2", 0, "", "cancelled"),
+    ]
+    h.call.mark_echoed(final_t2, True, at(6) + 0.01)
+    assert h.take() == ([], [])
+
+
+def test_a_clear_also_cuts_a_turn_whose_final_mark_it_voids() -> None:
+    h = Harness(TWILIO)
+    h.say("t1")
+    h.say("t2")
+    h.frames("t1", tone_ulaw_frames(3), now=0.0)
+    h.provide(TurnDone("t1"), now=0.0)
+    h.frames("t2", tone_ulaw_frames(3, 880.0), now=0.0)
+    assert all(h.tick(n) is not None for n in range(1, 7))
+    actions, _ = h.take()
+    (final_t1,) = [a.name for a in of_type(actions, SendMark)]
+    h.call.execute(Cancel("t2"), at(6) + 0.001)
+    actions, events = h.take()
+    assert actions == [ClearLeg(), CancelTurn("t2")]
+    # t1's last audio may still have been in the carrier's buffer: it is cut, once.
+    assert events == [
+        TurnInterrupted("t2", 0, "", "cancelled"),
+        TurnInterrupted("t1", 0, "", "cancelled"),
+    ]
+    h.call.mark_echoed(final_t1, True, at(6) + 0.01)
+    h.call.hangup_received("bye", at(7))
+    _, events = h.take()
+    assert events == [CallEnded("bye")]
+
+
+def test_wideband_caller_speech_barges_in() -> None:
+    leg = LegProfile(kind="webrtc", codec="pcm_s16le", sample_rate_hz=16000)
+    h = Harness(leg)
+    h.say("t1")
+    h.audio("t1", bytes(640) * 50, now=0.0, audio_format=AudioFormat("pcm_s16le", 16000))
+    voice = voiced_s16le(1.0, rate_hz=16000)
+    for n in range(1, 50):
+        assert h.tick(n) == bytes(640)
+        h.caller(voice[(n - 1) * 640 : n * 640], at(n) + 0.005)
+        if of_type(h.events, TurnInterrupted):
+            break
+    assert of_type(h.events, TurnInterrupted)[0].reason == "speech"
+    assert h.tick(n + 1) is None

@@ -1,0 +1,135 @@
+"""The call's record of its turns: phases, what each turn has, and the bounded history.
+
+Theory of operation
+-------------------
+``CallBridge`` keeps one ``CallTurn`` per turn (a ``Say`` or a voice-agent
+reply). The playout queue knows frames and positions; a ``CallTurn`` knows
+everything else: the provider, the framer for its audio, its word timings,
+its latency timestamps, its mark bookkeeping and its phase::
+
+    QUEUED --first frame popped--> SOUNDING --last frame popped--> (marks leg) AWAITING_MARK
+       \\______________________________\\_____________________________________\\--> DONE
+
+DONE means reported (``TurnFinished`` or ``TurnInterrupted``), exactly once.
+``TurnBook`` holds the turns by id, the ids awaiting their final mark echo,
+and forgets the oldest reported turns beyond ``max_history`` (late audio and
+duplicate ids are recognised for that long).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from bridge.media.call_audio import Framer
+from bridge.tts.base import AudioFormat, WordTiming
+
+__all__ = ["CallTurn", "TurnBook", "TurnPhase", "TurnStop", "heard_text"]
+
+_EPSILON_S = 1e-9
+
+
+class TurnPhase(enum.Enum):
+    QUEUED = "queued"
+    SOUNDING = "sounding"
+    AWAITING_MARK = "awaiting_mark"
+    DONE = "done"
+
+
+@dataclass(slots=True)
+class CallTurn:
+    """Everything the call knows about one turn besides its frames."""
+
+    turn_id: str
+    provider: str
+    interruptible: bool
+    agent: bool
+    opened_s: float
+    item_id: str = ""
+    """The voice agent's item id (Kletso ``itemId``), ``""`` if none."""
+    text_open: bool = True
+    """More ``Say`` text is accepted."""
+    audio_open: bool = True
+    """Provider audio is accepted (not done, failed, cut or truncated)."""
+    framer: Framer | None = None
+    in_format: AudioFormat | None = None
+    words: list[WordTiming] = field(default_factory=list)
+    first_audio_s: float | None = None
+    head_at_first_audio: bool = False
+    last_frame_s: float | None = None
+    frames_since_mark: int = 0
+    final_mark: str | None = None
+    end_reason: str | None = None
+    """Set when the turn will be reported as interrupted (and why)."""
+    phase: TurnPhase = TurnPhase.QUEUED
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStop:
+    """One turn being stopped: how much went out, how much the carrier acknowledged."""
+
+    turn: CallTurn
+    played_samples: int
+    heard_samples: int
+    cancel_provider: bool
+
+
+def heard_text(words: Iterable[WordTiming], heard_ms: int) -> str:
+    """The words that ended by ``heard_ms`` (from the turn's start), space-joined."""
+    limit_s = heard_ms / 1000 + _EPSILON_S
+    return " ".join(w.word for w in words if w.end_s <= limit_s)
+
+
+class TurnBook:
+    """Turns by id, the ones awaiting a final mark echo, and a bounded history."""
+
+    __slots__ = ("_awaiting", "_max_history", "_retired", "_turns")
+
+    def __init__(self, max_history: int) -> None:
+        self._turns: dict[str, CallTurn] = {}
+        self._retired: deque[str] = deque()
+        self._awaiting: dict[str, None] = {}
+        self._max_history = max_history
+
+    def get(self, turn_id: str) -> CallTurn | None:
+        return self._turns.get(turn_id)
+
+    def add(self, turn: CallTurn) -> None:
+        self._turns[turn.turn_id] = turn
+
+    def unreported(self) -> list[CallTurn]:
+        """Turns not yet DONE, oldest first."""
+        return [t for t in self._turns.values() if t.phase is not TurnPhase.DONE]
+
+    def retire(self, turn: CallTurn) -> None:
+        """The turn was reported: mark it DONE and forget the oldest beyond the history."""
+        turn.phase = TurnPhase.DONE
+        turn.words = []
+        self._awaiting.pop(turn.turn_id, None)
+        self._retired.append(turn.turn_id)
+        while len(self._retired) > self._max_history:
+            self._turns.pop(self._retired.popleft(), None)
+
+    def await_mark(self, turn: CallTurn) -> None:
+        turn.phase = TurnPhase.AWAITING_MARK
+        self._awaiting[turn.turn_id] = None
+
+    def awaiting(self) -> Iterator[CallTurn]:
+        """Turns whose audio is all sent and whose final mark is not echoed yet."""
+        return (self._turns[t] for t in self._awaiting)
+
+    def take_awaiting(self, interruptible_only: bool) -> list[CallTurn]:
+        """Remove and return the awaiting turns (only interruptible ones if asked)."""
+        taken = [t for t in self.awaiting() if t.interruptible or not interruptible_only]
+        for turn in taken:
+            del self._awaiting[turn.turn_id]
+        return taken
+
+    def stop_awaiting(self, turn: CallTurn) -> None:
+        """The turn no longer waits for its final mark (it is being stopped)."""
+        self._awaiting.pop(turn.turn_id, None)
+
+    def forget_awaiting(self) -> None:
+        self._awaiting.clear()
