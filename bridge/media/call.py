@@ -74,8 +74,10 @@ Heard position. ``frames`` legs (RTP): a frame popped is a frame heard.
 ``marks`` legs: marks go out at every ``mark_interval_ms`` inside a turn and
 after its last frame, and only echoed marks move the heard position. A cut
 that sends ``ClearLeg`` voids every mark in flight (``carrier_cleared``), so
-the echoes ``clear`` provokes never count; a cut that cannot clear reports
-everything sent as heard (the carrier will play it). ``heard_text`` is the
+the echoes ``clear`` provokes never count, and a turn whose final mark it
+voided is reported as cut too (its tail may have been in the carrier's
+buffer); a cut that cannot clear reports everything sent as heard (the
+carrier will play it). ``heard_text`` is the
 words whose ``end_s`` is at most the heard position.
 
 Barge-in (``barge_in``) is one function: the playout queue drops every queued
@@ -88,6 +90,13 @@ reported. Late audio for a cut turn is dropped before it is transcoded. The
 detector is armed only while an interruptible turn is sounding, so caller
 speech over a non-interruptible prompt interrupts nothing (it re-arms when
 the next turn starts).
+
+Figures (``stats()``): turns, underruns, barge-ins by reason with their
+timings (caller onset, decision, last frame of the cut audio), time to first
+audio per turn (``OpenTurn`` to the first ``AudioReceived``), added latency
+per turn (first ``AudioReceived`` to the first frame ``tick`` returned, for
+turns at the head of the queue when their audio arrived) and dropped late
+audio.
 
 Rules that keep this module honest:
 
