@@ -270,6 +270,7 @@ class TokenBook:
 
     def check(self, token: str | None, call_id: str, now: float) -> TokenVerdict:
         """Verify ``token`` for ``call_id`` at ``now`` and burn it; say why it fails."""
+        self._guard.forget_expired(now)
         parts = _split_token(token)
         if parts is None:
             return "malformed"

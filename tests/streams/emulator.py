@@ -54,6 +54,8 @@ BYTES_PER_SECOND = 8000
 #: Twilio discards media beyond 10 minutes of buffer (warning 31931).
 MAX_BUFFER_S = 600.0
 _CHUNK_BYTES = 160
+#: Float rounding when a frame arrives exactly as the buffer drains is no gap.
+_GAP_TOLERANCE_S = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,8 +243,9 @@ class TwilioEmulator:
         if (self._buffered_bytes + len(audio)) / BYTES_PER_SECOND > MAX_BUFFER_S:
             self._errors.append("31931 media discarded: more than 10 minutes buffered")
             return
-        if not self._buffer and self._idle_since_s is not None and now > self._idle_since_s:
-            self._gaps.append((self._idle_since_s, now - self._idle_since_s))
+        idle_since = self._idle_since_s
+        if not self._buffer and idle_since is not None and now - idle_since > _GAP_TOLERANCE_S:
+            self._gaps.append((idle_since, now - idle_since))
         if not self._buffer:
             self._clock_s = now
             self._idle_since_s = None
