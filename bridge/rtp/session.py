@@ -128,6 +128,7 @@ _MAX_DROPOUT: Final = 3000  # RFC 3550 A.1
 _MAX_MISORDER: Final = 100
 _NTP_UNIX_EPOCH_S: Final = 2_208_988_800  # 1900-01-01 to 1970-01-01
 _SILENCE_BYTE: Final = {0: 0xFF, 8: 0xD5}  # PCMU, PCMA (RFC 3551 static PTs)
+_new_tuple: Final = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +298,8 @@ class RtpSession(Outbox):
         self._te_pt = config.telephone_event_pt
         self._spf = config.samples_per_frame
         self._clock_rate_hz = config.clock_rate_hz
+        self._rtcp_mux = config.rtcp_mux
+        self._jitter_max_frames = config.jitter_max_frames
         # Sending.
         self.ssrc = self._rng.getrandbits(32)
         self.ts0 = self._rng.getrandbits(32)
@@ -456,7 +459,7 @@ class RtpSession(Outbox):
         After calling this, drain ``events_received()`` (and, for RTCP with
         ``rtcp_mux``, nothing is sent back immediately).
         """
-        if self._config.rtcp_mux and is_rtcp(data):
+        if self._rtcp_mux and is_rtcp(data):
             self.receive_rtcp(data, source_addr, now)
             return
         try:
@@ -492,7 +495,8 @@ class RtpSession(Outbox):
             d = ((transit - self._transit + 0x80000000) & _TS_MASK) - 0x80000000
             self._jitter += ((d if d >= 0 else -d) - self._jitter) / 16
         self._transit = transit
-        frame = RtpFrame(data[start:end], seq, ts, pt, second > 0x7F)
+        # tuple.__new__ skips the NamedTuple's generated __new__ frame (hot path).
+        frame = _new_tuple(RtpFrame, (data[start:end], seq, ts, pt, second > 0x7F))
         self._buffer_frame(ext, frame, now)
 
     def _latch(self, source_addr: Address) -> bool:
@@ -602,12 +606,14 @@ class RtpSession(Outbox):
             silence (or conceals) for anything but an ``RtpFrame``.
         """
         buffer = self._buffer
-        if not self._playing:
-            if not self._start_playout(now):
-                return None
-        elif self._highest_ext - self._next_ext_or(0) >= self._config.jitter_max_frames:
+        if not self._playing and not self._start_playout(now):
+            return None
+        ext = self._next_ext
+        assert ext is not None  # set by _start_playout
+        if self._highest_ext - ext >= self._jitter_max_frames:
             self._trim(buffer)
-        ext = self._next_ext_or(0)
+            ext = self._next_ext
+            assert ext is not None
         if ext not in buffer:
             if not buffer:
                 self._underruns += 1
@@ -618,9 +624,6 @@ class RtpSession(Outbox):
             return FrameLost(ext & 0xFFFF)
         self._next_ext = ext + 1
         return buffer.pop(ext)  # an RtpFrame, or None for a telephone-event placeholder
-
-    def _next_ext_or(self, default: int) -> int:
-        return default if self._next_ext is None else self._next_ext
 
     def _start_playout(self, now: float) -> bool:
         buffer = self._buffer
