@@ -48,16 +48,10 @@ Receiving, in the order the checks run on every datagram:
    placeholder in the jitter buffer (so their sequence numbers are not seen
    as loss); audio goes into the jitter buffer.
 
-Jitter buffer: a dict keyed by extended sequence number. It starts playing
-once ``jitter_depth_frames`` are buffered or the oldest has waited that many
-frame periods; then each ``pop_frame(now)`` returns the next frame in
-sequence order: an ``RtpFrame``, ``FrameLost`` when that frame is missing but
-later ones are buffered, or ``None`` (nothing to play: before start, on a
-telephone-event placeholder, or on underrun, after which it buffers again).
-Packets older than the next one to play are dropped as late, copies of a
-buffered one as duplicates. If the buffered span grows past
-``jitter_max_frames`` (a burst after a stall) the oldest frames are
-discarded so latency stays bounded.
+Jitter buffer (``bridge.rtp.jitter``): frames keyed by extended sequence
+number, played in order from ``jitter_depth_frames`` on, one per
+``pop_frame(now)``: an ``RtpFrame``, ``FrameLost`` for a missing one, or
+``None`` (nothing to play: buffering, a telephone-event slot, underrun).
 
 RTCP (RFC 3550 §6): a compound SR (when we sent RTP since the last report)
 or RR, with one report block for the remote source and an SDES CNAME, every
@@ -74,19 +68,20 @@ packet emits ``RtpTimedOut`` once (re-armed by the next packet). Hold
 ``sendrecv`` and ``sendonly`` send.
 
 Rules that keep this module honest: no clock reads; no exception escapes
-``receive_*`` on bad input; no log line and at most one allocation beyond
-the frame itself per received packet; counters, not events, for per-packet
-drops.
+``receive_*`` on bad input; no log line per packet, and no object per
+received packet beyond its payload slice and its frame tuple; counters, not
+events, for per-packet drops.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Final, Literal, NamedTuple
+from typing import Final, Literal
 
 from bridge.engine import Address, Event, LocalProtocolError, Outbox, SendDatagram
 from bridge.rtp.dtmf import DtmfReceiver, TelephoneEventPacket
+from bridge.rtp.jitter import FrameLost, JitterBuffer, RtpFrame
 from bridge.rtp.packet import (
     ReportBlock,
     RtcpBye,
@@ -167,22 +162,6 @@ class RtpSessionConfig:
     """Seconds after an event's last packet before a missing end is assumed."""
     wallclock_offset_s: float = 0.0
     """Added to ``now`` to get Unix time, for SR NTP timestamps (0 keeps RTT correct)."""
-
-
-class RtpFrame(NamedTuple):
-    """One inbound frame, in playout order."""
-
-    payload: bytes
-    sequence_number: int
-    timestamp: int
-    payload_type: int
-    marker: bool
-
-
-class FrameLost(NamedTuple):
-    """The frame with this sequence number was due and never arrived (conceal it)."""
-
-    sequence_number: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +278,6 @@ class RtpSession(Outbox):
         self._spf = config.samples_per_frame
         self._clock_rate_hz = config.clock_rate_hz
         self._rtcp_mux = config.rtcp_mux
-        self._jitter_max_frames = config.jitter_max_frames
         # Sending.
         self.ssrc = self._rng.getrandbits(32)
         self.ts0 = self._rng.getrandbits(32)
@@ -335,12 +313,9 @@ class RtpSession(Outbox):
         self._last_sr_at = 0.0
         self._last_rx_at = now
         self._timed_out = False
-        # Jitter buffer.
-        self._buffer: dict[int, RtpFrame | None] = {}
-        self._next_ext: int | None = None
-        self._highest_ext = 0
-        self._playing = False
-        self._prefill_since: float | None = None
+        self._jitter_buffer = JitterBuffer(
+            config.jitter_depth_frames, config.jitter_max_frames, config.frame_s
+        )
         self._dtmf = DtmfReceiver(config.clock_rate_hz, config.dtmf_end_timeout_s)
         # Counters.
         self._packets_received = 0
@@ -349,11 +324,6 @@ class RtpSession(Outbox):
         self._dropped_wrong_source = 0
         self._dropped_payload_type = 0
         self._dropped_bad_sequence = 0
-        self._dropped_late = 0
-        self._dropped_duplicate = 0
-        self._dropped_overflow = 0
-        self._frames_lost = 0
-        self._underruns = 0
         self._ssrc_changes = 0
         self._sequence_resyncs = 0
         self._rtcp_received = 0
@@ -487,7 +457,7 @@ class RtpSession(Outbox):
         if pt == self._te_pt:
             self._dtmf.receive(data[start:end], ts, now)
             self._events.extend(self._dtmf.events_received())
-            self._buffer_frame(ext, None, now)
+            self._jitter_buffer.insert(ext, None, now)
             return
         # RFC 3550 A.8 interarrival jitter, in timestamp units.
         transit = (round(now * self._clock_rate_hz) - ts) & _TS_MASK
@@ -497,7 +467,7 @@ class RtpSession(Outbox):
         self._transit = transit
         # tuple.__new__ skips the NamedTuple's generated __new__ frame (hot path).
         frame = _new_tuple(RtpFrame, (data[start:end], seq, ts, pt, second > 0x7F))
-        self._buffer_frame(ext, frame, now)
+        self._jitter_buffer.insert(ext, frame, now)
 
     def _latch(self, source_addr: Address) -> bool:
         """Symmetric RTP: lock onto the first valid source (only while learning)."""
@@ -528,7 +498,7 @@ class RtpSession(Outbox):
         self._transit = None
         self._jitter = 0.0
         self._last_sr_lsr = 0
-        self._flush_buffer()
+        self._jitter_buffer.flush()
 
     def _init_seq(self, seq: int) -> None:
         self._base_seq = seq
@@ -567,7 +537,7 @@ class RtpSession(Outbox):
             # Two sequential packets after a big jump: the source restarted.
             self._sequence_resyncs += 1
             self._init_seq(seq)
-            self._flush_buffer()
+            self._jitter_buffer.flush()
             ext = seq
         else:
             ext = self._cycles + max_seq - ((max_seq - seq) & 0xFFFF)  # duplicate or reordered
@@ -575,27 +545,6 @@ class RtpSession(Outbox):
         return ext
 
     # ------------------------------------------------------------ jitter buffer
-
-    def _buffer_frame(self, ext: int, frame: RtpFrame | None, now: float) -> None:
-        buffer = self._buffer
-        next_ext = self._next_ext
-        if next_ext is not None and ext < next_ext:
-            self._dropped_late += 1
-            return
-        if ext in buffer:
-            self._dropped_duplicate += 1
-            return
-        buffer[ext] = frame
-        if ext > self._highest_ext or len(buffer) == 1:
-            self._highest_ext = ext
-        if not self._playing and self._prefill_since is None:
-            self._prefill_since = now
-
-    def _flush_buffer(self) -> None:
-        self._buffer.clear()
-        self._next_ext = None
-        self._playing = False
-        self._prefill_since = None
 
     def pop_frame(self, now: float) -> RtpFrame | FrameLost | None:
         """The next inbound 20 ms frame in sequence order; call once per media tick.
@@ -605,47 +554,7 @@ class RtpSession(Outbox):
             when there is nothing to play this tick. The consumer plays
             silence (or conceals) for anything but an ``RtpFrame``.
         """
-        buffer = self._buffer
-        if not self._playing and not self._start_playout(now):
-            return None
-        ext = self._next_ext
-        assert ext is not None  # set by _start_playout
-        if self._highest_ext - ext >= self._jitter_max_frames:
-            self._trim(buffer)
-            ext = self._next_ext
-            assert ext is not None
-        if ext not in buffer:
-            if not buffer:
-                self._underruns += 1
-                self._playing = False
-                return None
-            self._next_ext = ext + 1
-            self._frames_lost += 1
-            return FrameLost(ext & 0xFFFF)
-        self._next_ext = ext + 1
-        return buffer.pop(ext)  # an RtpFrame, or None for a telephone-event placeholder
-
-    def _start_playout(self, now: float) -> bool:
-        buffer = self._buffer
-        since = self._prefill_since
-        if not buffer or since is None:
-            return False
-        depth = self._config.jitter_depth_frames
-        waited_s = now - since + 1e-9
-        if len(buffer) < depth and waited_s < depth * self._config.frame_s:
-            return False
-        self._playing = True
-        self._prefill_since = None
-        self._next_ext = min(buffer)
-        return True
-
-    def _trim(self, buffer: dict[int, RtpFrame | None]) -> None:
-        """Discard the oldest frames so the buffered span is back to the target depth."""
-        keep_from = self._highest_ext - self._config.jitter_depth_frames + 1
-        for ext in [e for e in buffer if e < keep_from]:
-            del buffer[ext]
-            self._dropped_overflow += 1
-        self._next_ext = min(buffer) if buffer else keep_from
+        return self._jitter_buffer.pop(now)
 
     # ------------------------------------------------------------ RTCP
 
@@ -799,6 +708,7 @@ class RtpSession(Outbox):
 
     def counters(self) -> RtpCounters:
         """A snapshot of every counter."""
+        jitter = self._jitter_buffer
         return RtpCounters(
             packets_sent=self._packets_sent,
             octets_sent=self._octets_sent,
@@ -808,11 +718,11 @@ class RtpSession(Outbox):
             dropped_wrong_source=self._dropped_wrong_source,
             dropped_payload_type=self._dropped_payload_type,
             dropped_bad_sequence=self._dropped_bad_sequence,
-            dropped_late=self._dropped_late,
-            dropped_duplicate=self._dropped_duplicate,
-            dropped_overflow=self._dropped_overflow,
-            frames_lost=self._frames_lost,
-            underruns=self._underruns,
+            dropped_late=jitter.dropped_late,
+            dropped_duplicate=jitter.dropped_duplicate,
+            dropped_overflow=jitter.dropped_overflow,
+            frames_lost=jitter.frames_lost,
+            underruns=jitter.underruns,
             ssrc_changes=self._ssrc_changes,
             sequence_resyncs=self._sequence_resyncs,
             rtcp_received=self._rtcp_received,

@@ -9,6 +9,8 @@ import random
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bridge.engine import LocalProtocolError, SendDatagram
 from bridge.rtp.dtmf import DtmfReceived, DtmfSender, DtmfStarted, TelephoneEvent
@@ -596,3 +598,37 @@ def test_config_is_replaceable_and_defaults_sane() -> None:
     config = replace(RtpSessionConfig(), telephone_event_pt=101)
     assert config.timeout_s == 30.0 and config.jitter_depth_frames == 3
     assert config.telephone_event_pt == 101
+
+
+# ---------------------------------------------------------------- robustness
+
+
+@given(st.lists(st.binary(max_size=40), max_size=30))
+def test_garbage_never_raises_out_of_the_engine(datagrams: list[bytes]) -> None:
+    session = make(RtpSessionConfig(latch=True, rtcp_mux=True, telephone_event_pt=101))
+    for i, data in enumerate(datagrams):
+        session.receive_datagram(data, OTHER if i % 2 else REMOTE, i * 0.02)
+        session.receive_rtcp(data, REMOTE, i * 0.02)
+        session.pop_frame(i * 0.02)
+    session.handle_timer(100.0)
+    session.events_received()
+    counters = session.counters()
+    assert counters.packets_received + counters.dropped_malformed <= 2 * len(datagrams)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 65535), st.booleans()), min_size=1, max_size=20),
+)
+def test_any_arrival_order_plays_each_sequence_number_at_most_once(
+    arrivals: list[tuple[int, bool]],
+) -> None:
+    # At most 20 packets of < 3000 steps each: no full sequence cycle, so no legitimate repeat.
+    session = make(RtpSessionConfig(telephone_event_pt=101))
+    played: list[int] = []
+    for i, (seq, pop) in enumerate(arrivals):
+        session.receive_datagram(rtp(seq), REMOTE, i * 0.02)
+        if pop:
+            frame = session.pop_frame(i * 0.02)
+            if isinstance(frame, RtpFrame):
+                played.append(frame.sequence_number)
+    assert len(played) == len(set(played))
