@@ -56,6 +56,7 @@ def inbound_packets(count: int, swap_pairs: bool = False) -> list[bytes]:
 
 
 def median_us(run: Callable[[], float], repeats: int) -> float:
+    run()  # warm-up: caches, allocator, first-use costs
     return statistics.median(run() for _ in range(repeats))
 
 
