@@ -30,9 +30,10 @@ from urllib.parse import urlsplit
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from bridge.engine import CloseConnection, Event, SendBytes, SendText
+from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes, SendText
 from bridge.logs import get_logger
 from bridge.tts.base import (
+    MULAW_8K,
     AudioReceived,
     ConnectionReady,
     HttpRequest,
@@ -56,6 +57,22 @@ def engine_class(protocol: str) -> type[TtsProtocol]:
     mod = importlib.import_module(f"bridge.tts.{protocol}")
     cls: type[TtsProtocol] = mod.ENGINE
     return cls
+
+
+PoolKey = tuple[Any, ...] | None
+
+
+def _pooling(protocol: str) -> tuple[Any, Any] | None:
+    """``(pool_key, settings_for)`` for protocols whose session properties are per connection.
+
+    zwst fixes voice and format per socket (session route): such a protocol
+    module exposes ``pool_key(settings, turn)`` and ``settings_for(settings,
+    voice, format)``, and the pool keeps separate connections per key.
+    """
+    mod = importlib.import_module(f"bridge.tts.{protocol}")
+    if hasattr(mod, "pool_key") and hasattr(mod, "settings_for"):
+        return mod.pool_key, mod.settings_for
+    return None
 
 
 @dataclass
@@ -98,9 +115,11 @@ async def _http_request(req: HttpRequest) -> tuple[int, bytes]:
 class _Connection:
     """One WebSocket to the provider and the engine that speaks its protocol."""
 
-    def __init__(self, pool: ProviderPool, engine: TtsProtocol) -> None:
+    def __init__(self, pool: ProviderPool, engine: TtsProtocol, key: PoolKey = None) -> None:
         self.pool = pool
         self.engine = engine
+        self.key = key
+        self.catch_all: Sink | None = None  # a dedicated (voice agent) connection's sink
         self.loop = asyncio.get_running_loop()
         self.ws: ClientConnection | None = None
         self.sinks: dict[str, Sink] = {}
@@ -114,7 +133,9 @@ class _Connection:
         return self.loop.time()
 
     def has_room(self) -> bool:
-        return not self.closed and len(self.sinks) < self.engine.max_turns
+        return (
+            self.catch_all is None and not self.closed and len(self.sinks) < self.engine.max_turns
+        )
 
     async def run(self) -> None:
         try:
@@ -195,6 +216,8 @@ class _Connection:
             return
         if isinstance(event, ProviderFailed):
             self.pool.note_error(event.kind)
+            if self.catch_all is not None:
+                self.catch_all(event)
             for turn_id in event.turn_ids or tuple(self.sinks):
                 sink = self.sinks.pop(turn_id, None)
                 if sink is not None:
@@ -203,6 +226,8 @@ class _Connection:
         turn_id = getattr(event, "turn_id", None)
         sink = self.sinks.get(turn_id) if isinstance(turn_id, str) else None
         if sink is None:
+            if self.catch_all is not None:
+                self.catch_all(event)
             return
         if isinstance(event, TurnFailed):
             self.pool.note_error(event.kind)
@@ -217,6 +242,7 @@ class ProviderPool:
     def __init__(self, settings: ProviderSettings, warm: int = 1) -> None:
         self.settings = settings
         self.engine_cls = engine_class(settings.protocol)
+        self.pooling = _pooling(settings.protocol)
         self.warm = warm
         self.connections: list[_Connection] = []
         self.backoff = Backoff()
@@ -232,8 +258,19 @@ class ProviderPool:
     def note_error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
-    def _open(self) -> _Connection:
-        conn = _Connection(self, self.engine_cls(self.settings))
+    def _key(self, turn: TurnSettings | None) -> PoolKey:
+        if self.pooling is None:
+            return None
+        pool_key, _ = self.pooling
+        default = TurnSettings(self.settings.voice, MULAW_8K)
+        return tuple(pool_key(self.settings, turn or default))
+
+    def _open(self, key: PoolKey = None) -> _Connection:
+        settings = self.settings
+        if self.pooling is not None:
+            key = key if key is not None else self._key(None)
+            settings = self.pooling[1](self.settings, *key)
+        conn = _Connection(self, self.engine_cls(settings), key)
         self.connections.append(conn)
         conn.task = asyncio.get_running_loop().create_task(conn.run())
         return conn
@@ -251,7 +288,9 @@ class ProviderPool:
     def _connection_ended(self, conn: _Connection) -> None:
         with contextlib.suppress(ValueError):
             self.connections.remove(conn)
-        live = sum(1 for c in self.connections if not c.closed)
+        if conn.catch_all is not None:
+            return  # a voice agent connection belongs to its call, not to the pool
+        live = sum(1 for c in self.connections if not c.closed and c.catch_all is None)
         if not self._closing and live < self.warm and self._reconnect_task is None:
             self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
 
@@ -264,21 +303,32 @@ class ProviderPool:
             self.reconnects += 1
             self._open()
 
-    def _connection_for_turn(self) -> _Connection:
-        for conn in self.connections:
-            if conn.has_room() and (conn.engine.ready or not conn.ready_event.is_set()):
+    def _connection_for_turn(self, turn: TurnSettings) -> _Connection:
+        key = self._key(turn)
+        candidates = [c for c in self.connections if c.key == key and c.has_room()]
+        for conn in candidates:
+            if conn.engine.ready or not conn.ready_event.is_set():
                 return conn
-        for conn in self.connections:
-            if conn.has_room():
-                return conn  # busy finishing a cancelled turn: the turn waits for it
-        return self._open()
+        if candidates:
+            return candidates[0]  # busy finishing a cancelled turn: the turn waits for it
+        return self._open(key)
 
     def open_turn(self, turn_id: str, settings: TurnSettings, sink: Sink) -> _TurnHandle:
-        conn = self._connection_for_turn()
+        conn = self._connection_for_turn(settings)
         conn.sinks[turn_id] = sink
         handle = _TurnHandle(conn, turn_id)
         handle.call(lambda e, now: e.open_turn(turn_id, settings, now))
         return handle
+
+    async def open_agent(self, sink: Sink, timeout_s: float = 10.0) -> AgentSession:
+        """A dedicated connection for one call's voice-agent session (Kletso)."""
+        conn = _Connection(self, self.engine_cls(self.settings))
+        conn.catch_all = sink
+        self.connections.append(conn)
+        conn.task = asyncio.get_running_loop().create_task(conn.run())
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(conn.ready_event.wait(), timeout_s)
+        return AgentSession(conn)
 
     async def close(self) -> None:
         self._closing = True
@@ -352,6 +402,70 @@ class _TurnHandle:
     def cancel(self) -> None:
         self.conn.sinks.pop(self.turn_id, None)
         self.call(lambda e, now: e.cancel(self.turn_id, now))
+
+
+class AgentSession:
+    """One call's voice-agent session on its own connection.
+
+    Every event of the connection goes to the sink given to ``open_agent``:
+    ``AudioReceived`` for the agent's replies, the protocol's voice events
+    (``VoiceStarted``, ``VoiceInterrupted``, ``VoiceEnded``...), and
+    ``ProviderFailed`` if the connection drops.
+    """
+
+    def __init__(self, conn: _Connection) -> None:
+        self.conn = conn
+        self.started = False
+
+    @property
+    def ready(self) -> bool:
+        return self.conn.engine.ready and not self.conn.closed
+
+    def _do(self, method: str, *args: Any) -> None:
+        if self.conn.closed:
+            return
+        getattr(self.conn.engine, method)(*args, self.conn.now())
+        self.conn.pump()
+
+    def start(self, mode: str = "vad", client_id: str = "callbridge") -> None:
+        self._do("start_voice", mode, client_id)
+        self.started = True
+
+    def send_audio(self, pcm_s16le_24k: bytes) -> None:
+        self._do("send_audio", pcm_s16le_24k)
+
+    def commit(self) -> None:
+        self._do("commit")
+
+    def stop(self, reason: str = "user") -> None:
+        """End the voice session; the agent answers with its end-of-session event."""
+        if self.started:
+            self.started = False
+            self._do("stop_voice", reason)
+
+    def played(self, item_id: str, ms: int) -> None:
+        self._do("played", item_id, ms)
+
+    def set_played_position(self, item_id: str, ms: int) -> None:
+        self.conn.engine.set_played_position(item_id, ms)  # type: ignore[attr-defined]
+
+    def say(self, turn_id: str, text: str, settings: TurnSettings, sink: Sink) -> None:
+        """Typed text the agent answers aloud (``voice.text``)."""
+        self.conn.sinks[turn_id] = sink
+        self._do("open_turn", turn_id, settings)
+        self._do("send_text", turn_id, text)
+        self._do("end_turn", turn_id)
+
+    async def close(self) -> None:
+        if self.conn.ws is not None and not self.conn.closed:
+            if self.started:
+                with contextlib.suppress(LocalProtocolError):  # the agent already ended it
+                    self._do("stop_voice", "user")
+            with contextlib.suppress(Exception):
+                await self.conn.ws.close()
+        if self.conn.task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self.conn.task, 2)
 
 
 # ------------------------------------------------------------ prompt cache

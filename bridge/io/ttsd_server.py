@@ -202,7 +202,13 @@ async def start_tts_server(
         mod = session_routes.get(request.path)
         if mod is not None and request.method == "POST":
             host_hdr = request.headers.get("host", f"127.0.0.1:{server.port}")
-            status, body = mod.handle_session_request(request.body, opts, f"ws://{host_hdr}")
+            status, body = mod.handle_session_request(
+                request.body,
+                opts,
+                f"ws://{host_hdr}",
+                headers=request.headers,
+                now=asyncio.get_running_loop().time(),
+            )
             return HttpResponse.json(status, body)
         if request.path == "/healthz":
             return HttpResponse.json(200, json.dumps({"engine": synth.name}).encode())

@@ -73,7 +73,7 @@ class Collector:
         return [type(e).__name__ for e in self.events]
 
 
-@pytest.mark.parametrize("protocol", TTS_PROTOCOLS)
+@pytest.mark.parametrize("protocol", ALL_PROTOCOLS)
 @pytest.mark.parametrize("fmt", [MULAW_8K, PCM_8K], ids=["mulaw8k", "pcm8k"])
 def test_full_turn(protocol: str, fmt: AudioFormat) -> None:
     async def body(server: TtsServer) -> None:
@@ -95,7 +95,7 @@ def test_full_turn(protocol: str, fmt: AudioFormat) -> None:
     _run(body)
 
 
-@pytest.mark.parametrize("protocol", TTS_PROTOCOLS)
+@pytest.mark.parametrize("protocol", ALL_PROTOCOLS)
 def test_cancel_mid_utterance_drops_late_audio(protocol: str) -> None:
     async def body(server: TtsServer) -> None:
         pool = ProviderPool(_settings(server, protocol))
@@ -121,7 +121,7 @@ def test_cancel_mid_utterance_drops_late_audio(protocol: str) -> None:
     _run(body)
 
 
-@pytest.mark.parametrize("protocol", TTS_PROTOCOLS)
+@pytest.mark.parametrize("protocol", TTS_PROTOCOLS)  # Kletso has no voice selection
 def test_unknown_voice_is_a_turn_error_and_connection_survives(protocol: str) -> None:
     async def body(server: TtsServer) -> None:
         settings = _settings(server, protocol)
@@ -141,7 +141,7 @@ def test_unknown_voice_is_a_turn_error_and_connection_survives(protocol: str) ->
     _run(body)
 
 
-@pytest.mark.parametrize("protocol", TTS_PROTOCOLS)
+@pytest.mark.parametrize("protocol", ALL_PROTOCOLS)
 def test_failover_to_next_provider_before_first_audio(protocol: str) -> None:
     async def body(server: TtsServer) -> None:
         dead = ProviderSettings("dead", "kova", "ws://127.0.0.1:9/nothing", voice="tone")
@@ -239,3 +239,143 @@ def test_one_turn_per_session_protocol_opens_more_connections() -> None:
         await pool.close()
 
     _run(body)
+
+
+def test_kletso_voice_session_answers_caller_audio_and_is_interrupted() -> None:
+    import numpy as np
+
+    from bridge.tts.kletso import VoiceEnded, VoiceInterrupted, VoiceStarted
+
+    def speech_24k(seconds: float) -> bytes:
+        t = np.arange(int(24000 * seconds)) / 24000
+        wave = sum(np.sin(2 * np.pi * f * t) / k for k, f in enumerate((180, 360, 540, 720), 1))
+        return (wave * 6000).astype("<i2").tobytes()
+
+    silence = bytes(2 * 24000)
+
+    async def body(server: TtsServer) -> None:
+        pool = ProviderPool(_settings(server, "kletso"))
+        events: list[Event] = []
+        replied = asyncio.Event()
+        ended = asyncio.Event()
+
+        def sink(e: Event) -> None:
+            events.append(e)
+            if isinstance(e, AudioReceived):
+                replied.set()
+            if isinstance(e, VoiceEnded):
+                ended.set()
+
+        agent = await pool.open_agent(sink)
+        assert agent.ready
+        agent.start("vad")
+        for piece in (speech_24k(1.0), silence):  # one caller utterance, then a pause
+            for i in range(0, len(piece), 960 * 2):
+                agent.send_audio(piece[i : i + 960 * 2])
+        await replied.wait()
+        assert any(isinstance(e, VoiceStarted) for e in events)
+        reply = [e for e in events if isinstance(e, AudioReceived)]
+        assert reply[0].audio_format == AudioFormat("pcm_s16le", 24000)
+        # the caller talks over the reply: the agent interrupts itself
+        agent.played("current", 200)
+        for i in range(0, 24000 * 2, 960 * 2):
+            agent.send_audio(speech_24k(1.0)[i : i + 960 * 2])
+        while not any(isinstance(e, VoiceInterrupted) for e in events):
+            await asyncio.sleep(0.005)
+        agent.stop()
+        await ended.wait()
+        await agent.close()
+        await pool.close()
+
+    _run(body)
+
+
+def test_zwst_pools_connections_per_voice_and_format() -> None:
+    async def body(server: TtsServer) -> None:
+        pool = ProviderPool(_settings(server, "zwst"))
+        assert await pool.start()
+        speaker = Speaker([pool])
+        a, b = Collector(), Collector()
+        speaker.speak("a", "Narrowband.", TurnSettings("tone", MULAW_8K), a)
+        speaker.speak("b", "Wideband.", TurnSettings("tone", AudioFormat("pcm_s16le", 16000)), b)
+        await asyncio.gather(a.done.wait(), b.done.wait())
+        assert isinstance(a.events[-1], TurnDone) and isinstance(b.events[-1], TurnDone)
+        assert a.formats() == {PCM_8K}
+        assert b.formats() == {AudioFormat("pcm_s16le", 16000)}
+        assert len({c.key for c in pool.connections}) == 2
+        await pool.close()
+
+    _run(body)
+
+
+def test_zwst_slow_reader_is_closed_with_1008() -> None:
+    """A client that stops reading: the server drops frames, then closes with 1008.
+
+    Driven with websockets' sans-I/O client over a plain socket with a tiny
+    receive buffer, so that "not reading" really backs up the server.
+    """
+    import json
+    import socket
+
+    from websockets.client import ClientProtocol
+    from websockets.frames import Close
+    from websockets.uri import parse_uri
+
+    from bridge.io.tts_client import _http_request
+    from bridge.tts.base import HttpRequest
+
+    async def body(server: TtsServer) -> None:
+        props = {"voice_id": "tone", "format": "pcm_s16le", "sample_rate": 24000}
+        status, raw = await _http_request(
+            HttpRequest(
+                "POST",
+                f"http://127.0.0.1:{server.port}/v1/sessions",
+                (("Content-Type", "application/json"),),
+                json.dumps(props).encode(),
+            )
+        )
+        assert status == 200, raw
+        proto = ClientProtocol(parse_uri(json.loads(raw)["url"]), max_size=None)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(sock, ("127.0.0.1", server.port))
+        proto.send_request(proto.connect())
+        for chunk in proto.data_to_send():
+            await loop.sock_sendall(sock, chunk)
+        while proto.state.name == "CONNECTING":
+            proto.receive_data(await loop.sock_recv(sock, 65536))
+        assert proto.state.name == "OPEN", proto.handshake_exc
+        proto.events_received()
+        text = " ".join(["reading"] * 500)  # within the server's 5000-character limit
+        for _ in range(8):  # about 17 minutes of audio, queued at once
+            msg = {"type": "synthesize", "context_id": "c1", "text": text}
+            proto.send_text(json.dumps(msg).encode())
+        proto.send_text(json.dumps({"type": "end", "context_id": "c1"}).encode())
+        for chunk in proto.data_to_send():
+            await loop.sock_sendall(sock, chunk)
+        await asyncio.sleep(7 * FACTOR)  # stop reading for longer than SLOW_READER_CLOSE_S
+        audio_frames = 0
+        while True:
+            data = await asyncio.wait_for(loop.sock_recv(sock, 65536), 10 * FACTOR)
+            if not data:
+                break
+            proto.receive_data(data)
+            for frame in proto.events_received():
+                if getattr(frame, "opcode", None) is not None and frame.opcode.name == "BINARY":
+                    audio_frames += 1
+        sock.close()
+        assert proto.close_rcvd == Close(1008, "slow_reader")
+        # ~1000 s of audio (25 000 frames of 40 ms) were asked for; with the queue
+        # bounded, only what fit in the socket buffers before the drops got through
+        assert 0 < audio_frames < 25_000 // 4
+
+    async def main() -> None:
+        server = await start_tts_server(engine="tone")
+        try:
+            await asyncio.wait_for(body(server), 40 * FACTOR)
+        finally:
+            await server.close()
+
+    asyncio.run(main())
