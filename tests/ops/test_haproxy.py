@@ -1,0 +1,285 @@
+"""Media-stream WebSockets behind HAProxy (config/haproxy/haproxy.cfg, unchanged).
+
+HAProxy checks each node's ``GET /readyz`` on its API port; a node that
+drains (503) gets no new WebSocket upgrades while its established streams
+continue. Two kinds of node, as in test_scaleout.py:
+  * ``WsNode``: a WebSocket server plus a ``/readyz`` endpoint with the
+    daemon's drain behaviour, to test the HAProxy configuration itself;
+  * real callbridge daemons: the end-to-end test, which skips with the reason
+    "media-stream leg not wired into the daemon" only while a daemon's
+    media-stream port refuses connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import http.server
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+from websockets.sync.server import Server, ServerConnection, serve
+
+from .conftest import daemon_config, free_port
+from .scaleout import ROOT, http_get, stop_process, wait_until
+
+HAPROXY_CFG = ROOT / "config" / "haproxy" / "haproxy.cfg"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.peers,
+    pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed"),
+]
+
+
+class WsNode:
+    """A WebSocket node: every message is echoed prefixed with the node name;
+    ``/readyz`` on a separate API port answers 200, or 503 while draining."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.draining = False
+        self.streams = 0
+        node = self
+
+        def handler(ws: ServerConnection) -> None:
+            node.streams += 1
+            for msg in ws:
+                ws.send(f"{node.name}:{msg!s}")
+
+        self.ws: Server = serve(handler, "127.0.0.1", 0)
+        self.port: int = self.ws.socket.getsockname()[1]
+
+        class Ready(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                code = 503 if node.draining else 200
+                body = b'{"ready": false}' if node.draining else b'{"ready": true}'
+                self.send_response(code if self.path == "/readyz" else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.api = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ready)
+        self.api_port: int = self.api.server_address[1]
+        self._threads = [
+            threading.Thread(target=self.ws.serve_forever, daemon=True),
+            threading.Thread(target=self.api.serve_forever, daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def close(self) -> None:
+        self.ws.shutdown()
+        self.api.shutdown()
+        self.api.server_close()
+        for t in self._threads:
+            t.join(5)
+
+
+@dataclass
+class HaProxy:
+    proc: subprocess.Popen[bytes]
+    port: int
+    admin: Path
+    log: Path
+
+    def servers(self) -> dict[str, dict[str, str]]:
+        """`show stat` of the media backend: server name -> its CSV row."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(self.admin))
+            s.sendall(b"show stat\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        lines = data.decode().lstrip("# ").splitlines()
+        rows = csv.DictReader(line for line in lines if line)
+        return {r["svname"]: r for r in rows if r["pxname"] == "callbridge_media"}
+
+    def status(self, server: str) -> str:
+        return self.servers().get(server, {}).get("status", "")
+
+
+@pytest.fixture
+def haproxy(tmp_path: Path) -> Iterator[Callable[[list[tuple[int, int]]], HaProxy]]:
+    started: list[HaProxy] = []
+
+    def start(nodes: list[tuple[int, int]]) -> HaProxy:
+        (a_port, a_api), (b_port, b_api) = nodes
+        port = free_port()
+        env = {
+            **os.environ,
+            "CB_HAPROXY_BIND": f"127.0.0.1:{port}",
+            "CB_HAPROXY_STATS": f"127.0.0.1:{free_port()}",
+            "CB_HAPROXY_RUNDIR": str(tmp_path),
+            "CB_HAPROXY_MAXCONN": "1000",
+            "CB_NODE_A": f"127.0.0.1:{a_port}",
+            "CB_NODE_A_API": str(a_api),
+            "CB_NODE_B": f"127.0.0.1:{b_port}",
+            "CB_NODE_B_API": str(b_api),
+        }
+        log = tmp_path / "haproxy.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                ["haproxy", "-db", "-f", str(HAPROXY_CFG)],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        h = HaProxy(proc, port, tmp_path / "callbridge-admin.sock", log)
+        started.append(h)
+        assert wait_until(lambda: h.admin.exists(), 10), log.read_text()
+        return h
+
+    yield start
+    for h in started:
+        stop_process(h.proc)
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[WsNode]]:
+    pair = [WsNode("a"), WsNode("b")]
+    yield pair
+    for n in pair:
+        n.close()
+
+
+def test_config_checks() -> None:
+    out = subprocess.run(["haproxy", "-c", "-f", str(HAPROXY_CFG)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Configuration file is valid" in out.stdout + out.stderr
+    assert "warning" not in (out.stdout + out.stderr).lower()
+
+
+@pytest.fixture
+def ws_open() -> Iterator[Callable[[str], ClientConnection]]:
+    """Open WebSocket clients that are all closed at the end of the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda url: stack.enter_context(connect(url))
+
+
+def _echo(ws: ClientConnection, text: str) -> str:
+    ws.send(text)
+    return str(ws.recv(timeout=5))
+
+
+def test_draining_node_gets_no_new_streams_and_keeps_its_own(
+    haproxy: Callable[[list[tuple[int, int]]], HaProxy],
+    nodes: list[WsNode],
+    ws_open: Callable[[str], ClientConnection],
+) -> None:
+    a, b = nodes
+    h = haproxy([(a.port, a.api_port), (b.port, b.api_port)])
+    assert wait_until(lambda: h.status("node-a") == h.status("node-b") == "UP", 10), h.servers()
+
+    # leastconn spreads four streams two and two
+    streams = [ws_open(f"ws://127.0.0.1:{h.port}/twilio") for _ in range(4)]
+    owners = [_echo(ws, "hello").split(":")[0] for ws in streams]
+    assert sorted(owners) == ["a", "a", "b", "b"]
+
+    a.draining = True
+    assert wait_until(lambda: h.status("node-a") == "DOWN", 5), h.servers()
+    assert h.status("node-b") == "UP"
+
+    # new upgrades all go to b; a's established streams still carry messages
+    new = [ws_open(f"ws://127.0.0.1:{h.port}/twilio") for _ in range(3)]
+    assert [_echo(ws, "new").split(":")[0] for ws in new] == ["b", "b", "b"]
+    for ws, owner in zip(streams, owners, strict=True):
+        assert _echo(ws, "still there") == f"{owner}:still there"
+    assert a.streams == 2 and b.streams == 5
+
+    # a node that comes back gets streams again after `rise` good checks
+    a.draining = False
+    assert wait_until(lambda: h.status("node-a") == "UP", 5), h.servers()
+    back = ws_open(f"ws://127.0.0.1:{h.port}/twilio")
+    assert _echo(back, "x") == "a:x", "leastconn picks the node with fewer streams"
+
+
+def test_unknown_paths_are_refused_at_the_proxy(
+    haproxy: Callable[[list[tuple[int, int]]], HaProxy], nodes: list[WsNode]
+) -> None:
+    a, b = nodes
+    h = haproxy([(a.port, a.api_port), (b.port, b.api_port)])
+    assert wait_until(lambda: h.status("node-a") == h.status("node-b") == "UP", 10)
+    assert http_get(f"http://127.0.0.1:{h.port}/v1/calls")[0] == 404
+    with pytest.raises(InvalidStatus) as e, connect(f"ws://127.0.0.1:{h.port}/admin"):
+        pass
+    assert e.value.response.status_code == 404
+    assert a.streams == b.streams == 0
+
+
+def test_no_node_up_refuses_upgrades(
+    haproxy: Callable[[list[tuple[int, int]]], HaProxy], nodes: list[WsNode]
+) -> None:
+    a, b = nodes
+    a.draining = b.draining = True
+    h = haproxy([(a.port, a.api_port), (b.port, b.api_port)])
+    assert wait_until(lambda: h.status("node-a") == h.status("node-b") == "DOWN", 10)
+    with pytest.raises(InvalidStatus) as e, connect(f"ws://127.0.0.1:{h.port}/twilio"):
+        pass
+    assert e.value.response.status_code == 503
+
+
+# ------------------------------------------------------- the real daemons
+
+
+def _refuses(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return True
+    return False
+
+
+def test_two_daemons_behind_haproxy_drain(
+    tmp_path: Path,
+    haproxy: Callable[[list[tuple[int, int]]], HaProxy],
+    run_daemon: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """Needs the daemon's Twilio endpoint to accept an upgrade and keep the
+    stream (a call) open until the client closes it."""
+    daemons = []
+    for i, name in enumerate("ab"):
+        d = tmp_path / name
+        d.mkdir()
+        api, ms, lo = free_port(), free_port(), 34000 + 1000 * i
+        cfg = daemon_config(d, api=api, media_streams=ms, drain=60, rtp_lo=lo, rtp_hi=lo + 999)
+        daemons.append((run_daemon(cfg), api, ms))
+    for _proc, api, _ms in daemons:
+        assert wait_until(lambda api=api: http_get(f"http://127.0.0.1:{api}/readyz")[0] == 200, 60)
+    h = haproxy([(ms, api) for _proc, api, ms in daemons])
+    assert wait_until(lambda: h.status("node-a") == h.status("node-b") == "UP", 10), h.servers()
+    if any(_refuses(ms) for _proc, _api, ms in daemons):
+        pytest.skip("media-stream leg not wired into the daemon")
+
+    (pa, api_a, _), (pb, _api_b, _) = daemons
+    url = f"ws://127.0.0.1:{h.port}/twilio"
+    with contextlib.ExitStack() as stack:
+        # one stream lands on each node (leastconn)
+        first = [stack.enter_context(connect(url)) for _ in range(2)]
+        stot = {n: int(r["stot"]) for n, r in h.servers().items() if n.startswith("node-")}
+        assert stot == {"node-a": 1, "node-b": 1}, stot
+
+        pa.send_signal(signal.SIGTERM)  # drain: /readyz 503, the stream continues
+        assert wait_until(lambda: http_get(f"http://127.0.0.1:{api_a}/readyz")[0] == 503, 5)
+        assert wait_until(lambda: h.status("node-a") == "DOWN", 5), h.servers()
+        assert pa.poll() is None, "the draining daemon waits for its stream"
+        for _ in range(3):
+            stack.enter_context(connect(url))
+        after = {n: int(r["stot"]) for n, r in h.servers().items() if n.startswith("node-")}
+        assert after == {"node-a": 1, "node-b": 4}, "new streams all went to node b"
+        assert all(ws.state.name == "OPEN" for ws in first)
+    assert pa.wait(60) == 0, "the drained daemon exits 0 once its stream is closed"
+    assert pb.poll() is None
