@@ -320,6 +320,16 @@ class CallBridge:
             self._report(turn, self._heard_samples(turn))
         self._pump(now)
 
+    def frame_ready(self) -> bool:
+        """Whether the next ``tick`` has a frame to send.
+
+        The shell asks after provider audio arrives: when the leg is idle
+        (the last tick sent none) and a frame is now ready, it re-phases the
+        call's media clock so the turn's first frame leaves at once instead of
+        at the next grid slot (``MediaClock.start_talkspurt``).
+        """
+        return not self._ended and self._playout.has_frame()
+
     def tick(self, now: float) -> bytes | None:
         """The frame to send at this 20 ms deadline, or ``None`` (silence / nothing)."""
         if self._ended:

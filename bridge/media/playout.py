@@ -301,6 +301,15 @@ class PlayoutQueue(Outbox):
             self._reach_marks(turn)
         return True
 
+    def has_frame(self) -> bool:
+        """Whether the next ``pop`` would return a frame (pure: changes nothing)."""
+        for turn in self._queue:
+            if turn.frames:
+                return True
+            if not turn.ended:
+                return False
+        return False
+
     def pop(self, now: float) -> PlayoutFrame | None:
         """The frame to send at this tick, or ``None`` for silence."""
         while self._queue:

@@ -365,3 +365,18 @@ def test_every_pushed_frame_is_played_dropped_or_queued(ops: list[str]) -> None:
     assert accounted == sum(pushed.values())
     for turn_id, frames in played.items():
         assert q.played_samples(turn_id) == frames * SPF
+
+
+def test_has_frame_is_pure_and_follows_the_front_turn() -> None:
+    q = PlayoutQueue()
+    assert not q.has_frame()
+    q.begin_turn("a", 0.0)
+    assert not q.has_frame()  # waiting for the provider
+    q.push("a", b"\xff" * 160)
+    assert q.has_frame() and q.has_frame()  # asking twice changes nothing
+    assert q.pop(0.02) is not None
+    assert not q.has_frame()
+    q.end_turn("a")
+    q.begin_turn("b", 0.04)
+    q.push("b", b"\x00" * 160)
+    assert q.has_frame()  # a finished front turn does not hide the next one
