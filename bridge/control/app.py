@@ -87,6 +87,7 @@ from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, Se
 from bridge.media.call_types import CommandRejected
 
 __all__ = [
+    "COMMAND_FIELDS",
     "COMMAND_TYPES",
     "EVENT_TYPES",
     "MAX_MESSAGE_BYTES",
@@ -94,6 +95,7 @@ __all__ = [
     "AppError",
     "AppLost",
     "AppSession",
+    "FieldSpec",
     "decode_command",
     "encode_error",
     "encode_event",
@@ -134,7 +136,9 @@ class AppError:
 
 
 @dataclass(frozen=True, slots=True)
-class _Field:
+class FieldSpec:
+    """One field of a command: its JSON type and bounds (the HTTP API reuses them)."""
+
     name: str
     kind: Literal["str", "bool"]
     required: bool = False
@@ -159,26 +163,28 @@ class _Field:
 
 _NAME = r"[A-Za-z0-9._:-]{1,64}"
 _NAME_HINT = "1-64 characters from A-Z a-z 0-9 . _ : -"
-_TURN_ID = _Field("turn_id", "str", True, _NAME, hint=_NAME_HINT)
-_ID = _Field("id", "str", False, r"[^\x00-\x1f]{1,128}", hint="1-128 characters, no controls")
+_TURN_ID = FieldSpec("turn_id", "str", True, _NAME, hint=_NAME_HINT)
+_ID = FieldSpec("id", "str", False, r"[^\x00-\x1f]{1,128}", hint="1-128 characters, no controls")
 
-_FIELDS: dict[str, tuple[_Field, ...]] = {
+COMMAND_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
     "say": (
         _TURN_ID,
-        _Field("text", "str", True, max_chars=MAX_TEXT_CHARS),
-        _Field("final", "bool"),
-        _Field("interruptible", "bool"),
-        _Field("replace", "bool"),
-        _Field("cacheable", "bool"),
-        _Field("provider", "str", pattern=_NAME, hint=_NAME_HINT),
-        _Field("voice", "str", pattern=_NAME, hint=_NAME_HINT),
+        FieldSpec("text", "str", True, max_chars=MAX_TEXT_CHARS),
+        FieldSpec("final", "bool"),
+        FieldSpec("interruptible", "bool"),
+        FieldSpec("replace", "bool"),
+        FieldSpec("cacheable", "bool"),
+        FieldSpec("provider", "str", pattern=_NAME, hint=_NAME_HINT),
+        FieldSpec("voice", "str", pattern=_NAME, hint=_NAME_HINT),
     ),
     "cancel": (_TURN_ID,),
     "hangup": (
-        _Field("reason", "str", pattern=r"[ -~]{1,128}", hint="1-128 printable ASCII characters"),
+        FieldSpec(
+            "reason", "str", pattern=r"[ -~]{1,128}", hint="1-128 printable ASCII characters"
+        ),
     ),
     "transfer": (
-        _Field(
+        FieldSpec(
             "target",
             "str",
             True,
@@ -186,7 +192,9 @@ _FIELDS: dict[str, tuple[_Field, ...]] = {
             hint="a sip:, sips: or tel: URI (printable ASCII, no spaces, at most 254 characters)",
         ),
     ),
-    "dtmf": (_Field("digits", "str", True, r"[0-9A-D*#]{1,32}", hint="1-32 of 0-9 * # A B C D"),),
+    "dtmf": (
+        FieldSpec("digits", "str", True, r"[0-9A-D*#]{1,32}", hint="1-32 of 0-9 * # A B C D"),
+    ),
 }
 
 _BUILDERS: dict[str, Callable[[dict[str, Any]], Command]] = {
@@ -232,7 +240,7 @@ def decode_command(text: str | bytes) -> Command | AppError:
         if "id" in obj:
             _check(_ID, obj["id"])
         ctype = _command_type(obj)
-        fields = {f.name: f for f in _FIELDS[ctype]}
+        fields = {f.name: f for f in COMMAND_FIELDS[ctype]}
         for key in obj:
             if key not in fields and key not in ("type", "id"):
                 raise _Refused(key, f"unknown field for {ctype!r}")
@@ -289,7 +297,7 @@ def _command_type(obj: dict[str, Any]) -> str:
     return ctype
 
 
-def _check(spec: _Field, value: object) -> None:
+def _check(spec: FieldSpec, value: object) -> None:
     problem = spec.check(value)
     if problem is not None:
         raise _Refused(spec.name, problem)

@@ -1,0 +1,565 @@
+"""The HTTP API: pure request handlers over the daemon's directory of calls.
+
+Theory of operation
+-------------------
+``handle(method, path, headers, body, directory, token)`` answers one HTTP
+request with an ``ApiResponse`` (status, JSON body, headers). It does no I/O:
+the lead's HTTP listener (``bridge/io/httpws.py``) reads the request, calls
+``handle`` for every path under ``/v1/`` and for ``/openapi.json``, and writes
+the response; ``/healthz``, ``/readyz`` and ``/metrics`` are the listener's.
+What the handlers act on is a ``CallDirectory`` the shell provides: it lists
+and finds calls, originates a SIP call, and feeds ``Say`` / hang-up commands
+to a call's bridge (the same ``Command`` values an application sends).
+
+Routes (``ROUTES``, and the OpenAPI 3.1 document ``openapi()`` describes
+exactly these)::
+
+    GET  /v1/calls                  200 {"calls": [CallInfo...]}
+    POST /v1/calls                  201 {"call_id", "url"}  (originate over SIP)
+    GET  /v1/calls/{call_id}        200 CallInfo
+    POST /v1/calls/{call_id}/say    202 {"call_id", "turn_id"}
+    POST /v1/calls/{call_id}/hangup 202 {"call_id"}
+    GET  /openapi.json              200 the OpenAPI document (no token needed)
+
+Request checks, in order: unknown path 404; a configured ``token`` missing or
+wrong 401 with ``WWW-Authenticate: Bearer`` (compared in constant time);
+method not allowed 405 with ``Allow``; body over ``MAX_BODY_BYTES`` 413; a
+body that is not ``Content-Type: application/json`` 415; JSON that does not
+parse 400; a body that is not an object, has unknown fields or a bad field
+422 naming the field. Every error body is
+``{"error": {"code", "message", "field"?}}``. The directory's own refusals
+(no such call 404, call over 409, no capacity 503, ...) come back as
+``DirectoryError`` values and are passed through with their status.
+
+Rules that keep this module honest:
+
+1. No request raises: every input maps to a status. (An exception from the
+   directory is the shell's bug and propagates to the listener's 500.)
+2. Field rules are the application protocol's (``bridge.control.app``), so a
+   ``say`` means the same on both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import json
+import re
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from bridge import __version__
+from bridge.control.app import COMMAND_FIELDS, FieldSpec
+from bridge.control.commands import Say
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "ROUTES",
+    "ApiResponse",
+    "CallDirectory",
+    "CallInfo",
+    "DirectoryError",
+    "handle",
+    "openapi",
+]
+
+MAX_BODY_BYTES = 64 * 1024
+CALL_ID_RE = r"[A-Za-z0-9._:-]{1,128}"
+_URI = r"(sips?|tel):[!-~]{1,250}"
+_URI_HINT = "a sip:, sips: or tel: URI (printable ASCII, no spaces, at most 254 characters)"
+
+
+# ---------------------------------------------------------------- the shell's side
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """What the API shows of one call."""
+
+    call_id: str
+    leg: str
+    direction: Literal["inbound", "outbound"]
+    from_: str
+    to: str
+    state: Literal["ringing", "active", "ending"]
+    duration_s: float
+    turn_source: str = ""
+    """``app``, ``flow``, ``voice_agent`` or ``""`` (driven by the API only)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "call_id": self.call_id,
+            "leg": self.leg,
+            "direction": self.direction,
+            "from": self.from_,
+            "to": self.to,
+            "state": self.state,
+            "duration_s": round(self.duration_s, 3),
+            "turn_source": self.turn_source,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DirectoryError:
+    """The directory refused: ``status`` is the HTTP status to answer with."""
+
+    status: int
+    code: str
+    message: str
+    field: str = ""
+
+
+class CallDirectory(Protocol):
+    """What the shell provides to the handlers (all calls return at once).
+
+    Refusals are ``DirectoryError`` values with the status the OpenAPI
+    document lists: ``originate`` 422 (no route for it, field ``to`` or
+    ``route``) or 503 (SIP disabled, no capacity); ``say`` and ``hangup`` 404
+    (no such call) or 409 (the call is ending, the turn's text is closed).
+    """
+
+    def list_calls(self) -> Sequence[CallInfo]: ...
+
+    def get_call(self, call_id: str) -> CallInfo | None: ...
+
+    def originate(self, to: str, from_: str, route: str) -> str | DirectoryError:
+        """Place a SIP call to ``to``; ``route`` ("" = match on ``to``) picks its route."""
+        ...
+
+    def say(self, call_id: str, say: Say) -> DirectoryError | None:
+        """``CallBridge.execute(say)`` on the call."""
+        ...
+
+    def hangup(self, call_id: str, reason: str) -> DirectoryError | None:
+        """``CallBridge.execute(Hangup(reason))`` on the call."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ApiResponse:
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = (("Content-Type", "application/json"),)
+
+
+# ---------------------------------------------------------------- plumbing
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    headers: Mapping[str, str]
+    body: bytes
+    params: dict[str, str]
+    directory: CallDirectory
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, code: str, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.response = _error(status, code, message, field)
+
+
+def _json(status: int, obj: object, *extra: tuple[str, str]) -> ApiResponse:
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    return ApiResponse(status, body, (("Content-Type", "application/json"), *extra))
+
+
+def _error(
+    status: int, code: str, message: str, field: str = "", *extra: tuple[str, str]
+) -> ApiResponse:
+    err: dict[str, str] = {"code": code, "message": message}
+    if field:
+        err["field"] = field
+    return _json(status, {"error": err}, *extra)
+
+
+def _from_directory(err: DirectoryError) -> ApiResponse:
+    return _error(err.status, err.code, err.message, err.field)
+
+
+def _body(req: _Request, fields: Sequence[FieldSpec], required: bool) -> dict[str, Any]:
+    """The validated JSON object of the body (``{}`` for an empty optional body)."""
+    if not req.body.strip():
+        if required:
+            raise _Refused(422, "invalid_body", "a JSON object is required", "$")
+        return {}
+    ctype = req.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if ctype != "application/json":
+        raise _Refused(415, "unsupported_media_type", "send Content-Type: application/json")
+    try:
+        obj = json.loads(req.body, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        raise _Refused(400, "invalid_json", f"not JSON: {e}", "$") from None
+    if not isinstance(obj, dict):
+        raise _Refused(422, "invalid_body", "expected a JSON object", "$")
+    known = {f.name: f for f in fields}
+    for key in obj:
+        if key not in known:
+            raise _Refused(422, "invalid_field", "unknown field", key)
+    for spec in fields:
+        if spec.name in obj:
+            problem = spec.check(obj[spec.name])
+            if problem is not None:
+                raise _Refused(422, "invalid_field", problem, spec.name)
+        elif spec.required:
+            raise _Refused(422, "invalid_field", "missing", spec.name)
+    return obj
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+# ---------------------------------------------------------------- handlers
+
+_SAY_FIELDS = tuple(
+    dataclasses.replace(f, required=False) if f.name == "turn_id" else f
+    for f in COMMAND_FIELDS["say"]
+)
+_HANGUP_FIELDS = COMMAND_FIELDS["hangup"]
+_ORIGINATE_FIELDS = (
+    FieldSpec("to", "str", True, _URI, hint=_URI_HINT),
+    FieldSpec("from", "str", False, _URI, hint=_URI_HINT),
+    FieldSpec("route", "str", False, r"[ -~]{1,128}", hint="1-128 printable ASCII characters"),
+)
+
+
+def _list_calls(req: _Request) -> ApiResponse:
+    return _json(200, {"calls": [c.to_json() for c in req.directory.list_calls()]})
+
+
+def _get_call(req: _Request) -> ApiResponse:
+    info = req.directory.get_call(req.params["call_id"])
+    if info is None:
+        return _no_such_call(req.params["call_id"])
+    return _json(200, info.to_json())
+
+
+def _originate(req: _Request) -> ApiResponse:
+    body = _body(req, _ORIGINATE_FIELDS, required=True)
+    result = req.directory.originate(body["to"], body.get("from", ""), body.get("route", ""))
+    if isinstance(result, DirectoryError):
+        return _from_directory(result)
+    url = f"/v1/calls/{result}"
+    return _json(201, {"call_id": result, "url": url}, ("Location", url))
+
+
+def _say(req: _Request) -> ApiResponse:
+    call_id = req.params["call_id"]
+    body = _body(req, _SAY_FIELDS, required=True)
+    turn_id = body.get("turn_id") or f"api-{secrets.token_hex(6)}"
+    say = Say(
+        turn_id,
+        body["text"],
+        final=body.get("final", True),
+        interruptible=body.get("interruptible", True),
+        replace=body.get("replace", False),
+        provider=body.get("provider"),
+        voice=body.get("voice"),
+        cacheable=body.get("cacheable", False),
+    )
+    err = req.directory.say(call_id, say)
+    if err is not None:
+        return _from_directory(err)
+    return _json(202, {"call_id": call_id, "turn_id": turn_id})
+
+
+def _hangup(req: _Request) -> ApiResponse:
+    call_id = req.params["call_id"]
+    body = _body(req, _HANGUP_FIELDS, required=False)
+    err = req.directory.hangup(call_id, body.get("reason", "api_hangup"))
+    if err is not None:
+        return _from_directory(err)
+    return _json(202, {"call_id": call_id})
+
+
+def _openapi(req: _Request) -> ApiResponse:
+    return _json(200, openapi())
+
+
+def _no_such_call(call_id: str) -> ApiResponse:
+    return _error(404, "no_such_call", f"no call {call_id[:128]!r}", "call_id")
+
+
+_Handler = Callable[[_Request], ApiResponse]
+
+ROUTES: tuple[tuple[str, dict[str, _Handler]], ...] = (
+    ("/v1/calls", {"GET": _list_calls, "POST": _originate}),
+    ("/v1/calls/{call_id}", {"GET": _get_call}),
+    ("/v1/calls/{call_id}/say", {"POST": _say}),
+    ("/v1/calls/{call_id}/hangup", {"POST": _hangup}),
+    ("/openapi.json", {"GET": _openapi}),
+)
+"""(path template, {method: handler}); ``openapi()`` documents exactly these."""
+
+PUBLIC = frozenset({"/openapi.json"})
+
+
+def _compile(template: str) -> re.Pattern[str]:
+    parts = re.split(r"\{(\w+)\}", template)
+    rx = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^/]+)" for i, p in enumerate(parts))
+    return re.compile(rx)
+
+
+_COMPILED = tuple((template, _compile(template), methods) for template, methods in ROUTES)
+
+
+def _route(path: str) -> tuple[str, dict[str, str], dict[str, _Handler]] | None:
+    for template, rx, methods in _COMPILED:
+        m = rx.fullmatch(path)
+        if m is not None:
+            return template, m.groupdict(), methods
+    return None
+
+
+def _authorized(headers: Mapping[str, str], token: str) -> bool:
+    if not token:
+        return True
+    scheme, _, given = headers.get("authorization", "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+def handle(
+    method: str,
+    path: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    directory: CallDirectory,
+    token: str,
+) -> ApiResponse:
+    """Answer one HTTP request.
+
+    Args:
+        method: the request method (``GET``, ``POST``...).
+        path: the request target; a query string is ignored.
+        headers: request headers; names in any case.
+        body: the request body (the listener bounds it; over ``MAX_BODY_BYTES`` is 413).
+        directory: the shell's calls.
+        token: ``api.token`` from the config; "" means no authentication
+            (the config allows that on loopback only).
+
+    Returns:
+        The response to write; its body is always JSON.
+    """
+    lower = {k.lower(): v for k, v in headers.items()}
+    found = _route(path.split("?", 1)[0])
+    if found is None:
+        return _error(404, "not_found", "no such resource")
+    template, params, methods = found
+    if template not in PUBLIC and not _authorized(lower, token):
+        challenge = 'Bearer realm="callbridge"'
+        if "authorization" in lower:
+            challenge += ', error="invalid_token"'
+        return _error(401, "unauthorized", "a valid bearer token is required", "",
+                      ("WWW-Authenticate", challenge))  # fmt: skip
+    handler = methods.get(method.upper())
+    if handler is None:
+        allow = ", ".join(sorted(methods))
+        return _error(405, "method_not_allowed", f"allowed: {allow}", "", ("Allow", allow))
+    if "call_id" in params and re.fullmatch(CALL_ID_RE, params["call_id"]) is None:
+        return _no_such_call(params["call_id"])
+    if len(body) > MAX_BODY_BYTES:
+        return _error(413, "body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
+    try:
+        return handler(_Request(lower, body, params, directory))
+    except _Refused as refused:
+        return refused.response
+
+
+# ---------------------------------------------------------------- OpenAPI
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _str(pattern: str = "", description: str = "", **kw: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "string", **kw}
+    if pattern:
+        out["pattern"] = f"^{pattern}$"
+    if description:
+        out["description"] = description
+    return out
+
+
+def _field_schema(spec: FieldSpec) -> dict[str, Any]:
+    if spec.kind == "bool":
+        return {"type": "boolean"}
+    extra: dict[str, Any] = {"maxLength": spec.max_chars} if spec.max_chars else {}
+    return _str(spec.pattern, spec.hint, **extra)
+
+
+def _object(fields: Sequence[FieldSpec], description: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": description,
+        "properties": {f.name: _field_schema(f) for f in fields},
+        "required": [f.name for f in fields if f.required],
+        "additionalProperties": False,
+    }
+
+
+def _closed(properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def _schemas() -> dict[str, Any]:
+    call_info = _closed(
+        {
+            "call_id": _str(CALL_ID_RE),
+            "leg": _str(description="sip, twilio, telnyx, plivo, exotel, vonage or webrtc"),
+            "direction": {"enum": ["inbound", "outbound"]},
+            "from": _str(),
+            "to": _str(),
+            "state": {"enum": ["ringing", "active", "ending"]},
+            "duration_s": {"type": "number", "minimum": 0},
+            "turn_source": {"enum": ["app", "flow", "voice_agent", ""]},
+        }
+    )
+    error = _closed(
+        {"code": _str(), "message": _str(), "field": _str(description="the field at fault")}
+    )
+    error["required"] = ["code", "message"]
+    return {
+        "CallInfo": call_info,
+        "CallList": _closed({"calls": {"type": "array", "items": _ref("CallInfo")}}),
+        "Error": _closed({"error": error}),
+        "OriginateRequest": _object(_ORIGINATE_FIELDS, "route: the key matched against routes"),
+        "OriginateResponse": _closed({"call_id": _str(CALL_ID_RE), "url": _str()}),
+        "SayRequest": _object(
+            _SAY_FIELDS, "as the application protocol's say; turn_id is generated when absent"
+        ),
+        "SayResponse": _closed({"call_id": _str(CALL_ID_RE), "turn_id": _str()}),
+        "HangupRequest": _object(_HANGUP_FIELDS, "reason defaults to api_hangup"),
+        "HangupResponse": _closed({"call_id": _str(CALL_ID_RE)}),
+    }
+
+
+def _responses(ok: int, ok_schema: str, *errors: int) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        str(ok): {
+            "description": "success",
+            "content": {"application/json": {"schema": _ref(ok_schema)}},
+        }
+    }
+    for status in errors:
+        out[str(status)] = {"$ref": f"#/components/responses/E{status}"}
+    return out
+
+
+_ERROR_TEXT = {
+    400: "the body is not JSON",
+    401: "missing or wrong bearer token",
+    404: "no such call",
+    409: "the call cannot do that now (ending, turn closed)",
+    413: "the body is too large",
+    415: "the body is not application/json",
+    422: "a field is missing, unknown or invalid (error.field names it)",
+    503: "no capacity or SIP not enabled",
+}
+
+_CALL_ID_PARAM = {
+    "name": "call_id",
+    "in": "path",
+    "required": True,
+    "schema": _str(CALL_ID_RE),
+}
+
+
+def _body_spec(schema: str, required: bool) -> dict[str, Any]:
+    return {
+        "required": required,
+        "content": {"application/json": {"schema": _ref(schema)}},
+    }
+
+
+def _paths() -> dict[str, Any]:
+    body_errors = (400, 401, 413, 415, 422)
+    return {
+        "/v1/calls": {
+            "get": {
+                "operationId": "listCalls",
+                "summary": "The calls in progress on this node",
+                "responses": _responses(200, "CallList", 401),
+            },
+            "post": {
+                "operationId": "originateCall",
+                "summary": "Place an outbound SIP call; its route decides what drives it",
+                "requestBody": _body_spec("OriginateRequest", True),
+                "responses": _responses(201, "OriginateResponse", *body_errors, 503),
+            },
+        },
+        "/v1/calls/{call_id}": {
+            "parameters": [_CALL_ID_PARAM],
+            "get": {
+                "operationId": "getCall",
+                "summary": "One call",
+                "responses": _responses(200, "CallInfo", 401, 404),
+            },
+        },
+        "/v1/calls/{call_id}/say": {
+            "parameters": [_CALL_ID_PARAM],
+            "post": {
+                "operationId": "sayOnCall",
+                "summary": "Speak text on the call (queued behind the current turn)",
+                "requestBody": _body_spec("SayRequest", True),
+                "responses": _responses(202, "SayResponse", *body_errors, 404, 409),
+            },
+        },
+        "/v1/calls/{call_id}/hangup": {
+            "parameters": [_CALL_ID_PARAM],
+            "post": {
+                "operationId": "hangupCall",
+                "summary": "End the call",
+                "requestBody": _body_spec("HangupRequest", False),
+                "responses": _responses(202, "HangupResponse", *body_errors, 404, 409),
+            },
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "getOpenApi",
+                "summary": "This document",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "the OpenAPI document",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+    }
+
+
+def openapi() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``ROUTES`` (served at ``/openapi.json``)."""
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "callbridge HTTP API",
+            "version": __version__,
+            "description": "Calls in progress on one callbridge node. See docs/http-api.md.",
+        },
+        "security": [{"bearer": []}],
+        "paths": _paths(),
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": _schemas(),
+            "responses": {
+                f"E{status}": {
+                    "description": text,
+                    "content": {"application/json": {"schema": _ref("Error")}},
+                }
+                for status, text in _ERROR_TEXT.items()
+            },
+        },
+    }
