@@ -12,6 +12,7 @@ from control_jsonschema import errors, is_valid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge.config import load_config
 from bridge.control.app import (
     COMMAND_TYPES,
     EVENT_TYPES,
@@ -44,6 +45,7 @@ from bridge.control.commands import (
     TurnFinished,
     TurnInterrupted,
 )
+from bridge.control.flow import fallback_runner
 from bridge.engine import CloseConnection, LocalProtocolError, SendText
 from bridge.media.call_types import CommandRejected
 
@@ -502,3 +504,24 @@ def test_hand_over_is_not_an_application_command() -> None:
     result = decode_command('{"type":"handover","app":"ws://x"}')
     assert isinstance(result, AppError) and result.field == "type"
     assert not isinstance(result, HandOver)
+
+
+def test_app_lost_mid_call_hands_the_call_to_its_fallback_flow() -> None:
+    config = load_config(ROOT / "config/callbridge.toml")
+    s = session()
+    s.connected(11.0)
+    s.receive_text('{"type":"say","turn_id":"t1","text":"Let me ","final":false}', 12.0)
+    assert s.commands_to_send() == [Say("t1", "Let me ", final=False)]
+    s.disconnected(1006, "", 13.0)
+    (lost,) = [e for e in s.events_received() if isinstance(e, AppLost)]
+    runner = fallback_runner(
+        config.flow(lost.fallback_flow) if lost.fallback_flow else None,
+        lost.greeting,
+        13.0,
+        replace=lost.mid_call,
+    )
+    runner.start(13.0)
+    first, menu = runner.commands_to_send()
+    assert isinstance(first, Say) and first.text == "Hi" and first.replace
+    assert isinstance(menu, Say) and menu.text == config.flow("demo").step("menu").say
+    assert not menu.replace
