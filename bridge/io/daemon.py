@@ -29,6 +29,7 @@ from bridge.config import Config, ConfigError, ProviderConfig, load_config, spli
 from bridge.io.embedded import EmbeddedTts
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, serve_http_ws
 from bridge.io.notify import Notifier
+from bridge.io.ticker import MediaTicker
 from bridge.io.tts_client import PromptCache, ProviderPool
 from bridge.logs import configure, get_logger
 from bridge.metrics import Metrics
@@ -81,7 +82,17 @@ class Leg(Protocol):
 
 
 LegFactory = Callable[["Daemon"], Leg | None]
-LEG_FACTORIES: list[LegFactory] = []
+
+
+def _media_streams_leg(daemon: Daemon) -> Leg | None:
+    if not daemon.config.media_streams.enabled:
+        return None
+    from bridge.io.streams_leg import MediaStreamsLeg
+
+    return MediaStreamsLeg(daemon)
+
+
+LEG_FACTORIES: list[LegFactory] = [_media_streams_leg]
 ApiHandler = Callable[["Daemon", HttpRequest], Awaitable[HttpResponse | None]]
 API_HANDLERS: list[ApiHandler] = []
 
@@ -97,6 +108,7 @@ class Daemon:
     api: HttpWsServer | None = None
     draining: bool = False
     ready: bool = False
+    ticker: MediaTicker = field(init=False)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _old_runtimes: list[Runtime] = field(default_factory=list)
 
@@ -119,6 +131,7 @@ class Daemon:
         return Runtime(cfg, pools, PromptCache(cfg.daemon.prompt_cache_bytes))
 
     async def start(self) -> None:
+        self.ticker = MediaTicker(asyncio.get_running_loop())
         self.runtime = await self._build_runtime(self.config)
         embedded_ok = all(
             self.runtime.pools[p.name].connections
@@ -211,6 +224,8 @@ class Daemon:
 
     async def close(self) -> None:
         self.notifier.stop_watchdog()
+        with contextlib.suppress(AttributeError):
+            self.ticker.close()
         for leg in self.legs:
             with contextlib.suppress(Exception):
                 await leg.stop()

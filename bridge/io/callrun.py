@@ -1,0 +1,465 @@
+"""The shell around one call: its ``CallBridge``, leg, providers, turn source and clock.
+
+A ``CallRunner`` is created by a leg (SIP, media stream) once a call is
+answered. It feeds the bridge what the leg receives, ticks it from the
+process-wide ``MediaTicker``, and carries out its actions:
+
+* provider actions (``OpenTurn`` ...) go to the route's ``Speaker`` (failover
+  chain and prompt cache), and provider events come back to the bridge;
+* leg actions (``ClearLeg``, ``SendMark``, ``HangupLeg`` ...) go to the leg's
+  ``LegAdapter``;
+* voice-agent actions go to a dedicated ``AgentSession``;
+* the bridge's call events go to the turn source (an IVR ``FlowRunner``, or
+  the application WebSocket), whose commands go back to the bridge.
+
+Failure isolation: every entry point is guarded; an exception ends *this*
+call (leg hung up, provider turns cancelled, resources released, logged with
+the call id) and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from bridge.config import RouteConfig
+from bridge.control import commands as cmd
+from bridge.control.flow import FlowRunner
+from bridge.engine import Event
+from bridge.io.tts_client import AgentSession, Speaker
+from bridge.logs import get_logger
+from bridge.media.bargein import BargeInPolicy
+from bridge.media.call import CallBridge
+from bridge.media.call_types import (
+    AgentPlayed,
+    CallOptions,
+    CancelTurn,
+    ClearLeg,
+    ConnectApp,
+    EndTurn,
+    HangupLeg,
+    LegProfile,
+    OpenTurn,
+    SendAgentAudio,
+    SendLegDtmf,
+    SendMark,
+    SendTurnText,
+    StartAgent,
+    StopAgent,
+    TransferLeg,
+)
+from bridge.tts.base import TurnSettings
+
+if TYPE_CHECKING:
+    from bridge.io.daemon import Daemon
+
+__all__ = ["CallRunner", "LegAdapter", "bargein_policy"]
+
+log = get_logger("callbridge.call")
+
+
+class LegAdapter(Protocol):
+    """What a call needs from its caller leg."""
+
+    kind: str
+
+    def send_frame(self, frame: bytes | None, n: int, now: float) -> None:
+        """One 20 ms frame at its deadline (``None``: silence for RTP, nothing for WS)."""
+        ...
+
+    def send_mark(self, name: str) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def hangup(self, reason: str) -> None: ...
+
+    def transfer(self, target: str) -> None: ...
+
+    def send_dtmf(self, digits: str) -> None: ...
+
+
+def bargein_policy(daemon: Daemon) -> BargeInPolicy:
+    b = daemon.config.bargein
+    return BargeInPolicy(
+        enabled=b.enabled,
+        min_speech_ms=b.min_speech_ms,
+        energy_floor_dbfs=b.energy_floor_dbfs,
+        echo_return_loss_db=b.echo_return_loss_db,
+        dtmf_triggers=b.dtmf,
+    )
+
+
+@dataclass
+class _PendingPrompt:
+    """A cacheable turn: its text is collected until ``EndTurn``, then spoken whole."""
+
+    settings: TurnSettings
+    provider: str | None
+    text: list[str] = field(default_factory=list)
+
+
+class CallRunner:
+    """One call, from answer to hang-up."""
+
+    def __init__(
+        self,
+        daemon: Daemon,
+        call_id: str,
+        leg: LegAdapter,
+        profile: LegProfile,
+        route: RouteConfig,
+        started: cmd.CallStarted,
+        *,
+        lead_frames: int = 0,
+        on_finished: Callable[[CallRunner], None] | None = None,
+    ) -> None:
+        self.daemon = daemon
+        self.loop = asyncio.get_running_loop()
+        self.call_id = call_id
+        self.leg = leg
+        self.route = route
+        self.started_info = started
+        self.lead_frames = lead_frames
+        self.on_finished = on_finished
+        self.runtime = daemon.runtime  # this call keeps the providers it started with
+        assert self.runtime is not None
+        self.config = self.runtime.config
+        self.speakers: dict[str | None, Speaker] = {}
+        now = self.loop.time()
+        self.started_at = now
+        self.bridge = CallBridge(
+            call_id,
+            profile,
+            bargein_policy(daemon),
+            now,
+            options=CallOptions(
+                default_voice=route.voice,
+                vad_aggressiveness=self.config.bargein.vad_aggressiveness,
+            ),
+        )
+        self.source: FlowRunner | None = None
+        self.source_timer: asyncio.TimerHandle | None = None
+        self.agent: AgentSession | None = None
+        self.agent_task: asyncio.Task[None] | None = None
+        self.pending_prompts: dict[str, _PendingPrompt] = {}
+        self.idle = True
+        self.finished = False
+        self.end_reason = ""
+        self.clock = daemon.ticker.add(
+            call_id, self._on_frame, self._on_tick_error, ts0=random.getrandbits(32)
+        )
+        daemon.metrics.calls_active.labels(leg.kind, route.match).inc()
+
+    # ------------------------------------------------------------- start-up
+
+    def start(self) -> None:
+        """Run the route: greeting and flow, or the application."""
+        now = self.loop.time()
+        log.info(
+            "call.started",
+            call_id=self.call_id,
+            leg=self.leg.kind,
+            route=self.route.match,
+            from_=self.started_info.from_,
+            to=self.started_info.to,
+        )
+        self._guard(self._start_source)
+
+    def _start_source(self, now: float) -> None:
+        if self.route.flow:
+            self.source = FlowRunner(self.config.flow(self.route.flow), self.route.greeting, now)
+            self.source.start(now)
+        elif self.route.greeting:
+            self.bridge.execute(cmd.Say("greeting", self.route.greeting, cacheable=True), now)
+        self.pump(now)
+
+    # ------------------------------------------------------- leg → bridge
+
+    def caller_audio(self, frame: bytes) -> None:
+        self._guard(self.bridge.caller_audio, frame)
+
+    def caller_dtmf(self, digit: str) -> None:
+        self._guard(self.bridge.caller_dtmf, digit)
+
+    def mark_echoed(self, name: str, cleared: bool) -> None:
+        self._guard(self.bridge.mark_echoed, name, cleared)
+
+    def leg_ended(self, reason: str) -> None:
+        """The caller hung up (BYE, stop, socket closed)."""
+        if not self.finished:
+            self.end_reason = reason
+            self._guard(self.bridge.hangup_received, reason)
+            self.finish(reason)
+
+    def hangup(self, reason: str) -> None:
+        """End the call from our side (drain timeout, API, shutdown)."""
+        if not self.finished:
+            self._guard(self.bridge.execute, cmd.Hangup(reason))
+
+    def say(self, command: cmd.Say) -> None:
+        self._guard(self.bridge.execute, command)
+
+    def _guard(self, fn: Callable[..., None], *args: Any) -> None:
+        if self.finished:
+            return
+        now = self.loop.time()
+        try:
+            fn(*args, now)
+            self.pump(now)
+        except Exception:  # one call's bug must end that call only
+            log.exception("call.failed", call_id=self.call_id)
+            self._fail()
+
+    def _fail(self) -> None:
+        self.end_reason = self.end_reason or "internal_error"
+        with contextlib.suppress(Exception):
+            self.leg.hangup("internal_error")
+        self.finish("internal_error")
+
+    # ----------------------------------------------------------- clock
+
+    def _on_frame(self, n: int, now: float) -> None:
+        frame = self.bridge.tick(now)
+        self.leg.send_frame(frame, n, now)
+        if frame is not None and self.idle and self.lead_frames:
+            # a buffering carrier gets a small lead at a turn's start, then one per tick
+            for _ in range(self.lead_frames):
+                if not self.bridge.frame_ready():
+                    break
+                extra = self.bridge.tick(now)
+                if extra is None:
+                    break
+                self.leg.send_frame(extra, n, now)
+        self.idle = frame is None
+        self.pump(now)
+
+    def _on_tick_error(self, exc: BaseException) -> None:
+        log.error("call.tick_failed", call_id=self.call_id, error=str(exc))
+        self._fail()
+
+    # ------------------------------------------------------- providers
+
+    def _speaker(self, provider: str | None) -> Speaker:
+        speaker = self.speakers.get(provider)
+        if speaker is None:
+            assert self.runtime is not None
+            names = [provider] if provider else list(self.route.provider)
+            pools = [self.runtime.pools[n] for n in names if n in self.runtime.pools]
+            speaker = Speaker(pools, self.runtime.cache)
+            self.speakers[provider] = speaker
+        return speaker
+
+    def _provider_sink(self, event: Event) -> None:
+        if self.finished:
+            return
+        now = self.loop.time()
+        try:
+            self.bridge.provider_event(event, now)
+            if self.idle and self.bridge.frame_ready():
+                self.daemon.ticker.start_talkspurt(self.call_id)
+            self.pump(now)
+        except Exception:  # see _guard
+            log.exception("call.failed", call_id=self.call_id)
+            self._fail()
+
+    def _open_turn(self, a: OpenTurn) -> None:
+        if a.cacheable:
+            self.pending_prompts[a.turn_id] = _PendingPrompt(a.settings, a.provider)
+            return
+        if self.agent is not None and self.bridge.agent_active:
+            self.agent.say(a.turn_id, "", a.settings, self._provider_sink)
+            return
+        self._speaker(a.provider).open_turn(a.turn_id, a.settings, self._provider_sink)
+
+    def _turn_text(self, a: SendTurnText) -> None:
+        pending = self.pending_prompts.get(a.turn_id)
+        if pending is not None:
+            pending.text.append(a.text)
+            return
+        for speaker in self.speakers.values():
+            speaker.send_text(a.turn_id, a.text)
+
+    def _end_turn(self, a: EndTurn) -> None:
+        pending = self.pending_prompts.pop(a.turn_id, None)
+        if pending is not None:
+            self._speaker(pending.provider).speak(
+                a.turn_id, "".join(pending.text), pending.settings, self._provider_sink, True
+            )
+            return
+        for speaker in self.speakers.values():
+            speaker.end_turn(a.turn_id)
+
+    def _cancel_turn(self, a: CancelTurn) -> None:
+        self.pending_prompts.pop(a.turn_id, None)
+        for speaker in self.speakers.values():
+            speaker.cancel(a.turn_id)
+
+    # ------------------------------------------------------- voice agent
+
+    def _start_agent(self, provider: str) -> None:
+        async def run() -> None:
+            assert self.runtime is not None
+            pool = self.runtime.pools.get(provider)
+            if pool is None:
+                log.error("call.agent_unknown", call_id=self.call_id, provider=provider)
+                return
+            self.agent = await pool.open_agent(self._provider_sink)
+            if self.finished:
+                await self.agent.close()
+                return
+            self.agent.start("vad", self.call_id)
+
+        self.agent_task = self.loop.create_task(run())
+
+    # ------------------------------------------------------------ pump
+
+    def pump(self, now: float) -> None:
+        """Carry out the bridge's actions, route its events, run the turn source."""
+        for _ in range(64):  # commands produce events produce commands: bounded
+            actions = self.bridge.actions_to_send()
+            events = self.bridge.events_received()
+            for action in actions:
+                self._do(action)
+            for event in events:
+                self._on_event(event, now)
+            commands = self.source.commands_to_send() if self.source else []
+            for command in commands:
+                self.bridge.execute(command, now)
+            if not (actions or events or commands):
+                break
+        self._arm_source_timer()
+
+    def _do(self, a: object) -> None:
+        if isinstance(a, OpenTurn):
+            self._open_turn(a)
+        elif isinstance(a, SendTurnText):
+            self._turn_text(a)
+        elif isinstance(a, EndTurn):
+            self._end_turn(a)
+        elif isinstance(a, CancelTurn):
+            self._cancel_turn(a)
+        elif isinstance(a, SendMark):
+            self.leg.send_mark(a.name)
+        elif isinstance(a, ClearLeg):
+            self.leg.clear()
+        elif isinstance(a, HangupLeg):
+            self.leg.hangup(a.reason)
+            self.finish(a.reason)
+        elif isinstance(a, TransferLeg):
+            self.leg.transfer(a.target)
+        elif isinstance(a, SendLegDtmf):
+            self.leg.send_dtmf(a.digits)
+        elif isinstance(a, StartAgent):
+            self._start_agent(a.provider)
+        elif isinstance(a, StopAgent):
+            if self.agent is not None:
+                self.agent.stop("user")
+        elif isinstance(a, SendAgentAudio):
+            if self.agent is not None and self.agent.ready:
+                self.agent.send_audio(a.pcm)
+        elif isinstance(a, AgentPlayed):
+            if self.agent is not None:
+                # the agent engine sends voice.played on its own 500 ms timer and on cancel
+                self.agent.set_played_position(a.item_id, a.ms)
+        elif isinstance(a, ConnectApp):
+            log.warning("call.app_unsupported", call_id=self.call_id, url=a.url)
+        else:
+            log.warning("call.unknown_action", call_id=self.call_id, action=type(a).__name__)
+
+    def _on_event(self, event: cmd.CallEvent, now: float) -> None:
+        m = self.daemon.metrics
+        if self.source is not None:
+            self.source.handle_event(event, now)
+        if isinstance(event, cmd.TurnInterrupted):
+            if event.reason in ("speech", "dtmf"):
+                m.bargeins_total.labels(event.reason).inc()
+            log.info(
+                "turn.interrupted",
+                call_id=self.call_id,
+                turn_id=event.turn_id,
+                heard_ms=event.heard_ms,
+                heard_text=event.heard_text,
+                reason=event.reason,
+            )
+        elif isinstance(event, cmd.TurnFinished):
+            log.info("turn.finished", call_id=self.call_id, turn_id=event.turn_id)
+        elif isinstance(event, cmd.DtmfHeard):
+            log.info("call.dtmf", call_id=self.call_id, digit=event.digit)
+        elif isinstance(event, cmd.ProviderErrored):
+            m.provider_errors_total.labels(event.provider or "?", event.kind).inc()
+            log.warning(
+                "provider.error", call_id=self.call_id, turn_id=event.turn_id, kind=event.kind
+            )
+        elif isinstance(event, cmd.CallEnded):
+            self.finish(event.reason)
+
+    def _arm_source_timer(self) -> None:
+        if self.source_timer is not None:
+            self.source_timer.cancel()
+            self.source_timer = None
+        deadline = self.source.next_deadline() if self.source else None
+        if deadline is not None and not self.finished:
+            self.source_timer = self.loop.call_at(deadline, self._on_source_timer)
+
+    def _on_source_timer(self) -> None:
+        self.source_timer = None
+        if self.source is not None:
+            self._guard(self.source.handle_timer)
+
+    # ----------------------------------------------------------- finish
+
+    def finish(self, reason: str) -> None:
+        """Release everything this call holds; idempotent."""
+        if self.finished:
+            return
+        self.finished = True
+        self.end_reason = self.end_reason or reason
+        self.daemon.ticker.remove(self.call_id)
+        if self.source_timer is not None:
+            self.source_timer.cancel()
+        for speaker in self.speakers.values():
+            for turn_id in list(speaker.turns):
+                speaker.cancel(turn_id)
+        if self.agent is not None:
+            self.loop.create_task(self.agent.close())
+        elif self.agent_task is not None:
+            self.agent_task.cancel()
+        m = self.daemon.metrics
+        m.calls_active.labels(self.leg.kind, self.route.match).dec()
+        m.calls_total.labels(self.leg.kind, self.route.match, self.end_reason).inc()
+        self._log_cdr()
+        if self.on_finished is not None:
+            self.on_finished(self)
+
+    def _log_cdr(self) -> None:
+        s = self.bridge.stats()
+        m = self.daemon.metrics
+        for v in s.time_to_first_audio_s:
+            m.time_to_first_audio_seconds.labels(",".join(self.route.provider)).observe(v)
+        for v in s.added_latency_s:
+            m.added_latency_seconds.labels(self.leg.kind).observe(v)
+        for t in s.bargein_timings:
+            if t.last_frame_s is not None:
+                m.bargein_latency_seconds.observe(max(0.0, t.last_frame_s - t.decided_s))
+        m.underruns_total.inc(s.underruns)
+        clock = self.clock.stats()
+        log.info(
+            "call.ended",
+            call_id=self.call_id,
+            reason=self.end_reason,
+            duration_s=round(self.loop.time() - self.started_at, 3),
+            turns=s.turns,
+            turns_interrupted=s.turns_interrupted,
+            barge_ins=s.barge_ins,
+            time_to_first_audio_ms=[round(v * 1000, 1) for v in s.time_to_first_audio_s],
+            added_latency_ms=[round(v * 1000, 2) for v in s.added_latency_s],
+            underruns=s.underruns,
+            provider_errors=s.provider_errors,
+            frames_sent=s.frames_sent,
+            late_wakeups=clock.late_wakeups,
+            cdr=True,
+        )

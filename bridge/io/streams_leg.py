@@ -1,0 +1,311 @@
+"""The media-stream leg: carriers' WebSockets (Twilio and the other dialects) in.
+
+One listener on ``[media_streams] listen`` serves:
+
+* ``POST /twiml``: the TwiML a Twilio number points at (``<Connect><Stream>``
+  back to this listener, with the route as a ``<Parameter>``);
+* WebSocket upgrades on each dialect's path (``/twilio``, ``/telnyx``,
+  ``/plivo``, ``/exotel``, ``/vonage``). With ``twilio_auth_token`` set, a
+  Twilio upgrade must carry a valid ``X-Twilio-Signature`` for its exact URL,
+  else 403 before the upgrade completes. While draining, upgrades get 503.
+
+Each accepted socket is pumped through its dialect engine
+(``bridge.streams``); ``StreamStarted`` picks the route and starts a
+``CallRunner``; inbound audio, DTMF and mark echoes go to the call; the
+call's frames, marks and clears go back through the engine. A stream that
+ends (``stop``, close, violation) ends its call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
+
+from bridge.config import split_hostport
+from bridge.control import commands as cmd
+from bridge.engine import CloseConnection, SendBytes, SendText
+from bridge.io.callrun import CallRunner
+from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, WsConnection, serve_http_ws
+from bridge.logs import bind_call, get_logger, unbind_call
+from bridge.media.call_types import LegProfile
+from bridge.streams import DIALECTS
+from bridge.streams.auth import twilio_signature_valid
+from bridge.streams.base import (
+    AudioReceived,
+    DtmfReceived,
+    MarkPlayed,
+    MediaStreamProtocol,
+    ProtocolViolation,
+    SequenceGap,
+    StreamSettings,
+    StreamStarted,
+    StreamStopped,
+)
+from bridge.streams.twiml import twiml_for_route
+from telcodec.framing import FrameCutter
+
+if TYPE_CHECKING:
+    from bridge.io.daemon import Daemon
+
+__all__ = ["MediaStreamsLeg"]
+
+log = get_logger("callbridge.streams")
+
+CAN_CLEAR = {"twilio", "telnyx", "plivo", "exotel", "vonage"}
+
+
+class _StreamLeg:
+    """``LegAdapter`` for one media-stream socket."""
+
+    def __init__(self, stream: _Stream) -> None:
+        self.stream = stream
+        self.kind = stream.engine.DIALECT
+
+    def send_frame(self, frame: bytes | None, n: int, now: float) -> None:
+        if frame is not None:
+            self.stream.engine.send_frame(frame, now)
+            self.stream.pump()
+
+    def send_mark(self, name: str) -> None:
+        self.stream.engine.mark(name, self.stream.now())
+        self.stream.pump()
+
+    def clear(self) -> None:
+        self.stream.engine.clear(self.stream.now())
+        self.stream.pump()
+
+    def hangup(self, reason: str) -> None:
+        self.stream.engine.hangup(self.stream.now())
+        self.stream.pump()
+
+    def transfer(self, target: str) -> None:
+        log.warning("streams.transfer_unsupported", dialect=self.kind, target=target)
+
+    def send_dtmf(self, digits: str) -> None:
+        if self.stream.engine.supports_send_dtmf:
+            self.stream.engine.send_dtmf(digits, self.stream.now())
+            self.stream.pump()
+        else:
+            log.warning("streams.dtmf_unsupported", dialect=self.kind)
+
+
+class _Stream:
+    """One carrier WebSocket: its engine, and its call once started."""
+
+    def __init__(self, leg: MediaStreamsLeg, conn: WsConnection, engine: MediaStreamProtocol):
+        self.leg = leg
+        self.conn = conn
+        self.engine = engine
+        self.loop = asyncio.get_running_loop()
+        self.call: CallRunner | None = None
+        self.cutter: FrameCutter | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def now(self) -> float:
+        return self.loop.time()
+
+    def pump(self) -> None:
+        for action in self.engine.actions_to_send():
+            if isinstance(action, SendText):
+                self.conn.send_text_nowait(action.text)
+            elif isinstance(action, SendBytes):
+                self.conn.send_bytes_nowait(action.data)
+            elif isinstance(action, CloseConnection):
+                self.loop.create_task(self.conn.close(action.code, action.reason))
+        for event in self.engine.events_received():
+            self._on_event(event)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        deadline = self.engine.next_deadline()
+        if deadline is not None:
+            self.timer = self.loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        self.engine.handle_timer(self.now())
+        self.pump()
+
+    def _on_event(self, event: object) -> None:
+        if isinstance(event, AudioReceived):
+            if self.call is not None and self.cutter is not None:
+                for frame in self.cutter.push(event.payload):
+                    self.call.caller_audio(frame)
+        elif isinstance(event, StreamStarted):
+            self._start_call(event)
+        elif isinstance(event, DtmfReceived):
+            if self.call is not None:
+                self.call.caller_dtmf(event.digit)
+        elif isinstance(event, MarkPlayed):
+            if self.call is not None:
+                self.call.mark_echoed(event.name, event.cleared)
+        elif isinstance(event, StreamStopped):
+            if self.call is not None:
+                self.call.leg_ended(event.reason)
+        elif isinstance(event, SequenceGap):
+            log.info("streams.sequence_gap", expected=event.expected, got=event.got)
+        elif isinstance(event, ProtocolViolation):
+            log.warning("streams.protocol_violation", reason=event.reason, path=self.engine.PATH)
+
+    def _start_call(self, event: StreamStarted) -> None:
+        daemon = self.leg.daemon
+        cfg = daemon.runtime.config if daemon.runtime else daemon.config
+        route = cfg.route_for(event.route or "")
+        if route is None:
+            log.warning("streams.no_route", route=event.route)
+            self.engine.hangup(self.now())
+            self.pump()
+            return
+        call_id = event.call_id or event.stream_id
+        bind_call(call_id)
+        profile = LegProfile(
+            kind=self.engine.DIALECT,  # type: ignore[arg-type]
+            codec=event.codec,
+            sample_rate_hz=event.sample_rate_hz,
+            heard_from="marks",
+            can_clear=self.engine.DIALECT in CAN_CLEAR,
+        )
+        self.cutter = FrameCutter(profile.frame_bytes)
+        started = cmd.CallStarted(
+            call_id=call_id,
+            leg=self.engine.DIALECT,
+            from_=event.custom_parameters.get("from", ""),
+            to=event.custom_parameters.get("to", ""),
+            custom_parameters=dict(event.custom_parameters),
+        )
+        lead = max(0, self.leg.daemon.config.media_streams.lead_ms // 20 - 1)
+        self.call = CallRunner(
+            daemon,
+            call_id,
+            _StreamLeg(self),
+            profile,
+            route,
+            started,
+            lead_frames=lead,
+            on_finished=self.leg._call_finished,
+        )
+        self.leg.calls[call_id] = self.call
+        self.call.start()
+        unbind_call()
+
+    async def run(self) -> None:
+        self.engine.connection_made(self.now())
+        self.pump()
+        try:
+            async for msg in self.conn:
+                if isinstance(msg, str):
+                    self.engine.receive_text(msg, self.now())
+                else:
+                    self.engine.receive_bytes(msg, self.now())
+                self.pump()
+        finally:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.engine.connection_lost(self.now())
+            with contextlib.suppress(Exception):
+                self.pump()
+            if self.call is not None and not self.call.finished:
+                self.call.leg_ended("connection_lost")
+
+
+class MediaStreamsLeg:
+    """The ``[media_streams]`` listener and its calls."""
+
+    name = "media_streams"
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.server: HttpWsServer | None = None
+        self.calls: dict[str, CallRunner] = {}
+        self.draining = False
+
+    @property
+    def settings(self) -> StreamSettings:
+        ms = self.daemon.config.media_streams
+        return StreamSettings(max_message_bytes=ms.max_message_bytes)
+
+    async def start(self) -> None:
+        host, port = split_hostport(self.daemon.config.media_streams.listen)
+        self.server = await serve_http_ws(
+            host,
+            port,
+            http=self._http,
+            ws=self._ws,
+            max_message_bytes=self.daemon.config.media_streams.max_message_bytes,
+        )
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.port
+
+    def active_calls(self) -> int:
+        return len(self.calls)
+
+    def set_draining(self, draining: bool) -> None:
+        self.draining = draining
+
+    async def end_all_calls(self, reason: str) -> None:
+        for call in list(self.calls.values()):
+            call.hangup(reason)
+        await asyncio.sleep(0.05)  # let close frames go out
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.close()
+
+    def _call_finished(self, call: CallRunner) -> None:
+        self.calls.pop(call.call_id, None)
+
+    def _public_url(self, request: HttpRequest) -> str:
+        base = self.daemon.config.media_streams.public_url
+        if base:
+            return base.rstrip("/") + request.target
+        return f"ws://{request.headers.get('host', '')}{request.target}"
+
+    async def _http(self, request: HttpRequest) -> HttpResponse:
+        if request.path == "/twiml" and request.method == "POST":
+            return self._twiml(request)
+        if request.path in DIALECTS:
+            return HttpResponse.text(426, "WebSocket upgrade required")
+        return HttpResponse.text(404, "not found")
+
+    def _twiml(self, request: HttpRequest) -> HttpResponse:
+        form = dict(parse_qsl(request.body.decode("latin-1"), keep_blank_values=True))
+        route = request.query.get("route") or form.get("route", "")
+        base = self.daemon.config.media_streams.public_url or (
+            f"wss://{request.headers.get('host', '')}"
+        )
+        stream_url = base.rstrip("/").replace("ws://", "wss://", 1)
+        stream_url = stream_url if stream_url.endswith("/twilio") else stream_url + "/twilio"
+        params = {
+            k: v for k, v in (("from", form.get("From", "")), ("to", form.get("To", ""))) if v
+        }
+        try:
+            xml = twiml_for_route(stream_url, route or None, params)
+        except ValueError as e:
+            return HttpResponse.text(400, str(e))
+        return HttpResponse(200, xml.encode(), "application/xml")
+
+    async def _ws(self, request: HttpRequest) -> Any:
+        cls = DIALECTS.get(request.path)
+        if cls is None:
+            return HttpResponse.text(404, f"no media-stream dialect at {request.path}")
+        if self.draining:
+            self.daemon.metrics.rejected_total.labels("draining").inc()
+            return HttpResponse(503, b"draining\n", headers=(("Retry-After", "5"),))
+        token = self.daemon.config.media_streams.twilio_auth_token
+        if cls.DIALECT == "twilio" and token:
+            signature = request.headers.get("x-twilio-signature")
+            if not twilio_signature_valid(token, self._public_url(request), signature):
+                self.daemon.metrics.rejected_total.labels("bad_signature").inc()
+                log.warning("streams.bad_signature", path=request.path)
+                return HttpResponse.text(403, "invalid X-Twilio-Signature")
+
+        async def handler(conn: WsConnection) -> None:
+            engine = cls(self.settings, route=request.query.get("route"))
+            await _Stream(self, conn, engine).run()
+
+        return handler

@@ -1,0 +1,177 @@
+"""Run the real daemon in-process against the real ttsd, and drive it as a carrier would."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import websockets
+
+from bridge.config import Config, parse_config
+from bridge.io.daemon import Daemon
+from bridge.io.ttsd_server import TtsServer, start_tts_server
+from bridge.streams.carrier import TwilioCarrier
+from telcodec import g711
+
+FACTOR = float(os.environ.get("CALLBRIDGE_TEST_TIME_FACTOR", "1"))
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def config_text(tts_port: int, extra: str = "", protocol: str = "kova", **kw: str) -> str:
+    path = {"kova": "/v1/ws/kova", "kugelaudio": "/ws/tts/stream", "coda": "/ws"}.get(
+        protocol, "/v1/ws/kova"
+    )
+    url = f"ws://127.0.0.1:{tts_port}{path}"
+    if protocol == "zwst":
+        url = f"http://127.0.0.1:{tts_port}"
+    return f"""
+[daemon]
+log_format = "json"
+event_loop = "asyncio"
+drain_timeout_s = 2
+
+[sip]
+listen = ["127.0.0.1:{kw.get("sip", free_port(socket.SOCK_DGRAM))}"]
+rtp_ports = "{kw.get("rtp", "32000-32999")}"
+
+[media_streams]
+listen = "127.0.0.1:{kw.get("ms", free_port())}"
+{kw.get("ms_extra", "")}
+
+[api]
+listen = "127.0.0.1:{kw.get("api", free_port())}"
+
+[providers.main]
+protocol = "{protocol}"
+url = "{url}"
+api_key = "k"
+voice = "tone"
+
+{extra}
+"""
+
+
+@dataclass
+class Stack:
+    tts: TtsServer
+    daemon: Daemon
+    config: Config
+
+    @property
+    def ms_port(self) -> int:
+        return int(self.config.media_streams.listen.rsplit(":", 1)[1])
+
+
+@asynccontextmanager
+async def stack(routes: str, protocol: str = "kova", **kw: str) -> AsyncIterator[Stack]:
+    tts = await start_tts_server(engine="tone")
+    cfg = parse_config(config_text(tts.port, routes, protocol, **kw), "test.toml")
+    daemon = Daemon(cfg)
+    await daemon.start()
+    try:
+        yield Stack(tts, daemon, cfg)
+    finally:
+        await daemon.drain_and_stop()
+        await daemon.close()
+        await tts.close()
+
+
+def speech_mulaw(seconds: float, level: float = 8000.0) -> bytes:
+    """A voiced, speech-like signal (harmonics with a moving pitch) that webrtcvad accepts."""
+    t = np.arange(int(8000 * seconds)) / 8000
+    f0 = 140 + 30 * np.sin(2 * np.pi * 3 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / 8000
+    wave = sum(np.sin(k * phase) / k for k in range(1, 8))
+    pcm = (wave / np.max(np.abs(wave)) * level).astype("<i2").tobytes()
+    return g711.ulaw_encode(pcm)
+
+
+class TwilioCall:
+    """A real WebSocket to the daemon's /twilio, driven by the sans-I/O carrier emulator."""
+
+    def __init__(self, port: int, custom: dict[str, str] | None = None) -> None:
+        self.port = port
+        self.carrier = TwilioCarrier(custom_parameters=custom or {})
+        self.loop = asyncio.get_running_loop()
+        self.ws: websockets.ClientConnection | None = None
+        self.closed = asyncio.Event()
+        self.speech: bytes = b""
+        self.speech_at: float | None = None
+        self.dtmf: list[tuple[float, str]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> TwilioCall:
+        self.ws = await websockets.connect(f"ws://127.0.0.1:{self.port}/twilio")
+        self.t0 = self.loop.time()
+        self.carrier.connect(self.t0)
+        self._tasks = [
+            self.loop.create_task(self._sender()),
+            self.loop.create_task(self._receiver()),
+        ]
+        return self
+
+    def now(self) -> float:
+        return self.loop.time()
+
+    async def _flush(self) -> None:
+        assert self.ws is not None
+        for text in self.carrier.frames_to_send(self.now()):
+            await self.ws.send(text)
+
+    async def _sender(self) -> None:
+        """Caller audio every 20 ms (silence, or the speech queued with speak_at)."""
+        n = 0
+        while True:
+            now = self.now()
+            elapsed = now - self.t0
+            frame = b"\xff" * 160
+            if self.speech_at is not None and elapsed >= self.speech_at:
+                offset = int((elapsed - self.speech_at) * 8000) // 160 * 160
+                if offset < len(self.speech):
+                    frame = self.speech[offset : offset + 160].ljust(160, b"\xff")
+            for at, digit in list(self.dtmf):
+                if elapsed >= at:
+                    self.carrier.send_dtmf(digit, now)
+                    self.dtmf.remove((at, digit))
+            self.carrier.send_audio(frame, now)
+            await self._flush()
+            n += 1
+            await asyncio.sleep(max(0.0, self.t0 + n * 0.02 - self.now()))
+
+    async def _receiver(self) -> None:
+        assert self.ws is not None
+        try:
+            async for msg in self.ws:
+                self.carrier.receive(str(msg), self.now())
+                await self._flush()
+        except websockets.ConnectionClosed:
+            pass
+        self.closed.set()
+
+    def speak_at(self, at_s: float, audio: bytes) -> None:
+        self.speech, self.speech_at = audio, at_s
+
+    def press_at(self, at_s: float, digit: str) -> None:
+        self.dtmf.append((at_s, digit))
+
+    async def __aexit__(self, *exc: object) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self.ws is not None:
+            self.carrier.send_stop(self.now())
+            for text in self.carrier.frames_to_send(self.now()):
+                try:
+                    await self.ws.send(text)
+                except websockets.ConnectionClosed:
+                    break
+            await self.ws.close()
