@@ -158,7 +158,6 @@ class CallRunner:
 
     def start(self) -> None:
         """Run the route: greeting and flow, or the application."""
-        now = self.loop.time()
         log.info(
             "call.started",
             call_id=self.call_id,
