@@ -189,7 +189,7 @@ def _body(req: _Request, fields: Sequence[FieldSpec], required: bool) -> dict[st
     if ctype != "application/json":
         raise _Refused(415, "unsupported_media_type", "send Content-Type: application/json")
     try:
-        obj = json.loads(req.body, parse_constant=_no_constant)
+        obj = json.loads(req.body, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except (ValueError, RecursionError) as e:
         raise _Refused(400, "invalid_json", f"not JSON: {e}", "$") from None
     if not isinstance(obj, dict):
@@ -206,6 +206,14 @@ def _body(req: _Request, fields: Sequence[FieldSpec], required: bool) -> dict[st
         elif spec.required:
             raise _Refused(422, "invalid_field", "missing", spec.name)
     return obj
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        dup = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
+        raise _Refused(422, "invalid_field", "duplicate key", dup)
+    return out
 
 
 def _no_constant(name: str) -> Any:

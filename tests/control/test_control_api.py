@@ -180,6 +180,7 @@ def test_say_refusals_name_the_field() -> None:
     assert_error(*call("POST", path, ["text"]), 422, "$")
     assert_error(*call("POST", path, b"{not json"), 400, "$")
     assert_error(*call("POST", path, b'{"text": NaN}'), 400, "$")
+    assert_error(*call("POST", path, b'{"text": "a", "text": "b"}'), 422, "text")
     assert_error(*call("POST", "/v1/calls/c-7/say", {"text": "x"}), 404, "call_id")
     d = FakeDirectory(ending={"c-1"})
     assert_error(*call("POST", path, {"text": "x"}, directory=d), 409)
