@@ -43,7 +43,9 @@ States::
         |                       |
         +--failed/timeout-------+--disconnected--> LOST (AppLost: run the fallback)
 
-Events that happen while connecting are buffered (``call.started`` first)
+The shell makes one session per connection: at call start for a route with
+``app``, or when the call queues ``ConnectApp(url)`` (a flow step's ``app``
+hand-over). Events that happen while connecting are buffered (``call.started`` first)
 and flushed on ``connected``. ``AppLost`` carries the route's fallback; the
 shell runs ``flow.fallback_runner(...)`` with it (the fallback flow, or the
 greeting and a hangup) and routes further call events there.

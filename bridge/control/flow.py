@@ -46,7 +46,7 @@ looks up ``timeout``; anything else (and a missing ``timeout`` key) uses
 and a gathering step with nowhere to go is asked again.
 
 A step ends, in this order: a branch target; ``transfer`` (``Transfer``);
-``hangup`` (``Hangup``); ``app``/``voice_agent`` (``HandOver``); ``next``.
+``hangup`` (``Hangup("flow_hangup")``); ``app``/``voice_agent`` (``HandOver``); ``next``.
 Every ending runs after the step's prompt was reported, so "Goodbye" is
 heard before the ``Hangup``. After ``Transfer``, ``Hangup`` and ``HandOver``
 the flow is done and ignores everything; so it does after ``CallEnded``.
