@@ -92,7 +92,15 @@ def _media_streams_leg(daemon: Daemon) -> Leg | None:
     return MediaStreamsLeg(daemon)
 
 
-LEG_FACTORIES: list[LegFactory] = [_media_streams_leg]
+def _sip_leg(daemon: Daemon) -> Leg | None:
+    if not daemon.config.sip.enabled:
+        return None
+    from bridge.io.sip_leg import SipLeg
+
+    return SipLeg(daemon)
+
+
+LEG_FACTORIES: list[LegFactory] = [_sip_leg, _media_streams_leg]
 ApiHandler = Callable[["Daemon", HttpRequest], Awaitable[HttpResponse | None]]
 API_HANDLERS: list[ApiHandler] = []
 
@@ -111,8 +119,21 @@ class Daemon:
     ticker: MediaTicker = field(init=False)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _old_runtimes: list[Runtime] = field(default_factory=list)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     # ------------------------------------------------------------ start-up
+
+    def loop_task(self, coro: Awaitable[None]) -> None:
+        """Run ``coro`` as a task whose failure is logged (it ends only what it ran)."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("daemon.task_failed", error=repr(t.exception()))
+
+        task.add_done_callback(done)
 
     async def _ensure_embedded(self, cfg: Config) -> None:
         for engine in sorted({p.engine for p in cfg.providers if p.embedded}):

@@ -1,0 +1,490 @@
+"""The SIP/RTP leg: SIP over UDP and TCP, one RTP socket pair per call.
+
+One ``SipUserAgent`` engine per listening transport (``[sip] listen`` ×
+``transports``). Each transport callback feeds its engine with
+``loop.time()`` and pumps: datagrams and stream bytes out, call events to
+this leg, one timer re-armed from ``next_deadline()``.
+
+A ``CallOffered`` is routed by the request-URI user (``sip:demo@host`` →
+route ``demo``), negotiated (PCMU/PCMA + telephone-event), given an RTP port
+pair from ``[sip] rtp_ports`` and answered; the call then runs in a
+``CallRunner``. Every 20 ms tick of the call's media clock sends one RTP
+packet (the turn's frame, comfort silence between turns, or an RFC 4733
+event while DTMF is being sent) and takes one inbound frame from the RTP
+jitter buffer for the VAD/barge-in path. The port pair is released on every
+exit path (BYE, CANCEL, RTP timeout, error, refused call, shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from bridge.config import split_hostport
+from bridge.control import commands as cmd
+from bridge.engine import SendDatagram
+from bridge.io.callrun import CallRunner
+from bridge.logs import bind_call, get_logger, unbind_call
+from bridge.media.call_types import LegProfile
+from bridge.rtp.dtmf import DtmfReceived, DtmfSender
+from bridge.rtp.jitter import FrameLost, RtpFrame
+from bridge.rtp.ports import RtpPortAllocator
+from bridge.rtp.session import RtpSession, RtpSessionConfig, RtpTimedOut, silence_frame
+from bridge.sip.events import (
+    CallCancelled,
+    CallEnded,
+    CallOffered,
+    CloseStream,
+    DtmfInfoReceived,
+    HoldChanged,
+    SendStream,
+)
+from bridge.sip.sdp import NegotiatedAudio, build_answer, negotiate, parse_sdp
+from bridge.sip.settings import SipAuthUser, SipSettings
+from bridge.sip.ua import SipUserAgent
+
+if TYPE_CHECKING:
+    from bridge.io.daemon import Daemon
+
+__all__ = ["SipLeg"]
+
+log = get_logger("callbridge.sip")
+
+_URI_USER = re.compile(r"^sips?:([^@;>]+)@", re.IGNORECASE)
+MAX_BIND_ATTEMPTS = 8
+
+
+def _route_key(request_uri: str) -> str:
+    m = _URI_USER.match(request_uri.strip("<>"))
+    return m.group(1) if m else ""
+
+
+class _DatagramProtocol(asyncio.DatagramProtocol):
+    def __init__(self, on_datagram: Callable[[bytes, tuple[str, int]], None]) -> None:
+        self.on_datagram = on_datagram
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        self.on_datagram(data, (addr[0], addr[1]))
+
+    def error_received(self, exc: Exception) -> None:  # ICMP unreachable and the like
+        log.debug("udp.error", error=str(exc))
+
+
+class _UaRunner:
+    """One SIP transport and its user agent engine."""
+
+    def __init__(self, leg: SipLeg, settings: SipSettings) -> None:
+        self.leg = leg
+        self.ua = SipUserAgent(settings)
+        self.kind = settings.transport
+        self.loop = asyncio.get_running_loop()
+        self.udp: asyncio.DatagramTransport | None = None
+        self.tcp: asyncio.Server | None = None
+        self.writers: dict[int, asyncio.StreamWriter] = {}
+        self.next_conn_id = 1
+        self.timer: asyncio.TimerHandle | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        if self.kind == "UDP":
+            proto = _DatagramProtocol(self._on_datagram)
+            transport, _ = await self.loop.create_datagram_endpoint(
+                lambda: proto, local_addr=(host, port)
+            )
+            self.udp = transport  # type: ignore[assignment]
+        else:
+            self.tcp = await asyncio.start_server(self._on_stream, host, port)
+
+    def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.ua.receive_datagram(data, addr, self.loop.time())
+        self.pump()
+
+    async def _on_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn_id = self.next_conn_id
+        self.next_conn_id += 1
+        self.writers[conn_id] = writer
+        peer = writer.get_extra_info("peername")
+        source = (peer[0], peer[1]) if peer else ("0.0.0.0", 0)
+        try:
+            while data := await reader.read(65536):
+                self.ua.receive_stream(conn_id, data, source, self.loop.time())
+                self.pump()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.writers.pop(conn_id, None)
+            self.ua.connection_lost(conn_id)
+            self.pump()
+            writer.close()
+
+    def pump(self) -> None:
+        for action in self.ua.actions_to_send():
+            if isinstance(action, SendDatagram):
+                if self.udp is not None:
+                    self.udp.sendto(action.data, action.addr)
+            elif isinstance(action, SendStream):
+                writer = self.writers.get(action.conn_id)
+                if writer is not None:
+                    writer.write(action.data)
+            elif isinstance(action, CloseStream):
+                writer = self.writers.pop(action.conn_id, None)
+                if writer is not None:
+                    writer.close()
+        for event in self.ua.events_received():
+            self.leg.on_sip_event(self, event)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        deadline = self.ua.next_deadline()
+        if deadline is not None:
+            self.timer = self.loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        self.ua.handle_timer(self.loop.time())
+        self.pump()
+
+    async def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.udp is not None:
+            self.udp.close()
+        if self.tcp is not None:
+            self.tcp.close()
+            for w in list(self.writers.values()):
+                w.close()
+
+
+class _SipCall:
+    """``LegAdapter`` of one SIP call: its RTP session and sockets."""
+
+    kind = "sip"
+
+    def __init__(
+        self,
+        leg: SipLeg,
+        ua: _UaRunner,
+        call_id: str,
+        audio: NegotiatedAudio,
+        rtp_port: int,
+    ) -> None:
+        self.leg = leg
+        self.ua = ua
+        self.call_id = call_id
+        self.audio = audio
+        self.rtp_port = rtp_port
+        self.loop = asyncio.get_running_loop()
+        host = audio.remote_addr[0] if audio.remote_addr else None
+        self.rtp = RtpSession(
+            RtpSessionConfig(
+                payload_types=frozenset({audio.payload_type}),
+                telephone_event_pt=audio.telephone_event_pt,
+                latch=True,
+                latch_host=host,
+                timeout_s=leg.daemon.config.sip.rtp_timeout_s,
+            ),
+            audio.remote_addr,
+            self.loop.time(),
+        )
+        self.pt = audio.payload_type
+        self.silence = silence_frame(self.pt)
+        self.dtmf = DtmfSender()
+        self.rtp_transport: asyncio.DatagramTransport | None = None
+        self.rtcp_transport: asyncio.DatagramTransport | None = None
+        self.runner: CallRunner | None = None
+        self.sending_audio = False
+        self.ended = False
+
+    @property
+    def codec(self) -> str:
+        return "mulaw" if self.audio.codec == "PCMU" else "alaw"
+
+    async def bind(self, host: str) -> None:
+        rtp = _DatagramProtocol(self._on_rtp)
+        rtcp = _DatagramProtocol(self._on_rtcp)
+        t1, _ = await self.loop.create_datagram_endpoint(
+            lambda: rtp, local_addr=(host, self.rtp_port)
+        )
+        try:
+            t2, _ = await self.loop.create_datagram_endpoint(
+                lambda: rtcp, local_addr=(host, self.rtp_port + 1)
+            )
+        except OSError:
+            t1.close()
+            raise
+        self.rtp_transport = t1  # type: ignore[assignment]
+        self.rtcp_transport = t2  # type: ignore[assignment]
+
+    def _on_rtp(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.rtp.receive_datagram(data, addr, self.loop.time())
+        self._pump_rtp()
+
+    def _on_rtcp(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.rtp.receive_rtcp(data, addr, self.loop.time())
+        self._pump_rtp()
+
+    def _pump_rtp(self) -> None:
+        for action in self.rtp.actions_to_send():
+            if isinstance(action, SendDatagram) and self.rtp_transport is not None:
+                if action.addr[1] % 2 and self.rtcp_transport is not None:
+                    self.rtcp_transport.sendto(action.data, action.addr)
+                else:
+                    self.rtp_transport.sendto(action.data, action.addr)
+        for event in self.rtp.events_received():
+            if isinstance(event, DtmfReceived) and self.runner is not None:
+                self.runner.caller_dtmf(event.digit)
+            elif isinstance(event, RtpTimedOut):
+                log.info("sip.rtp_timeout", call_id=self.call_id)
+                if self.runner is not None:
+                    self.runner.hangup("rtp_timeout")
+
+    # --- LegAdapter ---------------------------------------------------------
+
+    def send_frame(self, frame: bytes | None, n: int, now: float) -> None:
+        packet = self.dtmf.next_packet()
+        if packet is not None:
+            self.rtp.send_telephone_event(packet, now, n)
+        else:
+            if frame is not None and not self.sending_audio:
+                self.rtp.start_talkspurt()
+            self.sending_audio = frame is not None
+            self.rtp.send_frame(frame if frame is not None else self.silence, self.pt, now, n)
+        deadline = self.rtp.next_deadline()
+        if deadline is not None and now >= deadline:
+            self.rtp.handle_timer(now)
+        inbound = self.rtp.pop_frame(now)
+        self._pump_rtp()
+        if self.runner is None:
+            return
+        if isinstance(inbound, RtpFrame) and len(inbound.payload) == 160:
+            self.runner.caller_audio(inbound.payload)
+        elif isinstance(inbound, FrameLost) or inbound is None:
+            self.runner.caller_audio(self.silence)
+
+    def send_mark(self, name: str) -> None:
+        """RTP has no marks: a frame sent is a frame heard."""
+
+    def clear(self) -> None:
+        """RTP has no far-end buffer to clear: not sending is enough."""
+
+    def hangup(self, reason: str) -> None:
+        if not self.ended:
+            self.ended = True
+            with contextlib.suppress(Exception):  # the dialog may already be gone
+                self.ua.ua.hangup(self.call_id, self.loop.time())
+            self.ua.pump()
+
+    def transfer(self, target: str) -> None:
+        self.ua.ua.refer(self.call_id, target, self.loop.time())
+        self.ua.pump()
+
+    def send_dtmf(self, digits: str) -> None:
+        if self.audio.telephone_event_pt is not None:
+            self.dtmf.send_digits(digits)
+        else:
+            log.warning("sip.dtmf_unsupported", call_id=self.call_id)
+
+    def close(self) -> None:
+        self.rtp.close(self.loop.time())
+        self._pump_rtp()
+        for t in (self.rtp_transport, self.rtcp_transport):
+            if t is not None:
+                t.close()
+
+
+class SipLeg:
+    """The ``[sip]`` listeners and their calls."""
+
+    name = "sip"
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        cfg = daemon.config.sip
+        self.ports = RtpPortAllocator(cfg.rtp_ports)
+        self.runners: list[_UaRunner] = []
+        self.calls: dict[str, _SipCall] = {}
+        self.draining = False
+        self.secret = os.urandom(32)
+
+    def _settings(self, host: str, port: int, transport: str) -> SipSettings:
+        cfg = self.daemon.config.sip
+        return SipSettings(
+            local_host=host,
+            local_port=port,
+            transport=transport,
+            allowed_sources=cfg.allow,
+            auth_realm=cfg.auth_realm,
+            auth_users=tuple(SipAuthUser(u.user, u.password) for u in cfg.auth_users),
+            auth_secret=self.secret,
+            invite_rate_per_s=cfg.invite_rate_per_source,
+            max_calls=cfg.max_calls,
+            session_expires_s=cfg.session_expires_s,
+            codecs=cfg.codecs,
+        )
+
+    async def start(self) -> None:
+        cfg = self.daemon.config.sip
+        for listen in cfg.listen:
+            host, port = split_hostport(listen)
+            for transport in cfg.transports:
+                runner = _UaRunner(self, self._settings(host, port, transport.upper()))
+                await runner.start(host, port)
+                self.runners.append(runner)
+        log.info("sip.listening", listen=list(cfg.listen), transports=list(cfg.transports))
+
+    def active_calls(self) -> int:
+        return len(self.calls)
+
+    def set_draining(self, draining: bool) -> None:
+        self.draining = draining
+        if draining:
+            for r in self.runners:
+                r.ua.drain()
+
+    async def end_all_calls(self, reason: str) -> None:
+        for call in list(self.calls.values()):
+            if call.runner is not None:
+                call.runner.hangup(reason)
+            else:
+                call.hangup(reason)
+        await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        for call in list(self.calls.values()):
+            self._release(call)
+        for r in self.runners:
+            await r.stop()
+
+    # ------------------------------------------------------------ events
+
+    def on_sip_event(self, ua: _UaRunner, event: object) -> None:
+        if isinstance(event, CallOffered):
+            self.daemon.loop_task(self._offered(ua, event))
+        elif isinstance(event, CallEnded | CallCancelled):
+            call = self.calls.get(event.call_id)
+            if call is not None:
+                call.ended = True
+                reason = getattr(event, "reason", "cancelled")
+                if call.runner is not None:
+                    call.runner.leg_ended(reason)
+                self._release(call)
+        elif isinstance(event, DtmfInfoReceived):
+            call = self.calls.get(event.call_id)
+            if call is not None and call.runner is not None:
+                call.runner.caller_dtmf(event.digit)
+        elif isinstance(event, HoldChanged):
+            call = self.calls.get(event.call_id)
+            if call is not None:
+                direction = (
+                    event.direction if event.direction in ("sendonly", "inactive") else "sendrecv"
+                )
+                call.rtp.set_direction(
+                    {"sendonly": "recvonly", "inactive": "inactive"}.get(direction, "sendrecv"),  # type: ignore[arg-type]
+                    call.loop.time(),
+                )
+                if event.remote_rtp_addr is not None:
+                    call.rtp.set_remote(event.remote_rtp_addr)
+
+    async def _offered(self, ua: _UaRunner, event: CallOffered) -> None:
+        loop = asyncio.get_running_loop()
+        cfg = self.daemon.runtime.config if self.daemon.runtime else self.daemon.config
+        route = cfg.route_for(_route_key(event.request_uri))
+        reject: tuple[int, str] | None = None
+        audio = negotiate(parse_sdp(event.offer_sdp), cfg.sip.codecs) if event.offer_sdp else None
+        if route is None:
+            reject = (404, "Not Found")
+        elif audio is None:
+            reject = (488, "Not Acceptable Here")
+        elif self.active_calls() >= cfg.sip.max_calls:
+            reject = (503, "Service Unavailable")
+        if reject is not None or route is None or audio is None:
+            status, phrase = reject or (500, "Server Internal Error")
+            self.daemon.metrics.rejected_total.labels(f"sip_{status}").inc()
+            ua.ua.reject(
+                event.call_id,
+                status,
+                phrase,
+                loop.time(),
+                (("Retry-After", "5"),) if status == 503 else (),
+            )
+            ua.pump()
+            return
+        host = ua.ua.settings.local_host
+        call = await self._bind(ua, event.call_id, audio, host)
+        if call is None:
+            ua.ua.reject(
+                event.call_id, 503, "Service Unavailable", loop.time(), (("Retry-After", "5"),)
+            )
+            ua.pump()
+            return
+        self.calls[event.call_id] = call
+        rtp_host = cfg.sip.rtp_address or host
+        offer = parse_sdp(event.offer_sdp)
+        answer = build_answer(
+            offer, audio, rtp_host, call.rtp_port, int.from_bytes(os.urandom(4), "big") >> 1, 1
+        )
+        try:
+            ua.ua.answer(event.call_id, answer, loop.time())
+        except Exception:  # the caller cancelled while we bound the ports
+            log.info("sip.answer_failed", call_id=event.call_id)
+            self._release(call)
+            return
+        ua.pump()
+        bind_call(event.call_id)
+        profile = LegProfile(kind="sip", codec=call.codec, heard_from="frames")  # type: ignore[arg-type]
+        started = cmd.CallStarted(
+            call_id=event.call_id, leg="sip", from_=event.from_uri, to=event.to_uri
+        )
+        call.runner = CallRunner(
+            self.daemon,
+            event.call_id,
+            call,
+            profile,
+            route,
+            started,
+            on_finished=lambda r: self._runner_finished(call),
+        )
+        self.daemon.metrics.call_setup_seconds.labels("sip").observe(0.0)
+        call.runner.start()
+        unbind_call()
+
+    async def _bind(
+        self, ua: _UaRunner, call_id: str, audio: NegotiatedAudio, host: str
+    ) -> _SipCall | None:
+        for _ in range(MAX_BIND_ATTEMPTS):
+            port = self.ports.allocate(call_id)
+            if port is None:
+                return None
+            call = _SipCall(self, ua, call_id, audio, port)
+            try:
+                await call.bind(_bind_host(host))
+                return call
+            except OSError:
+                self.ports.release(call_id)
+                self.ports.mark_unusable(port)
+        return None
+
+    def _runner_finished(self, call: _SipCall) -> None:
+        if not call.ended:
+            call.hangup("finished")
+        self._release(call)
+
+    def _release(self, call: _SipCall) -> None:
+        if self.calls.pop(call.call_id, None) is not None:
+            call.close()
+            self.ports.release(call.call_id)
+
+
+def _bind_host(host: str) -> str:
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(host)
+        return host
+    return "0.0.0.0"
