@@ -131,6 +131,7 @@ class KovaProtocol(Outbox):
         self._start_timeout_s = float(settings.option("start_timeout_s", 10.0))
         self._reply_timeout_s = float(settings.option("reply_timeout_s", 10.0))
         self._close_timeout_s = float(settings.option("close_timeout_s", 5.0))
+        self._forced_format = _forced_format(settings)
         self._ready = False
         self._failed = False
         self._closing = False
@@ -213,7 +214,8 @@ class KovaProtocol(Outbox):
         if len(self._contexts) >= self.max_turns:
             raise LocalProtocolError("kova connection has no free context")
         self._context_serial += 1
-        ctx = _Context(turn_id, f"c{self._context_serial}", _requested_format(settings))
+        fmt = self._forced_format or _requested_format(settings)
+        ctx = _Context(turn_id, f"c{self._context_serial}", fmt)
         ctx.deadline_at = now + self._start_timeout_s
         self._contexts[ctx.context_id] = ctx
         self._turns[turn_id] = ctx
@@ -482,6 +484,24 @@ def _requested_format(settings: TurnSettings) -> AudioFormat:
     if fmt.encoding != "pcm_s16le" and fmt.sample_rate_hz != 8000:
         return AudioFormat("pcm_s16le", fmt.sample_rate_hz)
     return fmt
+
+
+def _forced_format(settings: ProviderSettings) -> AudioFormat | None:
+    """``[providers.NAME]`` options ``encoding`` (pcm/mulaw/alaw) and ``sample_rate``.
+
+    When either is set, every turn asks for that format whatever the leg
+    uses (e.g. 24 kHz PCM on a G.711 leg, to exercise resampling); the call
+    transcodes what arrives. Unset: the turn's own format (pass-through).
+    """
+    raw_encoding = settings.option("encoding", "")
+    raw_rate = settings.option("sample_rate", 0)
+    if not raw_encoding and not raw_rate:
+        return None
+    encoding = ENCODINGS.get(str(raw_encoding or "pcm"), "pcm_s16le")
+    rate = raw_rate if isinstance(raw_rate, int) and not isinstance(raw_rate, bool) else 0
+    if rate <= 0:
+        rate = DEFAULT_FORMAT.sample_rate_hz if encoding == "pcm_s16le" else 8000
+    return AudioFormat(encoding, rate)
 
 
 def _format_from_echo(echoed: dict[str, object], asked: AudioFormat) -> AudioFormat | None:
