@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import http.server
+import json
 import os
 import shutil
 import signal
@@ -31,7 +32,7 @@ from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import Server, ServerConnection, serve
 
 from .conftest import daemon_config, free_port
-from .scaleout import ROOT, http_get, stop_process, wait_until
+from .scaleout import ROOT, http_get, metric_sum, stop_process, wait_until
 
 HAPROXY_CFG = ROOT / "config" / "haproxy" / "haproxy.cfg"
 
@@ -264,22 +265,49 @@ def test_two_daemons_behind_haproxy_drain(
     if any(_refuses(ms) for _proc, _api, ms in daemons):
         pytest.skip("media-stream leg not wired into the daemon")
 
-    (pa, api_a, _), (pb, _api_b, _) = daemons
+    (pa, api_a, _), (pb, api_b, _) = daemons
     url = f"ws://127.0.0.1:{h.port}/twilio"
+
+    def active(api: int) -> float:
+        text = http_get(f"http://127.0.0.1:{api}/metrics")[1]
+        return metric_sum(text, "callbridge_calls_active")
+
+    def call(stack: contextlib.ExitStack, n: int) -> ClientConnection:
+        """A Twilio stream that becomes a call (``connected`` then ``start``)."""
+        ws = stack.enter_context(connect(url))
+        ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
+        start = {
+            "streamSid": f"MZ{n}",
+            "callSid": f"CA{n}",
+            "accountSid": "AC1",
+            "tracks": ["inbound"],
+            "customParameters": {},
+            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+        }
+        ws.send(
+            json.dumps(
+                {"event": "start", "sequenceNumber": "1", "streamSid": f"MZ{n}", "start": start}
+            )
+        )
+        return ws
+
     with contextlib.ExitStack() as stack:
-        # one stream lands on each node (leastconn)
-        first = [stack.enter_context(connect(url)) for _ in range(2)]
+        # one call lands on each node (leastconn)
+        first = [call(stack, n) for n in range(2)]
+        assert wait_until(lambda: active(api_a) == 1 and active(api_b) == 1, 10)
         stot = {n: int(r["stot"]) for n, r in h.servers().items() if n.startswith("node-")}
         assert stot == {"node-a": 1, "node-b": 1}, stot
 
-        pa.send_signal(signal.SIGTERM)  # drain: /readyz 503, the stream continues
+        pa.send_signal(signal.SIGTERM)  # drain: /readyz 503, the call continues
         assert wait_until(lambda: http_get(f"http://127.0.0.1:{api_a}/readyz")[0] == 503, 5)
         assert wait_until(lambda: h.status("node-a") == "DOWN", 5), h.servers()
-        assert pa.poll() is None, "the draining daemon waits for its stream"
-        for _ in range(3):
-            stack.enter_context(connect(url))
+        for n in range(2, 5):
+            call(stack, n)
+        assert wait_until(lambda: active(api_b) == 4, 10), active(api_b)
         after = {n: int(r["stot"]) for n, r in h.servers().items() if n.startswith("node-")}
         assert after == {"node-a": 1, "node-b": 4}, "new streams all went to node b"
+        assert pa.poll() is None, "the draining daemon waits for its call"
+        assert active(api_a) == 1
         assert all(ws.state.name == "OPEN" for ws in first)
-    assert pa.wait(60) == 0, "the drained daemon exits 0 once its stream is closed"
+    assert pa.wait(60) == 0, "the drained daemon exits 0 once its call is over"
     assert pb.poll() is None
