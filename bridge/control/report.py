@@ -25,15 +25,23 @@ since the answer for positions):
   packets share one space) are unwrapped in arrival order; every hole between
   the lowest and highest one received is a gap, reordering is not.
 * ``silence_gaps``: quiet stretches longer than ``SILENCE_GAP_MIN_S`` between
-  two received speech frames (from the end of one to the arrival of the next).
+  two speech frames (from the end of one to the start of the next).
 * ``barge_ins``, one per speech onset: the outbound audio *stopped* at the
   end of the last speech frame after which nothing at or above the threshold
-  arrived for ``hold_s`` (silent frames on RTP, silence or no media at all on
-  a media stream), or at the first ``clear`` after the onset if that came
-  first. ``barge_in_ms`` is stop - onset (never negative). If no speech
-  frame arrived in the ``hold_s`` before the onset, the far side was not
-  speaking and nothing is measured (``outcome="not-speaking"``); if it was
-  still speaking when the call ended, ``outcome="still-speaking"``.
+  came for ``hold_s`` (silent frames on RTP, silence or no media at all on a
+  media stream), or at the first ``clear`` after the onset if that came no
+  later than one frame after it (``outcome="cleared"``). ``barge_in_ms`` is
+  stop - onset (never negative). If no speech frame came in the ``hold_s``
+  before the onset, the far side was not speaking and nothing is measured
+  (``outcome="not-speaking"``); if it was still speaking when the call ended,
+  ``outcome="still-speaking"``.
+
+Which frames the last two are measured on: RTP frames as they arrived (the
+caller plays them at once). A media stream is sent ahead of time and the
+carrier buffers it, so media that stopped *arriving* is still playing; there
+the caller passes ``heard_frames``, the carrier's playout cut into 20 ms
+frames at the times they played (``TwilioCarrier.heard_audio``), and gaps and
+barge-in are measured on what the caller actually heard.
 """
 
 from __future__ import annotations
@@ -126,6 +134,8 @@ class CallRecording:
     """2xx received (SIP) or socket opened (media stream); None if never answered."""
     ended_at_s: float
     frames: tuple[ReceivedFrame, ...] = ()
+    heard_frames: tuple[ReceivedFrame, ...] | None = None
+    """Media streams: the playout, one frame per 20 ms from ``answered_at_s`` (see above)."""
     event_seqs: tuple[int, ...] = ()
     """RTP sequence numbers of received non-audio packets (telephone-event)."""
     speech_onsets_s: tuple[float, ...] = ()
@@ -139,6 +149,10 @@ class CallRecording:
     """(time, digit) of each key press the far side sent us."""
     ended_by: str = ""
     """``local-hangup``, ``remote-bye``, ``stop``, ``closed``..."""
+    slipped_frames: int = 0
+    """Outbound frames skipped because the caller's own loop woke too late."""
+    protocol_errors: tuple[str, ...] = ()
+    """Mistakes the far side made that the caller noticed (media streams)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +212,8 @@ class CallReport:
     clears_received: int
     dtmf_sent: str
     dtmf_received: str
+    slipped_frames: int
+    protocol_errors: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (``--json``)."""
@@ -301,7 +317,7 @@ def _barge_in(
             break
     clear_s = next((c for c in clears_s if c >= onset_s), None)
     outcome: BargeInOutcome = "stopped"
-    if clear_s is not None and (stop_s is None or clear_s < stop_s):
+    if clear_s is not None and (stop_s is None or clear_s <= stop_s + frame_s):
         stop_s, outcome = clear_s, "cleared"
     if stop_s is None:
         return BargeIn(position, "still-speaking")
@@ -326,6 +342,8 @@ def build_report(
     origin_s = rec.answered_at_s if rec.answered_at_s is not None else rec.started_at_s
     arrivals = [f.at_s for f in rec.frames]
     speech = [f.at_s for f in rec.frames if f.level_dbfs >= threshold_dbfs]
+    heard = rec.frames if rec.heard_frames is None else rec.heard_frames
+    heard_speech = [f.at_s for f in heard if f.level_dbfs >= threshold_dbfs]
     if rec.transport == "sip":
         setup_ms = None if rec.answered_at_s is None else (rec.answered_at_s - rec.started_at_s)
         seqs = [f.seq for f in rec.frames if f.seq is not None] + list(rec.event_seqs)
@@ -349,14 +367,16 @@ def build_report(
         ),
         lost_packets=sum(g.missing for g in gaps),
         sequence_gaps=gaps,
-        silence_gaps=silence_gaps(speech, origin_s, frame_s),
+        silence_gaps=silence_gaps(heard_speech, origin_s, frame_s),
         barge_ins=tuple(
-            _barge_in(onset, speech, rec.clears_at_s, rec.ended_at_s, origin_s, hold_s, frame_s)
-            for onset in rec.speech_onsets_s
+            _barge_in(o, heard_speech, rec.clears_at_s, rec.ended_at_s, origin_s, hold_s, frame_s)
+            for o in rec.speech_onsets_s
         ),
         clears_received=len(rec.clears_at_s),
         dtmf_sent="".join(d for _, d in rec.dtmf_sent),
         dtmf_received="".join(d for _, d in rec.dtmf_received),
+        slipped_frames=rec.slipped_frames,
+        protocol_errors=rec.protocol_errors,
     )
 
 
@@ -398,4 +418,7 @@ def format_report(report: CallReport) -> str:
         lines.append(
             f"dtmf:              sent {r.dtmf_sent or '-'}, received {r.dtmf_received or '-'}"
         )
+    if r.slipped_frames:
+        lines.append(f"caller slipped:    {r.slipped_frames} frames (its own loop woke late)")
+    lines.extend(f"protocol error:    {e}" for e in r.protocol_errors[:10])
     return "\n".join(lines)

@@ -234,3 +234,21 @@ def test_json_and_text_carry_the_same_figures() -> None:
     assert "setup time:        100.0 ms" in text
     assert "barge-in:          onset at 1.800 s -> 500.0 ms (stopped)" in text
     assert "lost packets:      0" in text
+
+
+def test_media_stream_gaps_and_barge_in_use_what_was_heard_when_given() -> None:
+    # Media was sent 200 ms ahead: it stopped *arriving* at 0.8 s, but played until 1.0 s.
+    arrivals = frames(0.0, 40, SPEECH)
+    heard = frames(0.0, 50, SPEECH) + frames(1.0, 100, QUIET)
+    rec = CallRecording(
+        transport="ws",
+        started_at_s=0.0,
+        answered_at_s=0.0,
+        ended_at_s=3.0,
+        frames=tuple(arrivals),
+        heard_frames=tuple(heard),
+        speech_onsets_s=(0.7,),
+    )
+    report = build_report(rec)
+    assert report.barge_ins == (BargeIn(0.7, "stopped", stopped_s=1.0, barge_in_ms=300.0),)
+    assert report.frames_received == 40 and report.speech_frames_received == 40
