@@ -218,10 +218,10 @@ class _Connection:
             self.pool.note_error(event.kind)
             if self.catch_all is not None:
                 self.catch_all(event)
-            for turn_id in event.turn_ids or tuple(self.sinks):
-                sink = self.sinks.pop(turn_id, None)
-                if sink is not None:
-                    sink(replace(event, turn_ids=(turn_id,)))
+            for failed_id in event.turn_ids or tuple(self.sinks):
+                failed_sink = self.sinks.pop(failed_id, None)
+                if failed_sink is not None:
+                    failed_sink(replace(event, turn_ids=(failed_id,)))
             return
         turn_id = getattr(event, "turn_id", None)
         sink = self.sinks.get(turn_id) if isinstance(turn_id, str) else None
@@ -250,6 +250,7 @@ class ProviderPool:
         self.reconnects = 0
         self._closing = False
         self._reconnect_task: asyncio.Task[None] | None = None
+        self._turn_serial = 0
 
     @property
     def name(self) -> str:
@@ -269,7 +270,7 @@ class ProviderPool:
         settings = self.settings
         if self.pooling is not None:
             key = key if key is not None else self._key(None)
-            settings = self.pooling[1](self.settings, *key)
+            settings = self.pooling[1](self.settings, *(key or ()))
         conn = _Connection(self, self.engine_cls(settings), key)
         self.connections.append(conn)
         conn.task = asyncio.get_running_loop().create_task(conn.run())
@@ -314,10 +315,18 @@ class ProviderPool:
         return self._open(key)
 
     def open_turn(self, turn_id: str, settings: TurnSettings, sink: Sink) -> _TurnHandle:
+        """Open ``turn_id`` on a connection with room; its events go to ``sink``.
+
+        Calls share connections and every call numbers its own turns
+        (``greeting``, ``flow-talk-1``...), so on the wire the turn gets an id
+        unique in this pool; events come back to ``sink`` under ``turn_id``.
+        """
         conn = self._connection_for_turn(settings)
-        conn.sinks[turn_id] = sink
-        handle = _TurnHandle(conn, turn_id)
-        handle.call(lambda e, now: e.open_turn(turn_id, settings, now))
+        self._turn_serial += 1
+        wire_id = f"{turn_id}~{self._turn_serial}"
+        conn.sinks[wire_id] = lambda e: sink(_retag(e, turn_id))
+        handle = _TurnHandle(conn, wire_id)
+        handle.call(lambda e, now: e.open_turn(wire_id, settings, now))
         return handle
 
     async def open_agent(self, sink: Sink, timeout_s: float = 10.0) -> AgentSession:
@@ -345,6 +354,15 @@ class ProviderPool:
         await asyncio.gather(
             *(c.task for c in self.connections if c.task is not None), return_exceptions=True
         )
+
+
+def _retag(event: Event, turn_id: str) -> Event:
+    """``event`` as seen by the turn's owner (its own turn id, not the wire id)."""
+    if isinstance(event, ProviderFailed):
+        return replace(event, turn_ids=(turn_id,))
+    if isinstance(getattr(event, "turn_id", None), str):
+        return replace(event, turn_id=turn_id)  # type: ignore[type-var]
+    return event
 
 
 class _TurnHandle:
