@@ -26,10 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+import websockets
+
 from bridge.config import RouteConfig
 from bridge.control import commands as cmd
-from bridge.control.flow import FlowRunner
-from bridge.engine import Event
+from bridge.control.app import AppLost, AppSession
+from bridge.control.flow import FlowRunner, fallback_runner
+from bridge.engine import CloseConnection, Event, SendText
 from bridge.io.tts_client import AgentSession, Speaker
 from bridge.logs import get_logger
 from bridge.media.bargein import BargeInPolicy
@@ -143,6 +146,10 @@ class CallRunner:
         )
         self.source: FlowRunner | None = None
         self.source_timer: asyncio.TimerHandle | None = None
+        self.app: AppSession | None = None
+        self.app_ws: Any = None
+        self.app_task: asyncio.Task[None] | None = None
+        self.app_timer: asyncio.TimerHandle | None = None
         self.agent: AgentSession | None = None
         self.agent_task: asyncio.Task[None] | None = None
         self.pending_prompts: dict[str, _PendingPrompt] = {}
@@ -168,8 +175,18 @@ class CallRunner:
         )
         self._guard(self._start_source)
 
+    @property
+    def turn_source(self) -> str:
+        if self.bridge.agent_active:
+            return "voice_agent"
+        if self.app is not None and self.app.is_connected:
+            return "app"
+        return "flow" if self.source is not None else ""
+
     def _start_source(self, now: float) -> None:
-        if self.route.flow:
+        if self.route.app:
+            self._connect_app(self.route.app, now)
+        elif self.route.flow:
             self.source = FlowRunner(self.config.flow(self.route.flow), self.route.greeting, now)
             self.source.start(now)
         elif self.route.greeting:
@@ -297,6 +314,74 @@ class CallRunner:
         for speaker in self.speakers.values():
             speaker.cancel(a.turn_id)
 
+    # ---------------------------------------------------- application
+
+    def _connect_app(self, url: str, now: float) -> None:
+        """Dial the application WebSocket; the session buffers events until it is open."""
+        self.app = AppSession(
+            self.started_info,
+            url,
+            now,
+            fallback_flow=self.route.fallback_flow,
+            greeting=self.route.greeting,
+        )
+        self.app_task = self.loop.create_task(self._run_app(self.app))
+
+    async def _run_app(self, session: AppSession) -> None:
+        try:
+            ws = await websockets.connect(session.url, open_timeout=5, max_size=1 << 16)
+        except (TimeoutError, OSError, websockets.WebSocketException) as e:
+            self._guard(session.connect_failed, f"{type(e).__name__}: {e}")
+            return
+        self.app_ws = ws
+        self._guard(lambda now: session.connected(now))
+        code, reason = 1006, "connection lost"
+        try:
+            async for msg in ws:
+                if isinstance(msg, str):
+                    self._guard(session.receive_text, msg)
+                else:
+                    self._guard(session.receive_bytes, msg)
+            code, reason = ws.close_code or 1000, ws.close_reason or ""
+        except websockets.ConnectionClosed as e:
+            code, reason = e.code, e.reason
+        if not self.finished:
+            self._guard(lambda now: session.disconnected(code, reason, now))
+
+    def _pump_app(self, now: float) -> list[cmd.Command]:
+        session = self.app
+        if session is None:
+            return []
+        for action in session.actions_to_send():
+            if self.app_ws is None:
+                continue
+            if isinstance(action, SendText):
+                self.loop.create_task(self._app_send(action.text))
+            elif isinstance(action, CloseConnection):
+                self.loop.create_task(self.app_ws.close(action.code, action.reason))
+        for event in session.events_received():
+            if isinstance(event, AppLost):
+                log.warning("app.lost", call_id=self.call_id, reason=event.reason)
+                flow = self.config.flow(event.fallback_flow) if event.fallback_flow else None
+                self.source = fallback_runner(flow, event.greeting, now, replace=event.mid_call)
+                self.source.start(now)
+        if self.app_timer is not None:
+            self.app_timer.cancel()
+            self.app_timer = None
+        deadline = session.next_deadline()
+        if deadline is not None and not self.finished:
+            self.app_timer = self.loop.call_at(deadline, self._on_app_timer)
+        return session.commands_to_send()
+
+    async def _app_send(self, text: str) -> None:
+        with contextlib.suppress(websockets.ConnectionClosed):
+            await self.app_ws.send(text)
+
+    def _on_app_timer(self) -> None:
+        self.app_timer = None
+        if self.app is not None:
+            self._guard(self.app.handle_timer)
+
     # ------------------------------------------------------- voice agent
 
     def _start_agent(self, provider: str) -> None:
@@ -326,6 +411,7 @@ class CallRunner:
             for event in events:
                 self._on_event(event, now)
             commands = self.source.commands_to_send() if self.source else []
+            commands += self._pump_app(now)
             for command in commands:
                 self.bridge.execute(command, now)
             if not (actions or events or commands):
@@ -365,7 +451,8 @@ class CallRunner:
                 # the agent engine sends voice.played on its own 500 ms timer and on cancel
                 self.agent.set_played_position(a.item_id, a.ms)
         elif isinstance(a, ConnectApp):
-            log.warning("call.app_unsupported", call_id=self.call_id, url=a.url)
+            self.source = None  # the flow handed over; the application drives from here
+            self._connect_app(a.url, self.loop.time())
         else:
             log.warning("call.unknown_action", call_id=self.call_id, action=type(a).__name__)
 
@@ -373,6 +460,8 @@ class CallRunner:
         m = self.daemon.metrics
         if self.source is not None:
             self.source.handle_event(event, now)
+        if self.app is not None:
+            self.app.handle_event(event, now)
         if isinstance(event, cmd.TurnInterrupted):
             if event.reason in ("speech", "dtmf"):
                 m.bargeins_total.labels(event.reason).inc()
@@ -427,6 +516,14 @@ class CallRunner:
             self.loop.create_task(self.agent.close())
         elif self.agent_task is not None:
             self.agent_task.cancel()
+        if self.app_timer is not None:
+            self.app_timer.cancel()
+        if self.app is not None:
+            self._pump_app(self.loop.time())  # call.ended goes out, then the close
+            if self.app_ws is not None:
+                self.loop.call_later(1.0, lambda: self.loop.create_task(self.app_ws.close()))
+            elif self.app_task is not None:
+                self.app_task.cancel()
         m = self.daemon.metrics
         m.calls_active.labels(self.leg.kind, self.route.match).dec()
         m.calls_total.labels(self.leg.kind, self.route.match, self.end_reason).inc()

@@ -102,7 +102,15 @@ def _sip_leg(daemon: Daemon) -> Leg | None:
 
 LEG_FACTORIES: list[LegFactory] = [_sip_leg, _media_streams_leg]
 ApiHandler = Callable[["Daemon", HttpRequest], Awaitable[HttpResponse | None]]
-API_HANDLERS: list[ApiHandler] = []
+
+
+async def _v1_api(daemon: Daemon, request: HttpRequest) -> HttpResponse | None:
+    from bridge.io.api_shell import api_handler
+
+    return await api_handler(daemon, request)
+
+
+API_HANDLERS: list[ApiHandler] = [_v1_api]
 
 
 @dataclass

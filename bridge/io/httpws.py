@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from websockets.frames import Opcode
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Request as WsRequest
 from websockets.protocol import State
 from websockets.server import ServerProtocol
@@ -217,6 +217,8 @@ class WsConnection:
 
     def _collect(self) -> None:
         for frame in self._proto.events_received():
+            if not isinstance(frame, Frame):
+                continue
             op = frame.opcode
             if op is Opcode.TEXT or op is Opcode.BINARY:
                 if frame.fin:
@@ -362,12 +364,12 @@ async def serve_http_ws(
             writer.write(decision.serialize())
             await writer.drain()
             return
-        response = proto.accept(events[0])
-        proto.send_response(response)
+        handshake = proto.accept(events[0])
+        proto.send_response(handshake)
         for chunk in proto.data_to_send():
             writer.write(chunk)
         await writer.drain()
-        if response.status_code != 101:
+        if handshake.status_code != 101:
             return
         conn = WsConnection(request, proto, reader, writer)
         try:

@@ -22,10 +22,11 @@ import contextlib
 import ipaddress
 import os
 import re
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bridge.config import split_hostport
+from bridge.config import RouteConfig, split_hostport
 from bridge.control import commands as cmd
 from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
@@ -42,9 +43,11 @@ from bridge.sip.events import (
     CloseStream,
     DtmfInfoReceived,
     HoldChanged,
+    OutboundCallAnswered,
+    OutboundCallFailed,
     SendStream,
 )
-from bridge.sip.sdp import NegotiatedAudio, build_answer, negotiate, parse_sdp
+from bridge.sip.sdp import NegotiatedAudio, build_answer, build_offer, negotiate, parse_sdp
 from bridge.sip.settings import SipAuthUser, SipSettings
 from bridge.sip.ua import SipUserAgent
 
@@ -168,20 +171,29 @@ class _SipCall:
 
     kind = "sip"
 
-    def __init__(
-        self,
-        leg: SipLeg,
-        ua: _UaRunner,
-        call_id: str,
-        audio: NegotiatedAudio,
-        rtp_port: int,
-    ) -> None:
+    def __init__(self, leg: SipLeg, ua: _UaRunner, call_id: str, rtp_port: int) -> None:
         self.leg = leg
         self.ua = ua
         self.call_id = call_id
-        self.audio = audio
+        self.port_key = call_id
         self.rtp_port = rtp_port
         self.loop = asyncio.get_running_loop()
+        self.audio: NegotiatedAudio | None = None
+        self.rtp = RtpSession(RtpSessionConfig(), None, self.loop.time())  # until negotiated
+        self.pt = 0
+        self.silence = silence_frame(0)
+        self.dtmf = DtmfSender()
+        self.rtp_transport: asyncio.DatagramTransport | None = None
+        self.rtcp_transport: asyncio.DatagramTransport | None = None
+        self.runner: CallRunner | None = None
+        self.sending_audio = False
+        self.ended = False
+        self.outbound = False
+        self.created_at = self.loop.time()
+
+    def start_media(self, audio: NegotiatedAudio) -> None:
+        """Offer/answer is done: the RTP session for the negotiated stream."""
+        self.audio = audio
         host = audio.remote_addr[0] if audio.remote_addr else None
         self.rtp = RtpSession(
             RtpSessionConfig(
@@ -189,39 +201,44 @@ class _SipCall:
                 telephone_event_pt=audio.telephone_event_pt,
                 latch=True,
                 latch_host=host,
-                timeout_s=leg.daemon.config.sip.rtp_timeout_s,
+                timeout_s=self.leg.daemon.config.sip.rtp_timeout_s,
             ),
             audio.remote_addr,
             self.loop.time(),
         )
         self.pt = audio.payload_type
         self.silence = silence_frame(self.pt)
-        self.dtmf = DtmfSender()
-        self.rtp_transport: asyncio.DatagramTransport | None = None
-        self.rtcp_transport: asyncio.DatagramTransport | None = None
-        self.runner: CallRunner | None = None
-        self.sending_audio = False
-        self.ended = False
 
     @property
     def codec(self) -> str:
-        return "mulaw" if self.audio.codec == "PCMU" else "alaw"
+        return "alaw" if self.audio is not None and self.audio.codec == "PCMA" else "mulaw"
 
-    async def bind(self, host: str) -> None:
+    def bind_sockets(self, host: str) -> tuple[socket.socket, socket.socket]:
+        """Bind the RTP/RTCP port pair now (raises OSError if either is taken)."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        pair: list[socket.socket] = []
+        try:
+            for port in (self.rtp_port, self.rtp_port + 1):
+                sock = socket.socket(family, socket.SOCK_DGRAM)
+                pair.append(sock)
+                sock.setblocking(False)
+                sock.bind((host, port))
+        except OSError:
+            for sock in pair:
+                sock.close()
+            raise
+        return pair[0], pair[1]
+
+    async def attach(self, socks: tuple[socket.socket, socket.socket]) -> None:
+        """Start receiving on the bound port pair."""
         rtp = _DatagramProtocol(self._on_rtp)
         rtcp = _DatagramProtocol(self._on_rtcp)
-        t1, _ = await self.loop.create_datagram_endpoint(
-            lambda: rtp, local_addr=(host, self.rtp_port)
-        )
-        try:
-            t2, _ = await self.loop.create_datagram_endpoint(
-                lambda: rtcp, local_addr=(host, self.rtp_port + 1)
-            )
-        except OSError:
-            t1.close()
-            raise
+        t1, _ = await self.loop.create_datagram_endpoint(lambda: rtp, sock=socks[0])
+        t2, _ = await self.loop.create_datagram_endpoint(lambda: rtcp, sock=socks[1])
         self.rtp_transport = t1  # type: ignore[assignment]
         self.rtcp_transport = t2  # type: ignore[assignment]
+        if self.ended:
+            self.close()
 
     def _on_rtp(self, data: bytes, addr: tuple[str, int]) -> None:
         self.rtp.receive_datagram(data, addr, self.loop.time())
@@ -287,7 +304,7 @@ class _SipCall:
         self.ua.pump()
 
     def send_dtmf(self, digits: str) -> None:
-        if self.audio.telephone_event_pt is not None:
+        if self.audio is not None and self.audio.telephone_event_pt is not None:
             self.dtmf.send_digits(digits)
         else:
             log.warning("sip.dtmf_unsupported", call_id=self.call_id)
@@ -313,6 +330,7 @@ class SipLeg:
         self.calls: dict[str, _SipCall] = {}
         self.draining = False
         self.secret = os.urandom(32)
+        self.pending_routes: dict[str, tuple[RouteConfig, str, str]] = {}
 
     def _settings(self, host: str, port: int, transport: str) -> SipSettings:
         cfg = self.daemon.config.sip
@@ -376,6 +394,15 @@ class SipLeg:
                 if call.runner is not None:
                     call.runner.leg_ended(reason)
                 self._release(call)
+        elif isinstance(event, OutboundCallAnswered):
+            self._outbound_answered(event)
+        elif isinstance(event, OutboundCallFailed):
+            self.pending_routes.pop(event.call_id, None)
+            call = self.calls.get(event.call_id)
+            log.info("sip.outbound_failed", call_id=event.call_id, status=event.status)
+            if call is not None:
+                call.ended = True
+                self._release(call)
         elif isinstance(event, DtmfInfoReceived):
             call = self.calls.get(event.call_id)
             if call is not None and call.runner is not None:
@@ -395,6 +422,7 @@ class SipLeg:
 
     async def _offered(self, ua: _UaRunner, event: CallOffered) -> None:
         loop = asyncio.get_running_loop()
+        offered_at = loop.time()
         cfg = self.daemon.runtime.config if self.daemon.runtime else self.daemon.config
         route = cfg.route_for(_route_key(event.request_uri))
         reject: tuple[int, str] | None = None
@@ -418,13 +446,16 @@ class SipLeg:
             ua.pump()
             return
         host = ua.ua.settings.local_host
-        call = await self._bind(ua, event.call_id, audio, host)
-        if call is None:
+        bound = self._bind(ua, event.call_id, host)
+        if bound is None:
             ua.ua.reject(
                 event.call_id, 503, "Service Unavailable", loop.time(), (("Retry-After", "5"),)
             )
             ua.pump()
             return
+        call = bound[0]
+        await call.attach(bound[1])
+        call.start_media(audio)
         self.calls[event.call_id] = call
         rtp_host = cfg.sip.rtp_address or host
         offer = parse_sdp(event.offer_sdp)
@@ -438,35 +469,85 @@ class SipLeg:
             self._release(call)
             return
         ua.pump()
-        bind_call(event.call_id)
+        self.daemon.metrics.call_setup_seconds.labels("sip").observe(loop.time() - offered_at)
+        self._run_call(call, route, event.from_uri, event.to_uri)
+
+    def _run_call(self, call: _SipCall, route: RouteConfig, from_uri: str, to_uri: str) -> None:
+        bind_call(call.call_id)
         profile = LegProfile(kind="sip", codec=call.codec, heard_from="frames")  # type: ignore[arg-type]
-        started = cmd.CallStarted(
-            call_id=event.call_id, leg="sip", from_=event.from_uri, to=event.to_uri
-        )
+        started = cmd.CallStarted(call_id=call.call_id, leg="sip", from_=from_uri, to=to_uri)
         call.runner = CallRunner(
             self.daemon,
-            event.call_id,
+            call.call_id,
             call,
             profile,
             route,
             started,
             on_finished=lambda r: self._runner_finished(call),
         )
-        self.daemon.metrics.call_setup_seconds.labels("sip").observe(0.0)
         call.runner.start()
         unbind_call()
 
-    async def _bind(
-        self, ua: _UaRunner, call_id: str, audio: NegotiatedAudio, host: str
-    ) -> _SipCall | None:
+    # ---------------------------------------------------------- outbound
+
+    def originate(self, to_uri: str, from_uri: str, route_key: str) -> str:
+        """Place a call to ``to_uri`` over UDP; returns its Call-ID (answered later).
+
+        Raises:
+            ValueError: no route, no UDP transport, a URI without a host, or no RTP port.
+        """
+        cfg = self.daemon.runtime.config if self.daemon.runtime else self.daemon.config
+        route = cfg.route_for(route_key or _route_key(to_uri))
+        if route is None:
+            raise ValueError("no route matches")
+        ua = next((r for r in self.runners if r.kind == "UDP"), None)
+        if ua is None:
+            raise ValueError("no UDP transport to call out on")
+        dest = _uri_hostport(to_uri)
+        if dest is None:
+            raise ValueError(f"cannot find a host in {to_uri!r}")
+        host = ua.ua.settings.local_host
+        key = f"out-{os.urandom(6).hex()}"
+        bound = self._bind(ua, key, host)
+        if bound is None:
+            raise ValueError("no RTP port free")
+        call = bound[0]
+        self.daemon.loop_task(call.attach(bound[1]))
+        offer = build_offer(cfg.sip.rtp_address or host, call.rtp_port, 1, 1, cfg.sip.codecs)
+        call_id = ua.ua.invite(to_uri, from_uri, offer, dest, call.loop.time())
+        call.call_id, call.outbound = call_id, True
+        self.calls[call_id] = call
+        self.pending_routes[call_id] = (route, from_uri, to_uri)
+        ua.pump()
+        return call_id
+
+    def _outbound_answered(self, event: OutboundCallAnswered) -> None:
+        call = self.calls.get(event.call_id)
+        pending = self.pending_routes.pop(event.call_id, None)
+        if call is None or pending is None:
+            return
+        audio = negotiate(parse_sdp(event.answer_sdp), self.daemon.config.sip.codecs)
+        if audio is None:
+            call.hangup("no_codec")
+            self._release(call)
+            return
+        call.start_media(audio)
+        route, from_uri, to_uri = pending
+        self.daemon.metrics.call_setup_seconds.labels("sip").observe(
+            call.loop.time() - call.created_at
+        )
+        self._run_call(call, route, from_uri, to_uri)
+
+    def _bind(
+        self, ua: _UaRunner, call_id: str, host: str
+    ) -> tuple[_SipCall, tuple[socket.socket, socket.socket]] | None:
         for _ in range(MAX_BIND_ATTEMPTS):
             port = self.ports.allocate(call_id)
             if port is None:
                 return None
-            call = _SipCall(self, ua, call_id, audio, port)
+            call = _SipCall(self, ua, call_id, port)
             try:
-                await call.bind(_bind_host(host))
-                return call
+                return call, call.bind_sockets(_bind_host(host))
             except OSError:
                 self.ports.release(call_id)
                 self.ports.mark_unusable(port)
@@ -480,7 +561,14 @@ class SipLeg:
     def _release(self, call: _SipCall) -> None:
         if self.calls.pop(call.call_id, None) is not None:
             call.close()
-            self.ports.release(call.call_id)
+            self.ports.release(call.port_key)
+
+
+def _uri_hostport(uri: str) -> tuple[str, int] | None:
+    m = re.match(r"^sips?:(?:[^@]*@)?(\[[^\]]+\]|[^:;>?]+)(?::(\d+))?", uri.strip("<>"), re.I)
+    if m is None:
+        return None
+    return m.group(1).strip("[]"), int(m.group(2) or 5060)
 
 
 def _bind_host(host: str) -> str:

@@ -316,6 +316,11 @@ class CallBridge:
             return
         turn_id, final = entry
         turn = self._turns.get(turn_id)
+        if turn is not None:
+            turn.play_anchor = (now, self._positions(turn)[1])
+        head = self._head_turn()
+        if final and head is not None and head is not turn and head.play_anchor is None:
+            head.play_anchor = (now, 0)  # the earlier turn ended at the carrier: this one starts
         if final and turn is not None and turn.phase is TurnPhase.AWAITING_MARK:
             self._report(turn, self._heard_samples(turn))
         self._pump(now)
@@ -386,7 +391,7 @@ class CallBridge:
             BargeInTiming(reason, onset_s, now, max(last_frames) if last_frames else None)
         )
         self._detector.set_bot_speaking(False)
-        return self._stop(stops, reason)
+        return self._stop(stops, reason, now)
 
     def _stops_from_cuts(self, cuts: list[TurnCut]) -> list[TurnStop]:
         stops = []
@@ -402,7 +407,7 @@ class CallBridge:
             for turn in self._turns.take_awaiting(interruptible_only)
         ]
 
-    def _stop(self, stops: list[TurnStop], reason: str) -> list[str]:
+    def _stop(self, stops: list[TurnStop], reason: str, now: float) -> list[str]:
         """Clear the carrier if it helps, cancel providers, report each turn."""
         sounding = any(s.played_samples > s.heard_samples for s in stops)
         cleared = False
@@ -422,7 +427,7 @@ class CallBridge:
             if not self._marks_leg or not cleared:
                 heard = stop.played_samples
             else:
-                heard = stop.heard_samples
+                heard = self._heard_at_clear(turn, stop, now)
             if turn.agent:
                 self._actions.append(AgentPlayed(turn.item_id, self._ms(heard)))
             if stop.cancel_provider:
@@ -501,7 +506,7 @@ class CallBridge:
         if say.replace:
             stops += self._awaiting_stops(interruptible_only=False)
         if stops:
-            self._stop(stops, "replaced")
+            self._stop(stops, "replaced", now)
         turn = CallTurn(say.turn_id, say.provider or "", say.interruptible, False, now)
         self._register(turn)
         settings = TurnSettings(
@@ -517,11 +522,13 @@ class CallBridge:
             return
         if turn.phase is TurnPhase.AWAITING_MARK:
             self._turns.stop_awaiting(turn)
-            self._stop([TurnStop(turn, *self._positions(turn), cancel_provider=False)], "cancelled")
+            self._stop(
+                [TurnStop(turn, *self._positions(turn), cancel_provider=False)], "cancelled", now
+            )
             return
         played, heard = self._positions(turn)
         self._playout.truncate(turn_id, self._ms(played))
-        self._stop([TurnStop(turn, played, heard, cancel_provider=True)], "cancelled")
+        self._stop([TurnStop(turn, played, heard, cancel_provider=True)], "cancelled", now)
 
     def _hand_over(self, command: cmd.HandOver) -> None:
         if not command.app and not command.voice_agent:
@@ -720,7 +727,7 @@ class CallBridge:
     def _pump(self, now: float) -> None:
         stops = self._stops_from_cuts(self._drain_playout(now))
         if stops:
-            self._stop(stops, "replaced")
+            self._stop(stops, "replaced", now)
 
     def _drain_playout(self, now: float) -> list[TurnCut]:
         cuts: list[TurnCut] = []
@@ -742,6 +749,9 @@ class CallBridge:
         if turn is None or turn.phase is not TurnPhase.QUEUED:
             return
         turn.phase = TurnPhase.SOUNDING
+        if next(iter(self._turns.awaiting()), None) is None:
+            # the carrier's buffer held nothing of an earlier turn: this one plays now
+            turn.play_anchor = (now, 0)
         self._events.append(cmd.TurnBegan(turn_id))
         if turn.first_audio_s is not None and turn.head_at_first_audio:
             self._added_s.append(now - turn.first_audio_s)
@@ -786,6 +796,24 @@ class CallBridge:
             )
         except LocalProtocolError:
             return 0, 0
+
+    def _heard_at_clear(self, turn: CallTurn, stop: TurnStop, now: float) -> int:
+        """What a carrier played of a cleared turn: the last echoed mark, plus real time since.
+
+        A carrier plays its buffer at real time from the moment audio
+        reaches it, and we keep it fed (a small lead), so between two echoes
+        the position grows with the clock. The anchor is the latest echoed
+        mark of the turn, or the turn's first frame (position 0) before any
+        echo; the estimate never exceeds what was sent. Its error is the
+        one-way network delay, where marks alone are off by up to the mark
+        interval.
+        """
+        heard = stop.heard_samples
+        if turn.play_anchor is not None:
+            at_s, position = turn.play_anchor
+            estimate = position + int((now - at_s) * self._leg.sample_rate_hz)
+            heard = max(heard, min(stop.played_samples, estimate))
+        return heard
 
     def _heard_samples(self, turn: CallTurn) -> int:
         played, acknowledged = self._positions(turn)

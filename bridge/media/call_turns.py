@@ -59,6 +59,8 @@ class CallTurn:
     first_audio_s: float | None = None
     head_at_first_audio: bool = False
     last_frame_s: float | None = None
+    play_anchor: tuple[float, int] | None = None
+    """(when, samples): a position the carrier is known to have played at that time."""
     frames_since_mark: int = 0
     final_mark: str | None = None
     end_reason: str | None = None

@@ -123,10 +123,10 @@ def test_local_barge_in_during_agent_speech_clears_and_reports_played() -> None:
     marks = [a.name for a in of_type(actions, SendMark)]
     assert len(marks) == 2
     h.call.mark_echoed(marks[0], False, at(20) + 0.001)  # 200 ms played, 400 ms sent
-    h.call.caller_dtmf("1", at(20) + 0.005)
+    h.call.caller_dtmf("1", at(20) + 0.005)  # and 4 ms more played by the clear
     actions, events = h.take()
-    assert actions == [ClearLeg(), AgentPlayed("item_1", 200), CancelTurn("voice-1")]
-    assert of_type(events, TurnInterrupted) == [TurnInterrupted("voice-1", 200, "", "dtmf")]
+    assert actions == [ClearLeg(), AgentPlayed("item_1", 204), CancelTurn("voice-1")]
+    assert of_type(events, TurnInterrupted) == [TurnInterrupted("voice-1", 204, "", "dtmf")]
     assert h.call.next_deadline() is None  # nothing sounding: no periodic report
     h.call.mark_echoed(marks[1], True, at(20) + 0.02)  # echoed by the clear
     assert all(h.tick(n) is None for n in range(21, 50))

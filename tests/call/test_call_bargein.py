@@ -190,8 +190,9 @@ def test_mark_leg_heard_position_comes_only_from_echoed_marks() -> None:
     h.call.caller_dtmf("9", at(25) + 0.005)
     actions, events = h.take()
     assert actions == [ClearLeg(), CancelTurn("t1")]
-    # 500 ms were sent but only 200 ms are known to have been played.
-    assert of_type(events, TurnInterrupted) == [TurnInterrupted("t1", 200, "The", "dtmf")]
+    # 500 ms were sent; the carrier played 200 ms by the echo and kept playing for
+    # the 4 ms until the clear, so 204 ms were heard (not the 500 ms sent).
+    assert of_type(events, TurnInterrupted) == [TurnInterrupted("t1", 204, "The", "dtmf")]
     # Twilio echoes the pending mark because of the clear: it must not count.
     h.call.mark_echoed(marks[1], True, at(25) + 0.03)
     h.call.mark_echoed(marks[1], False, at(25) + 0.031)
@@ -223,7 +224,8 @@ def test_mark_leg_barge_in_while_the_final_mark_is_in_flight_clears() -> None:
     h.call.caller_dtmf("0", at(15) + 0.002)
     actions, events = h.take()
     assert actions == [ClearLeg()]  # the provider turn was already done
-    assert of_type(events, TurnInterrupted) == [TurnInterrupted("t1", 200, "The", "dtmf")]
+    # the 200 ms mark was echoed 1 ms before the clear: 201 ms heard
+    assert of_type(events, TurnInterrupted) == [TurnInterrupted("t1", 201, "The", "dtmf")]
     h.call.mark_echoed(marks[1], True, at(15) + 0.02)
     assert h.take() == ([], [])
 
@@ -298,10 +300,12 @@ def test_a_clear_also_cuts_a_turn_whose_final_mark_it_voids() -> None:
     h.call.execute(Cancel("t2"), at(6) + 0.001)
     actions, events = h.take()
     assert actions == [ClearLeg(), CancelTurn("t2")]
-    # t1's last audio may still have been in the carrier's buffer: it is cut, once.
+    # t1's final mark was not echoed, so it is reported cut (once); its 60 ms left
+    # 100 ms ago and the carrier plays at real time, so all of it was heard. t2
+    # queued behind it at the carrier: when it began playing is unknown, so 0.
     assert events == [
         TurnInterrupted("t2", 0, "", "cancelled"),
-        TurnInterrupted("t1", 0, "", "cancelled"),
+        TurnInterrupted("t1", 60, "", "cancelled"),
     ]
     h.call.mark_echoed(final_t1, True, at(6) + 0.01)
     h.call.hangup_received("bye", at(7))
@@ -322,3 +326,24 @@ def test_wideband_caller_speech_barges_in() -> None:
             break
     assert of_type(h.events, TurnInterrupted)[0].reason == "speech"
     assert h.tick(n + 1) is None
+
+
+def test_mark_leg_heard_position_before_any_echo_is_the_time_the_carrier_has_played() -> None:
+    """Between echoes the carrier plays at real time: heard = time since the first frame."""
+    h, audio = playing(TWILIO, frames=50)
+    assert [h.tick(n) for n in range(1, 9)] == audio[:8]  # 160 ms sent, no mark echoed yet
+    h.take()
+    h.call.caller_dtmf("5", at(8) + 0.010)  # first frame left at at(1): 150 ms of playing
+    _, events = h.take()
+    (cut,) = of_type(events, TurnInterrupted)
+    assert cut.heard_ms == 150
+
+
+def test_mark_leg_heard_estimate_never_exceeds_what_was_sent() -> None:
+    h, audio = playing(TWILIO, frames=50)
+    assert [h.tick(n) for n in range(1, 6)] == audio[:5]  # 100 ms sent
+    h.take()
+    h.call.caller_dtmf("5", at(5) + 2.0)  # long after: the carrier ran dry at 100 ms
+    _, events = h.take()
+    (cut,) = of_type(events, TurnInterrupted)
+    assert cut.heard_ms == 100

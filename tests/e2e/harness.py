@@ -175,3 +175,72 @@ class TwilioCall:
                 except websockets.ConnectionClosed:
                     break
             await self.ws.close()
+
+
+class AppServer:
+    """An application server: the daemon dials it per call (route ``app = ws://...``)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, object]] = []
+        self.conns: list[websockets.ServerConnection] = []
+        self.on_started: list[dict[str, object]] = []
+        self.close_after_start = False
+        self.server: websockets.Server | None = None
+        self.changed = asyncio.Event()
+
+    async def __aenter__(self) -> AppServer:
+        self.server = await websockets.serve(self._handler, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        port = list(self.server.sockets)[0].getsockname()[1]
+        return f"ws://127.0.0.1:{port}/app"
+
+    async def _handler(self, ws: websockets.ServerConnection) -> None:
+        import json
+
+        self.conns.append(ws)
+        async for msg in ws:
+            event = json.loads(msg)
+            self.events.append(event)
+            self.changed.set()
+            if event.get("type") == "call.started":
+                if self.close_after_start:
+                    await ws.close()
+                    return
+                for cmd in self.on_started:
+                    await ws.send(json.dumps(cmd))
+
+    async def send(self, cmd: dict[str, object]) -> None:
+        import json
+
+        await self.conns[-1].send(json.dumps(cmd))
+
+    def of(self, kind: str) -> list[dict[str, object]]:
+        return [e for e in self.events if e.get("type") == kind]
+
+    async def wait_for(
+        self, kind: str, timeout_s: float = 10.0, count: int = 1
+    ) -> dict[str, object]:
+        async def until() -> None:
+            while len(self.of(kind)) < count:
+                self.changed.clear()
+                await self.changed.wait()
+
+        await asyncio.wait_for(until(), timeout_s * FACTOR)
+        return self.of(kind)[count - 1]
+
+
+def tone_turn_ms(text: str) -> int:
+    """How long the tone engine's audio for ``text`` is, in ms (words + gaps)."""
+    from bridge.ttsd.synth import TONE_GAP_S, ToneEngine, split_words
+
+    engine = ToneEngine(8000)
+    return round(1000 * sum(engine.word_duration_s(w) + TONE_GAP_S for w in split_words(text)))

@@ -1,0 +1,104 @@
+"""The HTTP API on ``[api] listen``: ``bridge.control.api`` over the daemon's calls.
+
+``Directory`` is the ``CallDirectory`` the pure handlers need: it looks the
+calls up in every leg, places outbound calls through the SIP leg, and runs
+``say``/``hangup`` on a call's ``CallRunner``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bridge.control.api import CallInfo, DirectoryError, handle
+from bridge.control.commands import Say
+from bridge.io.callrun import CallRunner
+from bridge.io.httpws import HttpRequest, HttpResponse
+
+if TYPE_CHECKING:
+    from bridge.io.daemon import Daemon
+
+__all__ = ["Directory", "api_handler"]
+
+
+class Directory:
+    """The daemon's calls, as the API handlers see them."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+
+    def _runners(self) -> dict[str, CallRunner]:
+        out: dict[str, CallRunner] = {}
+        for leg in self.daemon.legs:
+            for call_id, call in getattr(leg, "calls", {}).items():
+                runner = call if isinstance(call, CallRunner) else getattr(call, "runner", None)
+                if isinstance(runner, CallRunner):
+                    out[call_id] = runner
+        return out
+
+    def _info(self, r: CallRunner) -> CallInfo:
+        leg_call = next(
+            (c for leg in self.daemon.legs for c in getattr(leg, "calls", {}).values()
+             if getattr(c, "runner", None) is r),
+            None,
+        )  # fmt: skip
+        outbound = bool(getattr(leg_call, "outbound", False))
+        return CallInfo(
+            call_id=r.call_id,
+            leg=r.leg.kind,
+            direction="outbound" if outbound else "inbound",
+            from_=r.started_info.from_,
+            to=r.started_info.to,
+            state="ending" if r.finished else "active",
+            duration_s=r.loop.time() - r.started_at,
+            turn_source=r.turn_source,
+        )
+
+    def list_calls(self) -> list[CallInfo]:
+        return [self._info(r) for r in self._runners().values()]
+
+    def get_call(self, call_id: str) -> CallInfo | None:
+        r = self._runners().get(call_id)
+        return None if r is None else self._info(r)
+
+    def originate(self, to: str, from_: str, route: str) -> str | DirectoryError:
+        sip = next((leg for leg in self.daemon.legs if leg.name == "sip"), None)
+        if sip is None or self.daemon.draining:
+            return DirectoryError(503, "unavailable", "the SIP leg is not available")
+        try:
+            return str(sip.originate(to, from_ or "sip:callbridge@localhost", route))  # type: ignore[attr-defined]
+        except ValueError as e:
+            field = "route" if route else "to"
+            status = 503 if "port" in str(e) or "transport" in str(e) else 422
+            return DirectoryError(status, "cannot_originate", str(e), field)
+
+    def say(self, call_id: str, say: Say) -> DirectoryError | None:
+        r = self._runners().get(call_id)
+        if r is None:
+            return DirectoryError(404, "not_found", f"no call {call_id!r}")
+        if r.finished:
+            return DirectoryError(409, "ending", "the call is ending")
+        r.say(say)
+        return None
+
+    def hangup(self, call_id: str, reason: str) -> DirectoryError | None:
+        r = self._runners().get(call_id)
+        if r is None:
+            return DirectoryError(404, "not_found", f"no call {call_id!r}")
+        r.hangup(reason)
+        return None
+
+
+async def api_handler(daemon: Daemon, request: HttpRequest) -> HttpResponse | None:
+    if not (request.path.startswith("/v1/") or request.path == "/openapi.json"):
+        return None
+    resp = handle(
+        request.method,
+        request.target,
+        request.headers,
+        request.body,
+        Directory(daemon),
+        daemon.config.api.token,
+    )
+    content_type = dict(resp.headers).get("Content-Type", "application/json")
+    extra = tuple((k, v) for k, v in resp.headers if k.lower() != "content-type")
+    return HttpResponse(resp.status, resp.body, content_type, extra)

@@ -1,0 +1,311 @@
+"""Calls over the Twilio media-stream leg, end to end, against the real daemon and ttsd.
+
+The carrier side is the emulator (``bridge.streams.carrier``) over a real
+WebSocket; the application side is a real WebSocket server the daemon dials.
+Timings are bounded by timeouts scaled with CALLBRIDGE_TEST_TIME_FACTOR, never
+slept on for correctness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import urllib.request
+
+import pytest
+import websockets
+
+from bridge.streams.auth import twilio_signature
+
+from .harness import FACTOR, AppServer, TwilioCall, speech_mulaw, stack, tone_turn_ms
+
+GREETING = "Hello and welcome to the bridge test."
+GREETING_ROUTE = f"""
+[[routes]]
+match = "*"
+provider = "main"
+greeting = "{GREETING}"
+"""
+
+
+def app_route(url: str, extra: str = "") -> str:
+    return f"""
+[[routes]]
+match = "*"
+provider = "main"
+app = "{url}"
+{extra}
+"""
+
+
+def run(coro: object) -> None:
+    asyncio.run(asyncio.wait_for(coro, 60 * FACTOR))  # type: ignore[arg-type]
+
+
+async def until(pred: object, timeout_s: float = 10.0) -> None:
+    async def loop() -> None:
+        while not pred():  # type: ignore[operator]
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(loop(), timeout_s * FACTOR)
+
+
+def test_greeting_is_paced_160_byte_mulaw_and_marks_are_echoed() -> None:
+    async def body() -> None:
+        async with stack(GREETING_ROUTE) as st, TwilioCall(st.ms_port) as call:
+            c = call.carrier
+            expected_frames = tone_turn_ms(GREETING) // 20
+            await until(lambda: len(c.arrival_times()) >= expected_frames)
+            await until(lambda: any(not m.cleared for m in c.marks_echoed()))
+            await asyncio.sleep(0.3)
+            assert c.errors() == []
+            assert set(c.media_sizes()) == {160}
+            assert abs(len(c.arrival_times()) - expected_frames) <= 3
+            gaps = [
+                b - a for a, b in zip(c.arrival_times()[3:], c.arrival_times()[4:], strict=False)
+            ]
+            assert 0.015 <= statistics.median(gaps) <= 0.025
+            assert c.marks_echoed() and not any(m.cleared for m in c.marks_echoed())
+
+    run(body())
+
+
+def test_app_turn_reports_heard_ms_and_text_from_echoed_marks() -> None:
+    text = "One two three four five six."
+
+    async def body() -> None:
+        async with AppServer() as app:
+            app.on_started = [{"type": "say", "turn_id": "t1", "text": text, "final": True}]
+            async with stack(app_route(app.url)) as st, TwilioCall(st.ms_port):
+                started = await app.wait_for("call.started")
+                assert started["leg"] == "twilio"
+                await app.wait_for("turn.started")
+                finished = await app.wait_for("turn.finished")
+                assert finished["turn_id"] == "t1"
+                assert abs(int(finished["heard_ms"]) - tone_turn_ms(text)) <= 60  # type: ignore[call-overload]
+                assert finished["heard_text"] == text
+
+    run(body())
+
+
+def test_caller_speech_barges_in_clears_the_carrier_and_reports_what_was_heard() -> None:
+    text = " ".join(f"word{i}" for i in range(40)) + "."
+
+    async def body() -> None:
+        async with AppServer() as app:
+            app.on_started = [{"type": "say", "turn_id": "long", "text": text, "final": True}]
+            async with stack(app_route(app.url)) as st, TwilioCall(st.ms_port) as call:
+                await app.wait_for("turn.started")
+                call.speak_at(call.now() - call.t0 + 0.6, speech_mulaw(1.5))
+                cut = await app.wait_for("turn.interrupted")
+                c = call.carrier
+                await until(lambda: bool(c.clear_times()))
+                n_at_clear = len(c.arrival_times())
+                await asyncio.sleep(0.3)
+                assert len(c.arrival_times()) <= n_at_clear + 1  # nothing more of the turn
+                assert cut["turn_id"] == "long" and cut["reason"] == "speech"
+                heard = int(cut["heard_ms"])  # type: ignore[call-overload]
+                assert 200 <= heard <= 1500
+                words = str(cut["heard_text"]).split()
+                assert words == text.split()[: len(words)]
+                assert app.of("speech.started")
+
+    run(body())
+
+
+def test_non_interruptible_turn_plays_through_caller_speech() -> None:
+    text = "This legal notice plays to the end."
+
+    async def body() -> None:
+        async with AppServer() as app:
+            app.on_started = [
+                {"type": "say", "turn_id": "legal", "text": text, "final": True,
+                 "interruptible": False}
+            ]  # fmt: skip
+            async with stack(app_route(app.url)) as st, TwilioCall(st.ms_port) as call:
+                await app.wait_for("turn.started")
+                call.speak_at(call.now() - call.t0 + 0.2, speech_mulaw(0.8))
+                finished = await app.wait_for("turn.finished")
+                assert finished["turn_id"] == "legal"
+                assert not app.of("turn.interrupted")
+                assert call.carrier.clear_times() == []
+
+    run(body())
+
+
+def test_dtmf_reaches_the_application_and_interrupts() -> None:
+    async def body() -> None:
+        async with AppServer() as app:
+            app.on_started = [
+                {"type": "say", "turn_id": "menu", "text": "Press a key " * 10, "final": True}
+            ]
+            async with stack(app_route(app.url)) as st, TwilioCall(st.ms_port) as call:
+                await app.wait_for("turn.started")
+                call.press_at(call.now() - call.t0 + 0.3, "5")
+                dtmf = await app.wait_for("dtmf")
+                assert dtmf["digit"] == "5"
+                cut = await app.wait_for("turn.interrupted")
+                assert cut["reason"] == "dtmf"
+
+    run(body())
+
+
+def test_hangup_command_ends_the_stream_and_call_ended_reaches_the_app() -> None:
+    async def body() -> None:
+        async with AppServer() as app:
+            app.on_started = [{"type": "hangup", "reason": "done"}]
+            async with stack(app_route(app.url)) as st, TwilioCall(st.ms_port) as call:
+                await asyncio.wait_for(call.closed.wait(), 10 * FACTOR)
+                ended = await app.wait_for("call.ended")
+                assert ended["reason"]
+
+    run(body())
+
+
+def test_malformed_command_gets_an_error_naming_the_field_and_the_call_goes_on() -> None:
+    async def body() -> None:
+        async with AppServer() as app:
+            app.on_started = [
+                {"type": "say", "turn_id": "x", "text": "Hi.", "final": "yes"},
+                {"type": "say", "turn_id": "ok", "text": "Fine.", "final": True},
+            ]
+            async with stack(app_route(app.url)) as st, TwilioCall(st.ms_port):
+                error = await app.wait_for("error")
+                assert "final" in json.dumps(error)
+                finished = await app.wait_for("turn.finished")
+                assert finished["turn_id"] == "ok"
+
+    run(body())
+
+
+def test_unreachable_application_runs_the_fallback_greeting_and_hangs_up() -> None:
+    route = app_route("ws://127.0.0.1:9/app", f'greeting = "{GREETING}"')
+
+    async def body() -> None:
+        async with stack(route) as st, TwilioCall(st.ms_port) as call:
+            await asyncio.wait_for(call.closed.wait(), 20 * FACTOR)
+            assert len(call.carrier.arrival_times()) >= tone_turn_ms(GREETING) // 20 - 3
+
+    run(body())
+
+
+def test_application_lost_mid_call_hands_over_to_the_fallback() -> None:
+    async def body() -> None:
+        async with AppServer() as app:
+            app.close_after_start = True
+            route = app_route(app.url, 'greeting = "Sorry, goodbye."')
+            async with stack(route) as st, TwilioCall(st.ms_port) as call:
+                await asyncio.wait_for(call.closed.wait(), 20 * FACTOR)
+                assert call.carrier.arrival_times(), "the fallback greeting was spoken"
+
+    run(body())
+
+
+def test_provider_failover_speaks_through_the_next_provider() -> None:
+    extra = """
+[providers.dead]
+protocol = "kova"
+url = "ws://127.0.0.1:9/nothing"
+voice = "tone"
+
+[[routes]]
+match = "*"
+provider = ["dead", "main"]
+greeting = "Failover works."
+"""
+
+    async def body() -> None:
+        async with stack(extra) as st, TwilioCall(st.ms_port) as call:
+            await until(lambda: len(call.carrier.arrival_times()) >= 10)
+            assert call.carrier.errors() == []
+
+    run(body())
+
+
+def test_http_api_lists_the_call_and_speaks_into_it() -> None:
+    async def body() -> None:
+        async with AppServer() as app, stack(app_route(app.url)) as st:
+            async with TwilioCall(st.ms_port) as call:
+                await app.wait_for("call.started")
+                base = f"http://127.0.0.1:{st.config.api.listen.rsplit(':', 1)[1]}"
+
+                def get(path: str) -> object:
+                    with urllib.request.urlopen(base + path, timeout=5) as r:
+                        return json.loads(r.read())
+
+                def post(path: str, body: dict[str, object]) -> int:
+                    req = urllib.request.Request(
+                        base + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+                    )
+                    with urllib.request.urlopen(req, timeout=5) as r:
+                        return int(r.status)
+
+                listed = await asyncio.to_thread(get, "/v1/calls")
+                calls = listed["calls"] if isinstance(listed, dict) else listed  # type: ignore[index]
+                assert len(calls) == 1 and calls[0]["leg"] == "twilio"
+                call_id = calls[0]["call_id"]
+                status = await asyncio.to_thread(
+                    post, f"/v1/calls/{call_id}/say", {"turn_id": "api", "text": "From the API."}
+                )
+                assert status in (200, 202)
+                finished = await app.wait_for("turn.finished")
+                assert finished["turn_id"] == "api"
+                assert call.carrier.arrival_times()
+                spec = await asyncio.to_thread(get, "/openapi.json")
+                assert "/v1/calls" in spec["paths"]  # type: ignore[index]
+
+    run(body())
+
+
+def test_bad_signature_is_refused_before_the_upgrade_and_a_good_one_passes() -> None:
+    token = "twilio-auth-token-for-tests"
+
+    async def body() -> None:
+        kw = {"ms_extra": f'twilio_auth_token = "{token}"'}
+        async with stack(GREETING_ROUTE, **kw) as st:
+            url = f"ws://127.0.0.1:{st.ms_port}/twilio"
+            with pytest.raises(websockets.InvalidStatus) as info:
+                await websockets.connect(url, additional_headers={"X-Twilio-Signature": "bad"})
+            assert info.value.response.status_code == 403
+            good = twilio_signature(token, url)
+            ws = await websockets.connect(url, additional_headers={"X-Twilio-Signature": good})
+            await ws.close()
+
+    run(body())
+
+
+def test_malformed_stream_is_closed_cleanly_and_other_calls_go_on() -> None:
+    async def body() -> None:
+        async with stack(GREETING_ROUTE) as st:
+            url = f"ws://127.0.0.1:{st.ms_port}/twilio"
+            bad = await websockets.connect(url)
+            await bad.send(json.dumps({"event": "media", "media": {"payload": "AAAA"}}))
+            with pytest.raises(websockets.ConnectionClosed) as info:
+                await asyncio.wait_for(bad.recv(), 5 * FACTOR)
+            assert info.value.rcvd is not None and info.value.rcvd.code >= 1002
+            junk = await websockets.connect(url)
+            await junk.send("this is not json")
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(junk.recv(), 5 * FACTOR)
+            async with TwilioCall(st.ms_port) as call:
+                await until(lambda: len(call.carrier.arrival_times()) >= 10)
+
+    run(body())
+
+
+def test_stream_that_never_stops_releases_the_call_on_socket_close() -> None:
+    async def body() -> None:
+        async with stack(GREETING_ROUTE) as st:
+            leg = next(leg for leg in st.daemon.legs if leg.name == "media_streams")
+            call = TwilioCall(st.ms_port)
+            await call.__aenter__()
+            await until(lambda: leg.active_calls() == 1)
+            for t in call._tasks:
+                t.cancel()
+            assert call.ws is not None
+            await call.ws.close()  # no "stop": the socket just goes away
+            await until(lambda: leg.active_calls() == 0)
+            assert len(st.daemon.ticker.streams) == 0
+
+    run(body())

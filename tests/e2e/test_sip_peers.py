@@ -1,0 +1,530 @@
+"""The SIP/RTP leg against real peers: SIPp (UAC and UAS), baresip, and a capture of its RTP.
+
+The daemon runs in-process (``harness.stack``) against the real ``ttsd`` with
+the deterministic ``tone`` engine; SIPp and baresip run as subprocesses on
+127.0.0.1. A Python ``RtpPhone`` owns the RTP port that SIPp's SDP offers, so
+the test sees every packet the daemon sends and can send RFC 4733 events on
+the same stream, as a phone would.
+
+Every process started here is waited for or killed by the coroutine that
+started it. Nothing sleeps a fixed time to let something happen: waits are
+bounded polls of an observable. A test skips only when its peer binary is
+missing (and says which package provides it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import itertools
+import os
+import random
+import shutil
+import socket
+import struct
+import sys
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Stack, stack
+
+from bridge.io.sip_leg import SipLeg
+from bridge.ttsd.synth import TONE_GAP_S, ToneEngine, split_words
+from telcodec import g711
+
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+FACTOR = float(os.environ.get("CALLBRIDGE_TEST_TIME_FACTOR", "1"))
+
+PCMU_PT = 0
+TELEPHONE_EVENT_PT = 101
+FRAME_SAMPLES = 160
+SILENT_SAMPLE_LEVEL = 200
+"""|s16| above this is "not silent" (the tone engine's words peak near 8190)."""
+
+DTMF_EVENTS = {d: i for i, d in enumerate("0123456789*#ABCD")}
+
+
+def missing(binary: str) -> str | None:
+    """A precise skip reason when ``binary`` is not on PATH, else None."""
+    if shutil.which(binary) is not None:
+        return None
+    package = {"sipp": "sip-tester"}.get(binary, binary)
+    return f"{binary} not on PATH (Debian package {package!r}; `make peers` installs it as root)"
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_sip_port() -> int:
+    """A port free for both UDP and TCP (the daemon listens on both)."""
+    for _ in range(50):
+        port = free_udp_port()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no port free for UDP and TCP")
+
+
+def greeting_speech_s(text: str) -> float:
+    """Length of the tone engine's audible part: every word, the gaps between them."""
+    engine = ToneEngine()
+    words = split_words(text)
+    return sum(engine.word_duration_s(w) for w in words) + TONE_GAP_S * (len(words) - 1)
+
+
+def audible_span_s(pcm: np.ndarray, rate_hz: int = 8000) -> tuple[float, float] | None:
+    """(first, last) time in seconds of a sample above the silence level, or None."""
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > SILENT_SAMPLE_LEVEL)
+    if loud.size == 0:
+        return None
+    return float(loud[0]) / rate_hz, float(loud[-1] + 1) / rate_hz
+
+
+# ---------------------------------------------------------------- SIPp
+
+
+@dataclass
+class SippResult:
+    returncode: int
+    successful_calls: int
+    failed_calls: int
+    log: str
+    messages: str
+    stderr: str
+
+    def explain(self) -> str:
+        return (
+            f"sipp rc={self.returncode} ok={self.successful_calls} failed={self.failed_calls}\n"
+            f"--- stderr\n{self.stderr[-1500:]}\n--- log\n{self.log[-1500:]}\n"
+            f"--- messages\n{self.messages[-3000:]}"
+        )
+
+
+def read_stat_csv(path: Path) -> dict[str, str]:
+    """The last row of a SIPp ``-trace_stat`` file as {column: value}."""
+    if not path.exists():
+        return {}
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f, delimiter=";"))
+    if len(rows) < 2:
+        return {}
+    return dict(zip(rows[0], rows[-1], strict=False))
+
+
+async def run_sipp(
+    workdir: Path,
+    name: str,
+    args: list[str],
+    *,
+    timeout_s: float = 30.0,
+) -> SippResult:
+    """Run SIPp to completion (killed after ``timeout_s``) with stats, log and message traces."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    stat = workdir / f"{name}_stat.csv"
+    logf = workdir / f"{name}_log.txt"
+    msgs = workdir / f"{name}_msg.txt"
+    argv = [
+        "sipp",
+        *args,
+        "-nostdin",
+        "-trace_stat",
+        "-stf",
+        str(stat),
+        "-trace_logs",
+        "-log_file",
+        str(logf),
+        "-trace_msg",
+        "-message_file",
+        str(msgs),
+        "-timeout",
+        f"{int(timeout_s)}s",
+        "-timeout_error",
+    ]
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=str(workdir),
+    )
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), timeout_s + 10)
+    except TimeoutError:
+        proc.kill()
+        _, err = await proc.communicate()
+    stats = read_stat_csv(stat)
+    return SippResult(
+        returncode=proc.returncode if proc.returncode is not None else -1,
+        successful_calls=int(stats.get("SuccessfulCall(C)", "0") or 0),
+        failed_calls=int(stats.get("FailedCall(C)", "0") or 0),
+        log=logf.read_text(errors="replace") if logf.exists() else "",
+        messages=msgs.read_text(errors="replace") if msgs.exists() else "",
+        stderr=err.decode(errors="replace"),
+    )
+
+
+def sipp_uac_args(scenario: str, sip_port: int, service: str, **variables: int | str) -> list[str]:
+    args = [
+        "-sf",
+        str(SCENARIOS / scenario),
+        f"127.0.0.1:{sip_port}",
+        "-s",
+        service,
+        "-i",
+        "127.0.0.1",
+        "-p",
+        str(free_udp_port()),
+        "-m",
+        "1",
+    ]
+    for key, value in variables.items():
+        args += ["-set", key, str(value)]
+    return args
+
+
+# ------------------------------------------------------------- RTP phone
+
+
+@dataclass(frozen=True, slots=True)
+class RtpReceived:
+    at_s: float
+    marker: bool
+    pt: int
+    seq: int
+    ts: int
+    ssrc: int
+    payload: bytes
+
+
+@dataclass
+class RtpPhone(asyncio.DatagramProtocol):
+    """The media end of a test phone: records the daemon's RTP, sends PCMU silence and RFC 4733.
+
+    It is symmetric (sends from the port it receives on, to where the daemon's
+    RTP comes from, or to ``remote`` once set).
+    """
+
+    received: list[RtpReceived] = field(default_factory=list)
+    remote: tuple[str, int] | None = None
+    transport: asyncio.DatagramTransport | None = None
+    port: int = 0
+    ssrc: int = field(default_factory=lambda: random.getrandbits(32))
+    seq: int = field(default_factory=lambda: random.getrandbits(16))
+    ts: int = field(default_factory=lambda: random.getrandbits(32))
+    _queue: list[tuple[bool, int, bytes, int]] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+    first_packet: asyncio.Event = field(default_factory=asyncio.Event)
+    sent_events: int = 0
+
+    async def open(self, port: int = 0) -> RtpPhone:
+        loop = asyncio.get_running_loop()
+        await loop.create_datagram_endpoint(lambda: self, local_addr=("127.0.0.1", port))
+        assert self.transport is not None
+        self.port = self.transport.get_extra_info("sockname")[1]
+        self._task = loop.create_task(self._sender())
+        return self
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if len(data) < 12 or data[0] >> 6 != 2 or 192 <= data[1] <= 223:
+            return  # not RTP (RTCP goes to port + 1 anyway)
+        b0, b1, seq, ts, ssrc = struct.unpack_from("!BBHII", data)
+        header = 12 + 4 * (b0 & 0x0F)
+        now = asyncio.get_running_loop().time()
+        self.received.append(
+            RtpReceived(now, bool(b1 & 0x80), b1 & 0x7F, seq, ts, ssrc, data[header:])
+        )
+        if self.remote is None:
+            self.remote = (addr[0], addr[1])
+        self.first_packet.set()
+
+    def audio(self) -> list[RtpReceived]:
+        return [p for p in self.received if p.pt == PCMU_PT]
+
+    def pcm(self) -> np.ndarray:
+        """The received PCMU decoded and placed by RTP timestamp (gaps stay silent)."""
+        audio = self.audio()
+        if not audio:
+            return np.zeros(0, dtype=np.int16)
+        ts0 = audio[0].ts
+        end = max((p.ts - ts0) % 2**32 + len(p.payload) for p in audio)
+        out = np.zeros(end, dtype=np.int16)
+        for p in audio:
+            start = (p.ts - ts0) % 2**32
+            out[start : start + len(p.payload)] = np.frombuffer(
+                g711.ulaw_decode(p.payload), dtype="<i2"
+            )
+        return out
+
+    def press(self, digit: str, duration_ms: int = 100) -> None:
+        """Queue one RFC 4733 event: M on the first packet, one timestamp, E three times."""
+        event = DTMF_EVENTS[digit]
+        steps = max(1, duration_ms // 20)
+        for k in range(1, steps + 1):
+            self._queue.append((k == 1, event, struct.pack("!BBH", event, 10, 160 * k), k))
+        end = struct.pack("!BBH", event, 0x80 | 10, 160 * steps)
+        self._queue += [(False, event, end, steps)] * 3
+
+    def _packet(self, marker: bool, pt: int, ts: int, payload: bytes) -> bytes:
+        self.seq = (self.seq + 1) & 0xFFFF
+        b1 = (0x80 if marker else 0) | pt
+        return struct.pack("!BBHII", 0x80, b1, self.seq, ts, self.ssrc) + payload
+
+    async def _sender(self) -> None:
+        """A packet every 20 ms on absolute deadlines: silence, or the queued DTMF event."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        n = 0
+        event_ts = self.ts
+        silence = bytes([g711.ULAW_SILENCE]) * FRAME_SAMPLES
+        while True:
+            n += 1
+            await asyncio.sleep(max(0.0, t0 + n * 0.02 - loop.time()))
+            if self.remote is None or self.transport is None:
+                continue
+            self.ts = (self.ts + FRAME_SAMPLES) & 0xFFFFFFFF
+            if self._queue:
+                first, _, payload, _ = self._queue.pop(0)
+                if first:
+                    event_ts = self.ts
+                data = self._packet(first, TELEPHONE_EVENT_PT, event_ts, payload)
+                self.sent_events += 1
+            else:
+                data = self._packet(False, PCMU_PT, self.ts, silence)
+            self.transport.sendto(data, self.remote)
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def wait_for(predicate: Callable[[], bool], timeout_s: float, step_s: float = 0.02) -> bool:
+    """Poll ``predicate()`` until true or ``timeout_s`` passes; returns the last value."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s * FACTOR
+    while True:
+        if predicate():
+            return True
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(step_s)
+
+
+# ------------------------------------------------------------------ the daemon
+
+GREETING = "Hello caller, welcome to the bridge."
+BYE_TEXT = "Goodbye."
+ROUTES = f"""
+[[routes]]
+match = "greet"
+provider = ["main"]
+greeting = "{GREETING}"
+
+[[routes]]
+match = "press"
+provider = ["main"]
+flow = "press"
+
+[flows.press]
+start = "menu"
+
+[flows.press.steps.menu]
+say = "Press one."
+gather = {{ max_digits = 1, timeout_s = 30 }}
+branch = {{ "1" = "bye", timeout = "menu", default = "menu" }}
+
+[flows.press.steps.bye]
+say = "{BYE_TEXT}"
+interruptible = false
+hangup = true
+"""
+_RTP_BASE = [34000]
+
+
+def _rtp_range() -> str:
+    """A fresh RTP port range per daemon, so a lingering socket never collides."""
+    lo = _RTP_BASE[0]
+    _RTP_BASE[0] += 100
+    return f"{lo}-{lo + 99}"
+
+
+def sip_leg(st: Stack) -> SipLeg:
+    leg = next(leg for leg in st.daemon.legs if leg.name == "sip")
+    assert isinstance(leg, SipLeg)
+    return leg
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(coro)
+
+
+requires_sipp = pytest.mark.skipif(missing("sipp") is not None, reason=str(missing("sipp")))
+
+
+# ------------------------------------------------------------- SIPp as UAC
+
+
+@pytest.mark.peers
+@requires_sipp
+def test_sipp_call_hears_the_greeting_then_hangs_up(tmp_path: Path) -> None:
+    """INVITE/100/200/ACK, the greeting's RTP at the phone, BYE/200; the port pair is freed."""
+
+    async def main() -> None:
+        sip_port = free_sip_port()
+        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            phone = await RtpPhone().open()
+            try:
+                args = sipp_uac_args("uac_greeting.xml", sip_port, "greet", rtp_port=phone.port)
+                result = await run_sipp(tmp_path, "greet", [*args, "-d", "2500"])
+            finally:
+                phone.close()
+            assert result.returncode == 0, result.explain()
+            assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+            span = audible_span_s(phone.pcm())
+            assert span is not None, "no audible RTP received"
+            expected_s = greeting_speech_s(GREETING)
+            assert abs((span[1] - span[0]) - expected_s) <= 0.1, (span, expected_s)
+            assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+            assert not leg.calls
+
+    run(main())
+
+
+def outcome(result: SippResult) -> str:
+    return next((line for line in result.log.splitlines() if "outcome=" in line), "")
+
+
+@pytest.mark.peers
+@requires_sipp
+def test_sipp_cancel_before_answer_releases_the_port_pair(tmp_path: Path) -> None:
+    """INVITE then CANCEL: 487 (or, if the answer won, ACK+BYE); no RTP port pair leaks."""
+
+    async def main() -> None:
+        sip_port = free_sip_port()
+        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            outcomes = []
+            for i in range(3):
+                phone = await RtpPhone().open()
+                try:
+                    args = sipp_uac_args("uac_cancel.xml", sip_port, "greet", rtp_port=phone.port)
+                    result = await run_sipp(tmp_path, f"cancel{i}", args, timeout_s=15)
+                finally:
+                    phone.close()
+                assert result.returncode == 0, result.explain()
+                assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+                outcomes.append(outcome(result))
+                assert outcomes[-1] in ("outcome=487", "outcome=answered"), result.explain()
+                assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0), outcomes
+                assert not leg.calls
+
+    run(main())
+
+
+@pytest.mark.peers
+@requires_sipp
+def test_sipp_cancel_after_answer_has_no_effect(tmp_path: Path) -> None:
+    """The race's other branch made deterministic: CANCEL after 200 leaves the call up."""
+
+    async def main() -> None:
+        sip_port = free_sip_port()
+        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            phone = await RtpPhone().open()
+            try:
+                args = sipp_uac_args(
+                    "uac_cancel_after_answer.xml", sip_port, "greet", rtp_port=phone.port
+                )
+                result = await run_sipp(tmp_path, "late_cancel", args, timeout_s=15)
+            finally:
+                phone.close()
+            assert result.returncode == 0, result.explain()
+            assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+            assert outcome(result) == "outcome=answered"
+            assert "SIP/2.0 487" not in result.messages
+            assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+
+    run(main())
+
+
+@pytest.mark.peers
+@requires_sipp
+def test_sipp_hold_and_resume_by_reinvite(tmp_path: Path) -> None:
+    """a=sendonly -> 200 a=recvonly and RTP stops; a=sendrecv -> 200 a=sendrecv, RTP resumes with M."""
+
+    async def main() -> None:
+        sip_port = free_sip_port()
+        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            phone = await RtpPhone().open()
+            try:
+                args = sipp_uac_args("uac_hold.xml", sip_port, "greet", rtp_port=phone.port)
+                result = await run_sipp(tmp_path, "hold", args, timeout_s=20)
+            finally:
+                phone.close()
+            # the scenario checks the answers' directions itself (ereg check_it)
+            assert result.returncode == 0, result.explain()
+            assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+            packets = phone.received
+            gaps = [
+                (b.at_s - a.at_s, i + 1) for i, (a, b) in enumerate(itertools.pairwise(packets))
+            ]
+            longest_s, resumed_at = max(gaps)
+            # on hold for 1.5 s in the scenario; the re-INVITE round trips shave a little
+            assert 1.3 <= longest_s <= 1.7, gaps
+            assert packets[resumed_at].marker, "resumed stream must start a talkspurt"
+            assert resumed_at < len(packets) - 25, "RTP must flow again after the resume"
+            assert sorted(g for g, _ in gaps)[-2] < 0.1, "only one silence: the hold"
+            assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+
+    run(main())
+
+
+@pytest.mark.peers
+@requires_sipp
+def test_sipp_rfc4733_digit_drives_the_flow_to_hang_up(tmp_path: Path) -> None:
+    """ "2" keeps the menu going; "1" (RFC 4733 on the RTP stream) makes the daemon say bye and BYE."""
+
+    async def main() -> None:
+        sip_port = free_sip_port()
+        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            phone = await RtpPhone().open()
+            try:
+                args = sipp_uac_args("uac_dtmf_bye.xml", sip_port, "press", rtp_port=phone.port)
+                sipp = asyncio.ensure_future(run_sipp(tmp_path, "dtmf", args, timeout_s=30))
+                assert await wait_for(phone.first_packet.is_set, 5.0), "no RTP from the daemon"
+                phone.press("2")
+                # a wrong digit: the menu repeats, nobody hangs up
+                assert not await wait_for(sipp.done, 1.5)
+                pressed_at = asyncio.get_running_loop().time()
+                phone.press("1")
+                result = await sipp
+            finally:
+                phone.close()
+            assert result.returncode == 0, result.explain()
+            assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+            assert phone.sent_events == 2 * 8, "two events of 5 updates + 3 end packets"
+            # the goodbye was spoken before the BYE: audible audio after the "1"
+            after = [p for p in phone.audio() if p.at_s > pressed_at + 0.1]
+            loud = [p for p in after if max(p.payload) - min(p.payload) > 40]
+            assert loud, "the flow's goodbye step was not heard"
+            assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+
+    run(main())
