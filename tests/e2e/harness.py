@@ -200,7 +200,7 @@ class AppServer:
     @property
     def url(self) -> str:
         assert self.server is not None
-        port = list(self.server.sockets)[0].getsockname()[1]
+        port = next(iter(self.server.sockets)).getsockname()[1]
         return f"ws://127.0.0.1:{port}/app"
 
     async def _handler(self, ws: websockets.ServerConnection) -> None:

@@ -225,35 +225,38 @@ greeting = "Failover works."
 
 def test_http_api_lists_the_call_and_speaks_into_it() -> None:
     async def body() -> None:
-        async with AppServer() as app, stack(app_route(app.url)) as st:
-            async with TwilioCall(st.ms_port) as call:
-                await app.wait_for("call.started")
-                base = f"http://127.0.0.1:{st.config.api.listen.rsplit(':', 1)[1]}"
+        async with (
+            AppServer() as app,
+            stack(app_route(app.url)) as st,
+            TwilioCall(st.ms_port) as call,
+        ):
+            await app.wait_for("call.started")
+            base = f"http://127.0.0.1:{st.config.api.listen.rsplit(':', 1)[1]}"
 
-                def get(path: str) -> object:
-                    with urllib.request.urlopen(base + path, timeout=5) as r:
-                        return json.loads(r.read())
+            def get(path: str) -> object:
+                with urllib.request.urlopen(base + path, timeout=5) as r:
+                    return json.loads(r.read())
 
-                def post(path: str, body: dict[str, object]) -> int:
-                    req = urllib.request.Request(
-                        base + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
-                    )
-                    with urllib.request.urlopen(req, timeout=5) as r:
-                        return int(r.status)
-
-                listed = await asyncio.to_thread(get, "/v1/calls")
-                calls = listed["calls"] if isinstance(listed, dict) else listed  # type: ignore[index]
-                assert len(calls) == 1 and calls[0]["leg"] == "twilio"
-                call_id = calls[0]["call_id"]
-                status = await asyncio.to_thread(
-                    post, f"/v1/calls/{call_id}/say", {"turn_id": "api", "text": "From the API."}
+            def post(path: str, body: dict[str, object]) -> int:
+                req = urllib.request.Request(
+                    base + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
                 )
-                assert status in (200, 202)
-                finished = await app.wait_for("turn.finished")
-                assert finished["turn_id"] == "api"
-                assert call.carrier.arrival_times()
-                spec = await asyncio.to_thread(get, "/openapi.json")
-                assert "/v1/calls" in spec["paths"]  # type: ignore[index]
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    return int(r.status)
+
+            listed = await asyncio.to_thread(get, "/v1/calls")
+            calls = listed["calls"] if isinstance(listed, dict) else listed  # type: ignore[index]
+            assert len(calls) == 1 and calls[0]["leg"] == "twilio"
+            call_id = calls[0]["call_id"]
+            status = await asyncio.to_thread(
+                post, f"/v1/calls/{call_id}/say", {"turn_id": "api", "text": "From the API."}
+            )
+            assert status in (200, 202)
+            finished = await app.wait_for("turn.finished")
+            assert finished["turn_id"] == "api"
+            assert call.carrier.arrival_times()
+            spec = await asyncio.to_thread(get, "/openapi.json")
+            assert "/v1/calls" in spec["paths"]  # type: ignore[index]
 
     run(body())
 
