@@ -50,6 +50,10 @@ typecheck: venv
 unit: venv
 	$(PY) -m pytest -q -m "not slow and not peers"
 
+## Install as a system service under /opt/callbridge (see docs/deployment.md).
+install:
+	bash scripts/install.sh
+
 bench: venv
 	$(PY) bench/run_all.py
 
