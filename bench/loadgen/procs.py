@@ -1,0 +1,259 @@
+"""The processes under test: a TTS server and a ``callbridge serve`` daemon, pinned to cores.
+
+``DaemonUnderTest`` writes a generated config, starts ``callbridge serve``
+(uvloop) pinned to core 0, waits for ``/readyz``, and reads what the
+benchmarks need from outside: ``/metrics``, the CDR lines (``call.ended``)
+of its log, ``/proc/<pid>`` (CPU ticks, RSS, fds, threads). ``TtsProcess``
+runs ``bench/loadgen/ttsd_proc.py`` (the reference TTS server with the
+``tone`` engine, which also records when it produced each job's first chunk)
+pinned to the load generator's core.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+DAEMON_CORE = 0
+LOADGEN_CORE = 1
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+_PANGRAM = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing"
+TALK_TEXT = " ".join([_PANGRAM] * 6)  # about 15 s of tone audio per turn
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pin_self(core: int = LOADGEN_CORE) -> None:
+    """Pin the calling process (the load generator) to one core."""
+    if (os.cpu_count() or 1) > core:
+        os.sched_setaffinity(0, {core})
+
+
+def _pinned(core: int) -> Any:
+    def pre() -> None:
+        if (os.cpu_count() or 1) > core:
+            os.sched_setaffinity(0, {core})
+
+    return pre
+
+
+@dataclass
+class TtsProcess:
+    """The reference TTS server (tone engine) in its own process."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    record_path: Path
+
+    @classmethod
+    def start(cls, workdir: Path, core: int = LOADGEN_CORE) -> TtsProcess:
+        port_file = workdir / "ttsd.port"
+        record = workdir / "ttsd_first_chunks.json"
+        port_file.unlink(missing_ok=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench/loadgen/ttsd_proc.py"), str(port_file), str(record)],
+            preexec_fn=_pinned(core),
+            stdout=subprocess.DEVNULL,
+            stderr=open(workdir / "ttsd.log", "wb"),  # noqa: SIM115 - the child owns it
+        )
+        deadline = time.monotonic() + 20
+        while not port_file.exists() or not port_file.read_text().strip():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ttsd did not start; see {workdir / 'ttsd.log'}")
+            time.sleep(0.05)
+        return cls(proc, int(port_file.read_text()), record)
+
+    def first_chunks(self) -> list[tuple[str, float]]:
+        """(text, monotonic time) of every job's first audio chunk (after ``stop``)."""
+        if not self.record_path.exists():
+            return []
+        return [(t, float(s)) for t, s in json.loads(self.record_path.read_text())]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def config_text(
+    tts_port: int,
+    sip_port: int,
+    ms_port: int,
+    api_port: int,
+    *,
+    pcm24k: bool = False,
+    rtp_ports: str = "30000-33999",
+    lead_ms: int = 60,
+) -> str:
+    fmt = 'encoding = "pcm"\nsample_rate = 24000\n' if pcm24k else ""
+    return f"""
+[daemon]
+log_format = "json"
+log_level = "info"
+event_loop = "uvloop"
+drain_timeout_s = 1
+prompt_cache_bytes = 0
+
+[sip]
+listen = ["127.0.0.1:{sip_port}"]
+transports = ["udp"]
+rtp_ports = "{rtp_ports}"
+max_calls = 5000
+invite_rate_per_source = 100000
+rtp_timeout_s = 60
+
+[media_streams]
+listen = "127.0.0.1:{ms_port}"
+lead_ms = {lead_ms}
+max_message_bytes = 1048576
+
+[api]
+listen = "127.0.0.1:{api_port}"
+
+[providers.fast]
+protocol = "kova"
+url = "ws://127.0.0.1:{tts_port}/v1/ws/kova"
+api_key = "k"
+voice = "tone"
+{fmt}
+[flows.talk]
+start = "talk"
+
+[flows.talk.steps.talk]
+say = "{TALK_TEXT}"
+next = "talk"
+
+[[routes]]
+match = "talk"
+provider = "fast"
+flow = "talk"
+
+[[routes]]
+match = "*"
+provider = "fast"
+greeting = "hello and welcome to the latency benchmark"
+"""
+
+
+@dataclass
+class DaemonUnderTest:
+    """``callbridge serve`` in its own process, pinned to ``DAEMON_CORE``."""
+
+    proc: subprocess.Popen[bytes]
+    workdir: Path
+    sip_port: int
+    ms_port: int
+    api_port: int
+
+    @classmethod
+    def start(
+        cls,
+        workdir: Path,
+        tts_port: int,
+        *,
+        pcm24k: bool = False,
+        env: dict[str, str] | None = None,
+        core: int = DAEMON_CORE,
+        lead_ms: int = 60,
+    ) -> DaemonUnderTest:
+        sip, ms, api = free_port(socket.SOCK_DGRAM), free_port(), free_port()
+        cfg = workdir / "callbridge.toml"
+        cfg.write_text(config_text(tts_port, sip, ms, api, pcm24k=pcm24k, lead_ms=lead_ms))
+        proc = subprocess.Popen(
+            [str(VENV_BIN / "callbridge"), "serve", "--config", str(cfg)],
+            preexec_fn=_pinned(core),
+            stdout=subprocess.DEVNULL,
+            stderr=open(workdir / "daemon.log", "wb"),  # noqa: SIM115 - the child owns it
+            env={**os.environ, **(env or {})},
+        )
+        d = cls(proc, workdir, sip, ms, api)
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"daemon did not become ready; see {workdir / 'daemon.log'}")
+            try:
+                if d.http("/readyz").startswith("{"):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        return d
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def http(self, path: str) -> str:
+        url = f"http://127.0.0.1:{self.api_port}{path}"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return str(r.read().decode())
+
+    def metric_samples(self, name: str) -> dict[str, float]:
+        """Every sample line of ``name`` on ``/metrics`` (full sample name with labels → value)."""
+        out: dict[str, float] = {}
+        for line in self.http("/metrics").splitlines():
+            if line.startswith(name):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def cpu_s(self) -> float:
+        """utime + stime of the daemon so far, in seconds (``/proc/<pid>/stat``)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def rss_bytes(self) -> int:
+        return int(Path(f"/proc/{self.pid}/statm").read_text().split()[1]) * PAGE_BYTES
+
+    def fd_count(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def thread_count(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+        return 0
+
+    def cdr_lines(self) -> list[dict[str, Any]]:
+        """Every ``call.ended`` line of the daemon's JSON log."""
+        out = []
+        for line in (self.workdir / "daemon.log").read_text(errors="replace").splitlines():
+            if '"call.ended"' in line:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def cpu_pct(used_s: float, wall_s: float) -> float:
+    return round(100.0 * used_s / wall_s, 1) if wall_s > 0 else float("nan")

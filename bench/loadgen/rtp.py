@@ -1,0 +1,265 @@
+"""Many SIP/RTP calls from one process: the UAC, the inbound RTP sender and the receiver.
+
+One ``SipUserAgent`` (our own engine) over a UDP socket places every call at
+the daemon. Each call has its own RTP socket (named in our SDP offer); the
+daemon's packets land there and are timestamped by the *kernel* on arrival
+(``SO_TIMESTAMPNS``), so how busy this process is does not change what it
+measures. Every 20 ms each call also sends one inbound PCMU packet (low-level
+noise below the barge-in energy floor, so the VAD runs on every frame but
+never interrupts the turn). Calls are spread over 20 one-millisecond phases.
+
+Everything runs in one ``epoll`` loop with no asyncio: timing is
+``time.monotonic()``; kernel timestamps (CLOCK_REALTIME) are moved onto
+CLOCK_MONOTONIC with an offset measured at start-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import select
+import socket
+import struct
+import time
+from array import array
+from dataclasses import dataclass, field
+
+from bridge.engine import SendDatagram
+from bridge.sip.events import CallEnded, OutboundCallAnswered, OutboundCallFailed
+from bridge.sip.sdp import build_offer, negotiate, parse_sdp
+from bridge.sip.settings import SipSettings
+from bridge.sip.ua import SipUserAgent
+from telcodec import g711
+
+SO_TIMESTAMPNS = 35  # Linux; SCM_TIMESTAMPNS has the same value
+_HDR = struct.Struct("!BBHII")
+_TS = struct.Struct("qq")
+
+
+def realtime_to_monotonic_offset_ns() -> int:
+    """CLOCK_REALTIME - CLOCK_MONOTONIC, from the tightest of a few paired reads."""
+    best: tuple[int, int] | None = None
+    for _ in range(50):
+        m0 = time.monotonic_ns()
+        r = time.time_ns()
+        m1 = time.monotonic_ns()
+        if best is None or m1 - m0 < best[0]:
+            best = (m1 - m0, r - (m0 + m1) // 2)
+    assert best is not None
+    return best[1]
+
+
+def noise_payload(level: float = 60.0, seed: int = 1) -> bytes:
+    """160 mu-law bytes of quiet noise (about -55 dBFS: VAD work, no barge-in)."""
+    rng = random.Random(seed)
+    pcm = struct.pack("<160h", *(int(rng.gauss(0, level)) for _ in range(160)))
+    return g711.ulaw_encode(pcm)
+
+
+@dataclass
+class RtpCall:
+    """One call: its SIP call id, RTP socket and what arrived on it."""
+
+    index: int
+    sock: socket.socket
+    port: int
+    call_id: str = ""
+    remote: tuple[str, int] | None = None
+    answered_at: float | None = None
+    ended: bool = False
+    seq: int = field(default_factory=lambda: random.getrandbits(16))
+    ts: int = field(default_factory=lambda: random.getrandbits(32))
+    ssrc: int = field(default_factory=lambda: random.getrandbits(32))
+    arrival_ns: array[int] = field(default_factory=lambda: array("q"))
+    rtp_ts: array[int] = field(default_factory=lambda: array("Q"))
+    marker: array[int] = field(default_factory=lambda: array("B"))
+
+
+class RtpLoad:
+    """Places ``n`` calls at the daemon's SIP port and runs their media."""
+
+    def __init__(self, daemon_sip: tuple[str, int], route: str = "talk") -> None:
+        self.daemon = daemon_sip
+        self.route = route
+        self.sip = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sip.bind(("127.0.0.1", 0))
+        self.sip.setblocking(False)
+        port = self.sip.getsockname()[1]
+        self.ua = SipUserAgent(
+            SipSettings(local_host="127.0.0.1", local_port=port, transport="UDP")
+        )
+        self.ep = select.epoll()
+        self.ep.register(self.sip.fileno(), select.EPOLLIN)
+        self.calls: list[RtpCall] = []
+        self.by_fd: dict[int, RtpCall] = {}
+        self.by_call_id: dict[str, RtpCall] = {}
+        self.failed = 0
+        self.recording = False
+        self.payload = noise_payload()
+        self.offset_ns = realtime_to_monotonic_offset_ns()
+        self._ua_deadline: float | None = None
+        self._origin = time.monotonic()
+        self._slot = 0
+
+    # ------------------------------------------------------------ SIP
+
+    def _pump(self) -> None:
+        for action in self.ua.actions_to_send():
+            if isinstance(action, SendDatagram):
+                self.sip.sendto(action.data, action.addr)
+        for event in self.ua.events_received():
+            if isinstance(event, OutboundCallAnswered):
+                call = self.by_call_id.get(event.call_id)
+                audio = negotiate(parse_sdp(event.answer_sdp), ("PCMU",))
+                if call is not None and audio is not None:
+                    call.remote = audio.remote_addr
+                    call.answered_at = time.monotonic()
+            elif isinstance(event, OutboundCallFailed):
+                self.failed += 1
+                call = self.by_call_id.get(event.call_id)
+                if call is not None:
+                    call.ended = True
+            elif isinstance(event, CallEnded):
+                call = self.by_call_id.get(event.call_id)
+                if call is not None:
+                    call.ended = True
+        self._ua_deadline = self.ua.next_deadline()
+
+    def place(self, n: int, rate_per_s: float = 200.0) -> None:
+        """Invite ``n`` more calls at ``rate_per_s``, running media for those answered."""
+        gap_s = 1.0 / rate_per_s
+        next_at = time.monotonic()
+        for _ in range(n):
+            self.run_until(next_at)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind(("127.0.0.1", 0))
+            sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 18)
+            call = RtpCall(len(self.calls), sock, sock.getsockname()[1])
+            offer = build_offer("127.0.0.1", call.port, random.getrandbits(31), 1, ("PCMU",))
+            call.call_id = self.ua.invite(
+                f"sip:{self.route}@{self.daemon[0]}:{self.daemon[1]}",
+                "sip:load@127.0.0.1",
+                offer,
+                self.daemon,
+                time.monotonic(),
+            )
+            self.calls.append(call)
+            self.by_fd[sock.fileno()] = call
+            self.by_call_id[call.call_id] = call
+            self.ep.register(sock.fileno(), select.EPOLLIN)
+            self._pump()
+            next_at += gap_s
+
+    def answered(self) -> int:
+        return sum(1 for c in self.calls if c.remote is not None and not c.ended)
+
+    def wait_answered(self, timeout_s: float = 30.0) -> int:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            self.run_for(0.1)
+            pending = [c for c in self.calls if c.remote is None and not c.ended]
+            if not pending:
+                break
+        return self.answered()
+
+    def hangup_all(self, settle_s: float = 1.0) -> None:
+        now = time.monotonic()
+        for call in self.calls:
+            if call.call_id and not call.ended:
+                with contextlib.suppress(Exception):
+                    self.ua.hangup(call.call_id, now)
+                call.ended = True
+        self._pump()
+        self.run_for(settle_s)
+
+    def close(self) -> None:
+        for call in self.calls:
+            with contextlib.suppress(OSError, ValueError):
+                self.ep.unregister(call.sock.fileno())
+            call.sock.close()
+        self.calls.clear()
+        self.by_fd.clear()
+        self.by_call_id.clear()
+        self.ep.close()
+        self.sip.close()
+
+    def forget_calls(self) -> None:
+        """Drop ended calls (their sockets closed) so a new step starts clean."""
+        for call in self.calls:
+            with contextlib.suppress(OSError, ValueError):
+                self.ep.unregister(call.sock.fileno())
+            call.sock.close()
+        self.calls, self.by_fd, self.by_call_id = [], {}, {}
+
+    # ------------------------------------------------------------ loop
+
+    def run_for(self, seconds: float) -> None:
+        self.run_until(time.monotonic() + seconds)
+
+    def run_until(self, end: float) -> None:
+        ep, sip_fd = self.ep, self.sip.fileno()
+        while True:
+            now = time.monotonic()
+            if now >= end:
+                return
+            next_send = self._origin + (self._slot + 1) * 0.001
+            wake = min(end, next_send)
+            if self._ua_deadline is not None:
+                wake = min(wake, self._ua_deadline)
+            for fd, _ in ep.poll(max(0.0, wake - now)):
+                if fd == sip_fd:
+                    self._read_sip()
+                else:
+                    self._read_rtp(self.by_fd.get(fd))
+            now = time.monotonic()
+            while self._origin + (self._slot + 1) * 0.001 <= now:
+                self._slot += 1
+                self._send_slot(self._slot % 20)
+            if self._ua_deadline is not None and now >= self._ua_deadline:
+                self.ua.handle_timer(now)
+                self._pump()
+
+    def _read_sip(self) -> None:
+        while True:
+            try:
+                data, addr = self.sip.recvfrom(65536)
+            except BlockingIOError:
+                return
+            self.ua.receive_datagram(data, (addr[0], addr[1]), time.monotonic())
+            self._pump()
+
+    def _read_rtp(self, call: RtpCall | None) -> None:
+        if call is None:
+            return
+        sock, rec = call.sock, self.recording
+        while True:
+            try:
+                data, anc, _, _ = sock.recvmsg(512, 64)
+            except BlockingIOError:
+                return
+            if not rec or len(data) < 12:
+                continue
+            _b0, b1, _seq, ts, _ssrc = _HDR.unpack_from(data)
+            if b1 & 0x7F != 0:  # PCMU only: skip telephone-event and anything else
+                continue
+            arrival = time.monotonic_ns()
+            for level, kind, raw in anc:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                    sec, nsec = _TS.unpack(raw[: _TS.size])
+                    arrival = sec * 1_000_000_000 + nsec - self.offset_ns
+            call.arrival_ns.append(arrival)
+            call.rtp_ts.append(ts)
+            call.marker.append(1 if b1 & 0x80 else 0)
+
+    def _send_slot(self, slot: int) -> None:
+        payload = self.payload
+        for call in self.calls[slot::20]:
+            if call.remote is None or call.ended:
+                continue
+            call.seq = (call.seq + 1) & 0xFFFF
+            call.ts = (call.ts + 160) & 0xFFFFFFFF
+            header = _HDR.pack(0x80, 0, call.seq, call.ts, call.ssrc)
+            with contextlib.suppress(OSError):
+                call.sock.sendto(header + payload, call.remote)

@@ -1,0 +1,64 @@
+"""The reference TTS server (``tone`` engine) for the benchmarks, in its own process.
+
+Same server as ``callbridge tts-server --engine tone``; the engine also notes
+``time.monotonic()`` when each job's first chunk is produced (the instant
+before the session sends it), and the list is written as JSON on SIGTERM, so
+a benchmark can compare it with when the first ``media`` reached the carrier
+(CLOCK_MONOTONIC is shared by every process on the host).
+
+    python bench/loadgen/ttsd_proc.py PORT_FILE RECORD_JSON
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from bridge.io.ttsd_server import start_tts_server
+from bridge.ttsd.synth import SynthChunk, ToneEngine
+
+
+class RecordingToneEngine(ToneEngine):
+    """``ToneEngine`` that records (text, monotonic time) of every job's first chunk."""
+
+    def __init__(self, native_rate_hz: int = 24000, log: list[tuple[str, float]] | None = None):
+        super().__init__(native_rate_hz)
+        self.log: list[tuple[str, float]] = [] if log is None else log
+
+    def at_rate(self, sample_rate_hz: int) -> ToneEngine:
+        return RecordingToneEngine(sample_rate_hz, self.log)
+
+    def synthesize(self, text: str, voice: str, speed: float = 1.0) -> Iterator[SynthChunk]:
+        first = True
+        for chunk in super().synthesize(text, voice, speed):
+            if first:
+                self.log.append((text, time.monotonic()))
+                first = False
+            yield chunk
+
+
+async def main(port_file: Path, record: Path) -> None:
+    engine = RecordingToneEngine()
+    server = await start_tts_server(engine=engine)
+    port_file.write_text(f"{server.port}\n")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    record.write_text(json.dumps(engine.log))
+    await server.close()
+
+
+if __name__ == "__main__":
+    try:
+        import uvloop
+
+        uvloop.run(main(Path(sys.argv[1]), Path(sys.argv[2])))
+    except ImportError:
+        asyncio.run(main(Path(sys.argv[1]), Path(sys.argv[2])))
