@@ -113,6 +113,8 @@ class MediaStreamsConfig:
     public_url: str = ""
     twilio_auth_token: str = field(default="", repr=False)
     single_use_tokens: bool = False
+    token_secret: str = field(default="", repr=False)
+    stream_token: str = field(default="", repr=False)
     max_message_bytes: int = 64 * 1024
     lead_ms: int = 60
 
@@ -532,7 +534,7 @@ def _read_media_streams(r: _Reader, d: dict[str, Any]) -> MediaStreamsConfig:
     r.unknown(
         d,
         {"enabled", "listen", "public_url", "twilio_auth_token", "single_use_tokens",
-         "max_message_bytes", "lead_ms"},
+         "token_secret", "stream_token", "max_message_bytes", "lead_ms"},
         p,
     )  # fmt: skip
     listen = r.str_(d, "listen", p, "127.0.0.1:8080")
@@ -546,9 +548,17 @@ def _read_media_streams(r: _Reader, d: dict[str, Any]) -> MediaStreamsConfig:
         public_url=public_url,
         twilio_auth_token=r.secret(d, "twilio_auth_token", p),
         single_use_tokens=r.bool_(d, "single_use_tokens", p, False),
+        token_secret=_min_len(r, r.secret(d, "token_secret", p), 16, "media_streams.token_secret"),
+        stream_token=r.secret(d, "stream_token", p),
         max_message_bytes=r.int_(d, "max_message_bytes", p, 64 * 1024, 1024, 16 * 1024 * 1024),
         lead_ms=r.int_(d, "lead_ms", p, 60, 20, 1000),
     )
+
+
+def _min_len(r: _Reader, value: str, n: int, key: str) -> str:
+    if value and len(value) < n:
+        r.err(key, f"must be at least {n} characters")
+    return value
 
 
 def _read_api(r: _Reader, d: dict[str, Any]) -> ApiConfig:

@@ -64,6 +64,9 @@ __all__ = ["CallRunner", "LegAdapter", "bargein_policy"]
 
 log = get_logger("callbridge.call")
 
+PACING_SAMPLE_EVERY = 10
+"""One outbound frame in this many has its departure deviation recorded."""
+
 
 class LegAdapter(Protocol):
     """What a call needs from its caller leg."""
@@ -160,6 +163,7 @@ class CallRunner:
             call_id, self._on_frame, self._on_tick_error, ts0=random.getrandbits(32)
         )
         daemon.metrics.calls_active.labels(leg.kind, route.match).inc()
+        self.pacing = daemon.metrics.pacing_deviation_seconds.labels(leg.kind)
 
     # ------------------------------------------------------------- start-up
 
@@ -239,6 +243,8 @@ class CallRunner:
     # ----------------------------------------------------------- clock
 
     def _on_frame(self, n: int, now: float) -> None:
+        if n % PACING_SAMPLE_EVERY == 0:  # a sample of departures is enough for the histogram
+            self.pacing.observe(max(0.0, now - self.clock.deadline(n)))
         frame = self.bridge.tick(now)
         self.leg.send_frame(frame, n, now)
         if frame is not None and self.idle and self.lead_frames:

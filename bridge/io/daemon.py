@@ -128,6 +128,7 @@ class Daemon:
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _old_runtimes: list[Runtime] = field(default_factory=list)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _reconnects_seen: dict[str, int] = field(default_factory=dict)
 
     # ------------------------------------------------------------ start-up
 
@@ -186,6 +187,17 @@ class Daemon:
             api=self.config.api.listen if self.api else None,
             embedded_ok=embedded_ok,
         )
+
+    def _export_pool_counters(self) -> None:
+        """Provider reconnects, as counted by the pools, into the metrics."""
+        for rt in [self.runtime, *self._old_runtimes]:
+            if rt is None:
+                continue
+            for name, pool in rt.pools.items():
+                seen = self._reconnects_seen.get(name, 0)
+                if pool.reconnects > seen:
+                    self.metrics.provider_reconnects_total.labels(name).inc(pool.reconnects - seen)
+                    self._reconnects_seen[name] = pool.reconnects
 
     def status_line(self) -> str:
         calls = sum(leg.active_calls() for leg in self.legs)
@@ -286,6 +298,7 @@ class Daemon:
                     await asyncio.wait_for(self._stop.wait(), status_every_s)
                 if not self._stop.is_set():
                     self.notifier.status(self.status_line())
+                    self._export_pool_counters()
         finally:
             await self.close()
         log.info("daemon.stopped")

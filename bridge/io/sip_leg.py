@@ -24,7 +24,7 @@ import os
 import re
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from bridge.config import RouteConfig, split_hostport
 from bridge.control import commands as cmd
@@ -32,7 +32,7 @@ from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
-from bridge.rtp.dtmf import DtmfReceived, DtmfSender
+from bridge.rtp.dtmf import DtmfReceived, DtmfSender, InbandDtmf
 from bridge.rtp.jitter import FrameLost, RtpFrame
 from bridge.rtp.ports import RtpPortAllocator
 from bridge.rtp.session import RtpSession, RtpSessionConfig, RtpTimedOut, silence_frame
@@ -45,6 +45,7 @@ from bridge.sip.events import (
     HoldChanged,
     OutboundCallAnswered,
     OutboundCallFailed,
+    RegistrationStateChanged,
     SendStream,
 )
 from bridge.sip.sdp import NegotiatedAudio, build_answer, build_offer, negotiate, parse_sdp
@@ -131,9 +132,11 @@ class _UaRunner:
     def pump(self) -> None:
         for action in self.ua.actions_to_send():
             if isinstance(action, SendDatagram):
+                self.leg.count_response(action.data)
                 if self.udp is not None:
                     self.udp.sendto(action.data, action.addr)
             elif isinstance(action, SendStream):
+                self.leg.count_response(action.data)
                 writer = self.writers.get(action.conn_id)
                 if writer is not None:
                     writer.write(action.data)
@@ -183,6 +186,7 @@ class _SipCall:
         self.pt = 0
         self.silence = silence_frame(0)
         self.dtmf = DtmfSender()
+        self.inband: InbandDtmf | None = None
         self.rtp_transport: asyncio.DatagramTransport | None = None
         self.rtcp_transport: asyncio.DatagramTransport | None = None
         self.runner: CallRunner | None = None
@@ -208,6 +212,9 @@ class _SipCall:
         )
         self.pt = audio.payload_type
         self.silence = silence_frame(self.pt)
+        # no telephone-event negotiated: listen for in-band tones instead
+        law: Literal["ulaw", "alaw"] = "alaw" if audio.codec == "PCMA" else "ulaw"
+        self.inband = InbandDtmf(law) if audio.telephone_event_pt is None else None
 
     @property
     def codec(self) -> str:
@@ -283,6 +290,9 @@ class _SipCall:
             return
         if isinstance(inbound, RtpFrame) and len(inbound.payload) == 160:
             self.runner.caller_audio(inbound.payload)
+            if self.inband is not None:
+                for digit in self.inband.process(inbound.payload):
+                    self.runner.caller_dtmf(digit)
         elif isinstance(inbound, FrameLost) or inbound is None:
             self.runner.caller_audio(self.silence)
 
@@ -357,9 +367,36 @@ class SipLeg:
                 await runner.start(host, port)
                 self.runners.append(runner)
         log.info("sip.listening", listen=list(cfg.listen), transports=list(cfg.transports))
+        self._register_all()
+
+    def _register_all(self) -> None:
+        """Keep a binding at every ``[sip.registrations]`` registrar (refreshed by the engine)."""
+        ua = next((r for r in self.runners if r.kind == "UDP"), None)
+        for reg in self.daemon.config.sip.registrations:
+            dest = _uri_hostport(reg.registrar)
+            if ua is None or dest is None:
+                log.error("sip.register_impossible", registration=reg.name)
+                continue
+            host = dest[0]
+            ua.ua.register(
+                dest,
+                reg.registrar,
+                f"sip:{reg.user}@{host}",
+                ua.loop.time(),
+                credentials=(reg.user, reg.password),
+                expires_s=reg.expires_s,
+            )
+            ua.pump()
+            log.info("sip.registering", registration=reg.name, registrar=reg.registrar)
 
     def active_calls(self) -> int:
         return len(self.calls)
+
+    def count_response(self, data: bytes) -> None:
+        if data.startswith(b"SIP/2.0 "):
+            self.daemon.metrics.sip_responses_total.labels(
+                data[8:11].decode("ascii", "replace")
+            ).inc()
 
     def set_draining(self, draining: bool) -> None:
         self.draining = draining
@@ -394,6 +431,13 @@ class SipLeg:
                 if call.runner is not None:
                     call.runner.leg_ended(reason)
                 self._release(call)
+        elif isinstance(event, RegistrationStateChanged):
+            log.info(
+                "sip.registration",
+                registered=event.registered,
+                status=event.status,
+                expires_s=event.expires_s,
+            )
         elif isinstance(event, OutboundCallAnswered):
             self._outbound_answered(event)
         elif isinstance(event, OutboundCallFailed):
@@ -560,6 +604,9 @@ class SipLeg:
 
     def _release(self, call: _SipCall) -> None:
         if self.calls.pop(call.call_id, None) is not None:
+            lost = call.rtp.reception_stats().lost
+            if lost > 0:
+                self.daemon.metrics.rtp_packets_lost_total.inc(lost)
             call.close()
             self.ports.release(call.port_key)
 

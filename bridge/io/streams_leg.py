@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
@@ -31,7 +33,12 @@ from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, WsConnecti
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.streams import DIALECTS
-from bridge.streams.auth import twilio_signature_valid
+from bridge.streams.auth import (
+    TokenBook,
+    presented_token,
+    shared_token_valid,
+    twilio_signature_valid,
+)
 from bridge.streams.base import (
     AudioReceived,
     DtmfReceived,
@@ -102,6 +109,7 @@ class _Stream:
         self.call: CallRunner | None = None
         self.cutter: FrameCutter | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.connected_at = self.loop.time()
 
     def now(self) -> float:
         return self.loop.time()
@@ -159,6 +167,15 @@ class _Stream:
             self.pump()
             return
         call_id = event.call_id or event.stream_id
+        book = self.leg.tokens
+        if book is not None and self.engine.DIALECT == "twilio":
+            verdict = book.check(event.custom_parameters.get("token"), call_id, time.time())
+            if verdict != "ok":
+                daemon.metrics.rejected_total.labels(f"token_{verdict}").inc()
+                log.warning("streams.token_refused", verdict=verdict)
+                self.engine.reject(f"stream token {verdict}", self.now())
+                self.pump()
+                return
         bind_call(call_id)
         profile = LegProfile(
             kind=self.engine.DIALECT,  # type: ignore[arg-type]
@@ -187,11 +204,15 @@ class _Stream:
             on_finished=self.leg._call_finished,
         )
         self.leg.calls[call_id] = self.call
+        daemon.metrics.call_setup_seconds.labels(self.engine.DIALECT).observe(
+            self.now() - self.connected_at
+        )
         self.call.start()
         unbind_call()
 
     async def run(self) -> None:
-        self.engine.connection_made(self.now())
+        self.connected_at = self.now()
+        self.engine.connection_made(self.connected_at)
         self.pump()
         try:
             async for msg in self.conn:
@@ -220,6 +241,9 @@ class MediaStreamsLeg:
         self.server: HttpWsServer | None = None
         self.calls: dict[str, CallRunner] = {}
         self.draining = False
+        ms = daemon.config.media_streams
+        secret = ms.token_secret.encode() or os.urandom(32)
+        self.tokens = TokenBook(secret, ttl_s=60.0) if ms.single_use_tokens else None
 
     @property
     def settings(self) -> StreamSettings:
@@ -283,6 +307,11 @@ class MediaStreamsLeg:
         params = {
             k: v for k, v in (("from", form.get("From", "")), ("to", form.get("To", ""))) if v
         }
+        if self.tokens is not None:
+            call_sid = form.get("CallSid", "")
+            if not call_sid:
+                return HttpResponse.text(400, "CallSid is required for single-use stream tokens")
+            params["token"] = self.tokens.mint(call_sid, time.time())
         try:
             xml = twiml_for_route(stream_url, route or None, params)
         except ValueError as e:
@@ -303,6 +332,13 @@ class MediaStreamsLeg:
                 self.daemon.metrics.rejected_total.labels("bad_signature").inc()
                 log.warning("streams.bad_signature", path=request.path)
                 return HttpResponse.text(403, "invalid X-Twilio-Signature")
+        shared = self.daemon.config.media_streams.stream_token
+        if cls.DIALECT != "twilio" and shared:
+            presented = presented_token(request.headers, request.query)
+            if not shared_token_valid(shared, presented):
+                self.daemon.metrics.rejected_total.labels("bad_token").inc()
+                log.warning("streams.bad_token", path=request.path)
+                return HttpResponse.text(403, "invalid stream token")
 
         async def handler(conn: WsConnection) -> None:
             engine = cls(self.settings, route=request.query.get("route"))

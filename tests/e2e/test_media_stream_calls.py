@@ -312,3 +312,76 @@ def test_stream_that_never_stops_releases_the_call_on_socket_close() -> None:
             assert len(st.daemon.ticker.streams) == 0
 
     run(body())
+
+
+def test_single_use_stream_token_from_twiml_admits_once_and_a_replay_is_refused() -> None:
+    async def body() -> None:
+        kw = {"ms_extra": 'single_use_tokens = true\ntoken_secret = "0123456789abcdef0123"'}
+        async with stack(GREETING_ROUTE, **kw) as st:
+            base = f"http://127.0.0.1:{st.ms_port}"
+            form = b"CallSid=CA00000000000000000000000000000001&From=%2B15550001&To=%2B15550002"
+
+            def post() -> str:
+                req = urllib.request.Request(base + "/twiml", form)
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    assert r.headers["Content-Type"].startswith("application/xml")
+                    return str(r.read().decode())
+
+            xml = await asyncio.to_thread(post)
+            assert "<Connect><Stream" in xml and 'name="token"' in xml
+            token = xml.split('name="token" value="', 1)[1].split('"', 1)[0]
+            async with TwilioCall(st.ms_port, {"token": token}) as call:
+                await until(lambda: len(call.carrier.arrival_times()) >= 5)
+            # the same token again (a captured, replayed stream): refused, closed with 1008
+            replay = TwilioCall(st.ms_port, {"token": token})
+            async with replay:
+                await asyncio.wait_for(replay.closed.wait(), 10 * FACTOR)
+            assert replay.carrier.arrival_times() == []
+            assert replay.ws is not None and replay.ws.close_code == 1008
+
+    run(body())
+
+
+def test_dialect_upgrades_need_the_shared_stream_token_when_one_is_set() -> None:
+    async def body() -> None:
+        kw = {"ms_extra": 'stream_token = "s3cret-stream-token"'}
+        async with stack(GREETING_ROUTE, **kw) as st:
+            url = f"ws://127.0.0.1:{st.ms_port}/telnyx"
+            with pytest.raises(websockets.InvalidStatus) as info:
+                await websockets.connect(url)
+            assert info.value.response.status_code == 403
+            ws = await websockets.connect(url + "?token=s3cret-stream-token")
+            await ws.close()
+            ws = await websockets.connect(
+                url, additional_headers={"Authorization": "Bearer s3cret-stream-token"}
+            )
+            await ws.close()
+
+    run(body())
+
+
+def test_metrics_record_the_call() -> None:
+    async def body() -> None:
+        async with stack(GREETING_ROUTE) as st:
+            async with TwilioCall(st.ms_port) as call:
+                await until(lambda: len(call.carrier.arrival_times()) >= 20)
+            leg = next(leg for leg in st.daemon.legs if leg.name == "media_streams")
+            await until(lambda: leg.active_calls() == 0)
+            api = st.config.api.listen.rsplit(":", 1)[1]
+
+            def scrape() -> str:
+                with urllib.request.urlopen(f"http://127.0.0.1:{api}/metrics", timeout=5) as r:
+                    return str(r.read().decode())
+
+            text = await asyncio.to_thread(scrape)
+            for needle in [
+                'callbridge_calls_total{leg="twilio",outcome="stop",route="*"} 1.0',
+                'callbridge_calls_active{leg="twilio",route="*"} 0.0',
+                'callbridge_time_to_first_audio_seconds_count{provider="main"} 1.0',
+                'callbridge_added_latency_seconds_count{leg="twilio"} 1.0',
+                'callbridge_call_setup_seconds_count{leg="twilio"} 1.0',
+                "callbridge_pacing_deviation_seconds_count",
+            ]:
+                assert needle in text, needle
+
+    run(body())
