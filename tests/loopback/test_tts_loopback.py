@@ -161,9 +161,10 @@ def test_failover_to_next_provider_before_first_audio(protocol: str) -> None:
     _run(body)
 
 
-def test_dropped_connection_mid_turn_ends_turn_with_error_and_pool_recovers() -> None:
+@pytest.mark.parametrize("protocol", ALL_PROTOCOLS)
+def test_dropped_connection_mid_turn_ends_turn_with_error_and_pool_recovers(protocol: str) -> None:
     async def body(server: TtsServer) -> None:
-        pool = ProviderPool(_settings(server, "kova"))
+        pool = ProviderPool(_settings(server, protocol))
         pool.backoff.base_s = 0.01
         assert await pool.start()
         speaker = Speaker([pool])
