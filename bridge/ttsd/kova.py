@@ -56,7 +56,7 @@ from telcodec import g711
 
 __all__ = ["PATHS", "SESSION", "KovaServerSession"]
 
-#: Kova's documentation names no path; this is ours (see docs/providers/kova.md).
+#: Kova's documentation names no path; this is ours (see docs/providers.md, Kova).
 PATHS: tuple[str, ...] = ("/v1/ws/kova",)
 
 DEFAULT_SAMPLE_RATE_HZ = 32000
