@@ -182,6 +182,7 @@ def test_twilio_call_greeting_barge_in_clear_dtmf_and_recording() -> None:
     heard = speech_frames(result.heard_pcm_s16le)
     assert abs(len(result.heard_pcm_s16le) // 320 - 125) <= 1
     assert heard == list(range(heard[0], heard[-1] + 1)) and heard[0] <= 2
+    assert barge.stopped_s is not None
     assert abs(len(heard) - round(barge.stopped_s / 0.020)) <= 2  # cut at the clear
 
 
