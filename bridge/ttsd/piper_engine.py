@@ -3,8 +3,9 @@
 This is the only module of callbridge that imports piper (GPL-licensed); only
 the ``callbridge tts-server`` process loads it, never the daemon.
 
-Audio is produced sentence by sentence (one ``SynthChunk`` per sentence, so
-the first audio is ready after the first sentence, not the whole text). Word
+Audio is produced sentence by sentence (one ``SynthChunk`` per sentence, and
+clause by clause within a long sentence), so the first audio is ready after
+the first clause, not the whole text. Word
 timings come from Piper's phoneme alignments: espeak separates words with a
 space phoneme, so the samples of each space-delimited phoneme group are one
 word. When the number of groups differs from the number of written words
@@ -53,7 +54,7 @@ class PiperEngine:
         rate = self.native_rate_hz
         cfg = self._config_cls(length_scale=1.0 / max(speed, 0.25))
         offset_samples = 0
-        for sentence in split_sentences(text):
+        for sentence in _clauses(split_sentences(text)):
             pcm = bytearray()
             groups: list[int] = []
             for chunk in self._voice.synthesize(sentence, cfg, include_alignments=True):
@@ -65,6 +66,28 @@ class PiperEngine:
             words = _timings(split_words(sentence), groups, n, offset_samples, rate)
             offset_samples += n
             yield SynthChunk(bytes(pcm), words)
+
+
+CLAUSE_SPLIT_CHARS = 48
+"""Sentences longer than this are synthesised clause by clause (at commas), so the
+first audio of a long sentence is ready after its first clause."""
+
+
+def _clauses(sentences: list[str]) -> list[str]:
+    out: list[str] = []
+    for sentence in sentences:
+        if len(sentence) <= CLAUSE_SPLIT_CHARS:
+            out.append(sentence)
+            continue
+        current = ""
+        for piece in sentence.split(", "):
+            current = f"{current}, {piece}" if current else piece
+            if len(current) >= 16:
+                out.append(current + ("," if not current.endswith((".", "!", "?")) else ""))
+                current = ""
+        if current:
+            out.append(current)
+    return out
 
 
 def _word_groups(chunk: Any) -> list[int]:
