@@ -28,9 +28,12 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
 
 
 def config_text(tts_port: int, extra: str = "", protocol: str = "kova", **kw: str) -> str:
-    path = {"kova": "/v1/ws/kova", "kugelaudio": "/ws/tts/stream", "coda": "/ws"}.get(
-        protocol, "/v1/ws/kova"
-    )
+    path = {
+        "kova": "/v1/ws/kova",
+        "kugelaudio": "/ws/tts/stream",
+        "coda": "/ws",
+        "kletso": "/v1/realtime",
+    }.get(protocol, "/v1/ws/kova")
     url = f"ws://127.0.0.1:{tts_port}{path}"
     if protocol == "zwst":
         url = f"http://127.0.0.1:{tts_port}"

@@ -385,3 +385,27 @@ def test_metrics_record_the_call() -> None:
                 assert needle in text, needle
 
     run(body())
+
+
+@pytest.mark.parametrize("protocol", ["kova", "kugelaudio", "kletso", "coda", "zwst"])
+def test_barge_in_works_with_every_provider_protocol(protocol: str) -> None:
+    text = " ".join(f"word{i}" for i in range(40)) + "."
+
+    async def body() -> None:
+        async with AppServer() as app:
+            app.on_started = [{"type": "say", "turn_id": "long", "text": text, "final": True}]
+            async with (
+                stack(app_route(app.url), protocol=protocol) as st,
+                TwilioCall(st.ms_port) as call,
+            ):
+                await app.wait_for("turn.started")
+                await until(lambda: len(call.carrier.arrival_times()) >= 10)
+                call.speak_at(call.now() - call.t0 + 0.1, speech_mulaw(1.5))
+                cut = await app.wait_for("turn.interrupted")
+                assert cut["turn_id"] == "long" and cut["reason"] == "speech"
+                await until(lambda: bool(call.carrier.clear_times()))
+                n = len(call.carrier.arrival_times())
+                await asyncio.sleep(0.3)
+                assert len(call.carrier.arrival_times()) <= n + 1
+
+    run(body())
