@@ -34,6 +34,7 @@ from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.rtp.dtmf import DtmfReceived, DtmfSender, InbandDtmf
 from bridge.rtp.jitter import FrameLost, RtpFrame
+from bridge.rtp.packet import is_rtcp
 from bridge.rtp.ports import RtpPortAllocator
 from bridge.rtp.session import RtpSession, RtpSessionConfig, RtpTimedOut, silence_frame
 from bridge.sip.events import (
@@ -258,7 +259,9 @@ class _SipCall:
     def _pump_rtp(self) -> None:
         for action in self.rtp.actions_to_send():
             if isinstance(action, SendDatagram) and self.rtp_transport is not None:
-                if action.addr[1] % 2 and self.rtcp_transport is not None:
+                # by content, not by the destination's parity: RTP must leave from the RTP
+                # port (symmetric RTP, RFC 4961) even when the peer's port is odd (NAT)
+                if is_rtcp(action.data) and self.rtcp_transport is not None:
                     self.rtcp_transport.sendto(action.data, action.addr)
                 else:
                     self.rtp_transport.sendto(action.data, action.addr)

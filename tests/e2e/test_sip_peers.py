@@ -19,6 +19,7 @@ import csv
 import itertools
 import os
 import random
+import re
 import shutil
 import socket
 import struct
@@ -58,10 +59,15 @@ def missing(binary: str) -> str | None:
     return f"{binary} not on PATH (Debian package {package!r}; `make peers` installs it as root)"
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_udp_port(odd: bool | None = None) -> int:
+    """A free UDP port on 127.0.0.1, odd or even when asked."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if odd is None or (port % 2 == 1) == odd:
+            return port
+    raise RuntimeError("no free UDP port of the asked parity")
 
 
 def free_sip_port() -> int:
@@ -205,6 +211,7 @@ class RtpReceived:
     ts: int
     ssrc: int
     payload: bytes
+    source: tuple[str, int]
 
 
 @dataclass
@@ -245,7 +252,9 @@ class RtpPhone(asyncio.DatagramProtocol):
         header = 12 + 4 * (b0 & 0x0F)
         now = asyncio.get_running_loop().time()
         self.received.append(
-            RtpReceived(now, bool(b1 & 0x80), b1 & 0x7F, seq, ts, ssrc, data[header:])
+            RtpReceived(
+                now, bool(b1 & 0x80), b1 & 0x7F, seq, ts, ssrc, data[header:], (addr[0], addr[1])
+            )
         )
         if self.remote is None:
             self.remote = (addr[0], addr[1])
@@ -388,7 +397,8 @@ def test_sipp_call_hears_the_greeting_then_hangs_up(tmp_path: Path) -> None:
         sip_port = free_sip_port()
         async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
             leg = sip_leg(st)
-            phone = await RtpPhone().open()
+            # an odd port, as a NAT may hand out: RTP must still come from the RTP port
+            phone = await RtpPhone().open(free_udp_port(odd=True))
             try:
                 args = sipp_uac_args("uac_greeting.xml", sip_port, "greet", rtp_port=phone.port)
                 result = await run_sipp(tmp_path, "greet", [*args, "-d", "2500"])
@@ -396,6 +406,8 @@ def test_sipp_call_hears_the_greeting_then_hangs_up(tmp_path: Path) -> None:
                 phone.close()
             assert result.returncode == 0, result.explain()
             assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+            answered_port = answered_rtp_port(result)
+            assert {p.source for p in phone.received} == {("127.0.0.1", answered_port)}
             span = audible_span_s(phone.pcm())
             assert span is not None, "no audible RTP received"
             expected_s = greeting_speech_s(GREETING)
@@ -404,6 +416,14 @@ def test_sipp_call_hears_the_greeting_then_hangs_up(tmp_path: Path) -> None:
             assert not leg.calls
 
     run(main())
+
+
+def answered_rtp_port(result: SippResult) -> int:
+    """The m=audio port of the daemon's SDP answer, from SIPp's message trace."""
+    answer = result.messages[result.messages.index("SIP/2.0 200 OK") :]
+    m = re.search(r"m=audio (\d+) ", answer)
+    assert m is not None, result.explain()
+    return int(m.group(1))
 
 
 def outcome(result: SippResult) -> str:
@@ -466,7 +486,7 @@ def test_sipp_cancel_after_answer_has_no_effect(tmp_path: Path) -> None:
 @pytest.mark.peers
 @requires_sipp
 def test_sipp_hold_and_resume_by_reinvite(tmp_path: Path) -> None:
-    """a=sendonly -> 200 a=recvonly and RTP stops; a=sendrecv -> 200 a=sendrecv, RTP resumes with M."""
+    """a=sendonly: 200 a=recvonly, RTP stops; a=sendrecv: 200 a=sendrecv, RTP resumes with M."""
 
     async def main() -> None:
         sip_port = free_sip_port()
@@ -499,13 +519,13 @@ def test_sipp_hold_and_resume_by_reinvite(tmp_path: Path) -> None:
 @pytest.mark.peers
 @requires_sipp
 def test_sipp_rfc4733_digit_drives_the_flow_to_hang_up(tmp_path: Path) -> None:
-    """ "2" keeps the menu going; "1" (RFC 4733 on the RTP stream) makes the daemon say bye and BYE."""
+    """RFC 4733 on the RTP stream: "2" keeps the menu going; "1" makes the daemon say bye, BYE."""
 
     async def main() -> None:
         sip_port = free_sip_port()
         async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
             leg = sip_leg(st)
-            phone = await RtpPhone().open()
+            phone = await RtpPhone().open(free_udp_port(odd=True))
             try:
                 args = sipp_uac_args("uac_dtmf_bye.xml", sip_port, "press", rtp_port=phone.port)
                 sipp = asyncio.ensure_future(run_sipp(tmp_path, "dtmf", args, timeout_s=30))
