@@ -27,6 +27,14 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         return int(s.getsockname()[1])
 
 
+def _rtp_window() -> str:
+    """A random 200-port RTP range, so parallel test runs do not share ports."""
+    import random
+
+    base = random.randrange(30000, 39800, 200)
+    return f"{base}-{base + 199}"
+
+
 def config_text(tts_port: int, extra: str = "", protocol: str = "kova", **kw: str) -> str:
     path = {
         "kova": "/v1/ws/kova",
@@ -45,7 +53,7 @@ drain_timeout_s = 2
 
 [sip]
 listen = ["127.0.0.1:{kw.get("sip", free_port(socket.SOCK_DGRAM))}"]
-rtp_ports = "{kw.get("rtp", "32000-32999")}"
+rtp_ports = "{kw.get("rtp", _rtp_window())}"
 
 [media_streams]
 listen = "127.0.0.1:{kw.get("ms", free_port())}"

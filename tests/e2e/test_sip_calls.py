@@ -1,0 +1,106 @@
+"""Calls over the SIP/RTP leg, end to end, placed by `callbridge call`'s own UAC.
+
+The daemon runs in-process against the real ttsd (tone engine); the caller is
+`bridge.io.caller.place_call` (a SIP UAC over UDP with RTP), the same code a
+user runs as `callbridge call sip:...`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from bridge.control.report import build_report
+from bridge.io.caller import CallerOptions, SpeakClip, place_call
+from telcodec import g711
+
+from .harness import FACTOR, AppServer, free_port, speech_mulaw, stack, tone_turn_ms
+
+LONG = " ".join(f"word{i}" for i in range(60)) + "."
+
+
+def app_route(url: str) -> str:
+    return f"""
+[[routes]]
+match = "*"
+provider = "main"
+app = "{url}"
+"""
+
+
+def run(coro: object) -> None:
+    asyncio.run(asyncio.wait_for(coro, 60 * FACTOR))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("protocol", ["kova", "kugelaudio", "kletso", "coda", "zwst"])
+def test_sip_caller_speech_barges_in_with_every_provider_protocol(protocol: str) -> None:
+    speech = g711.ulaw_decode(speech_mulaw(1.5))
+
+    async def body() -> None:
+        sip = free_port(socket.SOCK_DGRAM)
+        async with AppServer() as app:
+            app.on_started = [{"type": "say", "turn_id": "long", "text": LONG, "final": True}]
+            async with stack(app_route(app.url), protocol=protocol, sip=str(sip)):
+                opts = CallerOptions(
+                    target=f"sip:demo@127.0.0.1:{sip}",
+                    speak=(SpeakClip("speech", 1.0, speech),),
+                    duration_s=3.0,
+                )
+                result = await place_call(opts)
+                report = build_report(result.recording)
+                assert report.answered
+                assert report.first_audio_ms is not None
+                cut = app.of("turn.interrupted")
+                assert cut and cut[0]["reason"] == "speech"
+                heard = int(cut[0]["heard_ms"])  # type: ignore[call-overload]
+                assert 500 <= heard <= 2000  # speech started 1.0 s after the answer
+                (barge,) = report.barge_ins
+                assert barge.outcome == "stopped", barge
+                assert barge.barge_in_ms is not None and barge.barge_in_ms < 1000
+
+    run(body())
+
+
+def test_sip_call_hears_the_greeting_and_dtmf_reaches_the_app() -> None:
+    greeting = "Hello from the bridge."
+
+    async def body() -> None:
+        sip = free_port(socket.SOCK_DGRAM)
+        async with AppServer() as app:
+            app.on_started = [{"type": "say", "turn_id": "g", "text": greeting, "final": True}]
+            async with stack(app_route(app.url), sip=str(sip)):
+                opts = CallerOptions(
+                    target=f"sip:demo@127.0.0.1:{sip}", dtmf=((1.5, "7"),), duration_s=2.5
+                )
+                result = await place_call(opts)
+                report = build_report(result.recording)
+                assert report.answered and report.setup_ms is not None
+                speech_ms = report.speech_frames_received * 20
+                assert abs(speech_ms - tone_turn_ms(greeting)) <= 200
+                assert report.pacing is not None
+                assert [e["digit"] for e in app.of("dtmf")] == ["7"]
+                finished = app.of("turn.finished")
+                assert finished and finished[0]["turn_id"] == "g"
+
+    run(body())
+
+
+def test_app_transfer_and_hangup_commands_reach_the_sip_dialog() -> None:
+    async def body() -> None:
+        sip = free_port(socket.SOCK_DGRAM)
+        async with AppServer() as app:
+            app.on_started = [{"type": "hangup", "reason": "bye"}]
+            async with stack(app_route(app.url), sip=str(sip)) as st:
+                opts = CallerOptions(target=f"sip:demo@127.0.0.1:{sip}", duration_s=5.0)
+                result = await place_call(opts)
+                report = build_report(result.recording)
+                assert report.answered
+                assert report.ended_by != "caller"  # the daemon hung up (BYE) before 5 s
+                assert report.duration_s < 4.5
+                leg = next(leg for leg in st.daemon.legs if leg.name == "sip")
+                assert leg.active_calls() == 0
+                assert leg.ports.allocated_count == 0  # the RTP port pair was released
+
+    run(body())
