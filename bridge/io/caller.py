@@ -65,7 +65,13 @@ from bridge.engine import LocalProtocolError, SendDatagram
 from bridge.logs import get_logger
 from bridge.rtp.dtmf import DtmfReceived, DtmfSender
 from bridge.rtp.packet import parse_rtp_header
-from bridge.rtp.session import RtpFrame, RtpSession, RtpSessionConfig, silence_frame
+from bridge.rtp.session import (
+    RemoteLatched,
+    RtpFrame,
+    RtpSession,
+    RtpSessionConfig,
+    silence_frame,
+)
 from bridge.sip.errors import SipParseError
 from bridge.sip.events import CallEnded, OutboundCallAnswered, OutboundCallFailed
 from bridge.sip.message import SipResponse, parse_message
@@ -94,6 +100,7 @@ SPEAK_DEFAULT_AT_S = 1.0
 DTMF_SPACING_S = 0.300
 DTMF_TONE_MS = 100
 MAX_LATE_FRAMES = 5
+RTP_BIND_ATTEMPTS = 64
 HANGUP_GRACE_S = 1.0
 WS_OPEN_TIMEOUT_S = 10.0
 WS_MAX_MESSAGE_BYTES = 1 << 20
@@ -348,6 +355,7 @@ class _SipCaller:
         self.dtmf_sent: list[tuple[float, str]] = []
         self.dtmf_received: list[tuple[float, str]] = []
         self.heard = bytearray()
+        self.errors: list[str] = []
 
     async def run(self) -> CallResult:
         port = self.uri.port or 5060
@@ -358,9 +366,7 @@ class _SipCaller:
         sip_t, _ = await self.loop.create_datagram_endpoint(
             lambda: _Datagrams(self._on_sip), local_addr=(local_ip, 0)
         )
-        rtp_t, _ = await self.loop.create_datagram_endpoint(
-            lambda: _Datagrams(self._on_rtp), local_addr=(local_ip, 0)
-        )
+        rtp_t = await self._bind_even_rtp_port(local_ip)
         self.sip_transport, self.rtp_transport = sip_t, rtp_t
         try:
             await self._call(dest, local_ip, sip_t.get_extra_info("sockname")[1])
@@ -373,6 +379,17 @@ class _SipCaller:
             sip_t.close()
             rtp_t.close()
         return self._result()
+
+    async def _bind_even_rtp_port(self, local_ip: str) -> asyncio.DatagramTransport:
+        """RTP on an even port (RFC 3550 §11): some peers pick RTP vs RTCP by port parity."""
+        for _ in range(RTP_BIND_ATTEMPTS):
+            transport, _ = await self.loop.create_datagram_endpoint(
+                lambda: _Datagrams(self._on_rtp), local_addr=(local_ip, 0)
+            )
+            if transport.get_extra_info("sockname")[1] % 2 == 0:
+                return transport
+            transport.close()
+        raise CallerError(f"no even UDP port for RTP on {local_ip}")
 
     async def _call(self, dest: tuple[str, int], local_ip: str, sip_port: int) -> None:
         assert self.rtp_transport is not None
@@ -414,6 +431,7 @@ class _SipCaller:
             dtmf_received=tuple(self.dtmf_received),
             ended_by=self.ended_by,
             slipped_frames=self._slipped_frames(),
+            protocol_errors=tuple(self.errors),
         )
         return CallResult(recording, bytes(self.heard))
 
@@ -589,6 +607,13 @@ class _SipCaller:
         for event in self.rtp.events_received():
             if isinstance(event, DtmfReceived):
                 self.dtmf_received.append((now, event.digit))
+            elif isinstance(event, RemoteLatched) and self.audio is not None:
+                sdp_addr = self.audio.remote_addr
+                if sdp_addr is not None and event.addr != sdp_addr:
+                    self.errors.append(
+                        f"RTP comes from {event.addr[0]}:{event.addr[1]}, the SDP answer "
+                        f"named {sdp_addr[0]}:{sdp_addr[1]} (we now send there)"
+                    )
 
 
 # --- media streams (Twilio) ---------------------------------------------------------------

@@ -65,7 +65,10 @@ class ToneUas:
     -40 dBFS (a barge-in by the simplest possible policy).
     """
 
-    def __init__(self, tone_frames: int = TONE_FRAMES, stop_on_speech: bool = False) -> None:
+    def __init__(
+        self, tone_frames: int = TONE_FRAMES, stop_on_speech: bool = False, odd_source: bool = False
+    ) -> None:
+        self.odd_source = odd_source
         self.loop = asyncio.get_running_loop()
         self.tone = g711.ulaw_encode(tone_pcm(tone_frames))
         self.stop_on_speech = stop_on_speech
@@ -84,6 +87,11 @@ class ToneUas:
         self.rtp_t, _ = await self.loop.create_datagram_endpoint(
             lambda: Datagrams(self.on_rtp), local_addr=("127.0.0.1", 0)
         )
+        self.send_t = self.rtp_t
+        if self.odd_source:  # send RTP from another socket than the SDP names
+            self.send_t, _ = await self.loop.create_datagram_endpoint(
+                lambda: Datagrams(self.on_rtp), local_addr=("127.0.0.1", 0)
+            )
         port = int(self.sip_t.get_extra_info("sockname")[1])
         self.ua = SipUserAgent(SipSettings(local_host="127.0.0.1", local_port=port))
         return port
@@ -95,6 +103,7 @@ class ToneUas:
             self.timer.cancel()
         self.sip_t.close()
         self.rtp_t.close()
+        self.send_t.close()
 
     def pump(self) -> None:
         now = self.loop.time()
@@ -157,7 +166,7 @@ class ToneUas:
         assert self.rtp is not None
         for action in self.rtp.actions_to_send():
             assert isinstance(action, SendDatagram)
-            self.rtp_t.sendto(action.data, action.addr)
+            self.send_t.sendto(action.data, action.addr)
         self.digits += [e for e in self.rtp.events_received() if isinstance(e, DtmfReceived)]
 
 
@@ -231,6 +240,29 @@ def test_sip_barge_in_measured_on_what_was_received(tmp_path: Path) -> None:
         assert barge.barge_in_ms is not None and barge.barge_in_ms < 80 * FACTOR
         assert uas.tone_stopped_frame is not None
         assert report.speech_frames_received == uas.tone_stopped_frame
+
+    asyncio.run(main())
+
+
+def test_caller_rtp_port_is_even_and_a_wrong_rtp_source_is_reported() -> None:
+    async def main() -> None:
+        uas = ToneUas(odd_source=True)
+        port = await uas.start()
+        try:
+            opts = CallerOptions(target=f"sip:bot@127.0.0.1:{port}", duration_s=0.5)
+            result = await asyncio.wait_for(place_call(opts), TIMEOUT_S)
+        finally:
+            uas.close()
+        assert uas.rtp is not None and uas.rtp.remote_addr is not None
+        assert uas.rtp.remote_addr[1] % 2 == 0  # RFC 3550 §11
+        report = build_report(result.recording)
+        sdp_port = uas.rtp_t.get_extra_info("sockname")[1]
+        source_port = uas.send_t.get_extra_info("sockname")[1]
+        assert report.protocol_errors == (
+            f"RTP comes from 127.0.0.1:{source_port}, the SDP answer named "
+            f"127.0.0.1:{sdp_port} (we now send there)",
+        )
+        assert report.frames_received > 0  # still measured: the caller latched on
 
     asyncio.run(main())
 
