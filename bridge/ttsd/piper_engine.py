@@ -62,10 +62,36 @@ class PiperEngine:
                 groups.extend(_word_groups(chunk))
             if not pcm:
                 continue
+            lead, trail = _silence_to_trim(bytes(pcm), rate, first=offset_samples == 0)
             n = len(pcm) // 2
-            words = _timings(split_words(sentence), groups, n, offset_samples, rate)
-            offset_samples += n
-            yield SynthChunk(bytes(pcm), words)
+            words = _timings(split_words(sentence), groups, n, offset_samples - lead, rate)
+            audio = bytes(pcm[2 * lead : len(pcm) - 2 * trail])
+            offset_samples += len(audio) // 2
+            yield SynthChunk(audio, words)
+
+
+SILENCE_LEVEL = 200
+"""Samples below this magnitude (about -44 dBFS) count as silence when trimming."""
+KEEP_LEAD_S = 0.05
+KEEP_TRAIL_S = 0.12
+
+
+def _silence_to_trim(pcm: bytes, rate: int, first: bool) -> tuple[int, int]:
+    """Samples of Piper's own leading/trailing silence to drop around a clause.
+
+    Piper pads every utterance with silence at both ends; synthesising clause
+    by clause would put two paddings in every comma's pause. Keep a short
+    natural pause instead (the first clause keeps its lead: nothing precedes it).
+    """
+    import numpy as np
+
+    samples = np.abs(np.frombuffer(pcm, "<i2").astype(np.int32))
+    loud = np.flatnonzero(samples >= SILENCE_LEVEL)
+    if loud.size == 0:
+        return 0, 0
+    lead = 0 if first else max(0, int(loud[0]) - round(KEEP_LEAD_S * rate))
+    trail = max(0, len(samples) - 1 - int(loud[-1]) - round(KEEP_TRAIL_S * rate))
+    return lead, trail
 
 
 CLAUSE_SPLIT_CHARS = 48
