@@ -199,6 +199,24 @@ def sipp_uac_args(scenario: str, sip_port: int, service: str, **variables: int |
     return args
 
 
+def sipp_listening(port: int) -> str:
+    """ "UAS" once something (SIPp) has bound UDP ``port`` on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return "UAS"
+    return ""
+
+
+def sipp_uas_args(scenario: str, sip_port: int, **variables: int | str) -> list[str]:
+    args = ["-sf", str(SCENARIOS / scenario), "-i", "127.0.0.1", "-p", str(sip_port)]
+    args += ["-m", "1"]
+    for key, value in variables.items():
+        args += ["-set", key, str(value)]
+    return args
+
+
 # ------------------------------------------------------------- RTP phone
 
 
@@ -348,6 +366,19 @@ greeting = "{GREETING}"
 match = "press"
 provider = ["main"]
 flow = "press"
+
+[[routes]]
+match = "announce"
+provider = ["main"]
+flow = "announce"
+
+[flows.announce]
+start = "say"
+
+[flows.announce.steps.say]
+say = "{GREETING}"
+interruptible = false
+hangup = true
 
 [flows.press]
 start = "menu"
@@ -546,5 +577,80 @@ def test_sipp_rfc4733_digit_drives_the_flow_to_hang_up(tmp_path: Path) -> None:
             loud = [p for p in after if max(p.payload) - min(p.payload) > 40]
             assert loud, "the flow's goodbye step was not heard"
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+
+    run(main())
+
+
+# ------------------------------------------------------------- SIPp as UAS
+
+
+@pytest.mark.peers
+@requires_sipp
+def test_daemon_calls_out_to_a_sipp_uas(tmp_path: Path) -> None:
+    """SipLeg.originate: INVITE to SIPp, 180, 200, ACK; the flow speaks, then the daemon BYEs."""
+
+    async def main() -> None:
+        sip_port = free_sip_port()
+        uas_port = free_udp_port()
+        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            phone = await RtpPhone().open(free_udp_port(odd=False))
+            try:
+                args = sipp_uas_args("uas_answer.xml", uas_port, rtp_port=phone.port)
+                uas = asyncio.ensure_future(run_sipp(tmp_path, "uas", args, timeout_s=20))
+                assert await wait_for(lambda: "UAS" in sipp_listening(uas_port), 5.0)
+                call_id = leg.originate(
+                    f"sip:bot@127.0.0.1:{uas_port}", "sip:callbridge@127.0.0.1", "announce"
+                )
+                assert call_id in leg.calls
+                result = await uas
+            finally:
+                phone.close()
+            assert result.returncode == 0, result.explain()
+            assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+            span = audible_span_s(phone.pcm())
+            assert span is not None, "the callee heard nothing"
+            expected_s = greeting_speech_s(GREETING)
+            assert abs((span[1] - span[0]) - expected_s) <= 0.1, (span, expected_s)
+            assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+            assert not leg.calls
+
+    run(main())
+
+
+@pytest.mark.peers
+@requires_sipp
+def test_daemon_registers_with_digest_auth_at_a_sipp_registrar(tmp_path: Path) -> None:
+    """[sip.registrations]: REGISTER, 401, REGISTER with credentials SIPp verifies, 200."""
+
+    async def main() -> None:
+        sip_port = free_sip_port()
+        registrar_port = free_udp_port()
+        args = sipp_uas_args("uas_register_digest.xml", registrar_port)
+        registrar = asyncio.ensure_future(run_sipp(tmp_path, "registrar", args, timeout_s=15))
+        assert await wait_for(lambda: "UAS" in sipp_listening(registrar_port), 5.0)
+        routes = (
+            ROUTES
+            + f"""
+[sip.registrations.pbx]
+registrar = "sip:127.0.0.1:{registrar_port}"
+user = "alice"
+password = "s3cret"
+expires_s = 120
+"""
+        )
+        async with stack(routes, sip=str(sip_port), rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            result = await registrar
+            assert result.returncode == 0, result.explain()
+            assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+            assert "SIP/2.0 401" in result.messages and "Authorization: Digest" in result.messages
+            udp = next(r for r in leg.runners if r.kind == "UDP")
+            registrations = list(udp.ua._registrations.values())
+            assert await wait_for(lambda: all(r.registered for r in registrations), 2.0)
+            [registration] = registrations
+            assert registration.refresh_at is not None
+            # refreshed at half the granted 120 s
+            assert 55.0 <= registration.refresh_at - asyncio.get_running_loop().time() <= 60.5
 
     run(main())
