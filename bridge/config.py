@@ -112,6 +112,7 @@ class MediaStreamsConfig:
     listen: str = "127.0.0.1:8080"
     public_url: str = ""
     twilio_auth_token: str = field(default="", repr=False)
+    plivo_auth_token: str = field(default="", repr=False)
     single_use_tokens: bool = False
     token_secret: str = field(default="", repr=False)
     stream_token: str = field(default="", repr=False)
@@ -533,7 +534,8 @@ def _read_media_streams(r: _Reader, d: dict[str, Any]) -> MediaStreamsConfig:
     p = "media_streams"
     r.unknown(
         d,
-        {"enabled", "listen", "public_url", "twilio_auth_token", "single_use_tokens",
+        {"enabled", "listen", "public_url", "twilio_auth_token", "plivo_auth_token",
+         "single_use_tokens",
          "token_secret", "stream_token", "max_message_bytes", "lead_ms"},
         p,
     )  # fmt: skip
@@ -547,6 +549,7 @@ def _read_media_streams(r: _Reader, d: dict[str, Any]) -> MediaStreamsConfig:
         listen=listen,
         public_url=public_url,
         twilio_auth_token=r.secret(d, "twilio_auth_token", p),
+        plivo_auth_token=r.secret(d, "plivo_auth_token", p),
         single_use_tokens=r.bool_(d, "single_use_tokens", p, False),
         token_secret=_min_len(r, r.secret(d, "token_secret", p), 16, "media_streams.token_secret"),
         stream_token=r.secret(d, "stream_token", p),

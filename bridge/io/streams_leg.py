@@ -34,7 +34,9 @@ from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.streams import DIALECTS
 from bridge.streams.auth import (
+    ReplayGuard,
     TokenBook,
+    plivo_signature_v3_valid,
     presented_token,
     shared_token_valid,
     twilio_signature_valid,
@@ -244,6 +246,7 @@ class MediaStreamsLeg:
         ms = daemon.config.media_streams
         secret = ms.token_secret.encode() or os.urandom(32)
         self.tokens = TokenBook(secret, ttl_s=60.0) if ms.single_use_tokens else None
+        self.plivo_nonces = ReplayGuard()
 
     @property
     def settings(self) -> StreamSettings:
@@ -332,6 +335,19 @@ class MediaStreamsLeg:
                 self.daemon.metrics.rejected_total.labels("bad_signature").inc()
                 log.warning("streams.bad_signature", path=request.path)
                 return HttpResponse.text(403, "invalid X-Twilio-Signature")
+        plivo_token = self.daemon.config.media_streams.plivo_auth_token
+        if cls.DIALECT == "plivo" and plivo_token:
+            nonce = request.headers.get("x-plivo-signature-v3-nonce")
+            signature = request.headers.get("x-plivo-signature-v3")
+            url = self._public_url(request)
+            now = time.time()
+            if not plivo_signature_v3_valid(plivo_token, url, nonce, signature) or not (
+                nonce and self.plivo_nonces.first_use(nonce, now + 300, now)
+            ):
+                self.daemon.metrics.rejected_total.labels("bad_signature").inc()
+                log.warning("streams.bad_signature", path=request.path)
+                return HttpResponse.text(403, "invalid X-Plivo-Signature-V3")
+            return self._accept(cls, request)
         shared = self.daemon.config.media_streams.stream_token
         if cls.DIALECT != "twilio" and shared:
             presented = presented_token(request.headers, request.query)
@@ -340,6 +356,9 @@ class MediaStreamsLeg:
                 log.warning("streams.bad_token", path=request.path)
                 return HttpResponse.text(403, "invalid stream token")
 
+        return self._accept(cls, request)
+
+    def _accept(self, cls: type[MediaStreamProtocol], request: HttpRequest) -> Any:
         async def handler(conn: WsConnection) -> None:
             engine = cls(self.settings, route=request.query.get("route"))
             await _Stream(self, conn, engine).run()

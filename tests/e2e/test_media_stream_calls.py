@@ -409,3 +409,27 @@ def test_barge_in_works_with_every_provider_protocol(protocol: str) -> None:
                 assert len(call.carrier.arrival_times()) <= n + 1
 
     run(body())
+
+
+def test_plivo_upgrades_need_a_valid_v3_signature_and_each_nonce_once() -> None:
+    from bridge.streams.auth import plivo_signature_v3
+
+    token = "plivo-auth-token-for-tests"
+
+    async def body() -> None:
+        async with stack(GREETING_ROUTE, ms_extra=f'plivo_auth_token = "{token}"') as st:
+            url = f"ws://127.0.0.1:{st.ms_port}/plivo"
+            with pytest.raises(websockets.InvalidStatus) as info:
+                await websockets.connect(url)
+            assert info.value.response.status_code == 403
+            headers = {
+                "X-Plivo-Signature-V3-Nonce": "n-1",
+                "X-Plivo-Signature-V3": plivo_signature_v3(token, url, "n-1"),
+            }
+            ws = await websockets.connect(url, additional_headers=headers)
+            await ws.close()
+            with pytest.raises(websockets.InvalidStatus) as info:  # the same nonce again
+                await websockets.connect(url, additional_headers=headers)
+            assert info.value.response.status_code == 403
+
+    run(body())
