@@ -15,12 +15,14 @@ missing (and says which package provides it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import itertools
 import os
 import random
 import re
 import shutil
+import signal
 import socket
 import struct
 import sys
@@ -200,12 +202,13 @@ def sipp_uac_args(scenario: str, sip_port: int, service: str, **variables: int |
 
 
 def sipp_listening(port: int) -> str:
-    """ "UAS" once something (SIPp) has bound UDP ``port`` on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return "UAS"
+    """ "UAS" once some process has bound UDP ``port`` (read from /proc: probing by binding
+    the port ourselves could steal it from SIPp while it starts)."""
+    suffix = f":{port:04X}"
+    for table in ("/proc/net/udp", "/proc/net/udp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            if any(line.split()[1].endswith(suffix) for line in f.readlines()[1:]):
+                return "UAS"
     return ""
 
 
@@ -652,5 +655,107 @@ expires_s = 120
             assert registration.refresh_at is not None
             # refreshed at half the granted 120 s
             assert 55.0 <= registration.refresh_at - asyncio.get_running_loop().time() <= 60.5
+
+    run(main())
+
+
+# ------------------------------------------------------------- RTP capture
+
+
+def read_pcap_udp(path: Path) -> list[tuple[float, bytes]]:
+    """(time, UDP payload) of every IPv4/UDP frame of a classic pcap file (Ethernet/SLL/SLL2)."""
+    data = path.read_bytes()
+    magic = data[:4]
+    endian = {b"\xd4\xc3\xb2\xa1": "<", b"\xa1\xb2\xc3\xd4": ">"}.get(magic)
+    nano = {b"\x4d\x3c\xb2\xa1": "<", b"\xa1\xb2\x3c\x4d": ">"}.get(magic)
+    order = endian or nano
+    assert order is not None, f"not a classic pcap file: {magic!r}"
+    divisor = 1e9 if nano else 1e6
+    linktype = struct.unpack_from(order + "I", data, 20)[0]
+    link_bytes = {1: 14, 113: 16, 276: 20, 0: 4}[linktype]
+    out = []
+    offset = 24
+    while offset + 16 <= len(data):
+        sec, frac, caplen, _ = struct.unpack_from(order + "IIII", data, offset)
+        frame = data[offset + 16 : offset + 16 + caplen]
+        offset += 16 + caplen
+        ip = frame[link_bytes:]
+        if len(ip) < 28 or ip[0] >> 4 != 4 or ip[9] != 17:
+            continue
+        ihl = (ip[0] & 0x0F) * 4
+        out.append((sec + frac / divisor, ip[ihl + 8 :]))
+    return out
+
+
+def check_rtp_stream(packets: list[tuple[float, bytes]]) -> dict[str, Any]:
+    """Pacing, sequence, timestamp and marker facts of one captured RTP stream."""
+    rows = []
+    for at, payload in packets:
+        _, b1, seq, ts, ssrc = struct.unpack_from("!BBHII", payload)
+        loud = audible_span_s(np.frombuffer(g711.ulaw_decode(payload[12:]), dtype="<i2"))
+        rows.append((at, bool(b1 & 0x80), b1 & 0x7F, seq, ts, ssrc, loud is not None))
+    gaps_ms = [(b[0] - a[0]) * 1000 for a, b in itertools.pairwise(rows)]
+    return {
+        "packets": len(rows),
+        "median_gap_ms": float(np.median(gaps_ms)),
+        "p99_gap_ms": float(np.percentile(gaps_ms, 99)),
+        "seq_steps": {(b[3] - a[3]) % 2**16 for a, b in itertools.pairwise(rows)},
+        "ts_steps": {(b[4] - a[4]) % 2**32 for a, b in itertools.pairwise(rows)},
+        "ssrcs": {r[5] for r in rows},
+        "pts": {r[2] for r in rows},
+        "markers": [i for i, r in enumerate(rows) if r[1]],
+        "first_loud": next((i for i, r in enumerate(rows) if r[6]), None),
+    }
+
+
+requires_tshark = pytest.mark.skipif(missing("tshark") is not None, reason=str(missing("tshark")))
+requires_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="capturing on lo with tshark needs root (CI runs as root)"
+)
+
+
+@pytest.mark.peers
+@requires_sipp
+@requires_tshark
+@requires_root
+def test_tshark_capture_of_one_call_rtp_is_paced_and_continuous(tmp_path: Path) -> None:
+    """On the wire: 20 ms spacing, seq +1, ts +160, one SSRC, M on the greeting's first packet."""
+
+    async def main() -> None:
+        sip_port = free_sip_port()
+        pcap = tmp_path / "call.pcap"
+        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()):
+            phone = await RtpPhone().open()
+            tshark = await asyncio.create_subprocess_exec(
+                "tshark", "-i", "lo", "-f", f"udp dst port {phone.port}", "-F", "pcap",
+                "-w", str(pcap), "-q",
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            try:
+                assert tshark.stderr is not None
+                started = b""
+                while b"Capturing on" not in started:  # after a warning line when root
+                    line = await asyncio.wait_for(tshark.stderr.readline(), 10 * FACTOR)
+                    assert line, f"tshark did not start: {started!r}"
+                    started += line
+                args = sipp_uac_args("uac_greeting.xml", sip_port, "greet", rtp_port=phone.port)
+                result = await run_sipp(tmp_path, "capture", [*args, "-d", "2000"])
+            finally:
+                phone.close()
+                if tshark.returncode is None:
+                    tshark.send_signal(signal.SIGINT)
+                await asyncio.wait_for(tshark.wait(), 10 * FACTOR)
+            assert result.returncode == 0, result.explain()
+        facts = check_rtp_stream(read_pcap_udp(pcap))
+        assert facts["packets"] >= 90, facts  # a 2 s call
+        assert abs(facts["median_gap_ms"] - 20.0) <= 2.0, facts
+        assert facts["seq_steps"] == {1}, facts
+        assert facts["ts_steps"] == {160}, facts
+        assert len(facts["ssrcs"]) == 1 and facts["pts"] == {PCMU_PT}, facts
+        first_loud = facts["first_loud"]
+        assert first_loud is not None, facts
+        # one turn = one talkspurt: M on its first packet only (and on packet 0, a stream start)
+        assert first_loud in facts["markers"], facts
+        assert set(facts["markers"]) <= {0, first_loud}, facts
 
     run(main())
