@@ -45,7 +45,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 
 typecheck: venv
-	$(VENV)/bin/mypy --strict codecs/telcodec bridge/engine.py bridge/config.py bridge/sip bridge/rtp bridge/streams bridge/tts bridge/media bridge/ttsd
+	$(VENV)/bin/mypy --strict codecs/telcodec bridge/engine.py bridge/config.py bridge/sip bridge/rtp bridge/streams bridge/tts bridge/media bridge/ttsd bridge/control
 
 unit: venv
 	$(PY) -m pytest -q -m "not slow and not peers"
