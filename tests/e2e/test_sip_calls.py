@@ -104,3 +104,17 @@ def test_app_transfer_and_hangup_commands_reach_the_sip_dialog() -> None:
                 assert leg.ports.allocated_count == 0  # the RTP port pair was released
 
     run(body())
+
+
+def test_app_dtmf_command_is_sent_as_rfc4733_events_the_caller_receives() -> None:
+    async def body() -> None:
+        sip = free_port(socket.SOCK_DGRAM)
+        async with AppServer() as app:
+            app.on_started = [{"type": "dtmf", "digits": "42#"}]
+            async with stack(app_route(app.url), sip=str(sip)):
+                opts = CallerOptions(target=f"sip:demo@127.0.0.1:{sip}", duration_s=2.5)
+                report = build_report((await place_call(opts)).recording)
+                assert report.answered
+                assert report.dtmf_received == "42#"
+
+    run(body())
