@@ -48,6 +48,7 @@ from bridge.sip.events import (
     OutboundCallFailed,
     RegistrationStateChanged,
     SendStream,
+    TransferProgress,
 )
 from bridge.sip.sdp import NegotiatedAudio, build_answer, build_offer, negotiate, parse_sdp
 from bridge.sip.settings import SipAuthUser, SipSettings
@@ -450,6 +451,18 @@ class SipLeg:
             if call is not None:
                 call.ended = True
                 self._release(call)
+        elif isinstance(event, TransferProgress):
+            log.info(
+                "sip.transfer",
+                call_id=event.call_id,
+                status=event.status,
+                reason=event.reason,
+                final=event.final,
+            )
+            call = self.calls.get(event.call_id)
+            if event.final and 200 <= event.status < 300 and call is not None:
+                if call.runner is not None:
+                    call.runner.hangup("transferred")  # the transferee has the call now
         elif isinstance(event, DtmfInfoReceived):
             call = self.calls.get(event.call_id)
             if call is not None and call.runner is not None:
