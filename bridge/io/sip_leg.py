@@ -460,9 +460,9 @@ class SipLeg:
                 final=event.final,
             )
             call = self.calls.get(event.call_id)
-            if event.final and 200 <= event.status < 300 and call is not None:
-                if call.runner is not None:
-                    call.runner.hangup("transferred")  # the transferee has the call now
+            runner = call.runner if call is not None else None
+            if event.final and 200 <= event.status < 300 and runner is not None:
+                runner.hangup("transferred")  # the transferee has the call now
         elif isinstance(event, DtmfInfoReceived):
             call = self.calls.get(event.call_id)
             if call is not None and call.runner is not None:
