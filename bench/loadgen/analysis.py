@@ -4,9 +4,11 @@ RTP: a talkspurt starts at a packet with the marker bit (or the first packet);
 frame ``k`` of it is the RTP timestamp difference / 160, due at
 ``first_arrival + k * 20 ms`` (the grid fitted from the first packet of the
 talkspurt, as a receiver's playout would). Media streams have no timestamps:
-a talkspurt starts after a gap of more than ``gap_s`` and its first
-``lead_frames + 1`` messages leave together (the bounded lead), so message
-``i`` is due at ``first + max(0, i - lead_frames) * 20 ms``.
+a talkspurt starts after a gap of more than ``gap_s``; its first up to
+``lead_frames + 1`` messages may leave together (the bounded lead, sent only
+if that much audio is ready), so the grid of a talkspurt is fitted as the
+median of ``arrival_i - i * 20 ms`` over the messages after the lead, and
+those messages are measured against it.
 
 Drift: the slope of (arrival - grid) against time, over every talkspurt of a
 call, in parts per million (a clock running slow by 1 ppm is 36 µs per hour
@@ -52,9 +54,13 @@ def ws_deviations_ns(
     starts = np.flatnonzero(start)
     seg = np.cumsum(start) - 1
     i = np.arange(a.size) - starts[seg]
-    k = np.maximum(0, i - lead_frames)
-    dev = a - (a[starts][seg] + k * PTIME_NS)
+    raw = a - i * PTIME_NS
     keep = i > lead_frames
+    dev = np.zeros(a.size, dtype=np.int64)
+    for s in range(starts.size):
+        mask = keep & (seg == s)
+        if mask.any():
+            dev[mask] = raw[mask] - int(np.median(raw[mask]))
     return a[keep], dev[keep]
 
 

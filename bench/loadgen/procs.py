@@ -70,6 +70,7 @@ class TtsProcess:
         proc = subprocess.Popen(
             [sys.executable, str(ROOT / "bench/loadgen/ttsd_proc.py"), str(port_file), str(record)],
             preexec_fn=_pinned(core),
+            start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=open(workdir / "ttsd.log", "wb"),  # noqa: SIM115 - the child owns it
         )
@@ -183,6 +184,7 @@ class DaemonUnderTest:
         proc = subprocess.Popen(
             [str(VENV_BIN / "callbridge"), "serve", "--config", str(cfg)],
             preexec_fn=_pinned(core),
+            start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=open(workdir / "daemon.log", "wb"),  # noqa: SIM115 - the child owns it
             env={**os.environ, **(env or {})},

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bridge.io.ttsd_server import start_tts_server
+from bridge.ttsd.base import ServerOptions
 from bridge.ttsd.synth import SynthChunk, ToneEngine
 
 
@@ -44,7 +45,9 @@ class RecordingToneEngine(ToneEngine):
 
 async def main(port_file: Path, record: Path) -> None:
     engine = RecordingToneEngine()
-    server = await start_tts_server(engine=engine)
+    # the reference server holds 16 contexts per socket; the daemon's Kova client packs up
+    # to 64 turns on one (the seed sets no limit): allow what the client uses
+    server = await start_tts_server(engine=engine, options=ServerOptions(max_contexts=256))
     port_file.write_text(f"{server.port}\n")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

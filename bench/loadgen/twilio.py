@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import time
 from array import array
@@ -27,6 +28,7 @@ from .rtp import noise_payload
 
 _MEDIA_PREFIX = '{"event":"media"'
 _MARK_PREFIX = '{"event":"mark"'
+_SERIAL = itertools.count(1)  # stream and call sids unique in the process (CDR lines by call)
 
 
 @dataclass
@@ -58,7 +60,7 @@ class TwilioLoad:
 
     async def place(self, n: int, rate_per_s: float = 200.0) -> None:
         for _ in range(n):
-            i = len(self.calls)
+            i = next(_SERIAL)
             sid = f"MZ{i:032d}"
             carrier = TwilioCarrier(
                 stream_sid=sid, call_sid=f"CA{i:032d}", custom_parameters={"route": self.route}

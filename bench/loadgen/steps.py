@@ -1,0 +1,217 @@
+"""One load step: N concurrent calls on one leg, measured from outside the daemon.
+
+``sip_step`` / ``ws_step`` place ``n`` calls (route ``talk``: a flow that
+says a ~15 s text again and again, so outbound audio never stops), let them
+settle, then for ``measure_s`` record every outbound frame's arrival and the
+daemon's CPU time (``/proc/<pid>/stat``), hang up, and read the calls' CDR
+lines (underruns, late wake-ups, added latency). ``profile_s`` > 0 also runs
+``py-spy record`` on the daemon during the window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .analysis import pacing_summary, rtp_deviations_ns, ws_deviations_ns
+from .procs import DAEMON_CORE, VENV_BIN, DaemonUnderTest, TtsProcess
+from .rtp import RtpLoad
+from .twilio import TwilioLoad
+
+
+def _proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def core_busy_s(core: int) -> tuple[float, float]:
+    """(busy, steal) seconds of one CPU so far (``/proc/stat``): what else ran there."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith(f"cpu{core} "):
+            v = [int(x) for x in line.split()[1:]]
+            tck = os.sysconf("SC_CLK_TCK")
+            return (v[0] + v[1] + v[2] + v[5] + v[6]) / tck, v[7] / tck
+    return 0.0, 0.0
+
+
+def _cdr_figures(d: DaemonUnderTest, call_ids: set[str] | None) -> dict[str, Any]:
+    lines = [c for c in d.cdr_lines() if call_ids is None or c["call_id"] in call_ids]
+    return {
+        "cdr_calls": len(lines),
+        "underruns": sum(int(c.get("underruns", 0)) for c in lines),
+        "late_wakeups": sum(int(c.get("late_wakeups", 0)) for c in lines),
+        "provider_errors": sum(int(c.get("provider_errors", 0)) for c in lines),
+    }
+
+
+def start_profile(d: DaemonUnderTest, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    spy = VENV_BIN / "py-spy"
+    if not spy.exists():
+        return None
+    return subprocess.Popen(
+        [str(spy), "record", "--pid", str(d.pid), "--duration", str(int(seconds)), "--rate", "250",
+         "--format", "raw", "-o", str(out), "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+_LINE = re.compile(r":\d+\)$|\)$")
+
+
+def summarize_profile(raw: Path, top: int = 15) -> dict[str, Any]:
+    """Self time by leaf function and inclusive time of the hot paths, from collapsed stacks."""
+    if not raw.exists():
+        return {}
+    leaf: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count_s = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(count_s)
+        total += n
+        frames = [_LINE.sub("", f) for f in stack.split(";")]
+        leaf[frames[-1]] += n
+        for f in set(frames):
+            incl[f] += n
+    if not total:
+        return {}
+
+    def pct(c: collections.Counter[str]) -> list[tuple[str, float]]:
+        return [(k, round(100 * v / total, 1)) for k, v in c.most_common(top)]
+
+    return {"samples": total, "self_pct": pct(leaf), "inclusive_pct": pct(incl)}
+
+
+def _finish_step(
+    d: DaemonUnderTest,
+    tts: TtsProcess,
+    n: int,
+    answered: int,
+    per_call: list[tuple[np.ndarray, np.ndarray]],
+    cpu: tuple[float, float, float],
+    others: dict[str, float],
+    call_ids: set[str] | None,
+) -> dict[str, Any]:
+    used_s, wall_s, _ = cpu
+    return {
+        "calls": n,
+        "answered": answered,
+        "daemon_cpu_pct": round(100 * used_s / wall_s, 1),
+        "cpu_us_per_call_s": round(1e6 * used_s / wall_s / max(1, answered), 1),
+        "pacing": pacing_summary(per_call),
+        **others,
+        **_cdr_figures(d, call_ids),
+    }
+
+
+def sip_step(
+    d: DaemonUnderTest,
+    tts: TtsProcess,
+    n: int,
+    measure_s: float,
+    warm_s: float = 2.0,
+    profile: Path | None = None,
+) -> dict[str, Any]:
+    load = RtpLoad(("127.0.0.1", d.sip_port), route="talk")
+    load.place(n, rate_per_s=150)
+    answered = load.wait_answered(20)
+    load.run_for(warm_s)
+    spy = start_profile(d, measure_s, profile) if profile else None
+    k0 = core_busy_s(DAEMON_CORE)
+    c0, t0, g0, s0 = d.cpu_s(), time.monotonic(), os.times(), _proc_cpu_s(tts.proc.pid)
+    load.recording = True
+    load.run_for(measure_s)
+    load.recording = False
+    c1, t1, g1, s1 = d.cpu_s(), time.monotonic(), os.times(), _proc_cpu_s(tts.proc.pid)
+    k1 = core_busy_s(DAEMON_CORE)
+    per = [rtp_deviations_ns(c.arrival_ns, c.rtp_ts, c.marker) for c in load.calls]
+    ids = {c.call_id for c in load.calls}
+    load.hangup_all(settle_s=1.5)
+    load.close()
+    if spy is not None:
+        spy.wait(30)
+    others = {
+        "loadgen_cpu_pct": round(100 * (g1.user + g1.system - g0.user - g0.system) / (t1 - t0), 1),
+        "ttsd_cpu_pct": round(100 * (s1 - s0) / (t1 - t0), 1),
+        "rss_mb_at_end": round(d.rss_bytes() / 1e6, 1),
+        **_core0(k0, k1, c1 - c0, t1 - t0),
+    }
+    time.sleep(0.5)
+    return _finish_step(d, tts, n, answered, per, (c1 - c0, t1 - t0, 0), others, ids)
+
+
+def ws_step(
+    d: DaemonUnderTest,
+    tts: TtsProcess,
+    n: int,
+    measure_s: float,
+    warm_s: float = 2.0,
+    lead_frames: int = 2,
+    profile: Path | None = None,
+) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        load = TwilioLoad(d.ms_port, route="talk")
+        await load.place(n, rate_per_s=150)
+        await asyncio.sleep(warm_s)
+        spy = start_profile(d, measure_s, profile) if profile else None
+        k0 = core_busy_s(DAEMON_CORE)
+        c0, t0, g0, s0 = d.cpu_s(), time.monotonic(), os.times(), _proc_cpu_s(tts.proc.pid)
+        load.recording = True
+        await asyncio.sleep(measure_s)
+        load.recording = False
+        c1, t1, g1, s1 = d.cpu_s(), time.monotonic(), os.times(), _proc_cpu_s(tts.proc.pid)
+        k1 = core_busy_s(DAEMON_CORE)
+        per = [ws_deviations_ns(c.arrival_ns, lead_frames) for c in load.calls]
+        answered = load.active()
+        await load.hangup_all(settle_s=1.5)
+        await load.close()
+        if spy is not None:
+            spy.wait(30)
+        others = {
+            "loadgen_cpu_pct": round(
+                100 * (g1.user + g1.system - g0.user - g0.system) / (t1 - t0), 1
+            ),
+            "ttsd_cpu_pct": round(100 * (s1 - s0) / (t1 - t0), 1),
+            "rss_mb_at_end": round(d.rss_bytes() / 1e6, 1),
+            **_core0(k0, k1, c1 - c0, t1 - t0),
+        }
+        return _finish_step(d, tts, n, answered, per, (c1 - c0, t1 - t0, 0), others, None)
+
+    before = {c["call_id"] for c in d.cdr_lines()}
+    out = asyncio.run(run())
+    time.sleep(0.5)
+    new = {c["call_id"] for c in d.cdr_lines()} - before
+    out.update(_cdr_figures(d, new))
+    return out
+
+
+def _core0(
+    k0: tuple[float, float], k1: tuple[float, float], daemon_s: float, wall_s: float
+) -> dict[str, float]:
+    """CPU others used on the daemon's core (a shared machine), and hypervisor steal."""
+    other = max(0.0, (k1[0] - k0[0]) - daemon_s)
+    return {
+        "core0_other_pct": round(100 * other / wall_s, 1),
+        "core0_steal_pct": round(100 * (k1[1] - k0[1]) / wall_s, 1),
+    }
+
+
+def meets_bar(step: dict[str, Any], p99_ms: float = 2.0) -> bool:
+    pacing = step.get("pacing", {})
+    return bool(
+        step["answered"] == step["calls"]
+        and pacing.get("packets", 0) > 0
+        and pacing.get("worst_call_p99_ms", 1e9) <= p99_ms
+        and step.get("underruns", 1) == 0
+    )
