@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import importlib
 import random
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -128,6 +128,8 @@ class _Connection:
         self.closed = False
         self.ready_event = asyncio.Event()
         self.changed = asyncio.Event()
+        self.outbox: deque[str | bytes] = deque()
+        self.writer: asyncio.Task[None] | None = None
 
     def now(self) -> float:
         return self.loop.time()
@@ -184,9 +186,9 @@ class _Connection:
             if self.ws is None:
                 break
             if isinstance(action, SendText):
-                self.loop.create_task(self._send(action.text))
+                self._queue_send(action.text)
             elif isinstance(action, SendBytes):
-                self.loop.create_task(self._send(action.data))
+                self._queue_send(action.data)
             elif isinstance(action, CloseConnection):
                 self.loop.create_task(self.ws.close(action.code, action.reason))
         for event in self.engine.events_received():
@@ -199,10 +201,17 @@ class _Connection:
         if deadline is not None and not self.closed:
             self.timer = self.loop.call_at(deadline, self._on_timer)
 
-    async def _send(self, data: str | bytes) -> None:
+    def _queue_send(self, data: str | bytes) -> None:
+        """Messages go out in order through one writer task (not one task per message)."""
+        self.outbox.append(data)
+        if self.writer is None or self.writer.done():
+            self.writer = self.loop.create_task(self._write())
+
+    async def _write(self) -> None:
         with contextlib.suppress(websockets.ConnectionClosed):
-            assert self.ws is not None
-            await self.ws.send(data)
+            while self.outbox and self.ws is not None:
+                await self.ws.send(self.outbox.popleft())
+        self.outbox.clear()
 
     def _on_timer(self) -> None:
         self.timer = None

@@ -71,7 +71,9 @@ class ServerOptions:
     voices: frozenset[str] = frozenset({"joe", "tone"})
     default_voice: str = "joe"
     api_keys: frozenset[str] = field(default=frozenset(), repr=False)
-    max_contexts: int = 16
+    max_contexts: int = 64
+    """Open contexts per connection where the protocol leaves the limit to the
+    server (Kova, zwst); Coda's limit of 16 is the protocol's own."""
 
 
 class ServerSession(Protocol):

@@ -84,6 +84,8 @@ __all__ = [
 ]
 
 PATHS: tuple[str, ...] = ("/ws", "/v1/ws/coda")
+CODA_MAX_CONTEXTS = 16
+"""The seed's limit of open contexts per socket."""
 #: Subprotocols we accept. ``rime.v1.binary`` is not: its Protobuf schema is unpublished.
 SUBcodaCOLS: tuple[str, ...] = (SUBPROTOCOL,)
 SUBPROTOCOLS = SUBcodaCOLS
@@ -295,10 +297,10 @@ class CodaServerSession(Outbox):
         if context_id in self._contexts:
             self._error("invalid_input", f"duplicate start for open context {context_id!r}")
             return
-        if len(self._contexts) >= self._options.max_contexts:
+        if len(self._contexts) >= min(self._options.max_contexts, CODA_MAX_CONTEXTS):
             self._error(
                 "resource_exhausted",
-                f"the connection already has {self._options.max_contexts} open contexts",
+                f"the connection already has {len(self._contexts)} open contexts",
             )
             return
         problem = _check_synthesis(body, "start")
