@@ -6,7 +6,14 @@ project has a goal for (added latency, pacing, barge-in).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 __all__ = ["Metrics"]
 
@@ -87,6 +94,9 @@ class Metrics:
             "callbridge_rtp_packets_lost_total", "Inbound RTP packets lost", registry=r
         )
         self.draining = Gauge("callbridge_draining", "1 while draining", registry=r)
+        self.tasks = Gauge("callbridge_tasks", "asyncio tasks alive in the daemon", registry=r)
+        # process_resident_memory_bytes, process_open_fds, process_cpu_seconds_total...
+        ProcessCollector(registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -299,6 +299,7 @@ class Daemon:
                 if not self._stop.is_set():
                     self.notifier.status(self.status_line())
                     self._export_pool_counters()
+                    self.metrics.tasks.set(len(asyncio.all_tasks()))
         finally:
             await self.close()
         log.info("daemon.stopped")
