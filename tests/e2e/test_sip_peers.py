@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import csv
 import itertools
+import json
 import os
 import random
 import re
@@ -26,6 +27,7 @@ import signal
 import socket
 import struct
 import sys
+import wave
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -757,5 +759,225 @@ def test_tshark_capture_of_one_call_rtp_is_paced_and_continuous(tmp_path: Path) 
         # one turn = one talkspurt: M on its first packet only (and on packet 0, a stream start)
         assert first_loud in facts["markers"], facts
         assert set(facts["markers"]) <= {0, first_loud}, facts
+
+    run(main())
+
+
+# ------------------------------------------------------------------- baresip
+
+requires_baresip = pytest.mark.skipif(
+    missing("baresip") is not None, reason=str(missing("baresip"))
+)
+
+
+def free_tcp_port_not(*avoid: int) -> int:
+    """A free TCP port that is none of ``avoid`` (baresip also binds SIP TLS on sip_port + 1)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in avoid:
+            return port
+
+
+@dataclass
+class Baresip:
+    """baresip as a subprocess: a temp config dir, a silent WAV as its microphone, the
+    decoded received audio dumped by the ``sndfile`` filter, commands over ``ctrl_tcp``."""
+
+    workdir: Path
+    sip_port: int = field(default_factory=free_sip_port)
+    output: bytes = b""
+    proc: asyncio.subprocess.Process | None = None
+    _reader: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        self.ctrl_port = free_tcp_port_not(self.sip_port, self.sip_port + 1)
+        self.record_dir = self.workdir / "rec"
+        self.record_dir.mkdir(parents=True, exist_ok=True)
+        source = self.workdir / "silence.wav"
+        with wave.open(str(source), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(8000)
+            w.writeframes(b"\\0\\0" * 8000 * 30)
+        rtp_lo = free_udp_port(odd=False) // 2 * 2
+        values = {
+            "sip_port": self.sip_port,
+            "ctrl_port": self.ctrl_port,
+            "source_wav": source,
+            "record_dir": self.record_dir,
+            "rtp_lo": rtp_lo,
+            "rtp_hi": rtp_lo + 9,
+        }
+        for template, name in (("baresip.conf.in", "config"), ("baresip.accounts.in", "accounts")):
+            text = (SCENARIOS / template).read_text()
+            (self.workdir / name).write_text(text.format(**values))
+
+    async def start(self, seconds: int, dial: str | None = None) -> None:
+        argv = ["baresip", "-f", str(self.workdir), "-t", str(seconds)]
+        if dial is not None:
+            argv += ["-e", f"/dial {dial}"]
+        self.proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        while chunk := await self.proc.stdout.read(4096):
+            self.output += chunk
+
+    def said(self, text: str) -> bool:
+        return text.encode() in self.output
+
+    async def command(self, command: str, params: str = "") -> dict[str, Any]:
+        """One ``ctrl_tcp`` command (netstring-framed JSON) and its response."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.ctrl_port)
+        body = json.dumps({"command": command, "params": params, "token": "t"}).encode()
+        writer.write(b"%d:%s," % (len(body), body))
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b":"), 5 * FACTOR)
+        payload = await reader.readexactly(int(head[:-1]) + 1)
+        writer.close()
+        return dict(json.loads(payload[:-1]))
+
+    async def stop(self) -> int:
+        """Quit now (SIGTERM to the process this object started)."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+        return await self.wait(5)
+
+    async def wait(self, timeout_s: float) -> int:
+        assert self.proc is not None
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout_s * FACTOR)
+        finally:
+            if self.proc.returncode is None:
+                self.proc.kill()
+                await self.proc.wait()
+            if self._reader is not None:
+                await self._reader
+        return self.proc.returncode or 0
+
+    def explain(self) -> str:
+        return self.output.decode(errors="replace").replace("\\r", "\\n")[-3000:]
+
+    def received_pcm(self) -> np.ndarray:
+        """What baresip decoded from the daemon's RTP (the sndfile ``-dec.wav`` dump)."""
+        [path] = sorted(self.record_dir.glob("*-dec.wav"))
+        with wave.open(str(path)) as w:
+            assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (8000, 1, 2)
+            return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+
+
+def audible_segments_s(pcm: np.ndarray, join_s: float = 0.06) -> list[tuple[float, float]]:
+    """Audible stretches (start, end) in seconds; pauses shorter than ``join_s`` are bridged
+    (the tone engine's 40 ms word gaps stay inside one utterance)."""
+    loud = (np.abs(pcm.astype(np.int32)) > SILENT_SAMPLE_LEVEL).astype(np.int8)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], loud, [0]])))
+    segments: list[tuple[float, float]] = []
+    for a, b in zip(edges[::2], edges[1::2], strict=True):
+        start, end = a / 8000, b / 8000
+        if segments and start - segments[-1][1] < join_s:
+            segments[-1] = (segments[-1][0], end)
+        else:
+            segments.append((start, end))
+    return segments
+
+
+@pytest.mark.peers
+@requires_baresip
+def test_baresip_calls_the_daemon_and_records_the_greeting(tmp_path: Path) -> None:
+    """A real softphone dials sip:greet@; its recording holds the greeting, ±100 ms."""
+
+    async def main() -> None:
+        sip_port = free_sip_port()
+        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            phone = Baresip(tmp_path)
+            await phone.start(4, dial=f"sip:greet@127.0.0.1:{sip_port}")
+            await phone.wait(15)
+            assert phone.said("Call established"), phone.explain()
+            assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+        segments = audible_segments_s(phone.received_pcm())
+        assert len(segments) == 1, segments
+        [(start_s, end_s)] = segments
+        expected_s = greeting_speech_s(GREETING)
+        assert abs((end_s - start_s) - expected_s) <= 0.1, (segments, expected_s)
+
+    run(main())
+
+
+def prompt_played(leg: SipLeg) -> bool:
+    """The one call hears its caller and has sent a turn's frames, and is idle again."""
+    calls = list(leg.calls.values())
+    return (
+        len(calls) == 1
+        and calls[0].rtp.reception_stats().received > 5
+        and calls[0].runner is not None
+        and calls[0].runner.bridge.stats().frames_sent > 0
+        and calls[0].runner.idle
+    )
+
+
+@pytest.mark.peers
+@requires_baresip
+def test_baresip_dtmf_makes_the_daemon_say_goodbye_and_hang_up(tmp_path: Path) -> None:
+    """baresip sends "1" (RFC 4733): the flow's goodbye plays and the daemon ends the call."""
+
+    async def main() -> None:
+        sip_port = free_sip_port()
+        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            phone = Baresip(tmp_path)
+            await phone.start(20, dial=f"sip:press@127.0.0.1:{sip_port}")
+            assert await wait_for(lambda: phone.said("Call established"), 10.0), phone.explain()
+            # the daemon hears baresip (latched its RTP) and has played the whole prompt (a
+            # digit during the prompt would cut it: then the two could not be told apart)
+            assert await wait_for(lambda: prompt_played(leg), 5.0)
+            response = await phone.command("sndcode", "1")
+            assert response.get("ok") is True, response
+            # the daemon hangs up: baresip reports the call over long before its own 20 s
+            assert await wait_for(lambda: phone.said("terminated"), 10.0), phone.explain()
+            await phone.stop()
+            assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+        segments = audible_segments_s(phone.received_pcm())
+        assert len(segments) == 2, segments  # "Press one." then "Goodbye."
+        prompt_s = greeting_speech_s("Press one.")
+        assert abs((segments[0][1] - segments[0][0]) - prompt_s) <= 0.1, segments
+        goodbye_s = greeting_speech_s(BYE_TEXT)
+        assert abs((segments[1][1] - segments[1][0]) - goodbye_s) <= 0.1, segments
+
+    run(main())
+
+
+@pytest.mark.peers
+@requires_baresip
+def test_daemon_calls_baresip_which_answers_and_records_the_greeting(tmp_path: Path) -> None:
+    """The reverse direction: SipLeg.originate to baresip (auto-answer); it hears the greeting."""
+
+    async def main() -> None:
+        sip_port = free_sip_port()
+        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            phone = Baresip(tmp_path)
+            await phone.start(5)
+            assert await wait_for(lambda: phone.said("baresip is ready"), 5.0), phone.explain()
+            leg.originate(
+                f"sip:tester@127.0.0.1:{phone.sip_port}", "sip:callbridge@127.0.0.1", "greet"
+            )
+            assert await wait_for(lambda: phone.said("Call established"), 5.0), phone.explain()
+            await phone.wait(15)  # baresip quits at 5 s and hangs up
+            assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+            assert not leg.calls
+        segments = audible_segments_s(phone.received_pcm())
+        assert len(segments) == 1, segments
+        [(start_s, end_s)] = segments
+        expected_s = greeting_speech_s(GREETING)
+        assert abs((end_s - start_s) - expected_s) <= 0.1, (segments, expected_s)
 
     run(main())
