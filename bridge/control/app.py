@@ -75,6 +75,7 @@ from bridge.control.commands import (
     Command,
     DtmfHeard,
     Hangup,
+    ProviderBacklog,
     ProviderErrored,
     Say,
     SendDtmf,
@@ -119,6 +120,7 @@ EVENT_TYPES = (
     "turn.interrupted",
     "turn.finished",
     "provider.error",
+    "provider.backlog",
     "call.ended",
     "error",
 )
@@ -368,6 +370,10 @@ _ENCODERS: dict[type[CallEvent], tuple[str, Callable[[Any], dict[str, Any]]]] = 
             "kind": e.kind,
             "message": e.message,
         },
+    ),
+    ProviderBacklog: (
+        "provider.backlog",
+        lambda e: {"turn_id": e.turn_id, "queue_depth": e.queue_depth},
     ),
     CallEnded: ("call.ended", lambda e: {"reason": e.reason}),
 }

@@ -20,6 +20,7 @@ __all__ = [
     "DtmfHeard",
     "HandOver",
     "Hangup",
+    "ProviderBacklog",
     "ProviderErrored",
     "Say",
     "SendDtmf",
@@ -149,6 +150,18 @@ class TurnInterrupted(CallEvent):
     heard_ms: int
     heard_text: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderBacklog(CallEvent):
+    """The provider's queue for a turn (zwst ``segment_start.queue_depth``).
+
+    Backpressure for a source streaming text: a growing depth means text
+    arrives faster than the provider synthesises it.
+    """
+
+    turn_id: str
+    queue_depth: int
 
 
 @dataclass(frozen=True, slots=True)

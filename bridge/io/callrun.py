@@ -55,7 +55,7 @@ from bridge.media.call_types import (
     StopAgent,
     TransferLeg,
 )
-from bridge.tts.base import TurnSettings
+from bridge.tts.base import TurnSettings, UsageReported
 
 if TYPE_CHECKING:
     from bridge.io.daemon import Daemon
@@ -279,6 +279,8 @@ class CallRunner:
         if self.finished:
             return
         now = self.loop.time()
+        if isinstance(event, UsageReported):
+            log.info("provider.usage", call_id=self.call_id, turn_id=event.turn_id, **event.usage)
         try:
             self.bridge.provider_event(event, now)
             if self.idle and self.bridge.frame_ready():

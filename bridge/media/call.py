@@ -152,6 +152,7 @@ from bridge.tts.base import (
     AudioFormat,
     AudioReceived,
     ProviderFailed,
+    QueueDepthChanged,
     TurnDone,
     TurnFailed,
     TurnSettings,
@@ -586,8 +587,12 @@ class CallBridge:
             case VoiceFailed(code=code, message=message):
                 self._provider_errors += 1
                 self._events.append(cmd.ProviderErrored("", self._agent or "", code, message))
+            case QueueDepthChanged(turn_id=turn_id, queue_depth=depth):
+                turn = self._turns.get(turn_id)
+                if turn is not None and turn.phase is not TurnPhase.DONE:
+                    self._events.append(cmd.ProviderBacklog(turn_id, depth))
             case _:
-                pass  # usage, queue depth, readiness: the shell logs them
+                pass  # usage, readiness: the shell logs them
         self._pump(now)
 
     def _on_audio(self, event: AudioReceived, now: float) -> None:

@@ -365,3 +365,17 @@ def test_inbound_frames_of_the_wrong_size_are_counted_not_raised() -> None:
     actions, events = h.take()
     assert actions == [] and events == []
     assert h.call.stats().bad_inbound_frames == 2
+
+
+def test_provider_queue_depth_reaches_the_turn_source_as_backlog() -> None:
+    from bridge.control.commands import ProviderBacklog
+    from bridge.tts.base import QueueDepthChanged
+
+    h = Harness(SIP)
+    h.say("t1")
+    h.provide(QueueDepthChanged("t1", 3), now=0.0)
+    _, events = h.take()
+    assert ProviderBacklog("t1", 3) in events
+    h.provide(QueueDepthChanged("nope", 9), now=0.0)  # an unknown turn: nothing
+    _, events = h.take()
+    assert not [e for e in events if isinstance(e, ProviderBacklog)]

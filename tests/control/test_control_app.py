@@ -35,6 +35,7 @@ from bridge.control.commands import (
     DtmfHeard,
     HandOver,
     Hangup,
+    ProviderBacklog,
     ProviderErrored,
     Say,
     SendDtmf,
@@ -78,6 +79,7 @@ EVENTS: list[CallEvent] = [
     TurnFinished("t2", 2120, "Hello there"),
     ProviderErrored("t3", "local", "unknown_voice", "no voice 'jo'"),
     ProviderErrored("", "agent", "server_error", "boom"),
+    ProviderBacklog("t4", 4),
     CallEnded("remote_bye"),
 ]
 
