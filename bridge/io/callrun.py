@@ -280,7 +280,9 @@ class CallRunner:
             return
         now = self.loop.time()
         if isinstance(event, UsageReported):
-            log.info("provider.usage", call_id=self.call_id, turn_id=event.turn_id, usage=event.usage)
+            log.info(
+                "provider.usage", call_id=self.call_id, turn_id=event.turn_id, usage=event.usage
+            )
         try:
             self.bridge.provider_event(event, now)
             if self.idle and self.bridge.frame_ready():
