@@ -433,3 +433,47 @@ def test_plivo_upgrades_need_a_valid_v3_signature_and_each_nonce_once() -> None:
             assert info.value.response.status_code == 403
 
     run(body())
+
+
+def test_cancel_speech_stopped_and_provider_error_reach_the_app() -> None:
+    extra = """
+[providers.dead]
+protocol = "kova"
+url = "ws://127.0.0.1:9/nothing"
+voice = "tone"
+"""
+
+    async def body() -> None:
+        async with AppServer() as app:
+            long = " ".join(f"word{i}" for i in range(40)) + "."
+            app.on_started = [
+                {"type": "say", "turn_id": "doomed", "text": "Never.", "provider": "dead"},
+                {"type": "say", "turn_id": "long", "text": long},
+            ]
+            async with (
+                stack(app_route(app.url, extra.replace("[providers", "\n[providers"))) as st,
+                TwilioCall(st.ms_port) as call,
+            ):
+                error = await app.wait_for("provider.error")
+                assert error["turn_id"] == "doomed" and error["provider"] == "dead"
+                await app.wait_for("turn.started")
+                await app.send({"type": "cancel", "turn_id": "long"})
+                cut = await app.wait_for("turn.interrupted", count=2)
+                assert cut["turn_id"] == "long" and cut["reason"] == "cancelled"
+                call.speak_at(call.now() - call.t0 + 0.1, speech_mulaw(0.6))
+                await app.wait_for("speech.started")
+                await app.wait_for("speech.stopped")
+
+    run(body())
+
+
+def test_oversized_message_closes_the_stream_with_1009() -> None:
+    async def body() -> None:
+        async with stack(GREETING_ROUTE, ms_extra="max_message_bytes = 4096") as st:
+            ws = await websockets.connect(f"ws://127.0.0.1:{st.ms_port}/twilio")
+            await ws.send(json.dumps({"event": "connected", "pad": "x" * 10_000}))
+            with pytest.raises(websockets.ConnectionClosed) as info:
+                await asyncio.wait_for(ws.recv(), 5 * FACTOR)
+            assert info.value.rcvd is not None and info.value.rcvd.code == 1009
+
+    run(body())
