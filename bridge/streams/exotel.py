@@ -48,15 +48,12 @@ Exotel has no DTMF message to send.
 
 from __future__ import annotations
 
-import base64
 from typing import Any, ClassVar
 
+from bridge.streams._json_dialect import TwilioShapedProtocol
 from bridge.streams.base import (
     CLOSE_UNSUPPORTED_DATA,
-    MediaStreamProtocol,
     StreamSettings,
-    StreamState,
-    b64_field,
     int_field,
     malformed,
     obj_field,
@@ -72,12 +69,21 @@ MAX_CHUNK_BYTES = 100_000
 _RATES_HZ = frozenset({8000, 16000, 24000})
 
 
-class ExotelStreamProtocol(MediaStreamProtocol):
-    """One accepted Exotel Voicebot WebSocket (see the module docstring)."""
+class ExotelStreamProtocol(TwilioShapedProtocol):
+    """One accepted Exotel Voicebot WebSocket (see the module docstring).
+
+    The shared ``TwilioShapedProtocol`` handles ``connected``, ``media`` (no
+    track field), ``dtmf`` (with ``duration``), ``mark`` and ``stop`` and
+    renders ``mark``/``clear``; Exotel adds its ``start`` and the packing of
+    outbound audio into chunks.
+    """
 
     DIALECT: ClassVar[str] = "exotel"
     PATH: ClassVar[str] = "/exotel"
     SEQUENCE_KEY: ClassVar[str | None] = "sequence_number"
+    STREAM_ID_KEY: ClassVar[str] = "stream_sid"
+    INBOUND_TRACKS: ClassVar[frozenset[str] | None] = None
+    DTMF_DURATION_KEY: ClassVar[str | None] = "duration"
 
     def __init__(
         self,
@@ -100,14 +106,6 @@ class ExotelStreamProtocol(MediaStreamProtocol):
         super().__init__(settings, route=route)
         self.chunk_bytes = chunk_bytes
         self._unsent = bytearray()
-        self._handlers = {
-            "connected": self._on_connected,
-            "start": self._on_start,
-            "media": self._on_media,
-            "dtmf": self._on_dtmf,
-            "mark": self._on_mark,
-            "stop": self._on_stop,
-        }
 
     @property
     def unsent_bytes(self) -> int:
@@ -116,16 +114,9 @@ class ExotelStreamProtocol(MediaStreamProtocol):
 
     # ----------------------------------------------------------- from Exotel
 
-    def _on_connected(self, msg: dict[str, Any], now: float) -> None:
-        if self.state is not StreamState.AWAITING_START:
-            raise malformed("connected after start")
-
     def _on_start(self, msg: dict[str, Any], now: float) -> None:
         start = obj_field(msg, "start")
-        stream_sid = str_field(start, "stream_sid")
-        top_sid = str_field(msg, "stream_sid", optional=True)
-        if not stream_sid or (top_sid and top_sid != stream_sid):
-            raise malformed("start: missing or inconsistent stream_sid")
+        stream_sid = self._start_stream_id(msg, start)
         rate_hz = 8000
         fmt = start.get("media_format")
         if fmt is not None:
@@ -146,56 +137,19 @@ class ExotelStreamProtocol(MediaStreamProtocol):
             sample_rate_hz=rate_hz,
         )
 
-    def _on_media(self, msg: dict[str, Any], now: float) -> None:
-        self._require_streaming("media")
-        self._check_stream_id(str_field(msg, "stream_sid", optional=True))
-        media = obj_field(msg, "media")
-        chunk = int_field(media, "chunk", optional=True)
-        timestamp_ms = int_field(media, "timestamp", optional=True)
-        self._audio(b64_field(media, "payload"), timestamp_ms, chunk)
-
-    def _on_dtmf(self, msg: dict[str, Any], now: float) -> None:
-        self._require_streaming("dtmf")
-        self._check_stream_id(str_field(msg, "stream_sid", optional=True))
-        dtmf = obj_field(msg, "dtmf")
-        self._dtmf(str_field(dtmf, "digit"), int_field(dtmf, "duration", optional=True))
-
-    def _on_mark(self, msg: dict[str, Any], now: float) -> None:
-        self._require_streaming("mark")
-        self._check_stream_id(str_field(msg, "stream_sid", optional=True))
-        self._mark_answered(str_field(obj_field(msg, "mark"), "name"))
-
-    def _on_stop(self, msg: dict[str, Any], now: float) -> None:
-        self._require_streaming("stop")
-        self._check_stream_id(str_field(msg, "stream_sid", optional=True))
-        self._stopped("stop")
-
     # ------------------------------------------------------------- to Exotel
 
     def _wire_frame(self, frame: bytes) -> None:
         self._unsent += frame
         while len(self._unsent) >= self.chunk_bytes:
-            self._send_chunk(bytes(self._unsent[: self.chunk_bytes]))
+            self._send_media(bytes(self._unsent[: self.chunk_bytes]))
             del self._unsent[: self.chunk_bytes]
 
     def _wire_flush(self) -> None:
         if self._unsent:
             padding = bytes(self.chunk_bytes - len(self._unsent))
-            self._send_chunk(bytes(self._unsent) + padding)
+            self._send_media(bytes(self._unsent) + padding)
             self._unsent.clear()
 
     def _drop_unsent(self) -> None:
         self._unsent.clear()
-
-    def _send_chunk(self, chunk: bytes) -> None:
-        payload = base64.b64encode(chunk).decode("ascii")
-        self._send_json(
-            {"event": "media", "stream_sid": self.stream_id, "media": {"payload": payload}}
-        )
-        self._count_sent(len(chunk))
-
-    def _wire_mark(self, name: str) -> None:
-        self._send_json({"event": "mark", "stream_sid": self.stream_id, "mark": {"name": name}})
-
-    def _wire_clear(self) -> None:
-        self._send_json({"event": "clear", "stream_sid": self.stream_id})

@@ -44,12 +44,11 @@ import base64
 import json
 from typing import Any, ClassVar
 
+from bridge.streams._json_dialect import TwilioShapedProtocol
 from bridge.streams.base import (
     CLOSE_UNSUPPORTED_DATA,
     Codec,
-    MediaStreamProtocol,
     StreamSettings,
-    b64_field,
     int_field,
     malformed,
     obj_field,
@@ -61,15 +60,20 @@ from bridge.streams.base import (
 __all__ = ["PlivoStreamProtocol", "parse_extra_headers"]
 
 _CONTENT_TYPES: dict[str, Codec] = {"audio/x-mulaw": "mulaw", "audio/x-l16": "pcm_s16le"}
-_INBOUND_TRACKS = frozenset({"inbound", "inbound_track"})
 
 
-class PlivoStreamProtocol(MediaStreamProtocol):
-    """One accepted Plivo audio-stream WebSocket (see the module docstring)."""
+class PlivoStreamProtocol(TwilioShapedProtocol):
+    """One accepted Plivo audio-stream WebSocket (see the module docstring).
+
+    ``media`` and ``dtmf`` are the shared ``TwilioShapedProtocol`` handlers;
+    everything else (``start``, the playback answers, the outbound messages)
+    is Plivo's own.
+    """
 
     DIALECT: ClassVar[str] = "plivo"
     PATH: ClassVar[str] = "/plivo"
     SEQUENCE_KEY: ClassVar[str | None] = "sequenceNumber"
+    STREAM_ID_KEY: ClassVar[str] = "streamId"
     supports_send_dtmf: ClassVar[bool] = True
 
     def __init__(self, settings: StreamSettings | None = None, *, route: str | None = None) -> None:
@@ -111,33 +115,18 @@ class PlivoStreamProtocol(MediaStreamProtocol):
             sample_rate_hz=rate_hz,
         )
 
-    def _on_media(self, msg: dict[str, Any], now: float) -> None:
-        self._require_streaming("media")
-        self._check_stream_id(str_field(msg, "streamId", optional=True))
-        media = obj_field(msg, "media")
-        track = str_field(media, "track", optional=True) or "inbound"
-        chunk = int_field(media, "chunk", optional=True)
-        timestamp_ms = int_field(media, "timestamp", optional=True)
-        payload = b64_field(media, "payload")
-        if track in _INBOUND_TRACKS:
-            self._audio(payload, timestamp_ms, chunk)
-
-    def _on_dtmf(self, msg: dict[str, Any], now: float) -> None:
-        self._require_streaming("dtmf")
-        self._check_stream_id(str_field(msg, "streamId", optional=True))
-        self._dtmf(str_field(obj_field(msg, "dtmf"), "digit"))
-
     def _on_played(self, msg: dict[str, Any], now: float) -> None:
         self._require_streaming("playedStream")
-        self._check_stream_id(str_field(msg, "streamId", optional=True))
+        self._check_message_stream(msg)
         self._mark_answered(str_field(msg, "name"))
 
     def _on_cleared(self, msg: dict[str, Any], now: float) -> None:
         self._require_streaming("clearedAudio")
-        self._check_stream_id(str_field(msg, "streamId", optional=True))
+        self._check_message_stream(msg)
         self._clear_confirmed()
 
     def _on_stop(self, msg: dict[str, Any], now: float) -> None:
+        """Undocumented ``stop``: tolerated, whatever stream it names."""
         self._require_streaming("stop")
         self._stopped("stop")
 
@@ -149,14 +138,14 @@ class PlivoStreamProtocol(MediaStreamProtocol):
             "sampleRate": self.sample_rate_hz,
             "payload": base64.b64encode(frame).decode("ascii"),
         }
-        self._send_json({"event": "playAudio", "streamId": self.stream_id, "media": media})
+        self._send_json({"event": "playAudio", **self._stream_ref(), "media": media})
         self._count_sent(len(frame))
 
     def _wire_mark(self, name: str) -> None:
-        self._send_json({"event": "checkpoint", "streamId": self.stream_id, "name": name})
+        self._send_json({"event": "checkpoint", **self._stream_ref(), "name": name})
 
     def _wire_clear(self) -> None:
-        self._send_json({"event": "clearAudio", "streamId": self.stream_id})
+        self._send_json({"event": "clearAudio", **self._stream_ref()})
 
     def _wire_dtmf(self, digits: str) -> None:
         self._send_json({"event": "sendDTMF", "dtmf": digits})

@@ -44,17 +44,14 @@ on the stream (``send_dtmf`` is Call Control's job).
 
 from __future__ import annotations
 
-import base64
 from typing import Any, ClassVar
 
+from bridge.streams._json_dialect import TwilioShapedProtocol
 from bridge.streams.base import (
     CLOSE_UNSUPPORTED_DATA,
     CarrierErrorReceived,
     Codec,
-    MediaStreamProtocol,
     StreamSettings,
-    StreamState,
-    b64_field,
     int_field,
     malformed,
     obj_field,
@@ -76,34 +73,28 @@ _ENCODINGS: dict[str, Codec] = {
     "audio/x-l16": "pcm_s16le",
 }
 _L16_RATES_HZ = frozenset({8000, 16000})
-_INBOUND_TRACKS = frozenset({"inbound", "inbound_track"})
 
 
-class TelnyxStreamProtocol(MediaStreamProtocol):
-    """One accepted Telnyx media-streaming WebSocket (see the module docstring)."""
+class TelnyxStreamProtocol(TwilioShapedProtocol):
+    """One accepted Telnyx media-streaming WebSocket (see the module docstring).
+
+    The shared ``TwilioShapedProtocol`` handles ``connected``, ``media``,
+    ``dtmf``, ``mark``, ``stop`` and renders the outbound messages (without a
+    stream id); Telnyx adds its ``start``, ``error`` and the L16 byte swap.
+    """
 
     DIALECT: ClassVar[str] = "telnyx"
     PATH: ClassVar[str] = "/telnyx"
     SEQUENCE_KEY: ClassVar[str | None] = "sequence_number"
+    STREAM_ID_KEY: ClassVar[str] = "stream_id"
+    SEND_STREAM_ID: ClassVar[bool] = False
+    CONNECTED_FIELDS: ClassVar[tuple[str, ...]] = ("version",)
 
     def __init__(self, settings: StreamSettings | None = None, *, route: str | None = None) -> None:
         super().__init__(settings, route=route)
-        self._handlers = {
-            "connected": self._on_connected,
-            "start": self._on_start,
-            "media": self._on_media,
-            "dtmf": self._on_dtmf,
-            "mark": self._on_mark,
-            "error": self._on_error,
-            "stop": self._on_stop,
-        }
+        self._handlers["error"] = self._on_error
 
     # ----------------------------------------------------------- from Telnyx
-
-    def _on_connected(self, msg: dict[str, Any], now: float) -> None:
-        if self.state is not StreamState.AWAITING_START:
-            raise malformed("connected after start")
-        str_field(msg, "version", optional=True)
 
     def _on_start(self, msg: dict[str, Any], now: float) -> None:
         start = obj_field(msg, "start")
@@ -125,31 +116,12 @@ class TelnyxStreamProtocol(MediaStreamProtocol):
             sample_rate_hz=rate_hz,
         )
 
-    def _on_media(self, msg: dict[str, Any], now: float) -> None:
-        self._require_streaming("media")
-        self._check_stream_id(str_field(msg, "stream_id", optional=True))
-        media = obj_field(msg, "media")
-        track = str_field(media, "track", optional=True) or "inbound"
-        chunk = int_field(media, "chunk", optional=True)
-        timestamp_ms = int_field(media, "timestamp", optional=True)
-        payload = b64_field(media, "payload")
-        if track not in _INBOUND_TRACKS:
-            return
-        if self.codec == "pcm_s16le":
-            if len(payload) % 2:
-                raise malformed(f"odd-length L16 payload ({len(payload)} bytes)")
-            payload = swap_bytes(payload)
-        self._audio(payload, timestamp_ms, chunk)
-
-    def _on_dtmf(self, msg: dict[str, Any], now: float) -> None:
-        self._require_streaming("dtmf")
-        self._check_stream_id(str_field(msg, "stream_id", optional=True))
-        self._dtmf(str_field(obj_field(msg, "dtmf"), "digit"))
-
-    def _on_mark(self, msg: dict[str, Any], now: float) -> None:
-        self._require_streaming("mark")
-        self._check_stream_id(str_field(msg, "stream_id", optional=True))
-        self._mark_answered(str_field(obj_field(msg, "mark"), "name"))
+    def _inbound_payload(self, payload: bytes) -> bytes:
+        if self.codec != "pcm_s16le":
+            return payload
+        if len(payload) % 2:
+            raise malformed(f"odd-length L16 payload ({len(payload)} bytes)")
+        return swap_bytes(payload)
 
     def _on_error(self, msg: dict[str, Any], now: float) -> None:
         payload = obj_field(msg, "payload")
@@ -160,25 +132,10 @@ class TelnyxStreamProtocol(MediaStreamProtocol):
         detail = str_field(payload, "detail", optional=True)
         self._events.append(CarrierErrorReceived(str(code)[:32], title[:200], detail[:500]))
 
-    def _on_stop(self, msg: dict[str, Any], now: float) -> None:
-        self._require_streaming("stop")
-        self._check_stream_id(str_field(msg, "stream_id", optional=True))
-        self._stopped("stop")
-
     # ------------------------------------------------------------- to Telnyx
 
-    def _wire_frame(self, frame: bytes) -> None:
-        wire = swap_bytes(frame) if self.codec == "pcm_s16le" else frame
-        self._send_json(
-            {"event": "media", "media": {"payload": base64.b64encode(wire).decode("ascii")}}
-        )
-        self._count_sent(len(frame))
-
-    def _wire_mark(self, name: str) -> None:
-        self._send_json({"event": "mark", "mark": {"name": name}})
-
-    def _wire_clear(self) -> None:
-        self._send_json({"event": "clear"})
+    def _outbound_payload(self, audio: bytes) -> bytes:
+        return swap_bytes(audio) if self.codec == "pcm_s16le" else audio
 
 
 def _media_format(fmt: dict[str, Any]) -> tuple[Codec, int]:

@@ -39,15 +39,11 @@ call hangs up.
 
 from __future__ import annotations
 
-import base64
 from typing import Any, ClassVar
 
+from bridge.streams._json_dialect import TwilioShapedProtocol
 from bridge.streams.base import (
     CLOSE_UNSUPPORTED_DATA,
-    MediaStreamProtocol,
-    StreamSettings,
-    StreamState,
-    b64_field,
     int_field,
     malformed,
     obj_field,
@@ -59,41 +55,25 @@ from bridge.streams.base import (
 __all__ = ["TwilioStreamProtocol"]
 
 _ENCODING = "audio/x-mulaw"
-_INBOUND_TRACKS = frozenset({"inbound", "inbound_track"})
 
 
-class TwilioStreamProtocol(MediaStreamProtocol):
-    """One accepted Twilio Media Streams WebSocket (see the module docstring)."""
+class TwilioStreamProtocol(TwilioShapedProtocol):
+    """One accepted Twilio Media Streams WebSocket (see the module docstring).
+
+    ``connected``, ``media``, ``dtmf``, ``mark``, ``stop`` and the outbound
+    messages are the shared ``TwilioShapedProtocol`` ones; only ``start`` is
+    Twilio's own.
+    """
 
     DIALECT: ClassVar[str] = "twilio"
     PATH: ClassVar[str] = "/twilio"
     SEQUENCE_KEY: ClassVar[str | None] = "sequenceNumber"
-
-    def __init__(self, settings: StreamSettings | None = None, *, route: str | None = None) -> None:
-        super().__init__(settings, route=route)
-        self._handlers = {
-            "connected": self._on_connected,
-            "start": self._on_start,
-            "media": self._on_media,
-            "dtmf": self._on_dtmf,
-            "mark": self._on_mark,
-            "stop": self._on_stop,
-        }
-
-    # ----------------------------------------------------------- from Twilio
-
-    def _on_connected(self, msg: dict[str, Any], now: float) -> None:
-        if self.state is not StreamState.AWAITING_START:
-            raise malformed("connected after start")
-        str_field(msg, "protocol", optional=True)
-        str_field(msg, "version", optional=True)
+    STREAM_ID_KEY: ClassVar[str] = "streamSid"
+    CONNECTED_FIELDS: ClassVar[tuple[str, ...]] = ("protocol", "version")
 
     def _on_start(self, msg: dict[str, Any], now: float) -> None:
         start = obj_field(msg, "start")
-        stream_sid = str_field(start, "streamSid")
-        top_sid = str_field(msg, "streamSid", optional=True)
-        if not stream_sid or (top_sid and top_sid != stream_sid):
-            raise malformed("start: missing or inconsistent streamSid")
+        stream_sid = self._start_stream_id(msg, start)
         fmt = start.get("mediaFormat")
         if fmt is not None:
             fmt = obj_field(start, "mediaFormat")
@@ -114,44 +94,3 @@ class TwilioStreamProtocol(MediaStreamProtocol):
             codec="mulaw",
             sample_rate_hz=8000,
         )
-
-    def _on_media(self, msg: dict[str, Any], now: float) -> None:
-        self._require_streaming("media")
-        self._check_stream_id(str_field(msg, "streamSid", optional=True))
-        media = obj_field(msg, "media")
-        track = str_field(media, "track", optional=True) or "inbound"
-        chunk = int_field(media, "chunk", optional=True)
-        timestamp_ms = int_field(media, "timestamp", optional=True)
-        payload = b64_field(media, "payload")
-        if track in _INBOUND_TRACKS:
-            self._audio(payload, timestamp_ms, chunk)
-
-    def _on_dtmf(self, msg: dict[str, Any], now: float) -> None:
-        self._require_streaming("dtmf")
-        self._check_stream_id(str_field(msg, "streamSid", optional=True))
-        self._dtmf(str_field(obj_field(msg, "dtmf"), "digit"))
-
-    def _on_mark(self, msg: dict[str, Any], now: float) -> None:
-        self._require_streaming("mark")
-        self._check_stream_id(str_field(msg, "streamSid", optional=True))
-        self._mark_answered(str_field(obj_field(msg, "mark"), "name"))
-
-    def _on_stop(self, msg: dict[str, Any], now: float) -> None:
-        self._require_streaming("stop")
-        self._check_stream_id(str_field(msg, "streamSid", optional=True))
-        self._stopped("stop")
-
-    # ------------------------------------------------------------- to Twilio
-
-    def _wire_frame(self, frame: bytes) -> None:
-        payload = base64.b64encode(frame).decode("ascii")
-        self._send_json(
-            {"event": "media", "streamSid": self.stream_id, "media": {"payload": payload}}
-        )
-        self._count_sent(len(frame))
-
-    def _wire_mark(self, name: str) -> None:
-        self._send_json({"event": "mark", "streamSid": self.stream_id, "mark": {"name": name}})
-
-    def _wire_clear(self) -> None:
-        self._send_json({"event": "clear", "streamSid": self.stream_id})
