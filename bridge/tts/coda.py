@@ -67,7 +67,6 @@ import binascii
 import enum
 import json
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -87,6 +86,12 @@ from bridge.tts.base import (
     TurnStarted,
     WordsTimed,
     WordTiming,
+)
+from bridge.tts.common import (
+    bearer_headers,
+    json_object,
+    non_negative_seconds,
+    scrub_secret,
 )
 
 __all__ = [
@@ -191,18 +196,12 @@ def split_text(text: str, budget_bytes: int) -> list[str]:
 
 def parse_duration_s(value: object) -> float | None:
     """A proto3 JSON ``Duration`` (``"0.080s"``) in seconds; ``None`` if invalid."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str) and value.endswith("s"):
+    if isinstance(value, str) and value.endswith("s"):
         try:
-            seconds = float(value[:-1])
+            return non_negative_seconds(float(value[:-1]))
         except ValueError:
             return None
-    else:
-        return None
-    return seconds if math.isfinite(seconds) and seconds >= 0.0 else None
+    return non_negative_seconds(value)
 
 
 def format_duration(seconds: float) -> str:
@@ -299,9 +298,7 @@ class CodaProtocol(Outbox):
         """Coda has no session route; nothing to do."""
 
     def connect_params(self) -> ConnectParams:
-        headers: tuple[tuple[str, str], ...] = ()
-        if self._settings.api_key and not self._auth_in_config:
-            headers = (("Authorization", f"Bearer {self._settings.api_key}"),)
+        headers = () if self._auth_in_config else bearer_headers(self._settings.api_key)
         url = self._settings.url or DEFAULT_URL
         return ConnectParams(url=url, headers=headers, subprotocols=(SUBPROTOCOL,))
 
@@ -450,11 +447,8 @@ class CodaProtocol(Outbox):
     def receive_text(self, text: str, now: float) -> None:
         if self._phase in (_Phase.CONNECTING, _Phase.CLOSING, _Phase.CLOSED):
             return
-        try:
-            message = json.loads(text)
-        except ValueError:
-            message = None
-        if not isinstance(message, dict):
+        message = json_object(text)
+        if message is None:
             self._fail("malformed", "frame is not a JSON object", close_code=_CLOSE_PROTOCOL_ERROR)
             return
         context_id = message.get("contextId", "")
@@ -711,8 +705,7 @@ class CodaProtocol(Outbox):
         self._phase = _Phase.CLOSED
 
     def _scrub(self, message: str) -> str:
-        key = self._settings.api_key
-        return message.replace(key, "***") if key else message
+        return scrub_secret(message, self._settings.api_key)
 
 
 _LIVE_SENT = (_State.STREAMING, _State.ENDED)

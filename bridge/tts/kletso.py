@@ -89,6 +89,7 @@ from bridge.tts.base import (
     TurnStarted,
     UsageReported,
 )
+from bridge.tts.common import bearer_headers, scrub_secret
 
 __all__ = [
     "ENGINE",
@@ -297,11 +298,12 @@ class KletsoProtocol(Outbox):
 
     def connect_params(self) -> ConnectParams:
         """The realtime URL with the key as a bearer token (our choice: the seed names none)."""
-        headers: tuple[tuple[str, str], ...] = ()
-        if self._settings.api_key:
-            headers = (("Authorization", f"Bearer {self._settings.api_key}"),)
         url = self._settings.url or DEFAULT_URL
-        return ConnectParams(url=url, headers=headers, max_message_bytes=MAX_MESSAGE_BYTES)
+        return ConnectParams(
+            url=url,
+            headers=bearer_headers(self._settings.api_key),
+            max_message_bytes=MAX_MESSAGE_BYTES,
+        )
 
     def connection_made(self, subprotocol: str | None, now: float) -> None:
         """The upgrade completed; Kletso negotiates no subprotocol."""
@@ -766,8 +768,7 @@ class KletsoProtocol(Outbox):
         return turn
 
     def _redact(self, text: str) -> str:
-        key = self._settings.api_key
-        return text.replace(key, "***") if key else text
+        return scrub_secret(text, self._settings.api_key)
 
 
 # ---------------------------------------------------------------- helpers

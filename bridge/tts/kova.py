@@ -49,7 +49,6 @@ import base64
 import binascii
 import json
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -70,6 +69,13 @@ from bridge.tts.base import (
     TurnStarted,
     WordsTimed,
     WordTiming,
+)
+from bridge.tts.common import (
+    TimingsWording,
+    bearer_headers,
+    json_text,
+    parallel_word_timings,
+    scrub_secret,
 )
 
 __all__ = ["ENGINE", "KovaProtocol"]
@@ -159,10 +165,7 @@ class KovaProtocol(Outbox):
 
     def connect_params(self) -> ConnectParams:
         """URL from config; the api key as ``Authorization: Bearer`` (see docs)."""
-        headers: tuple[tuple[str, str], ...] = ()
-        if self._settings.api_key:
-            headers = (("Authorization", f"Bearer {self._settings.api_key}"),)
-        return ConnectParams(url=self._settings.url, headers=headers)
+        return ConnectParams(url=self._settings.url, headers=bearer_headers(self._settings.api_key))
 
     def connection_made(self, subprotocol: str | None, now: float) -> None:
         """The upgrade completed; Kova has no handshake frame, so turns can open."""
@@ -313,7 +316,7 @@ class KovaProtocol(Outbox):
         ctx = self._context_for(frame)
         if ctx is None:
             if kind == "error" and not isinstance(frame.get("context_id"), str):
-                message = f"provider error: {_text(frame.get('error'))}"
+                message = f"provider error: {json_text(frame.get('error'))}"
                 self._fail_connection("error", message, close=True)
             return
         if ctx.closing and kind not in ("context_closed", "error"):
@@ -342,7 +345,7 @@ class KovaProtocol(Outbox):
         if isinstance(echoed, dict):
             real = _format_from_echo(echoed, ctx.audio_format)
             if real is None:
-                encoding = _text(echoed.get("encoding"))
+                encoding = json_text(echoed.get("encoding"))
                 self._fail_turn(ctx, "unsupported_encoding", f"server chose {encoding}", now)
                 return
             ctx.audio_format = real
@@ -392,7 +395,7 @@ class KovaProtocol(Outbox):
             self._finish(ctx, TurnDone(ctx.turn_id, cancelled=ctx.cancelled))
 
     def _on_error(self, ctx: _Context, frame: dict[str, object], now: float) -> None:
-        message = _text(frame["error"])
+        message = json_text(frame["error"])
         if ctx.closing:
             # An error while closing (e.g. the context was already gone):
             # nothing more will come for it.
@@ -471,8 +474,7 @@ class KovaProtocol(Outbox):
         return [c for c in self._contexts.values() if not c.finished]
 
     def _scrub(self, message: str) -> str:
-        key = self._settings.api_key
-        return message.replace(key, "***") if key else message
+        return scrub_secret(message, self._settings.api_key)
 
 
 # ------------------------------------------------------------ pure helpers
@@ -506,7 +508,7 @@ def _forced_format(settings: ProviderSettings) -> AudioFormat | None:
 
 def _format_from_echo(echoed: dict[str, object], asked: AudioFormat) -> AudioFormat | None:
     """The real format from ``context_started.response_format`` (None: unusable)."""
-    encoding = ENCODINGS.get(_text(echoed.get("encoding")))
+    encoding = ENCODINGS.get(json_text(echoed.get("encoding")))
     if encoding is None:
         return None
     rate = echoed.get("sample_rate")
@@ -517,34 +519,24 @@ def _format_from_echo(echoed: dict[str, object], asked: AudioFormat) -> AudioFor
     return AudioFormat(encoding, 8000 if encoding != "pcm_s16le" else DEFAULT_FORMAT.sample_rate_hz)
 
 
+_TIMESTAMPS_WORDING = TimingsWording(
+    not_arrays="timestamps needs words, start_seconds and end_seconds arrays",
+    lengths_differ="timestamps arrays differ in length",
+    bad_entry="timestamps hold a non-string word or a bad time",
+)
+
+
 def _parse_timestamps(body: object) -> tuple[WordTiming, ...]:
     """Parallel arrays ``words`` / ``start_seconds`` / ``end_seconds`` to timings."""
     if not isinstance(body, dict):
         raise _KovaFrameError("timestamps is not an object")
-    words, starts, ends = body.get("words"), body.get("start_seconds"), body.get("end_seconds")
-    if not (isinstance(words, list) and isinstance(starts, list) and isinstance(ends, list)):
-        raise _KovaFrameError("timestamps needs words, start_seconds and end_seconds arrays")
-    if not len(words) == len(starts) == len(ends):
-        raise _KovaFrameError("timestamps arrays differ in length")
-    timings = []
-    for word, start, end in zip(words, starts, ends, strict=True):
-        start_s, end_s = _seconds(start), _seconds(end)
-        if not isinstance(word, str) or start_s is None or end_s is None:
-            raise _KovaFrameError("timestamps hold a non-string word or a bad time")
-        timings.append(WordTiming(word, start_s, end_s))
-    return tuple(timings)
-
-
-def _seconds(value: object) -> float | None:
-    """A finite, non-negative JSON number as float, else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    seconds = float(value)
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
-
-
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
+    return parallel_word_timings(
+        body.get("words"),
+        body.get("start_seconds"),
+        body.get("end_seconds"),
+        wording=_TIMESTAMPS_WORDING,
+        error=_KovaFrameError,
+    )
 
 
 ENGINE = KovaProtocol

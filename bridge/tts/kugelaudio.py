@@ -87,6 +87,7 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
+from bridge.tts.common import json_object, scrub_secret
 
 __all__ = ["ENGINE", "KugelAudioProtocol", "TurnState"]
 
@@ -363,11 +364,8 @@ class KugelAudioProtocol(Outbox):
     def receive_text(self, text: str, now: float) -> None:
         if self._conn in (_Conn.CONNECTING, _Conn.CLOSED):
             return
-        try:
-            frame = json.loads(text)
-        except ValueError:
-            frame = None
-        if not isinstance(frame, dict):
+        frame = json_object(text)
+        if frame is None:
             self._connection_failed("protocol_error", "frame is not a JSON object")
             return
         for key, handler in FRAME_HANDLERS:
@@ -594,8 +592,7 @@ class KugelAudioProtocol(Outbox):
         self._actions.append(SendText(json.dumps(message, separators=(",", ":"))))
 
     def _redact(self, text: str) -> str:
-        key = self._settings.api_key
-        return text.replace(key, "***") if key else text
+        return scrub_secret(text, self._settings.api_key)
 
 
 ENGINE = KugelAudioProtocol

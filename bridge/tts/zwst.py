@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -95,6 +94,13 @@ from bridge.tts.base import (
     TurnStarted,
     WordsTimed,
     WordTiming,
+)
+from bridge.tts.common import (
+    TimingsWording,
+    bearer_headers,
+    json_text,
+    parallel_word_timings,
+    scrub_secret,
 )
 
 __all__ = [
@@ -321,13 +327,11 @@ class ZwstProtocol(Outbox):
             "normalize_text": self._normalize_text,
             "word_timestamps": self._word_timestamps,
         }
-        headers = [("Content-Type", "application/json")]
-        if self._settings.api_key:
-            headers.append(("Authorization", f"Bearer {self._settings.api_key}"))
+        headers = (("Content-Type", "application/json"), *bearer_headers(self._settings.api_key))
         return HttpRequest(
             method="POST",
             url=_http_url(self._settings.url, self._session_path),
-            headers=tuple(headers),
+            headers=headers,
             body=json.dumps(body, separators=(",", ":")).encode(),
         )
 
@@ -554,7 +558,7 @@ class ZwstProtocol(Outbox):
             ctx = self._by_context.get(context_id) if isinstance(context_id, str) else None
             if ctx is None:
                 if kind == "error":
-                    message = _text(frame.get("message"))
+                    message = json_text(frame.get("message"))
                     self._events.append(ProviderNoticed("error", self._scrub(message)))
                 return  # a cancelled / failed / finished context: dropped at the boundary
             handler(ctx, frame)
@@ -641,7 +645,7 @@ class ZwstProtocol(Outbox):
         self._events.append(TurnDone(ctx.turn_id))
 
     def _on_error(self, ctx: _Context, frame: dict[str, object]) -> None:
-        message = self._scrub(_text(frame.get("message")))
+        message = self._scrub(json_text(frame.get("message")))
         self._send({"type": "cancel", "context_id": ctx.context_id})  # free the slot
         self._retire(ctx)
         self._events.append(TurnFailed(ctx.turn_id, "provider_error", message))
@@ -680,8 +684,7 @@ class ZwstProtocol(Outbox):
         self._events.append(ProviderFailed(kind, self._scrub(message), open_turns, retryable))
 
     def _scrub(self, message: str) -> str:
-        key = self._settings.api_key
-        return message.replace(key, "***") if key else message
+        return scrub_secret(message, self._settings.api_key)
 
 
 ENGINE = ZwstProtocol
@@ -710,28 +713,19 @@ def _close_kind(code: int | None, reason: str) -> tuple[str, bool]:
     return "connection_closed", True
 
 
+_TIMESTAMPS_WORDING = TimingsWording(
+    not_arrays="words/start/end are not arrays",
+    lengths_differ="words/start/end differ in length",
+    bad_entry="a word is not text or a time is not a finite number",
+)
+
+
 def _parse_timestamps(frame: dict[str, object]) -> tuple[WordTiming, ...]:
     """The parallel ``words``/``start``/``end`` arrays (context-relative seconds)."""
-    words, starts, ends = frame.get("words"), frame.get("start"), frame.get("end")
-    if not (isinstance(words, list) and isinstance(starts, list) and isinstance(ends, list)):
-        raise _FrameError("words/start/end are not arrays")
-    if not len(words) == len(starts) == len(ends):
-        raise _FrameError("words/start/end differ in length")
-    timings = []
-    for word, start, end in zip(words, starts, ends, strict=True):
-        start_s, end_s = _seconds(start), _seconds(end)
-        if not isinstance(word, str) or start_s is None or end_s is None:
-            raise _FrameError("a word is not text or a time is not a finite number")
-        timings.append(WordTiming(word, start_s, end_s))
-    return tuple(timings)
-
-
-def _seconds(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    seconds = float(value)
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
-
-
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
+    return parallel_word_timings(
+        frame.get("words"),
+        frame.get("start"),
+        frame.get("end"),
+        wording=_TIMESTAMPS_WORDING,
+        error=_FrameError,
+    )

@@ -1,0 +1,114 @@
+"""Small pure helpers the provider client engines share.
+
+Theory of operation
+-------------------
+Every provider client (``bridge/tts/<protocol>.py``) reads JSON frames from
+a server it does not trust, reports word timings and must never leak its
+API key. The pieces of that which are the same in several protocols live
+here, so each engine keeps only its own wire format:
+
+* ``json_object(text)``: one text frame as a JSON object, or ``None`` for
+  anything else (invalid JSON, nesting deep enough to exhaust the parser,
+  another JSON type). Never raises.
+* ``non_negative_seconds(value)``: a JSON number that is a usable time
+  (finite, not negative, not a boolean) as float seconds, else ``None``.
+* ``parallel_word_timings(words, starts, ends, ...)``: the parallel-array
+  shape of word timestamps (Kova ``words/start_seconds/end_seconds``, zwst
+  ``words/start/end``) as ``WordTiming``s. Malformed arrays raise the
+  caller's own frame-error class with the caller's own wording, so each
+  engine reports them exactly as it documents.
+* ``json_text(value)``: a field shown in a message: strings as they are,
+  anything else as its JSON text.
+* ``bearer_headers(api_key)`` and ``scrub_secret(text, secret)``: the
+  ``Authorization: Bearer`` upgrade header, and the rule that the key is
+  replaced by ``***`` in every message we surface.
+
+Rules: no I/O, no clock, no state; nothing here raises on remote input
+except ``parallel_word_timings``, and only the exception class it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, NamedTuple
+
+from bridge.tts.base import WordTiming
+
+__all__ = [
+    "TimingsWording",
+    "bearer_headers",
+    "json_object",
+    "json_text",
+    "non_negative_seconds",
+    "parallel_word_timings",
+    "scrub_secret",
+]
+
+
+class TimingsWording(NamedTuple):
+    """How one protocol words the three ways parallel timing arrays can be wrong."""
+
+    not_arrays: str
+    lengths_differ: str
+    bad_entry: str
+
+
+def json_object(text: str) -> dict[str, Any] | None:
+    """``text`` parsed as a JSON object; ``None`` if it is not one (never raises)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def non_negative_seconds(value: object) -> float | None:
+    """A finite, non-negative JSON number as float, else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    seconds = float(value)
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def parallel_word_timings(
+    words: object,
+    starts: object,
+    ends: object,
+    *,
+    wording: TimingsWording,
+    error: type[Exception],
+) -> tuple[WordTiming, ...]:
+    """Parallel arrays of words and their start/end seconds as word timings.
+
+    Raises:
+        error: (the caller's frame-error class, with ``wording``) when the
+            three are not lists, differ in length, or hold a non-string word
+            or a time ``non_negative_seconds`` refuses.
+    """
+    if not (isinstance(words, list) and isinstance(starts, list) and isinstance(ends, list)):
+        raise error(wording.not_arrays)
+    if not len(words) == len(starts) == len(ends):
+        raise error(wording.lengths_differ)
+    timings = []
+    for word, start, end in zip(words, starts, ends, strict=True):
+        start_s, end_s = non_negative_seconds(start), non_negative_seconds(end)
+        if not isinstance(word, str) or start_s is None or end_s is None:
+            raise error(wording.bad_entry)
+        timings.append(WordTiming(word, start_s, end_s))
+    return tuple(timings)
+
+
+def json_text(value: object) -> str:
+    """A string as it is; any other JSON value as its JSON text."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def bearer_headers(api_key: str) -> tuple[tuple[str, str], ...]:
+    """``Authorization: Bearer <key>`` as upgrade headers; none without a key."""
+    return (("Authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
+def scrub_secret(text: str, secret: str) -> str:
+    """``text`` with every occurrence of ``secret`` replaced by ``***``."""
+    return text.replace(secret, "***") if secret else text

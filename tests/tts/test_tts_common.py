@@ -1,0 +1,91 @@
+"""The pure helpers the provider clients share (bridge.tts.common)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bridge.tts.base import WordTiming
+from bridge.tts.common import (
+    TimingsWording,
+    bearer_headers,
+    json_object,
+    json_text,
+    non_negative_seconds,
+    parallel_word_timings,
+    scrub_secret,
+)
+
+WORDING = TimingsWording("not arrays", "lengths differ", "bad entry")
+
+
+class _FrameError(ValueError):
+    pass
+
+
+def test_json_object_accepts_only_objects() -> None:
+    assert json_object('{"a": [1, 2]}') == {"a": [1, 2]}
+    assert json_object("[1, 2]") is None
+    assert json_object('"text"') is None
+    assert json_object("{not json") is None
+
+
+def test_json_object_survives_nesting_that_exhausts_the_parser() -> None:
+    assert json_object("[" * 100_000) is None
+    assert json_object('{"a":' * 100_000) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(0, 0.0), (1, 1.0), (0.25, 0.25), (-0.1, None), (True, None), ("1", None), (None, None)],
+)
+def test_non_negative_seconds(value: object, seconds: float | None) -> None:
+    assert non_negative_seconds(value) == seconds
+
+
+def test_non_negative_seconds_refuses_non_finite_numbers() -> None:
+    assert non_negative_seconds(math.inf) is None
+    assert non_negative_seconds(math.nan) is None
+
+
+def test_parallel_word_timings() -> None:
+    timings = parallel_word_timings(
+        ["hi", "there"], [0, 0.5], [0.4, 1], wording=WORDING, error=_FrameError
+    )
+    assert timings == (WordTiming("hi", 0.0, 0.4), WordTiming("there", 0.5, 1.0))
+    assert parallel_word_timings([], [], [], wording=WORDING, error=_FrameError) == ()
+
+
+@pytest.mark.parametrize(
+    ("words", "starts", "ends", "message"),
+    [
+        (None, [], [], "not arrays"),
+        (["a"], "0", [1], "not arrays"),
+        (["a", "b"], [0], [1], "lengths differ"),
+        ([1], [0], [1], "bad entry"),
+        (["a"], [-1], [1], "bad entry"),
+        (["a"], [0], [True], "bad entry"),
+    ],
+)
+def test_parallel_word_timings_raise_the_callers_error(
+    words: object, starts: object, ends: object, message: str
+) -> None:
+    with pytest.raises(_FrameError, match=f"^{message}$"):
+        parallel_word_timings(words, starts, ends, wording=WORDING, error=_FrameError)
+
+
+def test_json_text() -> None:
+    assert json_text("boom") == "boom"
+    assert json_text({"code": 1}) == '{"code": 1}'
+    assert json_text(None) == "null"
+
+
+def test_bearer_headers_only_with_a_key() -> None:
+    assert bearer_headers("k1") == (("Authorization", "Bearer k1"),)
+    assert bearer_headers("") == ()
+
+
+def test_scrub_secret() -> None:
+    assert scrub_secret("key k1 and k1 again", "k1") == "key *** and *** again"
+    assert scrub_secret("nothing to hide", "") == "nothing to hide"
