@@ -535,7 +535,7 @@ class ZwstProtocol(Outbox):
             return
         try:
             frame = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             self._fail_connection("protocol_error", f"invalid JSON frame: {exc}", close=True)
             return
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):

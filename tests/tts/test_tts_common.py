@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
 
-from bridge.tts.base import WordTiming
+from bridge.engine import CloseConnection
+from bridge.tts.base import ProviderFailed, ProviderSettings, WordTiming
 from bridge.tts.common import (
     TimingsWording,
     bearer_headers,
@@ -89,3 +91,25 @@ def test_bearer_headers_only_with_a_key() -> None:
 def test_scrub_secret() -> None:
     assert scrub_secret("key k1 and k1 again", "k1") == "key *** and *** again"
     assert scrub_secret("nothing to hide", "") == "nothing to hide"
+
+
+@pytest.mark.parametrize("protocol", ["coda", "kletso", "kova", "kugelaudio", "zwst"])
+def test_every_client_fails_the_connection_on_json_too_deep_to_parse(protocol: str) -> None:
+    engine_cls = importlib.import_module(f"bridge.tts.{protocol}").ENGINE
+    engine = engine_cls(
+        ProviderSettings(
+            name="deep",
+            protocol=protocol,
+            url="wss://provider.example/v1/stream",
+            api_key="k",
+            voice="v",
+        )
+    )
+    if engine.session_request() is not None:
+        engine.session_response(200, b'{"url": "wss://provider.example/v1/stream?t=1"}', 0.0)
+    engine.connection_made("rime.v1.json" if protocol == "coda" else None, 0.0)
+    engine.events_received()
+    engine.receive_text("[" * 100_000, 1.0)
+    failures = [e for e in engine.events_received() if isinstance(e, ProviderFailed)]
+    assert len(failures) == 1
+    assert any(isinstance(a, CloseConnection) for a in engine.actions_to_send())
