@@ -50,7 +50,6 @@ and the 75 s read-inactivity limit belong to the shell: see
 from __future__ import annotations
 
 import base64
-import json
 import math
 import re
 import struct
@@ -71,8 +70,9 @@ from bridge.tts.coda import (
     dump_message,
     format_duration,
 )
+from bridge.tts.common import json_object
 from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from telcodec import g711
+from bridge.ttsd.common import byte_chunks, encode_pcm, offset_words, whole_samples
 
 __all__ = [
     "PATHS",
@@ -234,11 +234,8 @@ class CodaServerSession(Outbox):
             self._error("invalid_input", f"message exceeds {MAX_MESSAGE_BYTES} bytes")
             self._close(_CLOSE_TOO_BIG, "message too big")
             return
-        try:
-            message = json.loads(text)
-        except ValueError:
-            message = None
-        if not isinstance(message, dict):
+        message = json_object(text)
+        if message is None:
             self._undecodable("message is not a JSON object")
             return
         context_id = message.get("contextId", "")
@@ -368,18 +365,15 @@ class CodaServerSession(Outbox):
         if ctx is None:
             return  # cancelled or finished: dropped at the boundary
         offset_s = ctx.job_start_samples / ctx.sample_rate_hz  # words: from the job's start
-        for word in words:
-            ctx.spans.append(WordTiming(word.word, offset_s + word.start_s, offset_s + word.end_s))
-        data = ctx.carry + pcm
-        whole = len(data) - len(data) % 2
-        data, ctx.carry = data[:whole], data[whole:]
-        ctx.samples_sent += whole // 2
-        wire = g711.ulaw_encode(data) if ctx.wire == "mulaw" else data
+        ctx.spans.extend(offset_words(words, offset_s))
+        data, ctx.carry = whole_samples(ctx.carry, pcm)
+        ctx.samples_sent += len(data) // 2
+        wire = encode_pcm(ctx.wire, data)
         if ctx.wire == "wav" and not ctx.header_sent:
             wire = _wav_header(ctx.sample_rate_hz) + wire
             ctx.header_sent = True
-        for i in range(0, len(wire), MAX_AUDIO_CHUNK_BYTES):
-            chunk = base64.b64encode(wire[i : i + MAX_AUDIO_CHUNK_BYTES]).decode("ascii")
+        for piece in byte_chunks(wire, MAX_AUDIO_CHUNK_BYTES):
+            chunk = base64.b64encode(piece).decode("ascii")
             self._send({"contextId": ctx.context_id, "audio": chunk})
 
     def synthesis_done(self, job_id: str, now: float) -> None:

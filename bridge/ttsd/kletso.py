@@ -58,6 +58,7 @@ import numpy as np
 from bridge.engine import CloseConnection, Outbox, SendBytes, SendText
 from bridge.tts.base import WordTiming
 from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.ttsd.common import byte_chunks, whole_samples
 
 __all__ = ["PATHS", "SESSION", "EnergyDetector", "KletsoServerSession"]
 
@@ -438,14 +439,11 @@ class KletsoServerSession(Outbox):
         if not item.speaking:
             item.speaking = True
             self._set_state("speaking")
-        data = item.carry + pcm
-        whole = len(data) // 2 * 2
-        item.carry = data[whole:]
-        for start in range(0, whole, OUT_FRAME_BYTES):
-            chunk = data[start : min(start + OUT_FRAME_BYTES, whole)]
+        data, item.carry = whole_samples(item.carry, pcm)
+        for chunk in byte_chunks(data, OUT_FRAME_BYTES):
             self._actions.append(SendBytes(bytes([KIND_ASSISTANT]) + chunk))
-        item.sent_bytes += whole
-        self._out_bytes += whole
+        item.sent_bytes += len(data)
+        self._out_bytes += len(data)
         if words:
             delta = " ".join(w.word for w in words)
             if item.words:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import re
 from collections import deque
 from collections.abc import Callable
@@ -51,8 +50,9 @@ from typing import ClassVar
 
 from bridge.engine import CloseConnection, Outbox, SendText
 from bridge.tts.base import WordTiming
+from bridge.tts.common import non_negative_seconds
 from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from telcodec import g711
+from bridge.ttsd.common import byte_chunks, encode_pcm, timing_arrays, whole_samples
 
 __all__ = ["PATHS", "SESSION", "KovaServerSession"]
 
@@ -248,15 +248,20 @@ class KovaServerSession(Outbox):
         ctx = self._jobs.get(job_id)
         if ctx is None:
             return  # cancelled or unknown job: dropped
-        pcm = ctx.remainder + pcm
-        cut = len(pcm) - len(pcm) % 2
-        pcm, ctx.remainder = pcm[:cut], pcm[cut:]
+        pcm, ctx.remainder = whole_samples(ctx.remainder, pcm)
         ctx.sent_samples += len(pcm) // 2
-        for start in range(0, len(pcm), MAX_AUDIO_CHUNK_BYTES):
-            audio = _encode(ctx.encoding, pcm[start : start + MAX_AUDIO_CHUNK_BYTES])
+        for chunk in byte_chunks(pcm, MAX_AUDIO_CHUNK_BYTES):
+            audio = encode_pcm(ctx.encoding, chunk)
             self._send_for(ctx, {"audio_chunk": base64.b64encode(audio).decode("ascii")})
         if ctx.timestamps and words:
-            self._send_for(ctx, {"timestamps": _timestamps_body(words, ctx.job_offset_s)})
+            timestamps = timing_arrays(
+                words,
+                ctx.job_offset_s,
+                start_key="start_seconds",
+                end_key="end_seconds",
+                ndigits=6,
+            )
+            self._send_for(ctx, {"timestamps": timestamps})
 
     def synthesis_done(self, job_id: str, now: float) -> None:
         """The job is complete: move on to the context's next item."""
@@ -289,7 +294,7 @@ class KovaServerSession(Outbox):
         voice_id = _required_text(body, "voice_id")
         model_id = _required_text(body, "model_id")
         temperature = body.get("temperature")
-        if temperature is not None and _non_negative(temperature) is None:
+        if temperature is not None and non_negative_seconds(temperature) is None:
             raise _BadFrame("invalid field: temperature")
         timestamps = body.get("timestamps", False)
         if not isinstance(timestamps, bool):
@@ -405,32 +410,9 @@ def _required_text(body: dict[object, object], name: str) -> str:
     return value
 
 
-def _non_negative(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) and number >= 0 else None
-
-
 def _flush_id_of(frame: dict[str, object]) -> str | None:
     flush_id = frame.get("flush_id")
     return flush_id if "flush" in frame and isinstance(flush_id, str) else None
-
-
-def _encode(encoding: str, pcm_s16le: bytes) -> bytes:
-    if encoding == "mulaw":
-        return g711.ulaw_encode(pcm_s16le)
-    if encoding == "alaw":
-        return g711.alaw_encode(pcm_s16le)
-    return pcm_s16le
-
-
-def _timestamps_body(words: tuple[WordTiming, ...], offset_s: float) -> dict[str, object]:
-    return {
-        "words": [w.word for w in words],
-        "start_seconds": [round(offset_s + w.start_s, 6) for w in words],
-        "end_seconds": [round(offset_s + w.end_s, 6) for w in words],
-    }
 
 
 SESSION = KovaServerSession

@@ -48,7 +48,9 @@ from typing import Any, ClassVar
 
 from bridge.engine import CloseConnection, Outbox, SendText
 from bridge.tts.base import WordTiming
+from bridge.tts.common import json_object
 from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.ttsd.common import byte_chunks, whole_samples
 
 __all__ = ["PATHS", "SESSION", "KugelAudioServerSession"]
 
@@ -291,11 +293,8 @@ class KugelAudioServerSession(Outbox):
     def receive_text(self, text: str, now: float) -> None:
         if self._state in (_State.CONNECTING, _State.CLOSED):
             return
-        try:
-            frame = json.loads(text)
-        except (ValueError, RecursionError):
-            frame = None
-        if not isinstance(frame, dict):
+        frame = json_object(text)
+        if frame is None:
             self._send_error(_Invalid("Invalid request"))
             return
         self._dispatch(frame, now)
@@ -411,12 +410,10 @@ class KugelAudioServerSession(Outbox):
         session, job = self._job(job_id)
         if session is None or job is None:
             return  # cancelled or unknown job: output dropped
-        data = job.remainder + pcm
-        usable = len(data) - len(data) % 2
-        job.remainder = data[usable:]
+        data, job.remainder = whole_samples(job.remainder, pcm)
         frame_bytes = session.sample_rate_hz * MAX_AUDIO_FRAME_MS // 1000 * 2
-        for start in range(0, usable, frame_bytes):
-            self._send_audio(session, job, data[start : min(start + frame_bytes, usable)])
+        for frame in byte_chunks(data, frame_bytes):
+            self._send_audio(session, job, frame)
         if session.settings["word_timestamps"]:
             for word in words:
                 job.words.append(self._word_entry(session, job, word))

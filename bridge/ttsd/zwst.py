@@ -80,6 +80,7 @@ from bridge.tts.zwst import (
     pack_frame_header,
 )
 from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.ttsd.common import byte_chunks, timing_arrays
 
 __all__ = [
     "PATHS",
@@ -254,7 +255,7 @@ def handle_session_request(
             return _http_error(401, "unauthorized", "missing or unknown api key")
     try:
         request = json.loads(body) if body.strip() else {}
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return _http_error(400, "invalid_json", "the body is not JSON")
     if not isinstance(request, dict):
         return _http_error(400, "invalid_json", "the body is not a JSON object")
@@ -426,7 +427,7 @@ class ZwstServerSession:
             return
         try:
             frame = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             self._send_error(None, "invalid JSON")
             return
         if not isinstance(frame, dict):
@@ -546,19 +547,11 @@ class ZwstServerSession:
         ctx.job_audio = True
         if words and self._props.word_timestamps:
             offset_s = ctx.segment_start_samples / rate
-            self._send(
-                {
-                    "type": "timestamps",
-                    "context_id": ctx.context_id,
-                    "words": [w.word for w in words],
-                    "start": [round(offset_s + w.start_s, 3) for w in words],
-                    "end": [round(offset_s + w.end_s, 3) for w in words],
-                }
-            )
+            timings = timing_arrays(words, offset_s, start_key="start", end_key="end", ndigits=3)
+            self._send({"type": "timestamps", "context_id": ctx.context_id, **timings})
         frame_bytes = rate * FRAME_MS // 1000 * 2
         pcm = pcm[: len(pcm) - len(pcm) % 2]
-        for start in range(0, len(pcm), frame_bytes):
-            payload = pcm[start : start + frame_bytes]
+        for payload in byte_chunks(pcm, frame_bytes):
             pts_ms = ctx.samples * 1000 // rate
             ctx.samples += len(payload) // 2
             if ctx.tail is not None:
