@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import math
 import random
+import secrets
 import socket
 import sys
 import wave
@@ -626,7 +627,12 @@ class _TwilioCaller:
         self.opts = opts
         self.loop = asyncio.get_running_loop()
         params = {"route": opts.route} if opts.route else None
-        self.carrier = TwilioCarrier(custom_parameters=params)
+        suffix = secrets.token_hex(16)  # every call its own SIDs, as Twilio's are
+        self.carrier = TwilioCarrier(
+            stream_sid=f"MZ{suffix}",
+            call_sid=f"CA{suffix}",
+            custom_parameters=params,
+        )
         self.uplink = Uplink(opts.speak)
         self.dtmf_queue = list(opts.dtmf)
         self.ws: ClientConnection | None = None

@@ -169,6 +169,12 @@ class _Stream:
             self.pump()
             return
         call_id = event.call_id or event.stream_id
+        if call_id in self.leg.calls:
+            # a carrier reusing a call id (a retried or forked stream) must not
+            # collide with the call already running under it
+            call_id = f"{call_id}/{event.stream_id or os.urandom(4).hex()}"
+            if call_id in self.leg.calls:
+                call_id = f"{call_id}/{os.urandom(4).hex()}"
         book = self.leg.tokens
         if book is not None and self.engine.DIALECT == "twilio":
             verdict = book.check(event.custom_parameters.get("token"), call_id, time.time())

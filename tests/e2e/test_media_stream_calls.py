@@ -477,3 +477,16 @@ def test_oversized_message_closes_the_stream_with_1009() -> None:
             assert info.value.rcvd is not None and info.value.rcvd.code == 1009
 
     run(body())
+
+
+def test_two_streams_with_the_same_call_sid_are_two_calls() -> None:
+    async def body() -> None:
+        async with stack(GREETING_ROUTE) as st:
+            leg = next(leg for leg in st.daemon.legs if leg.name == "media_streams")
+            async with TwilioCall(st.ms_port) as a, TwilioCall(st.ms_port) as b:
+                await until(lambda: leg.active_calls() == 2)
+                await until(lambda: len(a.carrier.arrival_times()) >= 10)
+                await until(lambda: len(b.carrier.arrival_times()) >= 10)
+            await until(lambda: leg.active_calls() == 0)
+
+    run(body())
