@@ -21,19 +21,16 @@ that time.
 
 from __future__ import annotations
 
-import base64
-import functools
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pytest
+import tts_replay
 
 from bridge.engine import Action, CloseConnection, Event, SendText
-from bridge.tts.base import AudioFormat, ProviderSettings, TurnSettings, WordTiming
+from bridge.tts.base import AudioFormat, ProviderSettings, TurnSettings
 from bridge.tts.coda import SUBPROTOCOL, CodaProtocol
 from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
 from bridge.ttsd.coda import PATHS, CodaServerSession, select_subprotocol
@@ -56,30 +53,8 @@ def make_client(api_key: str = API_KEY, **options: str | int | float | bool) -> 
     return CodaProtocol(settings)
 
 
-def action_to_msg(action: Action) -> object:
-    if isinstance(action, SendText):
-        return json.loads(action.text)
-    if isinstance(action, CloseConnection):
-        return {"close": {"code": action.code, "reason": action.reason}}
-    raise AssertionError(f"unexpected action {action!r}")
-
-
 def load_fixture(name: str) -> list[dict[str, object]]:
-    lines = (FIXTURES / name).read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def feed(engine: CodaProtocol, msg: object, now: float) -> None:
-    if isinstance(msg, str):
-        engine.receive_text(msg, now)
-    elif isinstance(msg, dict) and set(msg) == {"b64"}:
-        engine.receive_bytes(base64.b64decode(str(msg["b64"])), now)
-    elif isinstance(msg, dict) and set(msg) == {"close"}:
-        close = msg["close"]
-        assert isinstance(close, dict)
-        engine.connection_lost(close["code"], close.get("reason", ""), now)
-    else:
-        engine.receive_text(json.dumps(msg), now)
+    return tts_replay.load_jsonl(FIXTURES / name)
 
 
 def replay(
@@ -93,57 +68,12 @@ def replay(
     ``until``: also visit this time (to let timers fire after the last line).
     """
     lines = load_fixture(name)
-    times = {float(str(line["t"])) for line in lines} | {t for t, _ in commands}
-    if until is not None:
-        times.add(until)
     engine.connection_made(SUBPROTOCOL, 0.0)
-    events: list[tuple[float, Event]] = []
-    for now in sorted(times | {0.0}):
-        deadline = engine.next_deadline()
-        if deadline is not None and deadline <= now:
-            engine.handle_timer(now)
-        for t, command in commands:
-            if t == now:
-                command(engine, now)
-        here = [line for line in lines if line["t"] == now]
-        for line in here:
-            if line["dir"] == "in":
-                feed(engine, line["msg"], now)
-        sent = [action_to_msg(a) for a in engine.actions_to_send()]
-        expected = [line["msg"] for line in here if line["dir"] == "out"]
-        assert sent == expected, f"{name} at t={now}"
-        events.extend((now, e) for e in engine.events_received())
-    return events
+    also_at = [0.0] if until is None else [0.0, until]
+    return tts_replay.replay_by_time(engine, lines, commands, name=name, also_at=also_at)
 
 
 # --------------------------------------------------------------- the pair
-
-
-@functools.lru_cache(maxsize=256)
-def word_pcm(word: str, sample_rate_hz: int) -> bytes:
-    """A deterministic tone for one word: 40 ms + 10 ms per letter, pitch by length."""
-    n_samples = sample_rate_hz * (40 + 10 * len(word)) // 1000
-    t = np.arange(n_samples) / sample_rate_hz
-    tone = 8000 * np.sin(2 * math.pi * (300 + 40 * len(word)) * t)
-    return tone.astype("<i2").tobytes()
-
-
-def render(text: str, sample_rate_hz: int) -> tuple[bytes, tuple[WordTiming, ...]]:
-    """What the fake synthesizer makes of ``text``: PCM and word timings."""
-    chunks, words, at_s = [], [], 0.0
-    for word in text.split():
-        chunk = word_pcm(word, sample_rate_hz)
-        dur_s = len(chunk) / 2 / sample_rate_hz
-        words.append(WordTiming(word, at_s, at_s + dur_s))
-        chunks.append(chunk)
-        at_s += dur_s
-    return b"".join(chunks), tuple(words)
-
-
-@dataclass
-class Job:
-    request: Synthesize
-    chunks: list[tuple[bytes, tuple[WordTiming, ...]]]
 
 
 @dataclass
@@ -154,7 +84,7 @@ class CodaPair:
     server: CodaServerSession
     now: float = 0.0
     events: list[Event] = field(default_factory=list)
-    jobs: dict[str, Job] = field(default_factory=dict)
+    jobs: dict[str, tts_replay.Job] = field(default_factory=dict)
     requests: list[Synthesize] = field(default_factory=list)
     cancelled_jobs: list[str] = field(default_factory=list)
     in_flight: list[str] = field(default_factory=list)
@@ -207,12 +137,7 @@ class CodaPair:
             self.in_flight.append(action.text)
         elif isinstance(action, Synthesize):
             self.requests.append(action)
-            pcm, words = render(action.text, action.sample_rate_hz)
-            half_bytes = len(pcm) // 4 * 2
-            half_words = len(words) // 2
-            first = (pcm[:half_bytes], words[:half_words])
-            # the second chunk's timings stay relative to the job's start
-            self.jobs[action.job_id] = Job(action, [first, (pcm[half_bytes:], words[half_words:])])
+            self.jobs[action.job_id] = tts_replay.two_chunk_job(action)
         elif isinstance(action, CancelSynthesis):
             self.cancelled_jobs.append(action.job_id)
             self.jobs.pop(action.job_id, None)
@@ -267,7 +192,7 @@ class CodaKit:
     make_client = staticmethod(make_client)
     make_pair = staticmethod(make_pair)
     replay = staticmethod(replay)
-    render = staticmethod(render)
+    render = staticmethod(tts_replay.render)
     turn = staticmethod(turn)
     load_fixture = staticmethod(load_fixture)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tts_replay import audio_of
 
 from bridge.engine import Event
 from bridge.tts.base import (
@@ -25,12 +26,6 @@ from telcodec import g711
 PCM_24K = AudioFormat("pcm_s16le", 24000)
 PCM_16K = AudioFormat("pcm_s16le", 16000)
 VOICES = frozenset({"lyra", "joe"})
-
-
-def audio_of(events: list[Event], turn_id: str) -> bytes:
-    return b"".join(
-        e.audio for e in events if isinstance(e, AudioReceived) and e.turn_id == turn_id
-    )
 
 
 def of_turn(events: list[Event], turn_id: str) -> list[Event]:

@@ -12,7 +12,6 @@ line or engine deadline (whichever is first) and returns the outbound frames
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Callable
 from functools import partial
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tts_replay
+from tts_replay import pcm
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes, SendText
 from bridge.tts.base import (
@@ -66,67 +67,26 @@ def make_engine(**options: str | int | float | bool) -> KletsoProtocol:
 
 
 def load(name: str) -> list[dict[str, Any]]:
-    lines = (FIXTURES / name).read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    return tts_replay.load_jsonl(FIXTURES / name)
 
 
-def _out_msg(action: object) -> object:
-    if isinstance(action, SendText):
-        return json.loads(action.text)
-    if isinstance(action, SendBytes):
-        return {"b64": base64.b64encode(action.data).decode()}
-    assert isinstance(action, CloseConnection)
+def _close_code(action: CloseConnection) -> object:
     return {"close": action.code}
-
-
-def _feed(engine: KletsoProtocol, msg: dict[str, Any], now: float) -> None:
-    if "b64" in msg:
-        engine.receive_bytes(base64.b64decode(str(msg["b64"])), now)
-    elif "raw" in msg:
-        engine.receive_text(str(msg["raw"]), now)
-    else:
-        engine.receive_text(json.dumps(msg), now)
 
 
 def replay(
     engine: KletsoProtocol, name: str, calls: list[Call]
 ) -> tuple[list[tuple[float, object]], list[Event]]:
     """Drive ``engine`` through the fixture; assert the "out" lines; return both sides."""
-    lines = load(name)
-    steps: list[tuple[float, int, Callable[[float], None]]] = []
-    for index, (t, call) in enumerate(calls):
-        steps.append((t, index, partial(call, engine)))
-    for index, line in enumerate(lines):
-        if line["dir"] == "in":
-            steps.append((float(line["t"]), 1000 + index, partial(_feed, engine, line["msg"])))
-    steps.sort(key=lambda step: (step[0], step[1]))
-    produced: list[tuple[float, object]] = []
-    events: list[Event] = []
-
-    def drain(now: float) -> None:
-        produced.extend((round(now, 6), _out_msg(a)) for a in engine.actions_to_send())
-        events.extend(engine.events_received())
-
-    engine.connection_made(None, 0.0)
-    drain(0.0)
-    end = max([float(line["t"]) for line in lines] + [t for t, _ in calls])
-    for t, _, step in [*steps, (end, 10**9, _nothing)]:
-        while (deadline := engine.next_deadline()) is not None and deadline <= t:
-            engine.handle_timer(deadline)
-            drain(deadline)
-        step(t)
-        drain(t)
-    expected = [(float(line["t"]), line["msg"]) for line in lines if line["dir"] == "out"]
-    assert produced == expected
-    return produced, events
-
-
-def _nothing(now: float) -> None:
-    """The last step: lets due timers fire up to the fixture's end."""
-
-
-def pcm(*samples: int) -> bytes:
-    return b"".join(s.to_bytes(2, "little", signed=True) for s in samples)
+    run = tts_replay.replay_steps(
+        engine,
+        load(name),
+        calls,
+        connect=lambda engine, now: engine.connection_made(None, now),
+        time_digits=6,
+        to_msg=partial(tts_replay.action_to_msg, close=_close_code),
+    )
+    return [(round(t, 6), msg) for t, msg in run.sent], [e for _, e in run.events]
 
 
 def of_type(events: list[Event], kind: type) -> list[Event]:

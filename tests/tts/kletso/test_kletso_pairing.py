@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from tts_replay import audio_of
 
 from bridge.engine import Action, CloseConnection, Event, LocalProtocolError, SendBytes, SendText
 from bridge.tts.base import (
@@ -140,12 +141,6 @@ class Pair:
     def take(self) -> list[Event]:
         events, self.events = self.events, []
         return events
-
-
-def audio_of(events: list[Event], turn_id: str) -> bytes:
-    return b"".join(
-        e.audio for e in events if isinstance(e, AudioReceived) and e.turn_id == turn_id
-    )
 
 
 PCM_TURN = TurnSettings(voice="joe", audio_format=PCM_8K)

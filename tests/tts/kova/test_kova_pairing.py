@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tts_replay import audio_of
 
 from bridge.engine import Event
 from bridge.tts.base import (
@@ -27,12 +28,6 @@ from bridge.ttsd.base import ServerOptions
 from telcodec import g711
 
 PCM_16K = AudioFormat("pcm_s16le", 16000)
-
-
-def audio_of(events: list[Event], turn_id: str) -> bytes:
-    return b"".join(
-        e.audio for e in events if isinstance(e, AudioReceived) and e.turn_id == turn_id
-    )
 
 
 def formats_of(events: list[Event], turn_id: str) -> set[AudioFormat]:

@@ -11,14 +11,16 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tts_replay
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.engine import Action, CloseConnection, Event, LocalProtocolError, SendText
+from bridge.engine import CloseConnection, Event, LocalProtocolError
 from bridge.tts.base import (
     MULAW_8K,
     PCM_8K,
@@ -80,66 +82,35 @@ class Replay:
         ]
 
 
-def _action_msg(action: Action) -> Any:
-    if isinstance(action, SendText):
-        return json.loads(action.text)
-    if isinstance(action, CloseConnection):
-        return {"ws_close": {"code": action.code, "reason": action.reason}}
-    raise AssertionError(f"unexpected action {action!r}")
+def _ws_close(action: CloseConnection) -> object:
+    return {"ws_close": {"code": action.code, "reason": action.reason}}
 
 
-def _feed(engine: KugelAudioProtocol, msg: Any, now: float) -> None:
-    if isinstance(msg, str):
-        engine.receive_text(msg, now)
-    elif "b64" in msg:
-        engine.receive_bytes(base64.b64decode(msg["b64"]), now)
-    elif "ws_close" in msg:
-        engine.connection_lost(msg["ws_close"]["code"], msg["ws_close"]["reason"], now)
-    else:
-        engine.receive_text(json.dumps(msg), now)
+_action_msg = partial(tts_replay.action_to_msg, close=_ws_close)
 
 
 def replay(
     engine: KugelAudioProtocol, name: str, commands: list[Command], until: float | None = None
 ) -> Replay:
-    lines = [json.loads(x) for x in (FIXTURES / f"{name}.jsonl").read_text().splitlines()]
-    expected = [(line["t"], line["msg"]) for line in lines if line["dir"] == "out"]
-    inbound = [(line["t"], line["msg"]) for line in lines if line["dir"] == "in"]
-    steps = sorted(
-        [(t, 0, i, ("cmd", (op, args))) for i, (t, op, args) in enumerate(commands)]
-        + [(t, 1, i, ("in", msg)) for i, (t, msg) in enumerate(inbound)],
-        key=lambda step: step[:3],
+    lines = tts_replay.load_jsonl(FIXTURES / f"{name}.jsonl")
+    run = tts_replay.replay_steps(
+        engine,
+        lines,
+        [(t, _calls(op, args)) for t, op, args in commands],
+        connect=lambda engine, now: engine.connection_made(None, now),
+        settle_at_end=False,
+        until=until,
+        time_digits=6,
+        feed_line=partial(tts_replay.feed, close_key="ws_close"),
+        to_msg=_action_msg,
     )
-    sent: list[tuple[float, Any]] = []
-    events: list[tuple[float, Event]] = []
+    inbound = [(line["t"], line["msg"]) for line in lines if line["dir"] == "in"]
+    return Replay(run.events, inbound)
 
-    def drain(now: float) -> None:
-        sent.extend((now, _action_msg(a)) for a in engine.actions_to_send())
-        events.extend((now, e) for e in engine.events_received())
 
-    def run_timers(limit: float) -> None:
-        for _ in range(100):
-            deadline = engine.next_deadline()
-            if deadline is None or deadline > limit:
-                return
-            engine.handle_timer(deadline)
-            drain(deadline)
-        raise AssertionError("timers did not settle")
-
-    engine.connection_made(None, 0.0)
-    drain(0.0)
-    for t, _, _, (kind, item) in steps:
-        run_timers(t)
-        if kind == "cmd":
-            op, args = item
-            getattr(engine, op)(*args, t)
-        else:
-            _feed(engine, item, t)
-        drain(t)
-    if until is not None:
-        run_timers(until)
-    assert [(round(t, 6), m) for t, m in sent] == [(round(t, 6), m) for t, m in expected]
-    return Replay(events, inbound)
+def _calls(op: str, args: tuple[Any, ...]) -> tts_replay.Command:
+    """A command calling ``engine.<op>(*args, now)``."""
+    return lambda engine, now: getattr(engine, op)(*args, now)
 
 
 def turn_commands(

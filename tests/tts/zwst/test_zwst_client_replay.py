@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import tts_replay
+from tts_replay import pcm
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, SendText
 from bridge.tts.base import (
@@ -79,25 +81,11 @@ def connected(settings: ProviderSettings | None = None) -> ZwstProtocol:
     return engine
 
 
-def pcm(*samples: int) -> bytes:
-    return b"".join(s.to_bytes(2, "little", signed=True) for s in samples)
-
-
 @dataclass
 class Replay:
     engine: ZwstProtocol
     sent: list[tuple[float, object]] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-
-    def drain(self, now: float) -> None:
-        for action in self.engine.actions_to_send():
-            if isinstance(action, SendText):
-                self.sent.append((now, json.loads(action.text)))
-            elif isinstance(action, CloseConnection):
-                self.sent.append((now, {"close": {"code": action.code, "reason": action.reason}}))
-            else:
-                raise AssertionError(f"unexpected action {action!r}")
-        self.events.extend(self.engine.events_received())
 
     def of(self, kind: type[Event]) -> list[Event]:
         return [e for e in self.events if isinstance(e, kind)]
@@ -109,43 +97,10 @@ def replay(
     engine: ZwstProtocol | None = None,
 ) -> Replay:
     """Drive a connected engine through ``fixtures/name`` and check its ``out`` lines."""
-    lines = [json.loads(line) for line in (FIXTURES / name).read_text().splitlines()]
-    run = Replay(engine or connected())
-    steps: list[tuple[float, int, Command | dict[str, object]]] = [
-        (t, 0, cmd) for t, cmd in commands
-    ]
-    steps += [(line["t"], 1, line["msg"]) for line in lines if line["dir"] == "in"]
-    steps.sort(key=lambda step: (step[0], step[1]))  # stable: file order within a time
-    last_t = max([line["t"] for line in lines] + [t for t, _ in commands])
-    for t, _, step in [*steps, (last_t, 2, {})]:
-        fire_timers(run, t)
-        if callable(step):
-            step(run.engine, t)
-        elif step:
-            feed(run.engine, step, t)
-        run.drain(t)
-    expected = [(line["t"], line["msg"]) for line in lines if line["dir"] == "out"]
-    assert run.sent == expected
-    return run
-
-
-def fire_timers(run: Replay, until: float) -> None:
-    while (deadline := run.engine.next_deadline()) is not None and deadline <= until:
-        run.engine.handle_timer(deadline)
-        run.drain(deadline)
-
-
-def feed(engine: ZwstProtocol, msg: dict[str, object], now: float) -> None:
-    if "b64" in msg:
-        engine.receive_bytes(base64.b64decode(str(msg["b64"])), now)
-    elif "raw" in msg:
-        engine.receive_text(str(msg["raw"]), now)
-    elif "close" in msg:
-        close = msg["close"]
-        assert isinstance(close, dict)
-        engine.connection_lost(close["code"], close["reason"], now)
-    else:
-        engine.receive_text(json.dumps(msg), now)
+    engine = engine or connected()
+    lines = tts_replay.load_jsonl(FIXTURES / name)
+    run = tts_replay.replay_steps(engine, lines, commands)
+    return Replay(engine, run.sent, [e for _, e in run.events])
 
 
 def open_and_say(turn_id: str, text: str, speed: float | None = None) -> Command:
