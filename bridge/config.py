@@ -212,6 +212,7 @@ class BargeInConfig:
     echo_return_loss_db: float = 15.0
     vad_aggressiveness: int = 3
     dtmf: bool = True
+    echo_correlation: float = 0.7
 
 
 @dataclass(frozen=True, slots=True)
@@ -750,7 +751,7 @@ def _read_bargein(r: _Reader, d: dict[str, Any]) -> BargeInConfig:
     r.unknown(
         d,
         {"enabled", "min_speech_ms", "energy_floor_dbfs", "echo_return_loss_db",
-         "vad_aggressiveness", "dtmf"},
+         "vad_aggressiveness", "dtmf", "echo_correlation"},
         p,
     )  # fmt: skip
     min_speech = r.int_(d, "min_speech_ms", p, 100, 20, 5000)
@@ -763,6 +764,7 @@ def _read_bargein(r: _Reader, d: dict[str, Any]) -> BargeInConfig:
         echo_return_loss_db=r.num(d, "echo_return_loss_db", p, 15.0, 0, 60),
         vad_aggressiveness=r.int_(d, "vad_aggressiveness", p, 3, 0, 3),
         dtmf=r.bool_(d, "dtmf", p, True),
+        echo_correlation=r.num(d, "echo_correlation", p, 0.7, 0.0, 1.0),
     )
 
 

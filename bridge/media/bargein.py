@@ -90,6 +90,9 @@ class BargeInPolicy:
     """How long an outbound level keeps guarding against its echo."""
     dtmf_triggers: bool = True
     """Whether a DTMF digit interrupts the bot."""
+    echo_correlation: float = 0.7
+    """Inbound speech frames correlating this well with the bot's recent audio are
+    its echo, not the caller (``bridge.media.echo``); 0 switches the check off."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,7 +115,7 @@ from bridge.control import commands as cmd
 from bridge.engine import Action, Event, LocalProtocolError
 from bridge.media import bargein
 from bridge.media.bargein import BargeInDetector, BargeInPolicy
-from bridge.media.call_audio import AgentUplink, decode_leg, frame_level_dbfs, make_framer
+from bridge.media.call_audio import AgentUplink, decode_leg, make_framer
 from bridge.media.call_turns import CallTurn, TurnBook, TurnPhase, TurnStop, heard_text
 from bridge.media.call_types import (
     AgentEnded,
@@ -139,6 +139,7 @@ from bridge.media.call_types import (
     StopAgent,
     TransferLeg,
 )
+from bridge.media.echo import EchoCorrelator
 from bridge.media.playout import (
     MarkReached,
     PlayoutConfig,
@@ -147,7 +148,7 @@ from bridge.media.playout import (
     TurnPlaybackStarted,
     TurnPlayed,
 )
-from bridge.media.vad import Vad
+from bridge.media.vad import Vad, energy_dbfs
 from bridge.tts.base import (
     AudioFormat,
     AudioReceived,
@@ -208,6 +209,13 @@ class CallBridge:
             )
         )
         self._detector = BargeInDetector(policy)
+        threshold = (policy or BargeInPolicy()).echo_correlation
+        self._echo = (
+            EchoCorrelator(leg.sample_rate_hz, leg.samples_per_frame, threshold=threshold)
+            if threshold > 0
+            else None
+        )
+        self._echo_frames = 0
         self._vad = Vad(self._options.vad_aggressiveness, leg.sample_rate_hz, 20)
         self._marks_leg = leg.heard_from == "marks"
         self._mark_every_frames = leg.mark_interval_ms // 20
@@ -288,8 +296,13 @@ class CallBridge:
         if len(frame) != self._leg.frame_bytes:
             self._bad_inbound += 1
             return
-        analysis = self._vad.analyze(decode_leg(frame, self._leg.codec))
-        trigger = self._detector.observe(analysis.is_speech, analysis.energy_dbfs, now)
+        pcm = decode_leg(frame, self._leg.codec)
+        analysis = self._vad.analyze(pcm)
+        is_speech = analysis.is_speech
+        if is_speech and self._echo is not None and self._echo.is_echo(pcm):
+            is_speech = False  # the bot's own voice coming back, not the caller
+            self._echo_frames += 1
+        trigger = self._detector.observe(is_speech, analysis.energy_dbfs, now)
         self._drain_detector()
         if trigger is not None:
             self._barge_in(trigger.reason, now, trigger.onset_s)
@@ -343,13 +356,17 @@ class CallBridge:
         frame = self._playout.pop(now)
         self._pump(now)
         payload: bytes | None = None
+        pcm: bytes | None = None
         if frame is not None:
             payload = frame.payload
+            pcm = decode_leg(payload, self._leg.codec)
             self._frames_sent += 1
             turn = self._turns.get(frame.turn_id)
             if turn is not None:
                 turn.last_frame_s = now
-            self._detector.record_bot_level(frame_level_dbfs(payload, self._leg.codec), now)
+            self._detector.record_bot_level(energy_dbfs(pcm), now)
+        if self._echo is not None:
+            self._echo.push_outbound(pcm)
         self._detector.set_bot_speaking(self._interruptible_sounding())
         self._run_timers(now)
         return payload
