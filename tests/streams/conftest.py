@@ -67,6 +67,17 @@ def replay(
     )
 
 
+def speak(frame: bytes, *names: str) -> Command:
+    """A command: for each name, one frame then a mark of that name."""
+
+    def command(engine: MediaStreamProtocol, now: float) -> None:
+        for name in names:
+            engine.send_frame(frame, now)
+            engine.mark(name, now)
+
+    return command
+
+
 def of_type(events: list[tuple[float, Event]], cls: type[Any]) -> list[Any]:
     return [e for _, e in events if isinstance(e, cls)]
 
@@ -99,8 +110,9 @@ class StreamsKit:
     of_type: Callable[[list[tuple[float, Event]], type[Any]], list[Any]]
     load_fixture: Callable[[str], list[dict[str, Any]]]
     emulator: ModuleType
+    speak: Callable[..., Command]
 
 
 @pytest.fixture
 def kit() -> StreamsKit:
-    return StreamsKit(replay, of_type, load_fixture, load_emulator())
+    return StreamsKit(replay, of_type, load_fixture, load_emulator(), speak)

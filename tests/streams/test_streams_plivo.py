@@ -24,10 +24,7 @@ FRAME = bytes(range(160)) * 2  # 320 B: 20 ms of L16 at 8 kHz
 def test_call_with_checkpoints_clear_audio_and_send_dtmf(kit: Any) -> None:
     engine = PlivoStreamProtocol()
 
-    def speak(e: PlivoStreamProtocol, now: float) -> None:
-        for name in ("c1", "c2", "c3"):
-            e.send_frame(FRAME, now)
-            e.mark(name, now)
+    speak = kit.speak(FRAME, "c1", "c2", "c3")
 
     events = kit.replay(
         engine,

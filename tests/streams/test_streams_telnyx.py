@@ -24,10 +24,7 @@ FRAME16_LE = bytes(range(256)) * 2 + bytes(128)
 def test_call_with_marks_clear_dtmf_and_error(kit: Any) -> None:
     engine = TelnyxStreamProtocol()
 
-    def speak(e: TelnyxStreamProtocol, now: float) -> None:
-        for name in ("a", "b"):
-            e.send_frame(FRAME, now)
-            e.mark(name, now)
+    speak = kit.speak(FRAME, "a", "b")
 
     events = kit.replay(
         engine, "telnyx_call.jsonl", [(0.05, speak), (0.09, lambda e, now: e.clear(now))]

@@ -79,10 +79,7 @@ def test_call_from_connect_to_stop(kit: Any) -> None:
 def test_marks_echoed_after_clear_are_not_counted_as_played(kit: Any) -> None:
     engine = TwilioStreamProtocol()
 
-    def speak(e: TwilioStreamProtocol, now: float) -> None:
-        for name in ("s1", "s2", "s3"):
-            e.send_frame(FRAME, now)
-            e.mark(name, now)
+    speak = kit.speak(FRAME, "s1", "s2", "s3")
 
     events = kit.replay(
         engine,

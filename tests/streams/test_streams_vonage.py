@@ -23,10 +23,7 @@ FRAME = bytes([0x01, 0x00]) * 320  # 640 B: 20 ms at 16 kHz
 def test_call_with_binary_audio_notify_and_clear(kit: Any) -> None:
     engine = VonageStreamProtocol()
 
-    def speak(e: VonageStreamProtocol, now: float) -> None:
-        for name in ("v1", "v2"):
-            e.send_frame(FRAME, now)
-            e.mark(name, now)
+    speak = kit.speak(FRAME, "v1", "v2")
 
     events = kit.replay(
         engine, "vonage_call.jsonl", [(0.06, speak), (0.11, lambda e, now: e.clear(now))]
