@@ -84,14 +84,22 @@ class EchoCorrelator:
 
     def push_outbound(self, pcm_s16le: bytes | None) -> None:
         """The frame just sent (``None``: silence), once per tick, in order."""
+        silent = pcm_s16le is None or len(pcm_s16le) != 2 * self._frame
+        if silent and self._hist_energy == 0.0:
+            return  # idle: the history is already all silence
         f = self._frame
         hist = self._hist
+        leaving = hist[:f]
+        self._hist_energy -= float(np.dot(leaving, leaving))
         hist[:-f] = hist[f:]
-        if pcm_s16le is None or len(pcm_s16le) != 2 * f:
+        if silent:
             hist[-f:] = 0.0
         else:
-            hist[-f:] = np.frombuffer(pcm_s16le, "<i2")
-        self._hist_energy = float(np.dot(hist, hist))
+            hist[-f:] = np.frombuffer(pcm_s16le, "<i2")  # type: ignore[arg-type]
+            tail = hist[-f:]
+            self._hist_energy += float(np.dot(tail, tail))
+        if self._hist_energy < 1.0:
+            self._hist_energy = 0.0  # no float residue keeps an all-silent history "loud"
 
     def likelihood(self, pcm_s16le: bytes) -> float:
         """Best normalised correlation of an inbound frame with the outbound history (0..1)."""
