@@ -96,6 +96,7 @@ def bargein_policy(daemon: Daemon) -> BargeInPolicy:
         energy_floor_dbfs=b.energy_floor_dbfs,
         echo_return_loss_db=b.echo_return_loss_db,
         dtmf_triggers=b.dtmf,
+        echo_correlation=b.echo_correlation,
     )
 
 
