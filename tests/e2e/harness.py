@@ -56,11 +56,11 @@ listen = ["127.0.0.1:{kw.get("sip", free_port(socket.SOCK_DGRAM))}"]
 rtp_ports = "{kw.get("rtp", _rtp_window())}"
 
 [media_streams]
-listen = "127.0.0.1:{kw.get("ms", free_port())}"
+listen = "127.0.0.1:{kw.get("ms", 0)}"
 {kw.get("ms_extra", "")}
 
 [api]
-listen = "127.0.0.1:{kw.get("api", free_port())}"
+listen = "127.0.0.1:{kw.get("api", 0)}"
 
 [providers.main]
 protocol = "{protocol}"
@@ -80,7 +80,14 @@ class Stack:
 
     @property
     def ms_port(self) -> int:
-        return int(self.config.media_streams.listen.rsplit(":", 1)[1])
+        """The media-stream listener's port (bound to port 0: no race with other tests)."""
+        leg = next(leg for leg in self.daemon.legs if leg.name == "media_streams")
+        return int(leg.port)  # type: ignore[attr-defined]
+
+    @property
+    def api_port(self) -> int:
+        assert self.daemon.api is not None
+        return self.daemon.api.port
 
 
 @asynccontextmanager

@@ -231,7 +231,7 @@ def test_http_api_lists_the_call_and_speaks_into_it() -> None:
             TwilioCall(st.ms_port) as call,
         ):
             await app.wait_for("call.started")
-            base = f"http://127.0.0.1:{st.config.api.listen.rsplit(':', 1)[1]}"
+            base = f"http://127.0.0.1:{st.api_port}"
 
             def get(path: str) -> object:
                 with urllib.request.urlopen(base + path, timeout=5) as r:
@@ -367,7 +367,7 @@ def test_metrics_record_the_call() -> None:
                 await until(lambda: len(call.carrier.arrival_times()) >= 20)
             leg = next(leg for leg in st.daemon.legs if leg.name == "media_streams")
             await until(lambda: leg.active_calls() == 0)
-            api = st.config.api.listen.rsplit(":", 1)[1]
+            api = st.api_port
 
             def scrape() -> str:
                 with urllib.request.urlopen(f"http://127.0.0.1:{api}/metrics", timeout=5) as r:
