@@ -64,6 +64,9 @@ __all__ = ["CallRunner", "LegAdapter", "bargein_policy"]
 
 log = get_logger("callbridge.call")
 
+HANGUP_TAIL_S = 0.3
+"""On RTP legs, how long the line stays up after the last frame before BYE."""
+
 PACING_SAMPLE_EVERY = 10
 """One outbound frame in this many has its departure deviation recorded."""
 
@@ -158,6 +161,7 @@ class CallRunner:
         self.agent_task: asyncio.Task[None] | None = None
         self.pending_prompts: dict[str, _PendingPrompt] = {}
         self.idle = True
+        self.tail_pending = False
         self.finished = False
         self.end_reason = ""
         self.clock = daemon.ticker.add(
@@ -443,8 +447,13 @@ class CallRunner:
         elif isinstance(a, ClearLeg):
             self.leg.clear()
         elif isinstance(a, HangupLeg):
-            self.leg.hangup(a.reason)
-            self.finish(a.reason)
+            if self.leg.kind == "sip" and a.reason not in ("internal_error", "shutdown"):
+                # a frame sent is not yet a frame played: the phone's jitter buffer
+                # still holds the last words ("Goodbye") when the last packet leaves
+                self.tail_pending = True
+                self.loop.call_later(HANGUP_TAIL_S, self._hangup_now, a.reason)
+            else:
+                self._hangup_now(a.reason)
         elif isinstance(a, TransferLeg):
             self.leg.transfer(a.target)
         elif isinstance(a, SendLegDtmf):
@@ -466,6 +475,12 @@ class CallRunner:
             self._connect_app(a.url, self.loop.time())
         else:
             log.warning("call.unknown_action", call_id=self.call_id, action=type(a).__name__)
+
+    def _hangup_now(self, reason: str) -> None:
+        self.tail_pending = False
+        if not self.finished:
+            self.leg.hangup(reason)
+            self.finish(reason)
 
     def _on_event(self, event: cmd.CallEvent, now: float) -> None:
         m = self.daemon.metrics
@@ -493,8 +508,8 @@ class CallRunner:
             log.warning(
                 "provider.error", call_id=self.call_id, turn_id=event.turn_id, kind=event.kind
             )
-        elif isinstance(event, cmd.CallEnded):
-            self.finish(event.reason)
+        elif isinstance(event, cmd.CallEnded) and not self.tail_pending:
+            self.finish(event.reason)  # (with a hangup tail pending, the tail finishes)
 
     def _arm_source_timer(self) -> None:
         if self.source_timer is not None:
