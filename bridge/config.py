@@ -225,6 +225,7 @@ class DaemonConfig:
     event_loop: str = "uvloop"
     cache_dir: str = ""
     prompt_cache_bytes: int = 32 * 1024 * 1024
+    max_loop_lag_ms: float = 8.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -773,7 +774,7 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
     r.unknown(
         d,
         {"drain_timeout_s", "log_level", "log_format", "event_loop", "cache_dir",
-         "prompt_cache_bytes"},
+         "prompt_cache_bytes", "max_loop_lag_ms"},
         p,
     )  # fmt: skip
     return DaemonConfig(
@@ -783,6 +784,7 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         event_loop=r.choice(d, "event_loop", p, "uvloop", ("uvloop", "asyncio")),
         cache_dir=r.str_(d, "cache_dir", p, ""),
         prompt_cache_bytes=r.int_(d, "prompt_cache_bytes", p, 32 * 1024 * 1024, 0, 1 << 34),
+        max_loop_lag_ms=r.num(d, "max_loop_lag_ms", p, 8.0, 0, 1000),
     )
 
 

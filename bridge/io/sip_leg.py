@@ -493,6 +493,9 @@ class SipLeg:
             reject = (488, "Not Acceptable Here")
         elif self.active_calls() >= cfg.sip.max_calls:
             reject = (503, "Service Unavailable")
+        elif self.daemon.ticker.overloaded(cfg.daemon.max_loop_lag_ms / 1000):
+            reject = (503, "Service Unavailable")  # protect the calls in progress
+            log.warning("sip.overloaded", lag_ms=round(self.daemon.ticker.lag_s * 1000, 2))
         if reject is not None or route is None or audio is None:
             status, phrase = reject or (500, "Server Internal Error")
             self.daemon.metrics.rejected_total.labels(f"sip_{status}").inc()

@@ -334,6 +334,9 @@ class MediaStreamsLeg:
         if self.draining:
             self.daemon.metrics.rejected_total.labels("draining").inc()
             return HttpResponse(503, b"draining\n", headers=(("Retry-After", "5"),))
+        if self.daemon.ticker.overloaded(self.daemon.config.daemon.max_loop_lag_ms / 1000):
+            self.daemon.metrics.rejected_total.labels("overloaded").inc()
+            return HttpResponse(503, b"overloaded\n", headers=(("Retry-After", "2"),))
         token = self.daemon.config.media_streams.twilio_auth_token
         if cls.DIALECT == "twilio" and token:
             signature = request.headers.get("x-twilio-signature")

@@ -21,6 +21,9 @@ __all__ = ["MediaTicker"]
 
 log = get_logger("callbridge.ticker")
 
+LAG_SMOOTHING = 0.05
+"""EWMA weight of one wake-up in ``lag_s`` (about the last 20 wake-ups)."""
+
 FrameCallback = Callable[[int, float], None]
 """Called with (frame index, now) when a stream's frame is due."""
 
@@ -43,6 +46,8 @@ class MediaTicker:
         self._armed_at: float | None = None
         self.deviation_s: list[float] = []
         self.keep_deviation = False
+        self.lag_s = 0.0
+        """Smoothed lateness of the ticker's wake-ups (EWMA): how far behind the loop runs."""
 
     def add(
         self,
@@ -55,6 +60,10 @@ class MediaTicker:
         self.streams[key] = _Stream(on_frame, on_error, clock)
         self._arm()
         return clock
+
+    def overloaded(self, max_lag_s: float) -> bool:
+        """Whether frames leave later than ``max_lag_s`` on average: take no new calls."""
+        return max_lag_s > 0 and len(self.streams) > 0 and self.lag_s > max_lag_s
 
     def remove(self, key: str) -> None:
         self.ticker.remove(key)
@@ -78,9 +87,12 @@ class MediaTicker:
         self._handle = self.loop.call_at(deadline, self._run)
 
     def _run(self) -> None:
+        now = self.loop.time()
+        if self._armed_at is not None:
+            # how late the loop woke us: the lag every call's frames suffer
+            self.lag_s += LAG_SMOOTHING * (max(0.0, now - self._armed_at) - self.lag_s)
         self._handle = None
         self._armed_at = None
-        now = self.loop.time()
         for key in self.ticker.due(now):
             stream = self.streams.get(key)
             if stream is None:
