@@ -225,7 +225,7 @@ class DaemonConfig:
     event_loop: str = "uvloop"
     cache_dir: str = ""
     prompt_cache_bytes: int = 32 * 1024 * 1024
-    max_loop_lag_ms: float = 8.0
+    max_loop_lag_ms: float = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -784,7 +784,7 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         event_loop=r.choice(d, "event_loop", p, "uvloop", ("uvloop", "asyncio")),
         cache_dir=r.str_(d, "cache_dir", p, ""),
         prompt_cache_bytes=r.int_(d, "prompt_cache_bytes", p, 32 * 1024 * 1024, 0, 1 << 34),
-        max_loop_lag_ms=r.num(d, "max_loop_lag_ms", p, 8.0, 0, 1000),
+        max_loop_lag_ms=r.num(d, "max_loop_lag_ms", p, 20.0, 0, 1000),
     )
 
 

@@ -21,8 +21,8 @@ __all__ = ["MediaTicker"]
 
 log = get_logger("callbridge.ticker")
 
-LAG_SMOOTHING = 0.05
-"""EWMA weight of one wake-up in ``lag_s`` (about the last 20 wake-ups)."""
+LAG_WINDOW_S = 0.5
+"""Time constant of ``lag_s``: a passing hiccup does not shed calls, a saturated core does."""
 
 FrameCallback = Callable[[int, float], None]
 """Called with (frame index, now) when a stream's frame is due."""
@@ -47,6 +47,7 @@ class MediaTicker:
         self.deviation_s: list[float] = []
         self.keep_deviation = False
         self.lag_s = 0.0
+        self._last_run = self.loop.time()
         """Smoothed lateness of the ticker's wake-ups (EWMA): how far behind the loop runs."""
 
     def add(
@@ -89,8 +90,11 @@ class MediaTicker:
     def _run(self) -> None:
         now = self.loop.time()
         if self._armed_at is not None:
-            # how late the loop woke us: the lag every call's frames suffer
-            self.lag_s += LAG_SMOOTHING * (max(0.0, now - self._armed_at) - self.lag_s)
+            # how late the loop woke us: the lag every call's frames suffer,
+            # averaged over about LAG_WINDOW_S whatever the number of wake-ups
+            weight = min(1.0, max(0.0, now - self._last_run) / LAG_WINDOW_S)
+            self.lag_s += weight * (max(0.0, now - self._armed_at) - self.lag_s)
+        self._last_run = now
         self._handle = None
         self._armed_at = None
         for key in self.ticker.due(now):
