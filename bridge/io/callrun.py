@@ -137,6 +137,7 @@ class CallRunner:
         self.on_finished = on_finished
         self.runtime = daemon.runtime  # this call keeps the providers it started with
         assert self.runtime is not None
+        self.runtime.calls += 1
         self.config = self.runtime.config
         self.speakers: dict[str | None, Speaker] = {}
         now = self.loop.time()
@@ -532,6 +533,10 @@ class CallRunner:
             return
         self.finished = True
         self.end_reason = self.end_reason or reason
+        if self.runtime is not None:
+            self.runtime.calls -= 1
+            if self.runtime is not self.daemon.runtime:
+                self.daemon.retire_runtimes()
         self.daemon.ticker.remove(self.call_id)
         if self.source_timer is not None:
             self.source_timer.cancel()

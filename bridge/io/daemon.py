@@ -60,6 +60,8 @@ class Runtime:
     config: Config
     pools: dict[str, ProviderPool]
     cache: PromptCache
+    calls: int = 0
+    """Calls started under this generation and not finished yet."""
 
     async def close(self) -> None:
         await asyncio.gather(*(p.close() for p in self.pools.values()), return_exceptions=True)
@@ -243,8 +245,16 @@ class Daemon:
         old, self.runtime, self.config = self.runtime, runtime, cfg
         if old is not None:
             self._old_runtimes.append(old)  # calls in progress keep their providers
+            self.retire_runtimes()
         log.info("config.reloaded", summary=cfg.summary())
         self.notifier.ready(self.status_line())
+
+    def retire_runtimes(self) -> None:
+        """Close replaced config generations once their last call has ended."""
+        for rt in [rt for rt in self._old_runtimes if rt.calls == 0]:
+            self._old_runtimes.remove(rt)
+            self.loop_task(rt.close())
+            log.info("config.generation_retired", summary=rt.config.summary())
 
     async def drain_and_stop(self) -> None:
         if self.draining:

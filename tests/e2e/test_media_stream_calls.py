@@ -12,6 +12,7 @@ import asyncio
 import json
 import statistics
 import urllib.request
+from pathlib import Path
 
 import pytest
 import websockets
@@ -488,5 +489,35 @@ def test_two_streams_with_the_same_call_sid_are_two_calls() -> None:
                 await until(lambda: len(a.carrier.arrival_times()) >= 10)
                 await until(lambda: len(b.carrier.arrival_times()) >= 10)
             await until(lambda: leg.active_calls() == 0)
+
+    run(body())
+
+
+def test_reload_keeps_calls_on_their_generation_and_retires_it_when_they_end(
+    tmp_path: Path,
+) -> None:
+    from dataclasses import replace
+
+    from .harness import config_text
+
+    async def body() -> None:
+        async with stack(GREETING_ROUTE) as st:
+            path = tmp_path / "callbridge.toml"
+            path.write_text(config_text(st.tts.port, GREETING_ROUTE.replace("Hello", "Reloaded")))
+            st.daemon.config = replace(st.daemon.config, path=str(path))
+            leg = next(leg for leg in st.daemon.legs if leg.name == "media_streams")
+            old = st.daemon.runtime
+            async with TwilioCall(st.ms_port) as call:
+                await until(lambda: len(call.carrier.arrival_times()) >= 5)
+                await st.daemon.reload()
+                assert st.daemon.runtime is not old
+                assert st.daemon.runtime is not None
+                assert st.daemon.runtime.config.routes[0].greeting.startswith("Reloaded")
+                assert st.daemon._old_runtimes == [old]  # the call in progress keeps it
+            await until(lambda: leg.active_calls() == 0)
+            await until(lambda: not st.daemon._old_runtimes)
+            assert old is not None and all(
+                not c.ws or c.closed for p in old.pools.values() for c in p.connections
+            )
 
     run(body())
