@@ -54,10 +54,17 @@ unit: venv
 install:
 	bash scripts/install.sh
 
-bench: venv
+## Benchmark extras: PESQ and py-spy in the project venv, Pipecat in its own venv.
+$(VENV)/.bench: pyproject.toml $(VENV)/.installed
+	$(PIP) install --quiet -e '.[local-tts,test,bench]'
+	$(PYTHON) -m venv bench/.venv-pipecat
+	bench/.venv-pipecat/bin/pip install --quiet 'pipecat-ai[websocket]' 'uvicorn<1'
+	touch $@
+
+bench: venv peers $(VENV)/.bench
 	$(PY) bench/run_all.py
 
-bench-quick: venv
+bench-quick: venv peers $(VENV)/.bench
 	$(PY) bench/run_all.py --quick
 
 clean:
