@@ -52,7 +52,7 @@ event_loop = "asyncio"
 drain_timeout_s = 2
 
 [sip]
-listen = ["127.0.0.1:{kw.get("sip", free_port(socket.SOCK_DGRAM))}"]
+listen = ["{kw.get("sip_host", "127.0.0.1")}:{kw.get("sip", free_port(socket.SOCK_DGRAM))}"]
 rtp_ports = "{kw.get("rtp", _rtp_window())}"
 
 [media_streams]

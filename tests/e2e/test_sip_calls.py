@@ -118,3 +118,19 @@ def test_app_dtmf_command_is_sent_as_rfc4733_events_the_caller_receives() -> Non
                 assert report.dtmf_received == "42#"
 
     run(body())
+
+
+def test_sip_over_ipv6_loopback() -> None:
+    async def body() -> None:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            s.bind(("::1", 0))
+            sip = s.getsockname()[1]
+        async with AppServer() as app:
+            app.on_started = [{"type": "say", "turn_id": "g", "text": "Over IPv6.", "final": True}]
+            async with stack(app_route(app.url), sip=str(sip), sip_host="[::1]"):
+                opts = CallerOptions(target=f"sip:demo@[::1]:{sip}", duration_s=2.0)
+                report = build_report((await place_call(opts)).recording)
+                assert report.answered and report.speech_frames_received > 10
+                assert app.of("turn.finished")
+
+    run(body())
