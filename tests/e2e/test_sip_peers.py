@@ -985,3 +985,28 @@ def test_daemon_calls_baresip_which_answers_and_records_the_greeting(tmp_path: P
         assert abs((end_s - start_s) - expected_s) <= 0.1, (segments, expected_s)
 
     run(main())
+
+
+@pytest.mark.peers
+@requires_sipp
+def test_sipp_call_over_tcp_hears_the_greeting(tmp_path: Path) -> None:
+    """The same call with SIP over TCP (Content-Length framing on a stream)."""
+
+    async def main() -> None:
+        sip_port = free_sip_port()
+        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            phone = await RtpPhone().open(free_udp_port())
+            try:
+                args = sipp_uac_args("uac_greeting.xml", sip_port, "greet", rtp_port=phone.port)
+                result = await run_sipp(tmp_path, "greet-tcp", [*args, "-t", "t1", "-d", "2500"])
+            finally:
+                phone.close()
+            assert result.returncode == 0, result.explain()
+            assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+            span = audible_span_s(phone.pcm())
+            assert span is not None, "no audible RTP received"
+            assert abs((span[1] - span[0]) - greeting_speech_s(GREETING)) <= 0.1, span
+            assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+
+    run(main())
