@@ -21,11 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -34,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import soxr
+from common import machine
 
 from telcodec import dtmf, g711
 from telcodec.transcode import FromTelephony, ToTelephony
@@ -213,22 +210,8 @@ def bench_alias_suppression() -> dict[str, Any]:
 
 
 def machine_info() -> dict[str, Any]:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "numpy": np.__version__,
-        "soxr": soxr.__version__,
-        "commit": commit,
-    }
+    """The shared machine/commit record (bench/common.py)."""
+    return {**machine(), "numpy": np.__version__, "soxr": soxr.__version__}
 
 
 def main() -> None:

@@ -27,16 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from common import machine
 
 from bridge.rtp.packet import RtpPacket, build_rtp, parse_rtp_header
 from bridge.rtp.session import RtpSession, RtpSessionConfig
@@ -125,20 +123,8 @@ def run(quick: bool) -> dict[str, float]:
 
 
 def machine_info() -> dict[str, Any]:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "commit": commit,
-    }
+    """The shared machine/commit record (bench/common.py)."""
+    return machine()
 
 
 def main() -> None:
