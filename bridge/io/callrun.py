@@ -158,6 +158,7 @@ class CallRunner:
         self.app_ws: Any = None
         self.app_task: asyncio.Task[None] | None = None
         self.app_timer: asyncio.TimerHandle | None = None
+        self.armed: dict[Callable[[], None], float] = {}
         self.agent: AgentSession | None = None
         self.agent_task: asyncio.Task[None] | None = None
         self.pending_prompts: dict[str, _PendingPrompt] = {}
@@ -381,12 +382,7 @@ class CallRunner:
                 flow = self.config.flow(event.fallback_flow) if event.fallback_flow else None
                 self.source = fallback_runner(flow, event.greeting, now, replace=event.mid_call)
                 self.source.start(now)
-        if self.app_timer is not None:
-            self.app_timer.cancel()
-            self.app_timer = None
-        deadline = session.next_deadline()
-        if deadline is not None and not self.finished:
-            self.app_timer = self.loop.call_at(deadline, self._on_app_timer)
+        self.app_timer = self._rearm(self.app_timer, session.next_deadline(), self._on_app_timer)
         return session.commands_to_send()
 
     async def _app_send(self, text: str) -> None:
@@ -395,6 +391,7 @@ class CallRunner:
 
     def _on_app_timer(self) -> None:
         self.app_timer = None
+        self.armed.pop(self._on_app_timer, None)
         if self.app is not None:
             self._guard(self.app.handle_timer)
 
@@ -513,15 +510,33 @@ class CallRunner:
             self.finish(event.reason)  # (with a hangup tail pending, the tail finishes)
 
     def _arm_source_timer(self) -> None:
-        if self.source_timer is not None:
-            self.source_timer.cancel()
-            self.source_timer = None
         deadline = self.source.next_deadline() if self.source else None
-        if deadline is not None and not self.finished:
-            self.source_timer = self.loop.call_at(deadline, self._on_source_timer)
+        self.source_timer = self._rearm(self.source_timer, deadline, self._on_source_timer)
+
+    def _rearm(
+        self,
+        handle: asyncio.TimerHandle | None,
+        deadline: float | None,
+        callback: Callable[[], None],
+    ) -> asyncio.TimerHandle | None:
+        """One timer at ``deadline``; kept as it is when the deadline did not move.
+
+        ``pump`` runs on every 20 ms tick, so re-creating an unchanged timer
+        each time would be churn on the per-call hot path.
+        """
+        if deadline is not None and self.armed.get(callback) == deadline and handle is not None:
+            return handle
+        if handle is not None:
+            handle.cancel()
+        self.armed.pop(callback, None)
+        if deadline is None or self.finished:
+            return None
+        self.armed[callback] = deadline
+        return self.loop.call_at(deadline, callback)
 
     def _on_source_timer(self) -> None:
         self.source_timer = None
+        self.armed.pop(self._on_source_timer, None)
         if self.source is not None:
             self._guard(self.source.handle_timer)
 

@@ -21,8 +21,8 @@ import contextlib
 import json
 import signal
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from bridge import __version__
 from bridge.config import Config, ConfigError, ProviderConfig, load_config, split_hostport
@@ -314,11 +314,6 @@ class Daemon:
             await self.close()
         log.info("daemon.stopped")
         return 0
-
-
-def with_runtime_override(cfg: Config, **changes: Any) -> Config:
-    """A copy of ``cfg`` with top-level sections replaced (tests)."""
-    return replace(cfg, **changes)
 
 
 def run_daemon(cfg: Config) -> int:

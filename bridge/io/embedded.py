@@ -55,9 +55,6 @@ class EmbeddedTts:
     def url(self, protocol: str) -> str:
         return f"ws://127.0.0.1:{self.port}{PROTOCOL_PATHS[protocol]}"
 
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     async def _spawn(self) -> None:
         with tempfile.TemporaryDirectory() as d:
             port_file = Path(d) / "port"

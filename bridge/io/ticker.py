@@ -44,8 +44,6 @@ class MediaTicker:
         self.streams: dict[str, _Stream] = {}
         self._handle: asyncio.TimerHandle | None = None
         self._armed_at: float | None = None
-        self.deviation_s: list[float] = []
-        self.keep_deviation = False
         self.lag_s = 0.0
         self._last_run = self.loop.time()
         """Smoothed lateness of the ticker's wake-ups (EWMA): how far behind the loop runs."""
@@ -104,8 +102,6 @@ class MediaTicker:
             n = stream.clock.tick(now)
             if n is None:
                 continue
-            if self.keep_deviation:
-                self.deviation_s.append(now - stream.clock.deadline(n))
             try:
                 stream.on_frame(n, now)
             except Exception as e:  # one call's bug ends that call only

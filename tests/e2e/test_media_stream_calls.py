@@ -521,3 +521,33 @@ def test_reload_keeps_calls_on_their_generation_and_retires_it_when_they_end(
             )
 
     run(body())
+
+
+def test_flow_gather_timeout_runs_through_the_shell_timer() -> None:
+    routes = """
+[[routes]]
+match = "*"
+provider = "main"
+flow = "f"
+
+[flows.f]
+start = "ask"
+
+[flows.f.steps.ask]
+say = "Press one."
+gather = { max_digits = 1, timeout_s = 0.5 }
+branch = { "1" = "bye", timeout = "bye" }
+
+[flows.f.steps.bye]
+say = "Bye."
+hangup = true
+"""
+
+    async def body() -> None:
+        async with stack(routes) as st, TwilioCall(st.ms_port) as call:
+            # nobody presses anything: the gather times out, "Bye." plays, the call ends
+            await asyncio.wait_for(call.closed.wait(), 15 * FACTOR)
+            expected = (tone_turn_ms("Press one.") + tone_turn_ms("Bye.")) // 20
+            assert len(call.carrier.arrival_times()) >= expected - 4
+
+    run(body())
