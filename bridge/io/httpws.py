@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,9 @@ MAX_HEAD_BYTES = 16 * 1024
 MAX_BODY_BYTES = 1024 * 1024
 READ_CHUNK_BYTES = 64 * 1024
 CLOSE_TIMEOUT_S = 2.0
+_FIN_TEXT = 0x80 | Opcode.TEXT.value  # FIN set, opcode 1 (RFC 6455 §5.2)
+_HEAD16 = struct.Struct("!BBH")
+_HEAD64 = struct.Struct("!BBQ")
 
 _REASONS = {
     200: "OK",
@@ -124,6 +128,10 @@ class WsConnection:
         self._proto = protocol
         self._reader = reader
         self._writer = writer
+        self._transport = writer.transport
+        # server frames are unmasked; with no extension negotiated (we offer
+        # none) a data frame is a bare header and the payload
+        self._plain_frames = not protocol.extensions
         self._fragments: list[bytes] = []
         self._fragment_text = False
         self._pending: list[str | bytes] = []
@@ -164,6 +172,31 @@ class WsConnection:
         if not self.closed:
             self._proto.send_text(text.encode())
             self._flush()
+
+    def send_encoded_text_nowait(self, data: bytes) -> None:
+        """Queue a text message given as its UTF-8 bytes: one ``write`` of header + payload.
+
+        The hot path of outbound media. The frame header is built here, the
+        bytes websockets' ``send_text`` would write (FIN, opcode 1, unmasked,
+        7/16/64-bit length; checked by a test); the protocol object is used
+        whenever its state says a plain frame is not what it would write
+        (not OPEN, a fragmented message in progress, an extension).
+        """
+        if self.closed:
+            return
+        proto = self._proto
+        if self._plain_frames and proto.state is State.OPEN and not proto.expect_continuation_frame:
+            n = len(data)
+            if n < 126:
+                head = bytes((_FIN_TEXT, n))
+            elif n < 65536:
+                head = _HEAD16.pack(_FIN_TEXT, 126, n)
+            else:
+                head = _HEAD64.pack(_FIN_TEXT, 127, n)
+            self._transport.write(head + data)
+            return
+        proto.send_text(data)
+        self._flush()
 
     def send_bytes_nowait(self, data: bytes) -> None:
         if not self.closed:

@@ -47,6 +47,7 @@ from bridge.streams.base import (
     MarkPlayed,
     MediaStreamProtocol,
     ProtocolViolation,
+    SendEncodedText,
     SequenceGap,
     StreamSettings,
     StreamStarted,
@@ -118,7 +119,9 @@ class _Stream:
 
     def pump(self) -> None:
         for action in self.engine.actions_to_send():
-            if isinstance(action, SendText):
+            if type(action) is SendEncodedText:  # outbound media: the hot path
+                self.conn.send_encoded_text_nowait(action.data)
+            elif isinstance(action, SendText):
                 self.conn.send_text_nowait(action.text)
             elif isinstance(action, SendBytes):
                 self.conn.send_bytes_nowait(action.data)

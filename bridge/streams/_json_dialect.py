@@ -36,18 +36,28 @@ and from the leg's codec (Telnyx L16 is big-endian on the wire);
 ``_send_media`` renders one ``media`` message of any size (Exotel packs
 several frames into one).
 
-Rules that keep this module honest: it holds no state of its own and reads
-every field through the ``bridge.streams.base`` field helpers, so bad remote
-input still ends as ``ProtocolViolation`` in ``receive_text``.
+Outbound ``media`` is the hot path (50 messages a second per call), so it is
+not built with ``json.dumps``: the JSON around the payload is constant for a
+stream (``{"event":"media","streamSid":"MZ..","media":{"payload":"`` and
+``"}}``), rendered once with ``json.dumps`` at the first frame, after
+``start`` fixed the stream id. Each frame is then ``prefix + base64 + suffix``
+as UTF-8 bytes in a ``SendEncodedText`` (a ``SendText`` whose bytes the shell
+writes as they are); the bytes are exactly what ``json.dumps`` gives.
+
+Rules that keep this module honest: its only state is that template, and it
+reads every field through the ``bridge.streams.base`` field helpers, so bad
+remote input still ends as ``ProtocolViolation`` in ``receive_text``.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any, ClassVar
 
 from bridge.streams.base import (
     MediaStreamProtocol,
+    SendEncodedText,
     StreamSettings,
     StreamState,
     b64_field,
@@ -76,6 +86,7 @@ class TwilioShapedProtocol(MediaStreamProtocol):
 
     def __init__(self, settings: StreamSettings | None = None, *, route: str | None = None) -> None:
         super().__init__(settings, route=route)
+        self._media_template: tuple[bytes, bytes] | None = None
         self._handlers = {
             "connected": self._on_connected,
             "start": self._on_start,
@@ -147,9 +158,20 @@ class TwilioShapedProtocol(MediaStreamProtocol):
 
     def _send_media(self, audio: bytes) -> None:
         """One outbound ``media`` message carrying ``audio`` (in the leg's codec)."""
-        payload = base64.b64encode(self._outbound_payload(audio)).decode("ascii")
-        self._send_json({"event": "media", **self._stream_ref(), "media": {"payload": payload}})
-        self._count_sent(len(audio))
+        template = self._media_template
+        if template is None:
+            template = self._media_template = self._render_media_template()
+        payload = base64.b64encode(self._outbound_payload(audio))
+        self._actions.append(SendEncodedText(b"".join((template[0], payload, template[1]))))
+        self._sent_bytes += len(audio)
+
+    def _render_media_template(self) -> tuple[bytes, bytes]:
+        """The bytes before and after the payload of this stream's ``media`` (``json.dumps``)."""
+        msg = {"event": "media", **self._stream_ref(), "media": {"payload": ""}}
+        text = json.dumps(msg, separators=(",", ":"))
+        tail = '""}}'
+        assert text.endswith(tail), text  # the payload is the last value rendered
+        return text[: -len(tail) + 1].encode(), tail[1:].encode()
 
     def _outbound_payload(self, audio: bytes) -> bytes:
         """Outbound audio as the wire carries it (default: as is)."""

@@ -107,6 +107,7 @@ __all__ = [
     "MarkPlayed",
     "MediaStreamProtocol",
     "ProtocolViolation",
+    "SendEncodedText",
     "SequenceGap",
     "StreamSettings",
     "StreamStarted",
@@ -152,6 +153,30 @@ class StreamSettings:
     """Seconds from ``connection_made`` to ``start`` before the socket is closed."""
     max_pending_marks: int = 4096
     """Marks sent and not yet echoed; more is our own misuse (a leak)."""
+
+
+# ------------------------------------------------------------------- actions
+
+
+class SendEncodedText(SendText):
+    """Send one WebSocket text message whose UTF-8 encoding is already built.
+
+    The outbound ``media`` hot path: dialects render it from a per-stream
+    template (only the base64 payload changes), and the shell writes ``data``
+    as the frame payload without encoding it again. It *is* a ``SendText``:
+    ``text`` decodes ``data``, so any consumer of ``SendText`` keeps working.
+    """
+
+    __slots__ = ("data",)
+    data: bytes
+
+    def __init__(self, data: bytes) -> None:
+        object.__setattr__(self, "data", data)
+
+    @property
+    def text(self) -> str:
+        """The message as text (decoded on demand)."""
+        return self.data.decode()
 
 
 # -------------------------------------------------------------------- events
