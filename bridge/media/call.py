@@ -51,9 +51,17 @@ Turns. A ``Say`` for a new turn id opens a turn: it is queued in the
 ``OpenTurn`` + ``SendTurnText`` (+ ``EndTurn`` when ``final``) go to the
 Speaker. The settings ask for the leg's own format (mu-law/A-law at 8 kHz on
 G.711 legs) so a provider that honours it is passed through untouched; audio
-in any other format is transcoded. Provider audio is cut into 20 ms frames
-and pushed as soon as a whole frame exists. ``TurnDone`` flushes the framer
-(last frame padded with silence) and ends the turn; ``TurnFailed`` (or a
+in any other format is transcoded. A turn's first chunk is transcoded and
+cut into 20 ms frames at once (added latency); later chunks are kept as they
+came and transcoded on demand (``_feed``): before each tick, and when audio
+arrives, pieces of ``decode_piece_ms`` are transcoded until
+``decode_ahead_frames`` frames are ready along the playing order. A
+provider that sends a turn faster than real time therefore costs no loop
+time at arrival, and the call holds its compact audio, not frames; beyond
+``max_undecoded_ms`` per turn the oldest is transcoded at arrival. The
+output is the same however the work is split (streaming resampler, frame
+cutter). ``TurnDone`` flushes the framer (last frame padded with silence)
+once the pending audio is transcoded and ends the turn; ``TurnFailed`` (or a
 ``ProviderFailed`` naming the turn) emits ``ProviderErrored`` and ends the
 turn with what it had. A voice agent's replies are turns too: they open on
 ``TurnStarted`` while the agent is active (Kletso sends it before any audio).
@@ -115,7 +123,7 @@ from bridge.control import commands as cmd
 from bridge.engine import Action, Event, LocalProtocolError
 from bridge.media import bargein
 from bridge.media.bargein import BargeInDetector, BargeInPolicy
-from bridge.media.call_audio import AgentUplink, decode_leg, make_framer
+from bridge.media.call_audio import AgentUplink, check_format, decode_leg, make_framer
 from bridge.media.call_turns import CallTurn, TurnBook, TurnPhase, TurnStop, heard_text
 from bridge.media.call_types import (
     AgentEnded,
@@ -240,8 +248,14 @@ class CallBridge:
         self._provider_errors = 0
         self._frames_sent = 0
         self._bad_inbound = 0
+        self._backlog: dict[str, CallTurn] = {}
+        """Turns holding provider audio not transcoded yet (see ``_feed``)."""
 
     # ------------------------------------------------------------ outbox
+
+    def has_output(self) -> bool:
+        """Whether ``actions_to_send`` or ``events_received`` has anything (allocates nothing)."""
+        return bool(self._actions) or bool(self._events)
 
     def actions_to_send(self) -> list[Action]:
         """Drain the actions queued since the last call (after the tick's frame)."""
@@ -262,6 +276,16 @@ class CallBridge:
     @property
     def agent_active(self) -> bool:
         return self._agent is not None
+
+    @property
+    def undecoded_bytes(self) -> int:
+        """Provider audio held as it arrived, not transcoded yet (all turns)."""
+        return sum(turn.pending_bytes for turn in self._backlog.values())
+
+    @property
+    def queued_frames(self) -> int:
+        """Leg frames transcoded and waiting for their tick (all turns)."""
+        return self._playout.stats().queued_frames
 
     def next_deadline(self) -> float | None:
         """When ``handle_timer`` is due (the agent's played-position report), if ever."""
@@ -353,6 +377,8 @@ class CallBridge:
         """The frame to send at this 20 ms deadline, or ``None`` (silence / nothing)."""
         if self._ended:
             return None
+        if self._backlog:
+            self._feed()
         frame = self._playout.pop(now)
         self._pump(now)
         payload: bytes | None = None
@@ -439,6 +465,7 @@ class CallBridge:
         for stop in stops:
             turn = stop.turn
             turn.audio_open = turn.text_open = False
+            self._drop_pending(turn)
             if turn.framer is not None:
                 turn.framer.reset()
                 turn.framer = None
@@ -459,7 +486,7 @@ class CallBridge:
         head = self._head_turn()
         if head is not None and not head.interruptible and head.phase is TurnPhase.SOUNDING:
             return True
-        return any(not turn.interruptible for turn in self._turns.awaiting())
+        return self._turns.any_awaiting(interruptible=False)
 
     # ------------------------------------------------------------ commands
 
@@ -622,20 +649,121 @@ class CallBridge:
             turn.head_at_first_audio = self._playout.current_turn_id == turn.turn_id
             if not turn.agent:
                 self._ttfa_s.append(now - turn.opened_s)
-        if turn.framer is None or event.audio_format != turn.in_format:
+        audio, audio_format = event.audio, event.audio_format
+        if turn.framer is None and not turn.pending:
+            # The first chunk (or the first after a drained backlog while the
+            # framer is fresh) is transcoded at once: added latency.
+            self._convert(turn, audio, audio_format)
+            if self._backlog:
+                self._feed()
+            return
+        try:
+            check_format(audio_format)
+        except ValueError as exc:
+            self._drain_pending(turn)  # the audio before the bad chunk still plays
+            self._fail_turn(turn, "bad_audio_format", str(exc))
+            return
+        if not audio:
+            return
+        # Later audio is kept as it came and transcoded on demand, a few
+        # frames ahead of the clock (``_feed``), so a turn that arrives in a
+        # burst costs no loop time at arrival and holds compact audio.
+        turn.pending.append((audio, audio_format))
+        turn.pending_bytes += len(audio)
+        self._backlog[turn.turn_id] = turn
+        byte_rate = audio_format.sample_rate_hz * audio_format.bytes_per_sample
+        limit = self._options.max_undecoded_ms * byte_rate // 1000
+        while turn.pending_bytes > limit and turn.pending:
+            self._convert_piece(turn, turn.pending_bytes - limit)
+        self._feed()
+
+    def _convert(self, turn: CallTurn, audio: bytes, audio_format: AudioFormat) -> bool:
+        """Transcode provider audio of the turn into frames for the queue; ``False`` on failure."""
+        if turn.framer is None or audio_format != turn.in_format:
             tail = turn.framer.flush() if turn.framer is not None else []
             try:
-                turn.framer = make_framer(
-                    event.audio_format, self._leg, self._options.resample_quality
-                )
+                turn.framer = make_framer(audio_format, self._leg, self._options.resample_quality)
             except ValueError as exc:
                 turn.framer = None
                 self._push_frames(turn, tail)
+                ending = turn.audio_ending
+                self._drop_pending(turn)
                 self._fail_turn(turn, "bad_audio_format", str(exc))
-                return
-            turn.in_format = event.audio_format
+                if ending:  # the provider had already ended the turn: end it here
+                    turn.end_reason = "provider_error"
+                    self._close_audio(turn)
+                return False
+            turn.in_format = audio_format
             self._push_frames(turn, tail)
-        self._push_frames(turn, turn.framer.push(event.audio))
+        self._push_frames(turn, turn.framer.push(audio))
+        return True
+
+    def _convert_piece(self, turn: CallTurn, at_least_bytes: int) -> None:
+        """Transcode the oldest pending audio of the turn: ``at_least_bytes`` or one piece.
+
+        A piece is ``decode_piece_ms`` of audio, taken across chunks of one
+        format (the resampler costs about 8 us per call on top of its
+        per-sample work, so pieces much smaller than that cost more in all).
+        """
+        pending = turn.pending
+        audio_format = pending[0][1]
+        byte_rate = audio_format.sample_rate_hz * audio_format.bytes_per_sample
+        size = max(at_least_bytes, self._options.decode_piece_ms * byte_rate // 1000, 1)
+        parts: list[bytes] = []
+        taken = 0
+        while pending and taken < size and pending[0][1] == audio_format:
+            audio = pending[0][0]
+            start = turn.pending_offset
+            end = start + size - taken
+            if end >= len(audio):
+                parts.append(audio[start:] if start else audio)
+                pending.popleft()
+                turn.pending_offset = 0
+            else:
+                parts.append(audio[start:end])
+                turn.pending_offset = end
+            taken += len(parts[-1])
+        turn.pending_bytes -= taken
+        piece = parts[0] if len(parts) == 1 else b"".join(parts)
+        if not self._convert(turn, piece, audio_format) or turn.pending:
+            return
+        self._backlog.pop(turn.turn_id, None)
+        if turn.audio_ending:
+            turn.audio_ending = False
+            self._close_audio(turn)
+
+    def _feed(self) -> None:
+        """Transcode pending provider audio until ``decode_ahead_frames`` frames are ready.
+
+        Frames are counted along the playout order: the head turn first, then
+        the turns after it once the head has all its audio (a turn can only
+        play after the ones before it).
+        """
+        need = self._options.decode_ahead_frames
+        if self._playout.head_frames() >= need:
+            return  # the common case: the head turn has its frames ready
+        for turn_id in self._playout.queued_turn_ids():
+            turn = self._turns.get(turn_id)
+            if turn is None:
+                continue
+            have = self._playout.frames_queued(turn_id)
+            while have < need and turn.pending:
+                self._convert_piece(turn, 0)
+                have = self._playout.frames_queued(turn_id)
+            need -= have
+            if need <= 0 or turn.pending or turn.audio_open:
+                return
+
+    def _drain_pending(self, turn: CallTurn) -> None:
+        """Transcode all the turn's pending audio now (before a truncation by position)."""
+        while turn.pending:
+            self._convert_piece(turn, turn.pending_bytes)
+
+    def _drop_pending(self, turn: CallTurn) -> None:
+        turn.pending.clear()
+        turn.pending_offset = turn.pending_bytes = 0
+        turn.audio_ending = False
+        self._backlog.pop(turn.turn_id, None)
 
     def _on_turn_started(self, turn_id: str, provider_ref: str, now: float) -> None:
         turn = self._turns.get(turn_id)
@@ -682,6 +810,7 @@ class CallBridge:
             turn = self._turns.get(self._last_agent_turn)
         if turn is None or turn.phase not in (TurnPhase.QUEUED, TurnPhase.SOUNDING):
             return
+        self._drain_pending(turn)  # the cut is by position: what is pending may be before it
         turn.audio_open = False
         if turn.framer is not None:
             turn.framer.reset()
@@ -737,6 +866,12 @@ class CallBridge:
         if not turn.audio_open:
             return
         turn.audio_open = turn.text_open = False
+        if turn.pending:
+            turn.audio_ending = True  # ended by ``_feed`` once the pending audio is transcoded
+            return
+        self._close_audio(turn)
+
+    def _close_audio(self, turn: CallTurn) -> None:
         if turn.framer is not None:
             self._push_frames(turn, turn.framer.flush())
             turn.framer = None
@@ -747,6 +882,8 @@ class CallBridge:
     # ------------------------------------------------------------ playout events
 
     def _pump(self, now: float) -> None:
+        if not self._playout.has_events():
+            return  # most ticks: nothing happened, nothing to allocate
         stops = self._stops_from_cuts(self._drain_playout(now))
         if stops:
             self._stop(stops, "replaced", now)
@@ -855,7 +992,7 @@ class CallBridge:
         head = self._head_turn()
         if head is not None and head.interruptible and head.phase is TurnPhase.SOUNDING:
             return True
-        return any(turn.interruptible for turn in self._turns.awaiting())
+        return self._turns.any_awaiting(interruptible=True)
 
     def _drain_detector(self) -> None:
         for event in self._detector.events_received():
@@ -897,6 +1034,7 @@ class CallBridge:
                 self._actions.append(CancelTurn(turn.turn_id))
             turn.audio_open = turn.text_open = False
             turn.framer = None
+            self._drop_pending(turn)
             turn.end_reason = "call_ended"
             self._report(turn, acknowledged if self._marks_leg else played)
         if self._agent is not None:

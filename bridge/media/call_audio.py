@@ -34,7 +34,15 @@ from telcodec.framing import FrameCutter
 from telcodec.resample import StreamResampler
 from telcodec.transcode import FromTelephony, ToTelephony
 
-__all__ = ["AgentUplink", "Framer", "TurnFramer", "decode_leg", "frame_level_dbfs", "make_framer"]
+__all__ = [
+    "AgentUplink",
+    "Framer",
+    "TurnFramer",
+    "check_format",
+    "decode_leg",
+    "frame_level_dbfs",
+    "make_framer",
+]
 
 _DECODE: Final[dict[str, Callable[[bytes], bytes]]] = {
     "mulaw": g711.ulaw_decode,
@@ -62,7 +70,7 @@ class TurnFramer:
     __slots__ = ("_cutter", "_decode", "_resampler")
 
     def __init__(self, in_format: AudioFormat, out_rate_hz: int, quality: str = "HQ") -> None:
-        _check(in_format)
+        check_format(in_format)
         self._decode = _DECODE.get(in_format.encoding)
         self._cutter = FrameCutter(out_rate_hz // 50 * 2)
         self._resampler: StreamResampler | None = None
@@ -93,7 +101,8 @@ class TurnFramer:
             self._resampler.reset()
 
 
-def _check(audio_format: AudioFormat) -> None:
+def check_format(audio_format: AudioFormat) -> None:
+    """Raise ``ValueError`` for a provider format no framer can convert."""
     if audio_format.encoding not in _ENCODINGS:
         raise ValueError(f"unknown encoding {audio_format.encoding!r}")
     if audio_format.sample_rate_hz <= 0:
@@ -106,7 +115,7 @@ def make_framer(in_format: AudioFormat, leg: LegProfile, quality: str = "HQ") ->
     Raises:
         ValueError: an encoding or rate that cannot be converted (remote input).
     """
-    _check(in_format)
+    check_format(in_format)
     if leg.sample_rate_hz == 8000:
         return ToTelephony(in_format.encoding, in_format.sample_rate_hz, leg.codec, quality)
     return TurnFramer(in_format, leg.sample_rate_hz, quality)

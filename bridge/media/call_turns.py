@@ -55,6 +55,14 @@ class CallTurn:
     """Provider audio is accepted (not done, failed, cut or truncated)."""
     framer: Framer | None = None
     in_format: AudioFormat | None = None
+    pending: deque[tuple[bytes, AudioFormat]] = field(default_factory=deque)
+    """Provider audio received but not transcoded yet (oldest first), with its format."""
+    pending_offset: int = 0
+    """Bytes of ``pending[0]`` already transcoded."""
+    pending_bytes: int = 0
+    """Untranscoded bytes in ``pending`` (after ``pending_offset``)."""
+    audio_ending: bool = False
+    """The provider ended the turn while audio was still pending: end it once transcoded."""
     words: list[WordTiming] = field(default_factory=list)
     first_audio_s: float | None = None
     head_at_first_audio: bool = False
@@ -121,6 +129,12 @@ class TurnBook:
     def awaiting(self) -> Iterator[CallTurn]:
         """Turns whose audio is all sent and whose final mark is not echoed yet."""
         return (self._turns[t] for t in self._awaiting)
+
+    def any_awaiting(self, interruptible: bool) -> bool:
+        """Whether a turn awaiting its final mark is (or is not) interruptible."""
+        if not self._awaiting:
+            return False
+        return any(self._turns[t].interruptible is interruptible for t in self._awaiting)
 
     def take_awaiting(self, interruptible_only: bool) -> list[CallTurn]:
         """Remove and return the awaiting turns (only interruptible ones if asked)."""

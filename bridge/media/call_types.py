@@ -119,6 +119,13 @@ class CallOptions:
     """Per-turn latency figures and barge-in timings kept for ``stats()``."""
     max_queued_frames: int = 15_000
     """Security limit on frames queued for the leg (15 000 = 5 minutes)."""
+    decode_ahead_frames: int = 3
+    """Provider audio is transcoded on demand, this many leg frames ahead of the clock."""
+    decode_piece_ms: int = 200
+    """Provider audio transcoded in one go when the frames ready fall short."""
+    max_undecoded_ms: int = 20_000
+    """Provider audio one turn may hold untranscoded (by duration); beyond it the oldest
+    is transcoded at arrival. 0 transcodes everything at arrival (no look-ahead)."""
 
 
 # ----------------------------------------------------------------- actions

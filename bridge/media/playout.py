@@ -301,6 +301,23 @@ class PlayoutQueue(Outbox):
             self._reach_marks(turn)
         return True
 
+    def has_events(self) -> bool:
+        """Whether ``events_received`` has anything (allocates nothing)."""
+        return bool(self._events)
+
+    def frames_queued(self, turn_id: str) -> int:
+        """Frames of the turn pushed and not popped yet (0 for an unknown or finished turn)."""
+        turn = self._turns.get(turn_id)
+        return 0 if turn is None or turn.state is not _State.QUEUED else len(turn.frames)
+
+    def head_frames(self) -> int:
+        """Frames ready in the head turn (0 when the queue is empty)."""
+        return len(self._queue[0].frames) if self._queue else 0
+
+    def queued_turn_ids(self) -> list[str]:
+        """The turns still queued, in playing order (the head first)."""
+        return [turn.turn_id for turn in self._queue]
+
     def has_frame(self) -> bool:
         """Whether the next ``pop`` would return a frame (pure: changes nothing)."""
         for turn in self._queue:
