@@ -25,12 +25,27 @@ silently refused the input.
 (b) **Pacing at the carrier** over a real WebSocket: ``callbridge serve``
 (uvloop) in its own process pinned to core 0, the reference TTS server (tone
 engine) and the lean multi-call carrier (``bench/loadgen/twilio.py``) on
-core 1, route ``talk`` (continuous audio). 1 and 20 concurrent Twilio
-calls; arrivals timestamped in the carrier process (user space). Per
-talkspurt (a gap > 50 ms starts one) the lead burst (the first
+core 1, route ``talk`` (continuous audio). 1, 20 and 100 concurrent Twilio
+calls. Each outbound ``media`` message is timed twice:
+
+* **wire** (the daemon's pacing): ``dumpcap`` captures the daemon's TCP
+  segments on loopback (``tcp src port <media-stream port>``, started before
+  the calls connect, so every handshake is seen); the capture timestamp is
+  the kernel's, taken as the segment leaves the daemon's ``write``. Each
+  connection's byte stream is reassembled from the segments (by sequence
+  number), the WebSocket frames are parsed, and a ``media`` message's time
+  is that of the segment carrying its last byte. The receiver's scheduling
+  does not enter these figures;
+* **carrier** (user space): ``time.monotonic_ns()`` in the carrier's
+  receiving coroutine, as before (daemon + loopback + the carrier's own
+  loop, which shares core 1 with the TTS server).
+
+Per talkspurt (a gap > 50 ms starts one) the lead burst (the first
 ``lead_frames + 1`` messages) is left out; the figures are the deviation of
 each inter-arrival time from 20 ms and, as in ``bench_pacing``, the
-deviation from the talkspurt's fitted 20 ms grid.
+deviation from the talkspurt's fitted 20 ms grid. Needs ``dumpcap`` and
+``tshark`` and the right to capture on ``lo`` (root); without them only the
+carrier figures are printed.
 
     python bench/bench_streams.py [--quick] [--no-pacing]
 """
@@ -43,7 +58,11 @@ import base64
 import copy
 import json
 import os
+import re
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -59,7 +78,7 @@ sys.path.insert(0, str(HERE))
 
 from common import write  # noqa: E402
 from loadgen.analysis import ws_deviations_ns  # noqa: E402
-from loadgen.procs import DaemonUnderTest, TtsProcess, pin_self  # noqa: E402
+from loadgen.procs import LOADGEN_CORE, DaemonUnderTest, TtsProcess, pin_self  # noqa: E402
 from loadgen.twilio import TwilioLoad  # noqa: E402
 
 from bridge.config import BargeInConfig  # noqa: E402
@@ -307,58 +326,229 @@ def _ms(values_ns: np.ndarray) -> dict[str, float]:
     }
 
 
-def pacing_step(d: DaemonUnderTest, n: int, measure_s: float, warm_s: float) -> dict[str, Any]:
+class WireCapture:
+    """``dumpcap`` on loopback: what the daemon writes on its media-stream port."""
+
+    def __init__(self, port: int, workdir: Path) -> None:
+        self.port = port
+        self.path = workdir / f"ws_{port}_{time.monotonic_ns()}.pcapng"
+        self.received: int | None = None
+        self.dropped: int | None = None
+        self.proc = subprocess.Popen(
+            ["dumpcap", "-q", "-i", "lo", "-f", f"tcp src port {port}", "-B", "64",
+             "-w", str(self.path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=lambda: os.sched_setaffinity(0, {LOADGEN_CORE}),
+        )  # fmt: skip
+        deadline = time.monotonic() + 5.0
+        while not self.path.exists() and time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"dumpcap exited: {self.proc.stderr.read() if self.proc.stderr else ''!r}"
+                )
+            time.sleep(0.05)
+        time.sleep(0.3)  # the filter is attached once the file is open
+
+    @staticmethod
+    def available() -> bool:
+        return bool(shutil.which("dumpcap") and shutil.which("tshark")) and os.geteuid() == 0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            _, err = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        # "Packets received/dropped on interface 'lo': 1000/0 (pcap:0/dumpcap:0/...)"
+        got = re.search(r"received/dropped on interface .*?: (\d+)/(\d+)", (err or b"").decode())
+        if got:
+            self.received, self.dropped = int(got[1]), int(got[2])
+
+    def media_departures(self, t0_ns: int, t1_ns: int) -> dict[int, np.ndarray]:
+        """Kernel time (ns, CLOCK_REALTIME) of each outbound ``media`` per connection.
+
+        Keyed by the carrier's port; only messages whose last byte left
+        within ``[t0_ns, t1_ns)``.
+        """
+        out = subprocess.run(
+            ["tshark", "-n", "-r", str(self.path), "-o", "tcp.desegment_tcp_streams:FALSE",
+             "-Y", "tcp.len > 0", "-T", "fields", "-E", "separator=/t",
+             "-e", "frame.time_epoch", "-e", "tcp.dstport", "-e", "tcp.seq_raw",
+             "-e", "tcp.payload"],
+            capture_output=True,
+            check=True,
+        ).stdout  # fmt: skip
+        streams: dict[int, _WsStream] = {}
+        for line in out.decode().splitlines():
+            fields = line.split("\t")
+            if len(fields) != 4 or not fields[3]:
+                continue
+            sec, _, frac = fields[0].partition(".")
+            t_ns = int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])
+            port = int(fields[1])
+            stream = streams.setdefault(port, _WsStream())
+            stream.segment(int(fields[2]), bytes.fromhex(fields[3].replace(":", "")), t_ns)
+        return {
+            port: np.asarray([t for t in s.media_ns if t0_ns <= t < t1_ns], dtype=np.int64)
+            for port, s in streams.items()
+        }
+
+
+class _WsStream:
+    """One server-to-client TCP stream: HTTP 101 head, then unmasked WebSocket frames."""
+
+    def __init__(self) -> None:
+        self.next_seq: int | None = None
+        self.buf = bytearray()
+        self.in_head = True
+        self.synced = True
+        self.media_ns: list[int] = []
+        self.lost_bytes = 0
+
+    def segment(self, seq: int, data: bytes, t_ns: int) -> None:
+        if self.next_seq is not None:
+            skip = (self.next_seq - seq) % (1 << 32)
+            if 0 < skip < (1 << 31):  # a retransmission: only the new tail counts
+                if skip >= len(data):
+                    return
+                data = data[skip:]
+                seq = self.next_seq
+            elif seq != self.next_seq:  # a gap (dropped by the capture): resync impossible
+                self.lost_bytes += (seq - self.next_seq) % (1 << 32)
+                self.synced = False
+        self.next_seq = (seq + len(data)) % (1 << 32)
+        if not self.synced:
+            return
+        self.buf += data
+        if self.in_head:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            del self.buf[: end + 4]
+            self.in_head = False
+        self._frames(t_ns)
+
+    def _frames(self, t_ns: int) -> None:
+        buf = self.buf
+        pos = 0
+        while len(buf) - pos >= 2:
+            b0, b1 = buf[pos], buf[pos + 1]
+            n = b1 & 0x7F
+            head = 2
+            if n == 126:
+                if len(buf) - pos < 4:
+                    break
+                n, head = int.from_bytes(buf[pos + 2 : pos + 4], "big"), 4
+            elif n == 127:
+                if len(buf) - pos < 10:
+                    break
+                n, head = int.from_bytes(buf[pos + 2 : pos + 10], "big"), 10
+            if b1 & 0x80:  # a masked frame from the server: not a stream we understand
+                self.synced = False
+                return
+            if len(buf) - pos < head + n:
+                break
+            if b0 & 0x0F == 1 and buf.startswith(_MEDIA, pos + head):
+                self.media_ns.append(t_ns)
+            pos += head + n
+        del buf[:pos]
+
+
+_MEDIA = b'{"event":"media"'
+
+
+def pacing_step(
+    d: DaemonUnderTest, n: int, measure_s: float, warm_s: float, workdir: Path | None = None
+) -> dict[str, Any]:
+    capture = WireCapture(d.ms_port, workdir) if workdir is not None else None
+    window: list[int] = []
+
     async def run() -> dict[str, Any]:
         load = TwilioLoad(d.ms_port, route="talk")
         await load.place(n, rate_per_s=150)
         await asyncio.sleep(warm_s)
         c0, t0 = d.cpu_s(), time.monotonic()
+        window.append(time.time_ns())
         load.recording = True
         await asyncio.sleep(measure_s)
         load.recording = False
+        window.append(time.time_ns())
         c1, t1 = d.cpu_s(), time.monotonic()
         arrivals = [np.asarray(c.arrival_ns, dtype=np.int64) for c in load.calls]
         active = load.active()
         await load.hangup_all(settle_s=1.0)
         await load.close()
-        inter = [interarrival_dev_ns(a) for a in arrivals]
-        grid = [ws_deviations_ns(a, LEAD_FRAMES)[1] for a in arrivals]
-        cat = np.concatenate
         return {
             "calls": n,
             "active_at_end": active,
             "calls_with_media": sum(1 for a in arrivals if a.size),
             "messages": int(sum(a.size for a in arrivals)),
-            "interarrival_dev": _ms(cat(inter) if inter else np.zeros(0)),
-            "grid_dev": _ms(cat(grid) if grid else np.zeros(0)),
+            **_pacing_figures(arrivals),
             "daemon_cpu_pct": round(100 * (c1 - c0) / (t1 - t0), 1),
         }
 
-    return asyncio.run(run())
+    try:
+        out = asyncio.run(run())
+    finally:
+        if capture is not None:
+            capture.stop()
+    if capture is not None and len(window) == 2:
+        wire = list(capture.media_departures(window[0], window[1]).values())
+        out["wire"] = {
+            "calls_with_media": sum(1 for a in wire if a.size),
+            "messages": int(sum(a.size for a in wire)),
+            "capture_packets": capture.received,
+            "capture_dropped_packets": capture.dropped,
+            **_pacing_figures(wire),
+        }
+        capture.path.unlink(missing_ok=True)
+    return out
+
+
+def _pacing_figures(arrivals: list[np.ndarray]) -> dict[str, Any]:
+    inter = [interarrival_dev_ns(a) for a in arrivals]
+    grid = [ws_deviations_ns(a, LEAD_FRAMES)[1] for a in arrivals]
+    worst = [float(np.percentile(np.abs(g), 99)) / 1e6 for g in grid if g.size]
+    cat = np.concatenate
+    return {
+        "interarrival_dev": _ms(cat(inter) if inter else np.zeros(0)),
+        "grid_dev": _ms(cat(grid) if grid else np.zeros(0)),
+        "worst_call_grid_p99_ms": round(max(worst), 3) if worst else None,
+    }
 
 
 def pacing(counts: list[int], measure_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     pin_self()
     print(
-        f"{'calls':>5} {'msgs':>6} {'ia p50':>7} {'ia p99':>7} {'ia max':>7}"
-        f" {'grid p50':>8} {'grid p99':>8} {'grid max':>8} {'cpu %':>6}"
+        f"{'calls':>5} {'seen at':<7} {'msgs':>6} {'ia p50':>7} {'ia p99':>7} {'ia max':>7}"
+        f" {'grid p50':>8} {'grid p99':>8} {'grid max':>8} {'worst99':>8} {'cpu %':>6}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         wd = Path(tmp)
         tts = TtsProcess.start(wd)
         d = DaemonUnderTest.start(wd, tts.port)
+        capture_dir = wd if WireCapture.available() else None
+        if capture_dir is None:
+            print("(no dumpcap/tshark or not root: carrier figures only)")
         try:
             for n in counts:
-                r = pacing_step(d, n, measure_s, warm_s=2.0)
+                r = pacing_step(d, n, measure_s, warm_s=2.0, workdir=capture_dir)
                 out[f"twilio_{n}"] = r
-                ia, g = r["interarrival_dev"], r["grid_dev"]
-                print(
-                    f"{n:>5} {r['messages']:>6} {ia.get('p50_ms')!s:>7} {ia.get('p99_ms')!s:>7}"
-                    f" {ia.get('max_ms')!s:>7} {g.get('p50_ms')!s:>8} {g.get('p99_ms')!s:>8}"
-                    f" {g.get('max_ms')!s:>8} {r['daemon_cpu_pct']!s:>6}",
-                    flush=True,
-                )
+                for where, fig in (("carrier", r), ("wire", r.get("wire"))):
+                    if fig is None:
+                        continue
+                    ia, g = fig["interarrival_dev"], fig["grid_dev"]
+                    print(
+                        f"{n:>5} {where:<7} {fig['messages']:>6} {ia.get('p50_ms')!s:>7}"
+                        f" {ia.get('p99_ms')!s:>7} {ia.get('max_ms')!s:>7}"
+                        f" {g.get('p50_ms')!s:>8} {g.get('p99_ms')!s:>8} {g.get('max_ms')!s:>8}"
+                        f" {fig['worst_call_grid_p99_ms']!s:>8} {r['daemon_cpu_pct']!s:>6}",
+                        flush=True,
+                    )
         finally:
             d.stop()
             tts.stop()
@@ -372,7 +562,7 @@ def main() -> None:
     args = ap.parse_args()
     frames, reps = (5_000, 5) if args.quick else (20_000, 9)
     measure_s = 5.0 if args.quick else 20.0
-    counts = [1, 20]
+    counts = [1, 20, 100]
     figures: dict[str, Any] = {"engine_cpu": engine_cpu(frames, reps)}
     if not args.no_pacing:
         figures["pacing"] = pacing(counts, measure_s)
