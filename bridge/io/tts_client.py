@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import websockets
 from websockets.asyncio.client import ClientConnection
+from websockets.protocol import State
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes, SendText
 from bridge.logs import get_logger
@@ -51,6 +52,9 @@ __all__ = ["Backoff", "PromptCache", "ProviderPool", "Speaker", "engine_class"]
 log = get_logger("callbridge.tts")
 
 Sink = Callable[[Event], None]
+
+SEND_BUFFER_LIMIT_BYTES = 65_536
+"""Above this much unsent data on a provider socket, messages wait for it to drain."""
 
 
 def engine_class(protocol: str) -> type[TtsProtocol]:
@@ -202,10 +206,35 @@ class _Connection:
             self.timer = self.loop.call_at(deadline, self._on_timer)
 
     def _queue_send(self, data: str | bytes) -> None:
-        """Messages go out in order through one writer task (not one task per message)."""
-        self.outbox.append(data)
-        if self.writer is None or self.writer.done():
-            self.writer = self.loop.create_task(self._write())
+        """Send one message now, straight through the connection's sans-I/O protocol.
+
+        The frame is built by ``ws.protocol`` and written to the transport at
+        once: no task, no loop iteration per message. Only when the transport
+        is above its write-buffer limit (the provider is not reading) or an
+        earlier message still waits there do messages queue behind one
+        writer task that awaits the connection's flow control, so the order
+        is kept either way. A connection that is not open sends nothing (as
+        ``ws.send`` raised ``ConnectionClosed``, which was ignored).
+        """
+        ws = self.ws
+        if ws is None:
+            return
+        if self.outbox or ws.transport.get_write_buffer_size() > SEND_BUFFER_LIMIT_BYTES:
+            self.outbox.append(data)
+            if self.writer is None or self.writer.done():
+                self.writer = self.loop.create_task(self._write())
+            return
+        if ws.protocol.state is not State.OPEN:
+            return
+        if isinstance(data, str):
+            ws.protocol.send_text(data.encode())
+        else:
+            ws.protocol.send_binary(data)
+        try:
+            ws.send_data()
+        except Exception as exc:  # as ws.send: a failed write fails the connection
+            log.warning("tts.send_failed", provider=self.pool.name, error=str(exc))
+            ws.transport.abort()
 
     async def _write(self) -> None:
         with contextlib.suppress(websockets.ConnectionClosed):

@@ -380,3 +380,42 @@ def test_zwst_slow_reader_is_closed_with_1008() -> None:
             await server.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("protocol", TTS_PROTOCOLS)
+def test_provider_messages_are_written_at_once_without_a_task_each(protocol: str) -> None:
+    """A message to the provider goes to the socket in the call that queued it, in order."""
+
+    async def body(server: TtsServer) -> None:
+        pool = ProviderPool(_settings(server, protocol))
+        assert await pool.start()
+        loop = asyncio.get_running_loop()
+        created: list[object] = []
+        real_create_task = loop.create_task
+
+        def counting_create_task(coro: object, **kw: object) -> object:
+            created.append(coro)
+            return real_create_task(coro, **kw)  # type: ignore[arg-type]
+
+        sinks = [Collector() for _ in range(4)]
+        speaker = Speaker([pool])
+        loop.create_task = counting_create_task  # type: ignore[method-assign,assignment]
+        try:
+            for i, sink in enumerate(sinks):
+                settings = TurnSettings("tone", MULAW_8K)
+                speaker.open_turn(f"t{i}", settings, sink)
+                speaker.send_text(f"t{i}", "One two ")
+                speaker.send_text(f"t{i}", "three.")
+                speaker.end_turn(f"t{i}")
+        finally:
+            loop.create_task = real_create_task  # type: ignore[method-assign]
+        sent = [c for c in pool.connections if c.ws is not None]
+        assert created == [] or protocol == "kugelaudio"  # one session per turn: connects
+        assert all(not c.outbox for c in sent)
+        await asyncio.gather(*(s.done.wait() for s in sinks))
+        for sink in sinks:
+            assert isinstance(sink.events[-1], TurnDone), sink.kinds()
+            assert len(sink.audio()) > 0
+        await pool.close()
+
+    _run(body)
