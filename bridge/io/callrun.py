@@ -163,6 +163,7 @@ class CallRunner:
         self.agent_task: asyncio.Task[None] | None = None
         self.pending_prompts: dict[str, _PendingPrompt] = {}
         self.idle = True
+        self.pump_unfinished = False
         self.tail_pending = False
         self.finished = False
         self.end_reason = ""
@@ -264,7 +265,10 @@ class CallRunner:
                     break
                 self.leg.send_frame(extra, n, now)
         self.idle = frame is None
-        self.pump(now)
+        if self.bridge.has_output() or self.pump_unfinished:
+            # A tick reaches the turn source and the app only through the
+            # bridge's actions and events; most ticks have none (no lists).
+            self.pump(now)
 
     def _on_tick_error(self, exc: BaseException) -> None:
         log.error("call.tick_failed", call_id=self.call_id, error=str(exc))
@@ -416,6 +420,7 @@ class CallRunner:
 
     def pump(self, now: float) -> None:
         """Carry out the bridge's actions, route its events, run the turn source."""
+        self.pump_unfinished = True
         for _ in range(64):  # commands produce events produce commands: bounded
             actions = self.bridge.actions_to_send()
             events = self.bridge.events_received()
@@ -428,6 +433,7 @@ class CallRunner:
             for command in commands:
                 self.bridge.execute(command, now)
             if not (actions or events or commands):
+                self.pump_unfinished = False
                 break
         self._arm_source_timer()
 
