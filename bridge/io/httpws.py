@@ -18,7 +18,7 @@ import contextlib
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
 from websockets.frames import Frame, Opcode
@@ -138,6 +138,7 @@ class WsConnection:
         self.close_code: int | None = None
         self.close_reason = ""
         self.closed = False
+        self._serving: tuple[Callable[[str | bytes], None], asyncio.Future[None]] | None = None
 
     @property
     def write_buffer_bytes(self) -> int:
@@ -242,6 +243,83 @@ class WsConnection:
                 return None
         return self._pending.pop(0)
 
+    async def serve(self, on_message: Callable[[str | bytes], None]) -> None:
+        """Hand every message to ``on_message`` as it arrives, until the connection ends.
+
+        The per-message path of a long-lived stream (a carrier's media
+        socket: 50 messages a second): after this call the transport's bytes
+        go straight from its ``data_received`` into websockets' parser and
+        each whole message to ``on_message``, in that callback, with no
+        ``StreamReader`` future, task wake-up or ``recv`` coroutine per
+        message. What ``recv`` does at a close frame, EOF or a lost
+        connection happens here too; ``serve`` returns then. An exception
+        from ``on_message`` ends the connection's reading and is raised here.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._serving = (on_message, done)
+        reader = self._reader
+        transport = cast(asyncio.Transport, self._writer.transport)  # uvloop's is no subclass
+        # Bytes the reader already holds (sent right behind the upgrade
+        # request, or not yet asked for by recv): StreamReader has no public
+        # way to take them without waiting, so its buffer and its
+        # flow-control flag (CPython 3.8-3.13) are read directly.
+        held: bytearray = reader._buffer  # type: ignore[attr-defined]
+        buffered = bytes(held)
+        held.clear()
+        at_eof = reader.at_eof()
+        transport.set_protocol(_ServeProtocol(self, transport.get_protocol()))
+        if reader._paused:  # type: ignore[attr-defined]
+            reader._paused = False  # type: ignore[attr-defined]
+            transport.resume_reading()
+        self._deliver()
+        if buffered and not done.done():
+            self._serve_data(buffered)
+        if at_eof and not done.done():
+            self._serve_eof()
+        try:
+            await done
+        finally:
+            self._serving = None
+
+    def _serve_data(self, data: bytes) -> None:
+        try:
+            self._proto.receive_data(data)
+            self._collect()
+            self._flush()
+            self._deliver()
+            if self._proto.state in (State.CLOSING, State.CLOSED):
+                self._note_close()
+                self.closed = True
+                self._serve_end()
+                self._writer.close()  # the transport flushes its buffer first
+        except Exception as exc:  # raised by serve() instead
+            self._serve_end(exc)
+
+    def _serve_eof(self) -> None:
+        try:
+            self._proto.receive_eof()
+            self._collect()
+            self._flush()
+            self.closed = True
+            self._deliver()
+            self._serve_end()
+        except Exception as exc:  # raised by serve() instead
+            self._serve_end(exc)
+
+    def _deliver(self) -> None:
+        serving = self._serving
+        while serving is not None and self._pending and not serving[1].done():
+            serving[0](self._pending.pop(0))
+
+    def _serve_end(self, exc: BaseException | None = None) -> None:
+        serving = self._serving
+        if serving is not None and not serving[1].done():
+            if exc is None:
+                serving[1].set_result(None)
+            else:
+                serving[1].set_exception(exc)
+
     def _note_close(self) -> None:
         rcvd = self._proto.close_rcvd or self._proto.close_sent
         if rcvd is not None and self.close_code is None:
@@ -277,6 +355,36 @@ class WsConnection:
         if msg is None:
             raise StopAsyncIteration
         return msg
+
+
+class _ServeProtocol(asyncio.Protocol):
+    """The transport's protocol during ``WsConnection.serve``.
+
+    Data and EOF go to the connection; flow control and the end of the
+    connection also go to the ``StreamReaderProtocol`` it replaced, which
+    ``StreamWriter.drain`` / ``wait_closed`` still rely on.
+    """
+
+    def __init__(self, conn: WsConnection, inner: asyncio.BaseProtocol) -> None:
+        self._conn = conn
+        self._inner = inner
+
+    def data_received(self, data: bytes) -> None:
+        self._conn._serve_data(data)
+
+    def eof_received(self) -> bool | None:
+        self._conn._serve_eof()
+        return True  # as StreamReaderProtocol: the writer closes the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._inner.connection_lost(exc)
+        self._conn._serve_eof()
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
 
 
 WsHandler = Callable[[WsConnection], Awaitable[None]]

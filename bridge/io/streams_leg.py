@@ -221,17 +221,19 @@ class _Stream:
         self.call.start()
         unbind_call()
 
+    def _on_message(self, msg: str | bytes) -> None:
+        if isinstance(msg, str):
+            self.engine.receive_text(msg, self.loop.time())
+        else:
+            self.engine.receive_bytes(msg, self.loop.time())
+        self.pump()
+
     async def run(self) -> None:
         self.connected_at = self.now()
         self.engine.connection_made(self.connected_at)
         self.pump()
         try:
-            async for msg in self.conn:
-                if isinstance(msg, str):
-                    self.engine.receive_text(msg, self.now())
-                else:
-                    self.engine.receive_bytes(msg, self.now())
-                self.pump()
+            await self.conn.serve(self._on_message)
         finally:
             if self.timer is not None:
                 self.timer.cancel()
