@@ -11,8 +11,15 @@ median of ``arrival_i - i * 20 ms`` over the messages after the lead, and
 those messages are measured against it.
 
 Drift: the slope of (arrival - grid) against time, over every talkspurt of a
-call, in parts per million (a clock running slow by 1 ppm is 36 µs per hour
-late... 10 minutes at 100 ppm would be 60 ms).
+call, in parts per million and in ms per minute (1 ppm = 0.06 ms per minute;
+a clock running 100 ppm slow is 60 ms late after 10 minutes). The daemon's
+RTP timestamps follow its media clock's frame index and it sends silence
+between turns, so a continuous call is one talkspurt and its slope is the
+drift of the sender's 20 ms grid against the receiver's kernel clock.
+
+Per call: ``per_call_figures`` gives each call's p50/p99/max |deviation| and
+drift; ``pacing_summary`` gives the figures over all packets of all calls and
+the median/worst of the per-call ones.
 """
 
 from __future__ import annotations
@@ -74,6 +81,30 @@ def drift_ppm(arrival: np.ndarray, dev: np.ndarray) -> float:
     return float(slope * 1e6)
 
 
+PPM_TO_MS_PER_MIN = 60.0 * 1e3 / 1e6
+
+
+def per_call_figures(per_call: list[tuple[np.ndarray, np.ndarray]]) -> list[dict[str, Any]]:
+    """p50/p99/max |deviation| (ms) and drift (ppm, ms per minute) of each call with packets."""
+    out: list[dict[str, Any]] = []
+    for a, d in per_call:
+        if not d.size:
+            continue
+        absms = np.abs(d) / 1e6
+        ppm = drift_ppm(a, d)
+        out.append(
+            {
+                "packets": int(d.size),
+                "p50_ms": round(float(np.percentile(absms, 50)), 3),
+                "p99_ms": round(float(np.percentile(absms, 99)), 3),
+                "max_ms": round(float(absms.max()), 3),
+                "drift_ppm": round(ppm, 3) if ppm == ppm else None,
+                "drift_ms_per_min": round(ppm * PPM_TO_MS_PER_MIN, 4) if ppm == ppm else None,
+            }
+        )
+    return out
+
+
 def pacing_summary(per_call: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
     """p50/p99/max of |deviation| over every packet of every call, worst call, drift."""
     devs = [d for _, d in per_call if d.size]
@@ -81,8 +112,12 @@ def pacing_summary(per_call: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, A
         return {"packets": 0}
     allabs = np.abs(np.concatenate(devs)) / 1e6
     call_p99 = [float(np.percentile(np.abs(d) / 1e6, 99)) for d in devs]
+    call_p50 = [float(np.percentile(np.abs(d) / 1e6, 50)) for d in devs]
+    call_max = [float(np.abs(d).max() / 1e6) for d in devs]
     drifts = [drift_ppm(a, d) for a, d in per_call if d.size]
     drifts = [x for x in drifts if x == x]
+    drift_med = float(np.median(drifts)) if drifts else None
+    drift_abs = float(np.max(np.abs(drifts))) if drifts else None
     return {
         "packets": int(allabs.size),
         "calls": len(devs),
@@ -92,6 +127,15 @@ def pacing_summary(per_call: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, A
         "max_ms": round(float(allabs.max()), 3),
         "worst_call_p99_ms": round(max(call_p99), 3),
         "calls_over_2ms_p99": sum(1 for x in call_p99 if x > 2.0),
-        "drift_ppm_median": round(float(np.median(drifts)), 3) if drifts else None,
-        "drift_ppm_max_abs": round(float(np.max(np.abs(drifts))), 3) if drifts else None,
+        "call_p50_ms_median": round(float(np.median(call_p50)), 3),
+        "call_p99_ms_median": round(float(np.median(call_p99)), 3),
+        "call_max_ms_median": round(float(np.median(call_max)), 3),
+        "drift_ppm_median": round(drift_med, 3) if drift_med is not None else None,
+        "drift_ppm_max_abs": round(drift_abs, 3) if drift_abs is not None else None,
+        "drift_ms_per_min_median": (
+            round(drift_med * PPM_TO_MS_PER_MIN, 4) if drift_med is not None else None
+        ),
+        "drift_ms_per_min_max_abs": (
+            round(drift_abs * PPM_TO_MS_PER_MIN, 4) if drift_abs is not None else None
+        ),
     }

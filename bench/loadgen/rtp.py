@@ -8,6 +8,11 @@ measures. Every 20 ms each call also sends one inbound PCMU packet (low-level
 noise below the barge-in energy floor, so the VAD runs on every frame but
 never interrupts the turn). Calls are spread over 20 one-millisecond phases.
 
+The same object is also a minimal UAS (``accept_incoming = True``): a call
+offered to its SIP port (e.g. by baresip) is answered at once with SDP that
+names a fresh RTP socket, and that call's packets are measured the same way
+(``bench/bench_pacing.py`` uses this for the baresip baseline).
+
 Everything runs in one ``epoll`` loop with no asyncio: timing is
 ``time.monotonic()``; kernel timestamps (CLOCK_REALTIME) are moved onto
 CLOCK_MONOTONIC with an offset measured at start-up.
@@ -25,8 +30,13 @@ from array import array
 from dataclasses import dataclass, field
 
 from bridge.engine import SendDatagram
-from bridge.sip.events import CallEnded, OutboundCallAnswered, OutboundCallFailed
-from bridge.sip.sdp import build_offer, negotiate, parse_sdp
+from bridge.sip.events import (
+    CallEnded,
+    CallOffered,
+    OutboundCallAnswered,
+    OutboundCallFailed,
+)
+from bridge.sip.sdp import build_answer, build_offer, negotiate, parse_sdp
 from bridge.sip.settings import SipSettings
 from bridge.sip.ua import SipUserAgent
 from telcodec import g711
@@ -95,6 +105,7 @@ class RtpLoad:
         self.by_call_id: dict[str, RtpCall] = {}
         self.failed = 0
         self.recording = False
+        self.accept_incoming = False
         self.payload = noise_payload()
         self.offset_ns = realtime_to_monotonic_offset_ns()
         self._ua_deadline: float | None = None
@@ -103,10 +114,13 @@ class RtpLoad:
 
     # ------------------------------------------------------------ SIP
 
-    def _pump(self) -> None:
+    def _flush(self) -> None:
         for action in self.ua.actions_to_send():
             if isinstance(action, SendDatagram):
                 self.sip.sendto(action.data, action.addr)
+
+    def _pump(self) -> None:
+        self._flush()
         for event in self.ua.events_received():
             if isinstance(event, OutboundCallAnswered):
                 call = self.by_call_id.get(event.call_id)
@@ -119,11 +133,51 @@ class RtpLoad:
                 call = self.by_call_id.get(event.call_id)
                 if call is not None:
                     call.ended = True
+            elif isinstance(event, CallOffered):
+                self._answer(event)
             elif isinstance(event, CallEnded):
                 call = self.by_call_id.get(event.call_id)
                 if call is not None:
                     call.ended = True
+        self._flush()  # what answering an offered call queued
         self._ua_deadline = self.ua.next_deadline()
+
+    def _new_call(self) -> RtpCall:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 18)
+        return RtpCall(len(self.calls), sock, sock.getsockname()[1])
+
+    def _register(self, call: RtpCall) -> None:
+        self.calls.append(call)
+        self.by_fd[call.sock.fileno()] = call
+        self.by_call_id[call.call_id] = call
+        self.ep.register(call.sock.fileno(), select.EPOLLIN)
+
+    def _answer(self, event: CallOffered) -> None:
+        """The UAS side: answer an offered call (PCMU) with a fresh measured RTP socket."""
+        now = time.monotonic()
+        offer = parse_sdp(event.offer_sdp)
+        audio = negotiate(offer, ("PCMU",))
+        if not self.accept_incoming or audio is None:
+            status, reason = (488, "Not Acceptable Here") if audio is None else (603, "Decline")
+            self.ua.reject(event.call_id, status, reason, now)
+            return
+        call = self._new_call()
+        call.call_id = event.call_id
+        answer = build_answer(offer, audio, "127.0.0.1", call.port, random.getrandbits(31), 1)
+        self.ua.answer(event.call_id, answer, now)
+        call.remote = audio.remote_addr
+        call.answered_at = now
+        self._register(call)
+
+    @property
+    def sip_addr(self) -> tuple[str, int]:
+        """Where this load generator's UA listens (the UAS address for incoming calls)."""
+        host, port = self.sip.getsockname()[:2]
+        return str(host), int(port)
 
     def place(self, n: int, rate_per_s: float = 200.0) -> None:
         """Invite ``n`` more calls at ``rate_per_s``, running media for those answered."""
@@ -131,12 +185,7 @@ class RtpLoad:
         next_at = time.monotonic()
         for _ in range(n):
             self.run_until(next_at)
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.bind(("127.0.0.1", 0))
-            sock.setblocking(False)
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 18)
-            call = RtpCall(len(self.calls), sock, sock.getsockname()[1])
+            call = self._new_call()
             offer = build_offer("127.0.0.1", call.port, random.getrandbits(31), 1, ("PCMU",))
             call.call_id = self.ua.invite(
                 f"sip:{self.route}@{self.daemon[0]}:{self.daemon[1]}",
@@ -145,10 +194,7 @@ class RtpLoad:
                 self.daemon,
                 time.monotonic(),
             )
-            self.calls.append(call)
-            self.by_fd[sock.fileno()] = call
-            self.by_call_id[call.call_id] = call
-            self.ep.register(sock.fileno(), select.EPOLLIN)
+            self._register(call)
             self._pump()
             next_at += gap_s
 
