@@ -21,23 +21,44 @@ session:
 ``calls_per_core_rtp_only`` is 1 s divided by 50 x (receive_and_pop +
 send_frame): the RTP engine's share of one call per 20 ms; sockets, the event
 loop, codecs and VAD come on top (see bench_codecs and the design notes).
+
+Shell figures, in **CPU** microseconds (``time.process_time``, median of the
+repetitions) so that other processes on the machine do not enter them:
+
+* ``sip_call_path``: N real ``_SipCall`` shell objects of ``bridge/io/sip_leg.py``
+  under uvloop, each with a real RTP/RTCP socket pair on 127.0.0.1 and its
+  uvloop transports; per 20 ms and per call, one inbound PCMU packet handed to
+  the RTP protocol's ``datagram_received`` exactly as uvloop hands it over
+  (the ``recvfrom`` itself is not counted) and one ``send_frame`` (RTP
+  session, jitter-buffer pop, the real ``sendto`` to a sink socket). The
+  call's runner is a stub: VAD, barge-in and playout belong to the call side
+  (``bench_streams`` measures that path);
+* ``ticker``: the process-wide ``MediaTicker`` driving N streams (no-op frame
+  callbacks) on a simulated clock that wakes it when it asked, with a real
+  uvloop ``call_at`` per re-arm: CPU per stream per 20 ms tick, the scheduling
+  overhead every call pays on top of its own frame work.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
+import socket
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from common import machine
 
 from bridge.rtp.packet import RtpPacket, build_rtp, parse_rtp_header
 from bridge.rtp.session import RtpSession, RtpSessionConfig
+
+SHELL_CALLS = (100, 500)
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER = ("192.0.2.10", 40000)
@@ -122,6 +143,154 @@ def run(quick: bool) -> dict[str, float]:
     }
 
 
+class _StubRunner:
+    """Stands in for the call's ``CallRunner``: takes the inbound audio and does nothing."""
+
+    frames = 0
+
+    def caller_audio(self, frame: bytes) -> None:
+        self.frames += 1
+
+    def caller_dtmf(self, digit: str) -> None:
+        pass
+
+    def hangup(self, reason: str) -> None:
+        pass
+
+
+def _cpu_median_us(run: Callable[[], float], repeats: int) -> float:
+    run()  # warm-up
+    return statistics.median(run() for _ in range(repeats))
+
+
+async def _sip_calls(n_calls: int) -> tuple[list[Any], socket.socket]:
+    from bridge.io.sip_leg import _SipCall
+    from bridge.sip.sdp import NegotiatedAudio
+
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))  # never read: the kernel drops what overflows its buffer
+    sink_addr = sink.getsockname()
+    leg = SimpleNamespace(
+        daemon=SimpleNamespace(config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=60.0)))
+    )
+    calls = []
+    for i in range(n_calls):
+        call = _SipCall(leg, None, f"call-{i}", 0)  # type: ignore[arg-type]
+        rtp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        rtp.bind(("127.0.0.1", 0))
+        rtcp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        rtcp.bind(("127.0.0.1", 0))
+        await call.attach((rtp, rtcp))
+        call.start_media(NegotiatedAudio(0, "PCMU", 0, 101, sink_addr, "sendrecv", 20))
+        call.runner = _StubRunner()  # type: ignore[assignment]
+        calls.append(call)
+    return calls, sink
+
+
+def bench_sip_call_path(n_calls: int, frames: int, repeats: int) -> float:
+    """CPU us per call per 20 ms: one inbound packet + one outbound frame through ``_SipCall``."""
+    import uvloop
+
+    async def main() -> float:
+        calls, sink = await _sip_calls(n_calls)
+        peer = sink.getsockname()
+        packets = [
+            build_rtp(0, s & 0xFFFF, (s * 160) & 0xFFFFFFFF, 0x1234, PAYLOAD, s == 0)
+            for s in range(frames * (repeats + 1))
+        ]
+        protocols = [c.rtp_transport.get_protocol() for c in calls]
+        state = {"frame": 0}
+
+        def run() -> float:
+            first = state["frame"]
+            now = 1.0 + first * 0.02
+            start = time.process_time()
+            for k in range(first, first + frames):
+                data = packets[k]
+                for proto in protocols:
+                    proto.datagram_received(data, peer)
+                for call in calls:
+                    call.send_frame(PAYLOAD, k, now)
+                now += 0.02
+            elapsed = time.process_time() - start
+            state["frame"] = first + frames
+            return elapsed / frames / n_calls * 1e6
+
+        result = _cpu_median_us(run, repeats - 1)
+        for c in calls:
+            c.close()
+        sink.close()
+        await asyncio.sleep(0.05)
+        return result
+
+    return uvloop.run(main())
+
+
+class _SimLoop:
+    """A loop whose clock the benchmark moves; ``call_at`` is the real uvloop one."""
+
+    def __init__(self, real: asyncio.AbstractEventLoop) -> None:
+        self.real = real
+        self.now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        return self.real.call_at(self.real.time() + 3600 + (when - self.now), callback)
+
+
+def bench_ticker(n_streams: int, ticks: int, repeats: int) -> float:
+    """CPU us per stream per 20 ms tick of ``MediaTicker`` scheduling (callbacks do nothing)."""
+    import uvloop
+
+    from bridge.io.ticker import MediaTicker
+
+    async def main() -> float:
+        sim = _SimLoop(asyncio.get_running_loop())
+        try:
+            ticker = MediaTicker(sim, clock=sim.time)  # type: ignore[call-arg,arg-type]
+        except TypeError:  # before the ticker took a clock
+            ticker = MediaTicker(sim)  # type: ignore[arg-type]
+        sent = [0]
+
+        def on_frame(n: int, now: float) -> None:
+            sent[0] += 1
+
+        for i in range(n_streams):
+            ticker.add(f"s{i}", on_frame, lambda e: None)
+            sim.now += 0.02 / n_streams  # calls arrive spread over the period
+
+        def run() -> float:
+            target = sent[0] + ticks * n_streams
+            start = time.process_time()
+            while sent[0] < target:
+                handle = ticker._handle
+                if handle is None:
+                    raise RuntimeError("ticker not armed")
+                handle.cancel()
+                sim.now = max(sim.now, ticker._armed_at or sim.now) + 0.0003  # woken a bit late
+                ticker._run()
+            elapsed = time.process_time() - start
+            return elapsed / ticks / n_streams * 1e6
+
+        result = _cpu_median_us(run, repeats)
+        ticker.close()
+        return result
+
+    return uvloop.run(main())
+
+
+def run_shell(quick: bool) -> dict[str, float]:
+    frames = 250 if quick else 1000
+    repeats = 5 if quick else 9
+    out: dict[str, float] = {}
+    for n in SHELL_CALLS:
+        out[f"sip_call_path_{n}"] = bench_sip_call_path(n, frames, repeats)
+        out[f"ticker_{n}"] = bench_ticker(n, frames, repeats)
+    return out
+
+
 def machine_info() -> dict[str, Any]:
     """The shared machine/commit record (bench/common.py)."""
     return machine()
@@ -134,6 +303,7 @@ def main() -> None:
     args = parser.parse_args()
 
     timings = run(args.quick)
+    shell = run_shell(args.quick)
     per_call_us = PACKETS_PER_S * (timings["receive_and_pop"] + timings["send_frame"])
     report = {
         "benchmark": "rtp",
@@ -142,6 +312,7 @@ def main() -> None:
         "us_per_packet": timings,
         "us_per_call_per_second": per_call_us,
         "calls_per_core_rtp_only": 1e6 / per_call_us,
+        "cpu_us_per_call_per_20ms": shell,
     }
     print(f"{'operation':28s} {'us / packet':>12s}")
     for name, us in timings.items():
@@ -150,6 +321,9 @@ def main() -> None:
         f"\nRTP engine per call: {per_call_us:.0f} us per second of call "
         f"-> {report['calls_per_core_rtp_only']:.0f} calls per core (RTP engine only)"
     )
+    print(f"\n{'shell path (CPU)':28s} {'us / call / 20 ms':>18s}")
+    for name, us in shell.items():
+        print(f"{name:28s} {us:18.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")

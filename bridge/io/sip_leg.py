@@ -33,7 +33,7 @@ from bridge.io.callrun import CallRunner
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.rtp.dtmf import DtmfReceived, DtmfSender, InbandDtmf
-from bridge.rtp.jitter import FrameLost, RtpFrame
+from bridge.rtp.jitter import FrameLost
 from bridge.rtp.packet import is_rtcp
 from bridge.rtp.ports import RtpPortAllocator
 from bridge.rtp.session import RtpSession, RtpSessionConfig, RtpTimedOut, silence_frame
@@ -80,6 +80,21 @@ class _DatagramProtocol(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
         self.on_datagram(data, (addr[0], addr[1]))
+
+    def error_received(self, exc: Exception) -> None:  # ICMP unreachable and the like
+        log.debug("udp.error", error=str(exc))
+
+
+class _RtpProtocol(asyncio.DatagramProtocol):
+    """The RTP socket's protocol: the loop calls the call's handler with no frame in between."""
+
+    def __init__(self, on_datagram: Callable[[bytes, tuple[Any, ...]], None]) -> None:
+        # an instance attribute shadows the method: one Python call per datagram, not two
+        self.datagram_received = on_datagram  # type: ignore[method-assign,assignment]
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
 
     def error_received(self, exc: Exception) -> None:  # ICMP unreachable and the like
         log.debug("udp.error", error=str(exc))
@@ -183,11 +198,14 @@ class _SipCall:
         self.port_key = call_id
         self.rtp_port = rtp_port
         self.loop = asyncio.get_running_loop()
+        self._time = self.loop.time
         self.audio: NegotiatedAudio | None = None
         self.rtp = RtpSession(RtpSessionConfig(), None, self.loop.time())  # until negotiated
         self.pt = 0
         self.silence = silence_frame(0)
         self.dtmf = DtmfSender()
+        self.dtmf_active = False
+        """Digits queued on ``dtmf``: ticks ask it for a packet only then."""
         self.inband: InbandDtmf | None = None
         self.rtp_transport: asyncio.DatagramTransport | None = None
         self.rtcp_transport: asyncio.DatagramTransport | None = None
@@ -240,7 +258,7 @@ class _SipCall:
 
     async def attach(self, socks: tuple[socket.socket, socket.socket]) -> None:
         """Start receiving on the bound port pair."""
-        rtp = _DatagramProtocol(self._on_rtp)
+        rtp = _RtpProtocol(self._on_rtp)
         rtcp = _DatagramProtocol(self._on_rtcp)
         t1, _ = await self.loop.create_datagram_endpoint(lambda: rtp, sock=socks[0])
         t2, _ = await self.loop.create_datagram_endpoint(lambda: rtcp, sock=socks[1])
@@ -249,9 +267,12 @@ class _SipCall:
         if self.ended:
             self.close()
 
-    def _on_rtp(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.rtp.receive_datagram(data, addr, self.loop.time())
-        self._pump_rtp()
+    def _on_rtp(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        # the loop calls this directly (_RtpProtocol); IPv6 source addresses come as 4-tuples
+        if len(addr) != 2:
+            addr = (addr[0], addr[1])
+        if self.rtp.receive_datagram(data, addr, self._time()):  # type: ignore[arg-type]
+            self._pump_rtp()  # only when the engine queued something (latch, DTMF, SSRC, ...)
 
     def _on_rtcp(self, data: bytes, addr: tuple[str, int]) -> None:
         self.rtp.receive_rtcp(data, addr, self.loop.time())
@@ -277,28 +298,48 @@ class _SipCall:
     # --- LegAdapter ---------------------------------------------------------
 
     def send_frame(self, frame: bytes | None, n: int, now: float) -> None:
-        packet = self.dtmf.next_packet()
+        """This tick's RTP packet out and the caller's next frame in (the per-call hot path).
+
+        The common tick builds one datagram (``RtpSession.frame_packet``) and
+        sends it with one ``sendto``: no action object, no outbox lists. The
+        engine's outbox is drained only when something was queued (an RFC
+        4733 packet, an RTCP report, an event).
+        """
+        rtp = self.rtp
+        pump = False
+        packet = None
+        if self.dtmf_active:
+            packet = self.dtmf.next_packet()
+            if packet is None and self.dtmf.idle:
+                self.dtmf_active = False
         if packet is not None:
-            self.rtp.send_telephone_event(packet, now, n)
+            rtp.send_telephone_event(packet, now, n)
+            pump = True
         else:
-            if frame is not None and not self.sending_audio:
-                self.rtp.start_talkspurt()
-            self.sending_audio = frame is not None
-            self.rtp.send_frame(frame if frame is not None else self.silence, self.pt, now, n)
-        deadline = self.rtp.next_deadline()
-        if deadline is not None and now >= deadline:
-            self.rtp.handle_timer(now)
-        inbound = self.rtp.pop_frame(now)
-        self._pump_rtp()
-        if self.runner is None:
+            if frame is None:
+                frame = self.silence
+                self.sending_audio = False
+            elif not self.sending_audio:
+                rtp.start_talkspurt()
+                self.sending_audio = True
+            data = rtp.frame_packet(frame, self.pt, now, n)
+            if data is not None and self.rtp_transport is not None:
+                self.rtp_transport.sendto(data, rtp.remote_addr)
+        if rtp.poll_timer(now):  # RTCP report, RTP timeout, DTMF end: every few seconds
+            pump = True
+        inbound = rtp.pop_frame(now)
+        if pump:
+            self._pump_rtp()
+        runner = self.runner
+        if runner is None:
             return
-        if isinstance(inbound, RtpFrame) and len(inbound.payload) == 160:
-            self.runner.caller_audio(inbound.payload)
+        if inbound is None or isinstance(inbound, FrameLost):
+            runner.caller_audio(self.silence)
+        elif len(payload := inbound.payload) == 160:
+            runner.caller_audio(payload)
             if self.inband is not None:
-                for digit in self.inband.process(inbound.payload):
-                    self.runner.caller_dtmf(digit)
-        elif isinstance(inbound, FrameLost) or inbound is None:
-            self.runner.caller_audio(self.silence)
+                for digit in self.inband.process(payload):
+                    runner.caller_dtmf(digit)
 
     def send_mark(self, name: str) -> None:
         """RTP has no marks: a frame sent is a frame heard."""
@@ -320,6 +361,7 @@ class _SipCall:
     def send_dtmf(self, digits: str) -> None:
         if self.audio is not None and self.audio.telephone_event_pt is not None:
             self.dtmf.send_digits(digits)
+            self.dtmf_active = True
         else:
             log.warning("sip.dtmf_unsupported", call_id=self.call_id)
 

@@ -28,9 +28,11 @@ No clock is read: ``now`` is a parameter. Counters are public attributes.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 __all__ = ["FrameLost", "JitterBuffer", "RtpFrame"]
+
+_MISSING: Final = object()
 
 
 class RtpFrame(NamedTuple):
@@ -155,8 +157,19 @@ class JitterBuffer:
 
     def _trim(self, buffer: dict[int, RtpFrame | None]) -> int:
         keep_from = self._highest - self._depth_frames + 1
-        for ext in [e for e in buffer if e < keep_from]:
-            del buffer[ext]
-            self.dropped_overflow += 1
-        self._next = min(buffer) if buffer else keep_from
+        start = self._next if self._next is not None else keep_from
+        if keep_from - start <= 2 * len(buffer):
+            # the usual overflow: a short run of numbers below keep_from, no scan or list
+            pop = buffer.pop
+            for ext in range(start, keep_from):
+                if pop(ext, _MISSING) is not _MISSING:
+                    self.dropped_overflow += 1
+        else:  # a long jump: scan the (short) buffer instead of the numbers
+            for ext in [e for e in buffer if e < keep_from]:
+                del buffer[ext]
+                self.dropped_overflow += 1
+        if keep_from in buffer:
+            self._next = keep_from
+        else:
+            self._next = min(buffer) if buffer else keep_from
         return self._next

@@ -50,6 +50,7 @@ __all__ = [
     "RTCP_RR",
     "RTCP_SDES",
     "RTCP_SR",
+    "RTP_FIXED_HEADER",
     "RTP_HEADER_BYTES",
     "RTP_SEQ_MODULUS",
     "RTP_TS_MODULUS",
@@ -84,6 +85,8 @@ RTCP_BYE: Final = 203
 SDES_CNAME: Final = 1
 
 _RTP_HEADER: Final = struct.Struct("!BBHII")
+RTP_FIXED_HEADER: Final = _RTP_HEADER
+"""The fixed 12-byte header (V/P/X/CC, M/PT, sequence, timestamp, SSRC), precompiled."""
 _EXTENSION_HEADER: Final = struct.Struct("!HH")
 _RTCP_HEADER: Final = struct.Struct("!BBH")
 _U32: Final = struct.Struct("!I")

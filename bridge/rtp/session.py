@@ -75,6 +75,7 @@ events, for per-packet drops.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -83,6 +84,7 @@ from bridge.engine import Address, Event, LocalProtocolError, Outbox, SendDatagr
 from bridge.rtp.dtmf import DtmfReceiver, TelephoneEventPacket
 from bridge.rtp.jitter import FrameLost, JitterBuffer, RtpFrame
 from bridge.rtp.packet import (
+    RTP_FIXED_HEADER,
     ReportBlock,
     RtcpBye,
     RtcpPacket,
@@ -331,6 +333,8 @@ class RtpSession(Outbox):
         self._rtcp_wrong_source = 0
         # RTCP timer: the first interval is halved (RFC 3550 §6.3.2).
         self._rtcp_at = now + self._rtcp_interval() / 2
+        self._timer_floor = -math.inf
+        """A lower bound of ``next_deadline()`` (see ``poll_timer``)."""
 
     # ------------------------------------------------------------ commands
 
@@ -348,13 +352,36 @@ class RtpSession(Outbox):
         Nothing is sent when the direction does not send (hold) or no remote
         address is known yet. After calling this, drain ``actions_to_send()``.
         """
-        addr = self._send_addr
-        if addr is None or not self._sending:
-            return
-        marker = self._marker_pending
-        self._marker_pending = False
+        data = self.frame_packet(payload, pt, now, frame_index)
+        if data is not None:
+            assert self._send_addr is not None  # frame_packet returns None without one
+            self._actions.append(SendDatagram(data, self._send_addr))
+
+    def frame_packet(self, payload: bytes, pt: int, now: float, frame_index: int) -> bytes | None:
+        """``send_frame`` for the per-tick hot path: the datagram itself, not an action.
+
+        Same packet and the same state changes (sequence number, marker,
+        counters, SR figures) as ``send_frame``, but the datagram is returned
+        for the shell to send to ``remote_addr`` at once: no ``SendDatagram``
+        object and no outbox round trip per frame. ``None`` when nothing is
+        to be sent (hold, or no remote address yet).
+        """
+        if self._send_addr is None or not self._sending:
+            return None
+        second = pt
+        if self._marker_pending:
+            self._marker_pending = False
+            second = pt | 0x80
+        seq = self._seq
         ts = (self.ts0 + frame_index * self._spf) & _TS_MASK
-        self._emit(build_rtp(pt, self._seq, ts, self.ssrc, payload, marker), addr, ts, now)
+        data = RTP_FIXED_HEADER.pack(0x80, second, seq, ts, self.ssrc) + payload
+        self._seq = (seq + 1) & 0xFFFF
+        self._packets_sent += 1
+        self._octets_sent += len(payload)
+        self._sent_since_report = True
+        self._last_sent_ts = ts
+        self._last_sent_at = now
+        return data
 
     def send_telephone_event(
         self, packet: TelephoneEventPacket, now: float, frame_index: int
@@ -408,6 +435,7 @@ class RtpSession(Outbox):
             self._marker_pending = True
         self._last_rx_at = now
         self._timed_out = False
+        self._timer_floor = -math.inf  # the timeout may apply again: recompute
 
     def close(self, now: float, reason: str = "") -> None:
         """Send a final RTCP report with BYE and stop sending."""
@@ -423,42 +451,58 @@ class RtpSession(Outbox):
 
     # ------------------------------------------------------------ receive
 
-    def receive_datagram(self, data: bytes, source_addr: Address, now: float) -> None:
+    def receive_datagram(self, data: bytes, source_addr: Address, now: float) -> bool:
         """Handle one datagram from the RTP port. Bad input is counted, never raised.
 
-        After calling this, drain ``events_received()`` (and, for RTCP with
-        ``rtcp_mux``, nothing is sent back immediately).
+        Returns:
+            True when the datagram queued events or actions: drain
+            ``events_received()`` and ``actions_to_send()`` then. False in
+            the common case (an audio packet from the locked source, or a
+            dropped one), where draining would find nothing.
         """
         if self._rtcp_mux and is_rtcp(data):
             self.receive_rtcp(data, source_addr, now)
-            return
+            return True
         try:
             second, seq, ts, ssrc, start, end = parse_rtp_header(data)
         except ValueError:
             self._dropped_malformed += 1
-            return
+            return False
         pt = second & 0x7F
         if pt not in self._audio_pts and pt != self._te_pt:
             self._dropped_payload_type += 1
-            return
+            return False
         if source_addr != self._peer and not self._latch(source_addr):
             self._dropped_wrong_source += 1
-            return
+            return False
         if ssrc != self._remote_ssrc:
             self._change_source(ssrc, seq)
-        ext = self._update_seq(seq)
-        if ext is None:
-            self._dropped_bad_sequence += 1
-            return
+        max_seq = self._max_seq
+        if seq == (max_seq + 1) & 0xFFFF and not self._probation:
+            # RFC 3550 A.1, the in-order case of update_seq() (udelta == 1)
+            if seq < max_seq:
+                self._cycles += _SEQ_MOD  # wrapped
+            self._max_seq = seq
+            self._received += 1
+            ext = self._cycles + seq
+        else:
+            update = self._update_seq(seq)
+            if update is None:
+                self._dropped_bad_sequence += 1
+                return bool(self._events)
+            ext = update
         self._packets_received += 1
         self._octets_received += end - start
         self._last_rx_at = now
-        self._timed_out = False
+        if self._timed_out:
+            self._timed_out = False
+            self._timer_floor = -math.inf  # the timeout applies again
         if pt == self._te_pt:
             self._dtmf.receive(data[start:end], ts, now)
             self._events.extend(self._dtmf.events_received())
             self._jitter_buffer.insert(ext, None, now)
-            return
+            self._timer_floor = -math.inf  # an event's end timeout may be armed
+            return bool(self._events)
         # RFC 3550 A.8 interarrival jitter, in timestamp units.
         transit = (round(now * self._clock_rate_hz) - ts) & _TS_MASK
         if self._transit is not None:
@@ -468,6 +512,7 @@ class RtpSession(Outbox):
         # tuple.__new__ skips the NamedTuple's generated __new__ frame (hot path).
         frame = _new_tuple(RtpFrame, (data[start:end], seq, ts, pt, second > 0x7F))
         self._jitter_buffer.insert(ext, frame, now)
+        return bool(self._events)
 
     def _latch(self, source_addr: Address) -> bool:
         """Symmetric RTP: lock onto the first valid source (only while learning)."""
@@ -673,8 +718,29 @@ class RtpSession(Outbox):
             deadline = min(deadline, dtmf)
         return deadline
 
+    def poll_timer(self, now: float) -> bool:
+        """``handle_timer(now)`` if ``now >= next_deadline()``: the once-per-tick check.
+
+        Returns True when it ran (drain ``actions_to_send()`` and
+        ``events_received()`` then). Cheap when nothing is due: one compare
+        against a lower bound of the next deadline, refreshed only when that
+        bound is reached or something may have moved the deadline earlier
+        (a telephone-event packet, a direction change, the end of a timeout).
+        Received packets only move the RTP timeout later, so they leave the
+        bound valid.
+        """
+        if now < self._timer_floor:
+            return False
+        deadline = self.next_deadline()
+        if deadline is None or now < deadline:
+            self._timer_floor = math.inf if deadline is None else deadline
+            return False
+        self.handle_timer(now)
+        return True
+
     def handle_timer(self, now: float) -> None:
         """Send a due RTCP report, report an RTP timeout, close a DTMF event."""
+        self._timer_floor = -math.inf  # recomputed by the next poll_timer()
         if self._closed:
             return
         if now >= self._rtcp_at:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bridge.rtp.jitter import FrameLost, JitterBuffer, RtpFrame
 
@@ -44,3 +46,53 @@ def test_parameters_validated() -> None:
         JitterBuffer(depth_frames=0)
     with pytest.raises(ValueError, match="max_frames"):
         JitterBuffer(depth_frames=5, max_frames=4)
+
+
+class _ScanTrimBuffer(JitterBuffer):
+    """The buffer with the original overflow trim (scan every held entry): the reference."""
+
+    def _trim(self, buffer: dict[int, RtpFrame | None]) -> int:
+        keep_from = self._highest - self._depth_frames + 1
+        for ext in [e for e in buffer if e < keep_from]:
+            del buffer[ext]
+            self.dropped_overflow += 1
+        self._next = min(buffer) if buffer else keep_from
+        return self._next
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("run"), st.integers(1, 15), st.booleans()),
+            st.tuples(st.just("insert"), st.integers(-5, 30), st.booleans()),
+            st.tuples(st.just("jump"), st.integers(20, 5000), st.booleans()),
+            st.tuples(st.just("pop"), st.integers(1, 3), st.just(False)),
+        ),
+        max_size=100,
+    )
+)
+def test_overflow_trim_matches_the_full_scan(ops: list[tuple[str, int, bool]]) -> None:
+    fast, ref = JitterBuffer(3, 10), _ScanTrimBuffer(3, 10)
+    top = 0  # next number of a sequential run
+    now = 0.0
+
+    def insert(ext: int, placeholder: bool) -> None:
+        item = None if placeholder or ext < 0 else frame(ext)
+        fast.insert(max(ext, 0), item, now)
+        ref.insert(max(ext, 0), item, now)
+
+    for op, value, placeholder in ops:
+        if op == "pop":
+            for _ in range(value):
+                now += 0.02
+                assert fast.pop(now) == ref.pop(now)
+        elif op == "run":  # a burst of in-order packets (a network stall released)
+            for _ in range(value):
+                insert(top, False)
+                top += 1
+        elif op == "insert":  # a reordered or duplicate one
+            insert(top + value, placeholder)
+        else:  # the source's numbering jumps ahead
+            top += value
+    for name in ("dropped_overflow", "dropped_late", "dropped_duplicate", "frames_lost"):
+        assert getattr(fast, name) == getattr(ref, name)

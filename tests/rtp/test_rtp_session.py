@@ -632,3 +632,90 @@ def test_any_arrival_order_plays_each_sequence_number_at_most_once(
             if isinstance(frame, RtpFrame):
                 played.append(frame.sequence_number)
     assert len(played) == len(set(played))
+
+
+# ---------------------------------------------------------------- per-tick fast paths
+
+
+def test_frame_packet_is_the_datagram_send_frame_queues() -> None:
+    queued, direct = make(), make()
+    for n, payload in enumerate([PCMU, PCMU, b"\x01" * 160]):
+        if n == 2:
+            queued.start_talkspurt()
+            direct.start_talkspurt()
+        queued.send_frame(payload, 0, n * 0.02, n)
+        data = direct.frame_packet(payload, 0, n * 0.02, n)
+        (action,) = queued.actions_to_send()
+        assert isinstance(action, SendDatagram) and action.data == data
+        assert action.addr == direct.remote_addr
+    assert direct.actions_to_send() == []  # nothing queued: the shell sent it
+    assert direct.counters() == queued.counters()
+    direct.set_direction("recvonly", 1.0)
+    assert direct.frame_packet(PCMU, 0, 1.0, 50) is None
+    assert make(remote=None).frame_packet(PCMU, 0, 0.0, 0) is None
+
+
+def test_receive_says_when_there_is_something_to_drain() -> None:
+    session = make(RtpSessionConfig(latch=True, telephone_event_pt=101))
+    assert session.receive_datagram(rtp(1), REMOTE, 0.0)  # latched + first SSRC
+    session.events_received()
+    assert not session.receive_datagram(rtp(2), REMOTE, 0.02)  # the common packet
+    assert not session.receive_datagram(rtp(4), REMOTE, 0.04)  # a gap: still nothing
+    assert not session.receive_datagram(rtp(3), REMOTE, 0.05)  # reordered
+    assert not session.receive_datagram(rtp(5), OTHER, 0.06)  # dropped: other source
+    assert not session.receive_datagram(b"\x00", REMOTE, 0.07)  # dropped: malformed
+    assert session.events_received() == []
+    assert session.receive_datagram(rtp(6, ssrc=0x55), REMOTE, 0.08)  # new SSRC
+    (event,) = session.events_received()
+    assert isinstance(event, SsrcChanged)
+    end = TelephoneEvent(5, True, 10, 160).serialize()
+    assert session.receive_datagram(rtp(7, pt=101, ssrc=0x55, payload=end), REMOTE, 0.1)
+    assert any(isinstance(e, DtmfReceived) for e in session.events_received())
+
+
+def test_in_order_fast_path_keeps_rfc3550_counts_across_a_wrap() -> None:
+    session = make()
+    feed(session, [65533, 65534, 65535, 0, 1, 2])
+    stats = session.reception_stats()
+    assert (stats.extended_highest_seq, stats.expected, stats.received) == (65536 + 2, 6, 6)
+    assert pops(session, 6) == [65533, 65534, 65535, 0, 1, 2]
+
+
+def test_poll_timer_runs_what_handle_timer_runs_when_due() -> None:
+    config = RtpSessionConfig(timeout_s=30.0, telephone_event_pt=101)
+    session = make(config)
+    feed(session, [1, 2])
+    session.events_received()
+    assert not session.poll_timer(2.0)
+    assert session.actions_to_send() == []
+    assert session.poll_timer(2.5)  # the first RTCP report: half the 5 s interval
+    (report,) = session.actions_to_send()
+    assert isinstance(report, SendDatagram)
+    assert not session.poll_timer(2.6)
+    # a telephone-event packet arms its end timeout earlier than the next report
+    start = TelephoneEvent(1, False, 10, 160).serialize()
+    session.receive_datagram(rtp(3, 480, pt=101, payload=start), REMOTE, 3.0)
+    session.events_received()
+    assert not session.poll_timer(3.4)
+    assert session.poll_timer(3.5)
+    assert DtmfReceived("1", 20, 10, 480, ended=False) in session.events_received()
+
+
+def test_poll_timer_sees_a_timeout_rearmed_by_traffic_or_unhold() -> None:
+    config = RtpSessionConfig(timeout_s=3.0, rtcp_interval_s=1000.0)
+    session = make(config)
+    feed(session, [1])
+    assert not session.poll_timer(1.0)
+    assert session.poll_timer(3.0)
+    assert any(isinstance(e, RtpTimedOut) for e in session.events_received())
+    assert not session.poll_timer(4.0)  # timed out: only the far RTCP report is left
+    session.receive_datagram(rtp(2), REMOTE, 5.0)  # traffic again: the timeout applies again
+    assert not session.poll_timer(7.9)
+    assert session.poll_timer(8.0)
+    assert any(isinstance(e, RtpTimedOut) for e in session.events_received())
+    session.set_direction("inactive", 9.0)
+    assert not session.poll_timer(20.0)
+    session.set_direction("sendrecv", 20.0)  # unhold restarts the timeout clock
+    assert not session.poll_timer(22.9)
+    assert session.poll_timer(23.0)
+    assert any(isinstance(e, RtpTimedOut) for e in session.events_received())
