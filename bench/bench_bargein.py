@@ -26,7 +26,10 @@ What is measured, with the daemon's default thresholds (``bridge.config.BargeInC
   of ``min_speech_ms``, ``energy_floor_dbfs``, ``echo_return_loss_db`` and VAD
   aggressiveness on the engine level.
 
-    python bench/bench_bargein.py [--quick] [--no-e2e] [--no-grid]
+    python bench/bench_bargein.py [--quick] [--no-e2e] [--no-grid] [--seed N]
+
+``--seed`` regenerates both sets (noise, phases, babble mixes) from another
+seed: a threshold tuned on the default seed (1) is reported on another one too.
 
 Generated audio is cached under ``bench/data/cache/`` (ignored by git).
 """
@@ -343,6 +346,7 @@ class Thresholds:
     energy_floor_dbfs: float
     echo_return_loss_db: float
     vad_aggressiveness: int
+    echo_correlation: float = BargeInConfig().echo_correlation
 
     @staticmethod
     def defaults() -> Thresholds:
@@ -359,6 +363,7 @@ class Thresholds:
             energy_floor_dbfs=self.energy_floor_dbfs,
             echo_return_loss_db=self.echo_return_loss_db,
             dtmf_triggers=c.dtmf,
+            echo_correlation=self.echo_correlation,
         )
 
 
@@ -664,10 +669,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-e2e", action="store_true")
     ap.add_argument("--no-grid", action="store_true")
+    ap.add_argument(
+        "--seed", type=int, default=1, help="onset set seed (false set: seed + 1); 1 = the record"
+    )
     args = ap.parse_args()
     voices = Voices()
-    onsets = onset_set(voices, args.quick)
-    clips = false_set(voices, args.quick)
+    onsets = onset_set(voices, args.quick, args.seed)
+    clips = false_set(voices, args.quick, args.seed + 1)
     bots = {"piper": piper_bot_audio(voices, 12.0), "tone": tone_bot_audio(12.0)}
     print(f"onset set: {len(onsets)} trials; false set: {len(clips)} clips of 10 s")
     print(
@@ -703,6 +711,7 @@ def main() -> None:
         print("end to end (Twilio, defaults):", e2e)
     settings = {
         "quick": args.quick,
+        "seed": args.seed,
         "defaults": Thresholds.defaults().__dict__,
         "onset_trials": len(onsets),
         "false_clips": len(clips),
@@ -710,7 +719,8 @@ def main() -> None:
         "noises": [f"{k}{lvl:g}" for k, lvl in NOISES[: 2 if args.quick else 4]],
         "goals": {"p95_ms": GOAL_P95_MS, "false_pct": GOAL_FALSE_PCT},
     }
-    print("wrote", write("bargein", figures, settings))
+    name = "bargein" if args.seed == 1 else f"bargein-seed{args.seed}"
+    print("wrote", write(name, figures, settings))
 
 
 if __name__ == "__main__":

@@ -89,3 +89,32 @@ def test_a_zero_threshold_switches_it_off_and_bad_frames_score_zero() -> None:
     assert not corr.is_echo(bot[-1])
     assert corr.likelihood(b"\x00" * 10) == 0.0
     assert corr.likelihood(b"\x00" * 320) == 0.0
+
+
+def test_a_caller_near_the_bots_harmonics_is_rarely_taken_for_echo() -> None:
+    # A 150 Hz caller over a 120 Hz bot shares harmonics (600 Hz, ...): the best
+    # of ~2 400 raw correlations of a 160-sample frame reaches 0.7 on 38 % of the
+    # frames; pre-emphasis (and the echo-gain bound) leaves 13 %.
+    bot = voiced(3.0, 120, seed=1)
+    caller = voiced(3.0, 150, seed=3)
+    scores = run(bot, caller, EchoCorrelator())
+    assert np.mean([s >= 0.7 for s in scores]) < 0.2
+
+
+def test_inbound_louder_than_what_we_sent_is_not_its_echo() -> None:
+    # The bot's own signal returned 10 dB *louder* cannot be line echo (an echo
+    # path attenuates): the delay where it matches is ruled out by the gain
+    # bound; only chance matches elsewhere in the history remain.
+    bot = voiced(3.0, 120, seed=1)
+    scores = run(bot, delayed(bot, 60, +10), EchoCorrelator())
+    assert np.mean([s >= 0.7 for s in scores]) < 0.5
+    same = run(bot, delayed(bot, 60, 0), EchoCorrelator())  # at 0 dB it still is echo
+    assert np.mean([s >= 0.7 for s in same]) > 0.9
+
+
+def test_pre_emphasis_is_the_same_whatever_the_frame_boundaries() -> None:
+    # The history is pre-emphasised when searched, across frame joins: an echo
+    # at a delay that is not a multiple of the frame still scores ~1.
+    bot = voiced(3.0, 120, seed=2)
+    scores = run(bot, delayed(bot, 37.5, -12), EchoCorrelator())
+    assert np.median(scores) > 0.95
