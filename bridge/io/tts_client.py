@@ -153,11 +153,6 @@ class _Connection:
                 else:
                     self.engine.receive_bytes(msg, self.now())
                 self.pump()
-                # Messages already received are handed out without suspending:
-                # a provider that sends a whole turn at once would hold the loop
-                # for all of it (JSON, base64) and the media ticker would wake
-                # late. One loop iteration per message lets due timers run.
-                await asyncio.sleep(0)
             code, reason = self.ws.close_code, self.ws.close_reason or ""
         except (TimeoutError, OSError, websockets.WebSocketException) as e:
             code, reason = None, f"{type(e).__name__}: {e}"

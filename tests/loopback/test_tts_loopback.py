@@ -419,34 +419,3 @@ def test_provider_messages_are_written_at_once_without_a_task_each(protocol: str
         await pool.close()
 
     _run(body)
-
-
-def test_the_provider_reader_lets_the_loop_run_between_messages() -> None:
-    """A burst of provider messages is not handled in one go: callbacks run in between."""
-
-    async def body(server: TtsServer) -> None:
-        pool = ProviderPool(_settings(server, "kova"))
-        assert await pool.start()
-        loop = asyncio.get_running_loop()
-        order: list[str] = []
-
-        class Sink(Collector):
-            def __call__(self, event: Event) -> None:
-                super().__call__(event)
-                if isinstance(event, AudioReceived):
-                    order.append("audio")
-                    loop.call_soon(order.append, "callback")
-
-        sink = Sink()
-        text = " ".join(f"word{i}" for i in range(60)) + "."
-        # PCM 24 kHz: many 16 kB audio_chunk messages, sent back to back
-        Speaker([pool]).speak(
-            "t1", text, TurnSettings("tone", AudioFormat("pcm_s16le", 24000)), sink
-        )
-        await sink.done.wait()
-        await pool.close()
-        audio_runs = "".join("a" if o == "audio" else "c" for o in order)
-        assert audio_runs.count("a") >= 3
-        assert "aa" not in audio_runs  # a callback ran after every chunk, before the next
-
-    _run(body)
