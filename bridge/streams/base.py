@@ -745,6 +745,10 @@ class MediaStreamProtocol(Outbox):
             return
         got = int_field(msg, self.SEQUENCE_KEY)
         assert got is not None  # not optional: int_field raised otherwise
+        self._sequence_seen(got)
+
+    def _sequence_seen(self, got: int) -> None:
+        """A message carried sequence number ``got``: a gap is an event, then resync."""
         expected = self._expected_seq
         if expected is not None and got != expected:
             logger.debug("! %s sequence gap: expected %d, got %d", self.DIALECT, expected, got)

@@ -39,11 +39,17 @@ call hangs up.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 from typing import Any, ClassVar
 
 from bridge.streams._json_dialect import TwilioShapedProtocol
 from bridge.streams.base import (
+    CLOSE_INVALID_PAYLOAD,
     CLOSE_UNSUPPORTED_DATA,
+    StreamState,
+    _Malformed,
     int_field,
     malformed,
     obj_field,
@@ -55,6 +61,20 @@ from bridge.streams.base import (
 __all__ = ["TwilioStreamProtocol"]
 
 _ENCODING = "audio/x-mulaw"
+
+#: A ``media`` message as Twilio writes it: its keys in Twilio's order, no
+#: escape in any string, numbers as strings of 1-18 ASCII digits (what
+#: ``int_field`` accepts), a stream id of letters and digits. Such a text is
+#: valid JSON whose ``json.loads`` would give exactly these fields, so the
+#: fast path in ``receive_text`` reads them from the match; any other text
+#: (another key order, spaces elsewhere, escapes, a malformed message) takes
+#: the full path and is judged exactly as before.
+_MEDIA_TEXT = re.compile(
+    r'\{"event": ?"media", ?"sequenceNumber": ?"([0-9]{1,18})", ?'
+    r'"media": ?\{"track": ?"([A-Za-z_]*)", ?"chunk": ?"([0-9]{1,18})", ?'
+    r'"timestamp": ?"([0-9]{1,18})", ?"payload": ?"([A-Za-z0-9+/=]*)"\}, ?'
+    r'"streamSid": ?"([A-Za-z0-9]*)"\}'
+)
 
 
 class TwilioStreamProtocol(TwilioShapedProtocol):
@@ -94,3 +114,28 @@ class TwilioStreamProtocol(TwilioShapedProtocol):
             codec="mulaw",
             sample_rate_hz=8000,
         )
+
+    def receive_text(self, text: str, now: float) -> None:
+        """As ``MediaStreamProtocol.receive_text``; Twilio's own ``media`` without ``json.loads``.
+
+        The fast path does what the full path does for such a message, in
+        the same order: sequence check, stream id check, track, base64
+        (strict), ``AudioReceived``. Measured in ``bench/bench_streams.py``.
+        """
+        match = _MEDIA_TEXT.fullmatch(text) if self._state is StreamState.STREAMING else None
+        if match is None or len(text) > self.settings.max_message_bytes:
+            super().receive_text(text, now)
+            return
+        seq, track, chunk, timestamp, payload, stream_sid = match.groups()
+        try:
+            self._sequence_seen(int(seq))
+            self._check_stream_id(stream_sid)
+            try:
+                audio = base64.b64decode(payload, validate=True)
+            except (binascii.Error, ValueError):
+                raise _Malformed("'payload' is not base64", CLOSE_INVALID_PAYLOAD) from None
+            tracks = self.INBOUND_TRACKS
+            if tracks is None or (track or "inbound") in tracks:
+                self._audio(audio, int(timestamp), int(chunk))
+        except _Malformed as exc:
+            self._violate(exc.reason, exc.code)
