@@ -29,6 +29,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -42,6 +43,21 @@ def _save(fig: Any, name: str) -> str:
     fig.savefig(path, dpi=_DPI, bbox_inches="tight")
     plt.close(fig)
     return str(path.relative_to(ROOT))
+
+
+def _plain_log(axis: Any) -> None:
+    """Log-scale ticks as plain numbers (2, 5, 10, 20...) instead of 2x10^0."""
+
+    def minor(v: float, _: Any) -> str:
+        lead = round(v / 10 ** np.floor(np.log10(v))) if v > 0 else 0
+        return f"{v:g}" if lead in (2, 5) else ""
+
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor))
+
+
+def _short(v: float) -> str:
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 def _goal_lines(
@@ -129,6 +145,7 @@ def lines(
     _goal_lines(ax, goals, vertical=False)
     if logy:
         ax.set_yscale("log")
+        _plain_log(ax.yaxis)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -152,20 +169,22 @@ def quantile_bars(
     for g in groups.values():
         figures += [k for k in g if k not in figures]
     width = 0.8 / max(1, len(figures))
-    fig, ax = plt.subplots(figsize=(max(7.5, 0.9 * len(labels) + 2), 4.8))
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.9 * len(labels) + 2), 4.8))
     x = np.arange(len(labels))
     for i, fig_name in enumerate(figures):
         values = [groups[g].get(fig_name, np.nan) for g in labels]
         bars = ax.bar(x + (i - (len(figures) - 1) / 2) * width, values, width, label=fig_name)
-        ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=1)
+        ax.bar_label(bars, labels=[_short(v) for v in values], fontsize=7, padding=1)
     _goal_lines(ax, goals, vertical=False)
     if logy:
         ax.set_yscale("log")
+        _plain_log(ax.yaxis)
+    ax.margins(y=0.1)
     ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, name)
 
 
@@ -215,3 +234,172 @@ def over_time(
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
     return _save(fig, name)
+
+
+# ----------------------------------------------------------- per-benchmark figures
+# Each takes the "figures" dict a benchmark writes to its JSON and returns
+# {plot name: PNG path}; a benchmark can call it before ``common.write`` and put
+# the result under "plots", and ``bench/plot_results.py`` calls it on old JSON.
+
+
+def capacity_plots(figures: Mapping[str, Any], prefix: str = "capacity") -> dict[str, str]:
+    """CPU per call-second and worst call's pacing p99 against concurrent calls, per config."""
+    cpu: dict[str, list[tuple[float, float]]] = {}
+    cpu_spread: dict[str, list[tuple[float, float]]] = {}
+    worst: dict[str, list[tuple[float, float]]] = {}
+    worst_spread: dict[str, list[tuple[float, float]]] = {}
+    for key, cfg in figures.items():
+        if not isinstance(cfg, Mapping) or "steps" not in cfg:
+            continue
+        steps = cfg["steps"]
+        cpu[key] = [(s["calls"], s["cpu_us_per_call_s_median"]) for s in steps]
+        cpu_spread[key] = [tuple(s["cpu_us_per_call_s_spread"]) for s in steps]
+        worst[key] = [(s["calls"], s["worst_call_p99_ms_median"]) for s in steps]
+        worst_spread[key] = [tuple(s["worst_call_p99_ms_spread"]) for s in steps]
+    if not cpu:
+        return {}
+    goal = figures.get("goal", {})
+    return {
+        "cpu": lines(
+            cpu,
+            f"{prefix}_cpu",
+            title="Daemon CPU per call-second against concurrent calls (median, [min, max])",
+            xlabel="concurrent calls",
+            ylabel="CPU µs per call-second (/proc/<pid>/stat)",
+            spread=cpu_spread,
+        ),
+        "pacing": lines(
+            worst,
+            f"{prefix}_pacing",
+            title="Worst call's pacing p99 against concurrent calls (median, [min, max])",
+            xlabel="concurrent calls",
+            ylabel="worst call's p99 |deviation| (ms)",
+            spread=worst_spread,
+            goals={f"goal p99 {goal.get('p99_ms', 2.0):g} ms": float(goal.get("p99_ms", 2.0))},
+            logy=True,
+        ),
+    }
+
+
+def bargein_plots(
+    figures: Mapping[str, Any],
+    latencies_ms: Mapping[str, Sequence[float]] | None = None,
+    prefix: str = "bargein",
+) -> dict[str, str]:
+    """Barge-in latency: a CDF when the raw latencies are given (``{group: [ms, ...]}``),
+    else grouped bars of the p50/p95/max each ``onsets`` group of the JSON kept."""
+    out: dict[str, str] = {}
+    if latencies_ms:
+        out["latency_cdf"] = cdf(
+            latencies_ms,
+            f"{prefix}_latency_cdf",
+            title="Barge-in latency: true speech onset → bot audio stopped",
+            xlabel="latency (ms)",
+            logx=True,
+        )
+    for key, section in figures.items():
+        onsets = section.get("onsets") if isinstance(section, Mapping) else None
+        if not isinstance(onsets, Mapping):
+            continue
+        groups = {
+            f"{g} (n={v.get('n', '?')})": {
+                q: v[q] for q in ("p50_ms", "p95_ms", "max_ms") if q in v
+            }
+            for g, v in onsets.items()
+            if isinstance(v, Mapping)
+        }
+        out[f"{key}_latency"] = quantile_bars(
+            groups,
+            f"{prefix}_{key}_latency",
+            title=f"Barge-in latency by group ({key})",
+            ylabel="onset → bot stopped (ms)",
+            logy=True,
+        )
+    return out
+
+
+def latency_plots(figures: Mapping[str, Any], prefix: str = "latency") -> dict[str, str]:
+    """Added latency p50/p99 per figure and leg (medians over runs), with the goals."""
+    groups = {
+        key: {"p50 ms": v["p50_ms_median"], "p99 ms": v["p99_ms_median"]}
+        for key, v in figures.items()
+        if isinstance(v, Mapping) and "p50_ms_median" in v
+    }
+    if not groups:
+        return {}
+    goal = figures.get("goal", {})
+    return {
+        "added_latency": quantile_bars(
+            groups,
+            f"{prefix}_added",
+            title="Added latency: first provider audio byte → first frame on the wire",
+            ylabel="ms (median over runs)",
+            goals={
+                f"goal p50 {goal.get('p50_ms', 2.0):g} ms": float(goal.get("p50_ms", 2.0)),
+                f"goal p99 {goal.get('p99_ms', 5.0):g} ms": float(goal.get("p99_ms", 5.0)),
+            },
+        )
+    }
+
+
+def memory_plots(figures: Mapping[str, Any], prefix: str = "memory") -> dict[str, str]:
+    """RSS per active call and RSS growth per completed call, each against its goal."""
+    active, churn = figures.get("active", {}), figures.get("churn", {})
+    goal = figures.get("goal", {})
+    out: dict[str, str] = {}
+    if "rss_per_active_call_kb" in active:
+        g = float(goal.get("rss_per_active_call_kb", 200))
+        out["rss_per_call"] = quantile_bars(
+            {
+                f"{active.get('calls', '?')} active calls": {
+                    "measured": active["rss_per_active_call_kb"]
+                }
+            },
+            f"{prefix}_rss_per_call",
+            title="RSS per active call",
+            ylabel="KB per call",
+            goals={f"goal {g:g} KB": g},
+        )
+    if "rss_growth_per_call_bytes" in churn:
+        g = float(goal.get("rss_growth_per_call_bytes", 1024))
+        out["growth_per_call"] = quantile_bars(
+            {
+                f"{churn.get('calls', '?')} completed calls": {
+                    "measured": churn["rss_growth_per_call_bytes"]
+                }
+            },
+            f"{prefix}_growth_per_call",
+            title="RSS growth per completed call",
+            ylabel="bytes per call",
+            goals={f"goal < {g:g} B": g},
+        )
+    return out
+
+
+def tts_plots(figures: Mapping[str, Any], prefix: str = "tts") -> dict[str, str]:
+    """Time to first audio per protocol / voice (p50, p95)."""
+    groups = {
+        f"{k} (n={v.get('n', '?')})": {"p50 ms": v["p50_ms"], "p95 ms": v["p95_ms"]}
+        for k, v in figures.items()
+        if isinstance(v, Mapping) and "p50_ms" in v and "p95_ms" in v
+    }
+    if not groups:
+        return {}
+    return {
+        "first_audio": quantile_bars(
+            groups,
+            f"{prefix}_first_audio",
+            title="TTS client: speak() → first audio chunk (warm connection, loopback)",
+            ylabel="ms",
+            logy=True,
+        )
+    }
+
+
+PLOTTERS = {
+    "capacity": capacity_plots,
+    "bargein": bargein_plots,
+    "latency": latency_plots,
+    "memory": memory_plots,
+    "tts": tts_plots,
+}
