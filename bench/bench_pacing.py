@@ -242,11 +242,11 @@ def baresip_run(
     host, port = load.sip_addr
     log = cfg / "baresip.log"
     argv = [exe, "-f", str(cfg), "-t", str(int(total_s)), "-e", f"/dial sip:pace@{host}:{port}"]
-    with open(log, "wb") as out:
+    with open(log, "wb") as logf:
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
-            stdout=out,
+            stdout=logf,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=lambda: os.sched_setaffinity(0, {core}),

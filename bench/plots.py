@@ -20,7 +20,7 @@ path relative to the repository root, which the caller puts in its JSON
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -396,7 +396,7 @@ def tts_plots(figures: Mapping[str, Any], prefix: str = "tts") -> dict[str, str]
     }
 
 
-PLOTTERS = {
+PLOTTERS: dict[str, Callable[[Mapping[str, Any]], dict[str, str]]] = {
     "capacity": capacity_plots,
     "bargein": bargein_plots,
     "latency": latency_plots,
