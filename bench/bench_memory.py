@@ -4,13 +4,19 @@ Against ``callbridge serve`` (uvloop, core 0) over SIP/RTP:
 
 1. RSS per active call: RSS with N calls up (route ``talk``: continuous TTS
    and inbound audio, 2 s settled) minus RSS idle after a warm-up, over N.
-   The turn's whole rendered audio is queued in the call (the provider sends
-   faster than real time), so this includes one turn's audio.
+   The provider sends a turn faster than real time and the call holds the
+   rest of it as the provider's audio (mu-law here; transcoded to frames
+   only a few ticks ahead), so this includes most of one turn's audio.
+   The calls stay up ``TASKS_REFRESH_S`` more for the task count.
 2. Growth per completed call: short calls (greeting, hung up once answered)
    in batches of 50; RSS after a warm-up of 200 calls and after the rest,
    difference over the number of calls.
-3. ``/proc/<pid>/fd`` count and threads: idle before vs idle after. The
-   daemon's asyncio task count is not exported (no gauge yet).
+3. ``/proc/<pid>/fd`` count, threads and asyncio tasks (the daemon's
+   ``callbridge_tasks`` gauge on ``/metrics``): idle before vs idle after,
+   and tasks with the active calls up.
+4. ``callbridge_pacing_deviation_seconds_count`` after the active calls: the
+   daemon really observes its departure deviations (one frame in
+   ``PACING_SAMPLE_EVERY``).
 
     python bench/bench_memory.py [--quick]
 """
@@ -47,9 +53,29 @@ def churn(d: DaemonUnderTest, calls: int, batch: int = 50) -> int:
     return done
 
 
+TASKS_REFRESH_S = 5.5
+"""The daemon refreshes ``callbridge_tasks`` with its status line, every 5 s."""
+
+
+def tasks(d: DaemonUnderTest) -> int:
+    """The daemon's asyncio task count (``callbridge_tasks``; wait ``TASKS_REFRESH_S`` first)."""
+    samples = d.metric_samples("callbridge_tasks")
+    return int(next(iter(samples.values()), -1))
+
+
+def pacing_observations(d: DaemonUnderTest) -> int:
+    samples = d.metric_samples("callbridge_pacing_deviation_seconds_count")
+    return int(sum(samples.values()))
+
+
 def idle_state(d: DaemonUnderTest) -> dict[str, int]:
-    time.sleep(1.0)
-    return {"rss_bytes": d.rss_bytes(), "fds": d.fd_count(), "threads": d.thread_count()}
+    time.sleep(TASKS_REFRESH_S)
+    return {
+        "rss_bytes": d.rss_bytes(),
+        "fds": d.fd_count(),
+        "threads": d.thread_count(),
+        "tasks": tasks(d),
+    }
 
 
 def main() -> None:
@@ -72,6 +98,8 @@ def main() -> None:
             answered = load.wait_answered(20)
             load.run_for(2.0)
             rss_active = d.rss_bytes()
+            load.run_for(TASKS_REFRESH_S)
+            tasks_active = tasks(d)
             load.hangup_all(settle_s=1.5)
             load.close()
             per_call = (rss_active - before["rss_bytes"]) / max(1, answered)
@@ -80,8 +108,14 @@ def main() -> None:
                 "rss_idle_mb": round(before["rss_bytes"] / 1e6, 2),
                 "rss_active_mb": round(rss_active / 1e6, 2),
                 "rss_per_active_call_kb": round(per_call / 1024, 1),
+                "tasks_active": tasks_active,
+                "pacing_deviation_observations": pacing_observations(d),
             }
             print(f"RSS per active call: {per_call / 1024:.1f} KB ({answered} calls)")
+            print(
+                f"tasks with {answered} calls up: {tasks_active}; pacing deviations observed:"
+                f" {figures['active']['pacing_deviation_observations']}"
+            )
             churn(d, 200)
             warm = idle_state(d)
             t0 = time.monotonic()
@@ -100,14 +134,14 @@ def main() -> None:
             figures["baseline"] = {"before": before, "after_warmup": warm, "after": after}
             figures["fds_back_to_baseline"] = after["fds"] <= before["fds"]
             figures["threads_back_to_baseline"] = after["threads"] <= before["threads"]
+            figures["tasks_back_to_baseline"] = after["tasks"] <= before["tasks"]
             print(f"RSS growth per completed call: {growth:.1f} B over {n} calls")
             print(f"fds {before['fds']} -> {after['fds']}, threads {before['threads']} -> "
-                  f"{after['threads']}")  # fmt: skip
+                  f"{after['threads']}, tasks {before['tasks']} -> {after['tasks']}")  # fmt: skip
         finally:
             d.stop()
             tts.stop()
     figures["goal"] = {"rss_per_active_call_kb": 200, "rss_growth_per_call_bytes": 1024}
-    figures["tasks"] = "not measured: the daemon exports no task-count gauge"
     path = write(
         "memory",
         figures,
