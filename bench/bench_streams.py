@@ -80,7 +80,14 @@ sys.path.insert(0, str(HERE))
 
 from common import write  # noqa: E402
 from loadgen.analysis import ws_deviations_ns  # noqa: E402
-from loadgen.procs import LOADGEN_CORE, DaemonUnderTest, TtsProcess, pin_self  # noqa: E402
+from loadgen.procs import (  # noqa: E402
+    DAEMON_CORE,
+    LOADGEN_CORE,
+    DaemonUnderTest,
+    TtsProcess,
+    pin_self,
+)
+from loadgen.steps import _cdr_figures, core_busy_s  # noqa: E402
 from loadgen.twilio import TwilioLoad  # noqa: E402
 
 from bridge.config import BargeInConfig  # noqa: E402
@@ -472,6 +479,7 @@ def pacing_step(
         load = TwilioLoad(d.ms_port, route="talk")
         await load.place(n, rate_per_s=150)
         await asyncio.sleep(warm_s)
+        k0 = core_busy_s(DAEMON_CORE)
         c0, t0 = d.cpu_s(), time.monotonic()
         window.append(time.time_ns())
         load.recording = True
@@ -479,6 +487,7 @@ def pacing_step(
         load.recording = False
         window.append(time.time_ns())
         c1, t1 = d.cpu_s(), time.monotonic()
+        k1 = core_busy_s(DAEMON_CORE)
         arrivals = [np.asarray(c.arrival_ns, dtype=np.int64) for c in load.calls]
         active = load.active()
         await load.hangup_all(settle_s=1.0)
@@ -488,10 +497,14 @@ def pacing_step(
             "active_at_end": active,
             "calls_with_media": sum(1 for a in arrivals if a.size),
             "messages": int(sum(a.size for a in arrivals)),
+            "messages_per_call_s": round(sum(a.size for a in arrivals) / n / measure_s, 1),
             **_pacing_figures(arrivals),
             "daemon_cpu_pct": round(100 * (c1 - c0) / (t1 - t0), 1),
+            # CPU that other processes used on the daemon's core (a shared machine)
+            "core0_other_pct": round(100 * max(0.0, k1[0] - k0[0] - (c1 - c0)) / (t1 - t0), 1),
         }
 
+    before = {c["call_id"] for c in d.cdr_lines()}
     try:
         out = asyncio.run(run())
     finally:
@@ -507,6 +520,8 @@ def pacing_step(
             **_pacing_figures(wire),
         }
         capture.path.unlink(missing_ok=True)
+    time.sleep(0.5)
+    out.update(_cdr_figures(d, {c["call_id"] for c in d.cdr_lines()} - before))
     return out
 
 
@@ -528,6 +543,7 @@ def pacing(counts: list[int], measure_s: float) -> dict[str, Any]:
     print(
         f"{'calls':>5} {'seen at':<7} {'msgs':>6} {'ia p50':>7} {'ia p99':>7} {'ia max':>7}"
         f" {'grid p50':>8} {'grid p99':>8} {'grid max':>8} {'worst99':>8} {'cpu %':>6}"
+        f" {'core0+%':>7} {'undr':>5}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         wd = Path(tmp)
@@ -548,7 +564,8 @@ def pacing(counts: list[int], measure_s: float) -> dict[str, Any]:
                         f"{n:>5} {where:<7} {fig['messages']:>6} {ia.get('p50_ms')!s:>7}"
                         f" {ia.get('p99_ms')!s:>7} {ia.get('max_ms')!s:>7}"
                         f" {g.get('p50_ms')!s:>8} {g.get('p99_ms')!s:>8} {g.get('max_ms')!s:>8}"
-                        f" {fig['worst_call_grid_p99_ms']!s:>8} {r['daemon_cpu_pct']!s:>6}",
+                        f" {fig['worst_call_grid_p99_ms']!s:>8} {r['daemon_cpu_pct']!s:>6}"
+                        f" {r['core0_other_pct']!s:>7} {r.get('underruns')!s:>5}",
                         flush=True,
                     )
         finally:
