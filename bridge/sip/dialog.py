@@ -189,11 +189,16 @@ class Call:
     reinvite_pending: bool = False
     reinvite_server_key: tuple[str, ...] | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    timer_at: float | None = None
+    """Time of this call's earliest entry in the user agent's timer heap."""
 
-    def deadlines(self) -> list[float]:
-        return [
-            t for t in (self.ok_retransmit_at, self.refresh_at, self.expire_at) if t is not None
-        ]
+    def next_deadline(self) -> float | None:
+        """The earliest of the 2xx retransmit and give-up times and the session timers."""
+        deadline = None
+        for t in (self.ok_retransmit_at, self.ok_give_up_at, self.refresh_at, self.expire_at):
+            if t is not None and (deadline is None or t < deadline):
+                deadline = t
+        return deadline
 
     def arm_session_timer(self, now: float) -> None:
         """(Re)start the RFC 4028 §10 timers after a successful (re)negotiation."""

@@ -259,7 +259,7 @@ class SipUserAgent(UasAgent):
             return
         call.session_interval_s = int(number)
         call.we_refresh = "refresher=uas" not in value.replace(" ", "").lower()
-        call.arm_session_timer(now)
+        self._arm_session_timer(call, now)
 
     def _fail_outbound(self, call: Call, response: SipResponse) -> None:
         self._calls.pop(call.call_id, None)
@@ -296,7 +296,7 @@ class SipUserAgent(UasAgent):
             interval = (response.get("session-expires") or "").split(";")[0].strip()
             if interval.isdigit():
                 call.session_interval_s = int(interval)
-            call.arm_session_timer(now)
+            self._arm_session_timer(call, now)
         elif response.status in (408, 481):
             self._end_call(
                 call,
@@ -305,7 +305,7 @@ class SipUserAgent(UasAgent):
                 send_bye=response.status == 408,
             )
         else:
-            call.arm_session_timer(now)
+            self._arm_session_timer(call, now)
 
     def _on_refer_response(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
         if response.status >= 200:
@@ -318,7 +318,7 @@ class SipUserAgent(UasAgent):
         if entry.kind == "update" and 200 <= response.status < 300:
             call = self._calls.get(entry.ref)
             if call is not None:
-                call.arm_session_timer(now)
+                self._arm_session_timer(call, now)
 
     def _on_client_response(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
         handler = _RESPONSE_HANDLERS.get(entry.kind, SipUserAgent._on_other_response)
@@ -415,11 +415,7 @@ class SipUserAgent(UasAgent):
 
     # --- timers ---------------------------------------------------------------------------
     def _tu_deadlines(self) -> list[float]:
-        deadlines = super()._tu_deadlines()
-        deadlines += [
-            r.refresh_at for r in self._registrations.values() if r.refresh_at is not None
-        ]
-        return deadlines
+        return [r.refresh_at for r in self._registrations.values() if r.refresh_at is not None]
 
     def _tu_handle_timer(self, now: float) -> None:
         super()._tu_handle_timer(now)

@@ -64,7 +64,7 @@ from bridge.sip.message import SipRequest, SipResponse
 from bridge.sip.sdp import SdpError, build_answer, negotiate, parse_sdp
 from bridge.sip.settings import SipSettings
 from bridge.sip.transaction import State
-from bridge.sip.ua_core import ClientEntry, ServerEntry, UaCore, server_key
+from bridge.sip.ua_core import ClientEntry, ServerEntry, TimerHolder, UaCore, server_key
 from bridge.sip.uri import parse_params
 
 __all__ = ["ALLOWED_METHODS", "UasAgent"]
@@ -357,7 +357,7 @@ class UasAgent(UaCore):
         if body:
             headers.append(_SDP)
         response = self._respond(entry, 200, "OK", now, headers=tuple(headers), body=body.encode())
-        call.arm_session_timer(now)
+        self._arm_session_timer(call, now)
         if request.method == "INVITE":
             self._retransmit_ok(call, response, now)
 
@@ -416,7 +416,7 @@ class UasAgent(UaCore):
         call.answered = True
         call.local_sdp = answer_sdp
         call.dialog.state = DialogState.CONFIRMED
-        call.arm_session_timer(now)
+        self._arm_session_timer(call, now)
         self._retransmit_ok(call, response, now)
 
     def reject(
@@ -473,6 +473,11 @@ class UasAgent(UaCore):
         call.ok_interval_s = self.settings.timers.t1_s
         call.ok_retransmit_at = None if self._reliable else now + call.ok_interval_s
         call.ok_give_up_at = now + self.settings.timers.timeout_s
+        self._schedule(call)
+
+    def _arm_session_timer(self, call: Call, now: float) -> None:
+        call.arm_session_timer(now)
+        self._schedule(call)
 
     # --- generic commands ----------------------------------------------------------------
     def refer(self, call_id: str, target_uri: str, now: float) -> None:
@@ -519,12 +524,28 @@ class UasAgent(UaCore):
         self._events.append(CallEnded(call.call_id, reason))
 
     # --- timers of the transaction user ------------------------------------------------
+    # Calls are timer holders in UaCore's heap; ``_schedule(call)`` follows everything
+    # that arms a call timer (``_retransmit_ok``, ``_arm_session_timer``, ``_tu_fire``).
     def _tu_deadlines(self) -> list[float]:
-        return [d for call in self._calls.values() for d in call.deadlines()]
+        return []
 
     def _tu_handle_timer(self, now: float) -> None:
-        for call in list(self._calls.values()):
-            self._call_timers(call, now)
+        return None
+
+    def _tu_deadline_of(self, holder: TimerHolder) -> float | None:
+        assert isinstance(holder, Call)
+        return holder.next_deadline()
+
+    def _tu_is_live(self, holder: TimerHolder) -> bool:
+        assert isinstance(holder, Call)
+        return self._calls.get(holder.call_id) is holder
+
+    def _tu_holder_count(self) -> int:
+        return len(self._calls)
+
+    def _tu_fire(self, holder: TimerHolder, now: float) -> None:
+        assert isinstance(holder, Call)
+        self._call_timers(holder, now)
 
     def _call_timers(self, call: Call, now: float) -> None:
         if call.ok_give_up_at is not None and call.ok_give_up_at <= now:

@@ -62,6 +62,8 @@ class Sim:
                     assert isinstance(action, SendDatagram)
                     moved = True
                     self._deliver(addr, action)
+        for agent in self.agents.values():
+            assert agent.next_deadline() == scanned_deadline(agent)
 
     def _deliver(self, src: Address, action: SendDatagram) -> None:
         first = action.data.split(b"\r\n", 1)[0].decode()
@@ -104,6 +106,18 @@ class Sim:
 
     def sent(self, prefix: str) -> list[float]:
         return [round(t, 6) for t, _, _, first in self.log if first.startswith(prefix)]
+
+
+def scanned_deadline(agent: SipUserAgent) -> float | None:
+    """The earliest deadline of every transaction, call and registration, found by a full
+    scan: the user agent's timer heap must agree after every step (a missed reschedule
+    would fire a timer late)."""
+    deadlines = [e.tx.next_deadline() for e in agent._server_txs.values()]
+    deadlines += [e.tx.next_deadline() for e in agent._client_txs.values()]
+    deadlines += [c.next_deadline() for c in agent._calls.values()]
+    deadlines += [r.refresh_at for r in agent._registrations.values()]
+    known = [d for d in deadlines if d is not None]
+    return min(known) if known else None
 
 
 def make(
