@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from bridge.sip.errors import SipParseError
 from bridge.sip.uri import (
+    PARSE_CACHE_SIZE,
     NameAddr,
     Params,
     Uri,
@@ -174,6 +176,7 @@ class CSeq:
         return f"{self.number} {self.method}"
 
 
+@lru_cache(maxsize=PARSE_CACHE_SIZE)
 def parse_via(value: str) -> Via:
     """Parse one Via value (one element of the comma list)."""
     match = _VIA_RE.match(value.strip(_WS))
@@ -191,6 +194,7 @@ def parse_via(value: str) -> Via:
     return via
 
 
+@lru_cache(maxsize=PARSE_CACHE_SIZE)
 def parse_cseq(value: str) -> CSeq:
     number, _, method = value.strip(_WS).partition(" ")
     method = method.strip(_WS)
@@ -260,10 +264,12 @@ class SipMessage:
         return [parse_via(v) for v in self.get_all("via")]
 
     def top_via(self) -> Via:
-        values = self.get_all("via")
-        if not values:
-            raise SipParseError("missing Via header")
-        return parse_via(values[0])
+        for k, _, value in self.headers:
+            if k == "via":
+                values = split_list(value)
+                if values:
+                    return parse_via(values[0])
+        raise SipParseError("missing Via header")
 
     def cseq(self) -> CSeq:
         return parse_cseq(self._required("cseq"))
@@ -293,9 +299,18 @@ class SipMessage:
         return lines
 
 
+_KEYS: dict[str, str] = {}
+_KEYS_MAX = 1024
+
+
 def _key(name: str) -> str:
-    lowered = name.lower()
-    return COMPACT_FORMS.get(lowered, lowered)
+    key = _KEYS.get(name)
+    if key is None:
+        lowered = name.lower()
+        key = COMPACT_FORMS.get(lowered, lowered)
+        if len(_KEYS) < _KEYS_MAX:  # names come from the wire too: keep the memo bounded
+            _KEYS[name] = key
+    return key
 
 
 @dataclass(slots=True)
@@ -340,12 +355,19 @@ def parse_message(data: bytes) -> SipRequest | SipResponse:
     if len(data) > MAX_MESSAGE_BYTES:
         raise SipParseError("Message Too Large", 513)
     message, rest = _split(data)
-    try:
-        message.body = _frame_body(message, rest)
-        if isinstance(message, SipRequest):
-            _validate_request(message)
+    lines: dict[str, list[str]] = {}
+    for key, _, value in message.headers:
+        values = lines.get(key)
+        if values is None:
+            lines[key] = [value]
         else:
-            _validate_response(message)
+            values.append(value)
+    try:
+        message.body = _frame_body(lines, rest)
+        if isinstance(message, SipRequest):
+            _validate_request(message, lines)
+        else:
+            _validate_response(message, lines)
     except SipParseError as exc:
         exc.partial = message
         raise
@@ -403,36 +425,34 @@ def _start_line(line: str) -> SipRequest | SipResponse:
 
 
 def _header_fields(lines: list[str]) -> list[tuple[str, str, str]]:
-    fields: list[list[str]] = []
+    out: list[tuple[str, str, str]] = []
     for line in lines:
         if line[:1] in (" ", "\t"):
-            if not fields:
+            if not out:
                 raise SipParseError("continuation line before any header")
-            fields[-1][1] += " " + line.strip(_WS)
+            key, display, value = out[-1]
+            out[-1] = (key, display, value + " " + line.strip(_WS))
         else:
             name, colon, value = line.partition(":")
             name = name.rstrip(_WS)
             if not colon or not is_token(name):
                 raise SipParseError("malformed header line")
-            fields.append([name, value.strip(_WS)])
-        if len(fields) > MAX_HEADERS:
+            key = _key(name)
+            out.append((key, _display_name(key) if len(name) == 1 else name, value.strip(_WS)))
+        if len(out) > MAX_HEADERS:
             raise SipParseError("too many headers")
-        if len(fields[-1][1]) > MAX_HEADER_LINE_BYTES:
+        if len(out[-1][2]) > MAX_HEADER_LINE_BYTES:
             raise SipParseError("header line too long")
-    out: list[tuple[str, str, str]] = []
-    for name, value in fields:
-        key = _key(name)
-        display = _display_name(key) if len(name) == 1 else name
-        out.append((key, display, value))
     return out
 
 
-def _frame_body(message: SipMessage, rest: bytes) -> bytes:
-    if message.count("content-length") > 1:
-        raise SipParseError("multiple Content-Length headers")
-    text = message.get("content-length")
-    if text is None:
+def _frame_body(lines: dict[str, list[str]], rest: bytes) -> bytes:
+    values = lines.get("content-length")
+    if values is None:
         return rest
+    if len(values) > 1:
+        raise SipParseError("multiple Content-Length headers")
+    text = values[0]
     length = parse_content_length(text)
     if length > len(rest):
         raise SipParseError("Content-Length larger than message")
@@ -449,30 +469,34 @@ def parse_content_length(text: str) -> int:
     return int(text)
 
 
-def _validate_common(message: SipMessage) -> None:
+def _validate_common(message: SipMessage, lines: dict[str, list[str]]) -> None:
+    """``lines``: the message's header values grouped by key, in order."""
     for key in _REQUIRED:
-        if message.get(key) is None:
+        if key not in lines:
             raise SipParseError(f"missing {_display_name(key)} header")
     for key in _SINGLE_VALUED:
-        lines = message.count(key)
-        if lines > 1 or (key != "content-type" and len(message.get_all(key)) > 1):
+        values = lines.get(key)
+        if values is not None and (
+            len(values) > 1 or (key != "content-type" and len(split_list(values[0])) > 1)
+        ):
             raise SipParseError(f"multiple {_display_name(key)} headers")
-    vias = message.get_all("via")
+    vias = [via for line in lines["via"] for via in split_list(line)]
     if len(vias) > MAX_VIA_COUNT:
         raise SipParseError("too many Via headers")
     for value in vias:
         parse_via(value)
-    message.from_()
-    message.to()
+    parse_name_addr(lines["from"][0])
+    parse_name_addr(lines["to"][0])
     for key in ("contact", "record-route", "route"):
-        for value in message.get_all(key):
-            if value != "*":
-                parse_name_addr(value)
-    if not message.call_id:
+        for line in lines.get(key, ()):
+            for value in split_list(line):
+                if value != "*":
+                    parse_name_addr(value)
+    if not lines["call-id"][0].strip(_WS):
         raise SipParseError("empty Call-ID")
 
 
-def _validate_request(request: SipRequest) -> None:
+def _validate_request(request: SipRequest, lines: dict[str, list[str]]) -> None:
     if request.version != SIP_VERSION:
         raise SipParseError("Version Not Supported", 505)
     try:
@@ -481,25 +505,25 @@ def _validate_request(request: SipRequest) -> None:
         raise SipParseError(f"bad Request-URI: {exc.reason}") from None
     if uri.headers:
         raise SipParseError("headers in Request-URI")
-    _validate_common(request)
-    cseq = request.cseq()
+    _validate_common(request, lines)
+    cseq = parse_cseq(lines["cseq"][0])
     if cseq.method != request.method:
         raise SipParseError("CSeq method does not match request method")
-    _check_scalar(request, "max-forwards", MAX_MAX_FORWARDS)
-    _check_scalar(request, "expires", MAX_EXPIRES)
+    _check_scalar(lines, "max-forwards", MAX_MAX_FORWARDS)
+    _check_scalar(lines, "expires", MAX_EXPIRES)
 
 
-def _validate_response(response: SipResponse) -> None:
-    _validate_common(response)
-    response.cseq()
-    _check_scalar(response, "expires", MAX_EXPIRES)
+def _validate_response(response: SipResponse, lines: dict[str, list[str]]) -> None:
+    _validate_common(response, lines)
+    parse_cseq(lines["cseq"][0])
+    _check_scalar(lines, "expires", MAX_EXPIRES)
 
 
-def _check_scalar(message: SipMessage, key: str, limit: int) -> None:
-    value = message.get(key)
-    if value is None:
+def _check_scalar(lines: dict[str, list[str]], key: str, limit: int) -> None:
+    values = lines.get(key)
+    if values is None:
         return
-    value = value.strip(_WS)
+    value = values[0].strip(_WS)
     if not value.isdigit() or len(value) > 12 or int(value) > limit:
         raise SipParseError(f"{_display_name(key)} out of range")
 

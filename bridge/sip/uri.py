@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from bridge.sip.errors import SipParseError
 
@@ -47,12 +48,20 @@ Params = tuple[tuple[str, str | None], ...]
 _TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.!%*_+`'~")
 _HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._")
 _WS = " \t"
+_URI_FORBIDDEN = frozenset(" \t\r\n<>")
+_ADDR_SPEC_RESERVED = frozenset(",? \t")
+_BAD_PARAM_VALUE = frozenset(' \t,"')
+_SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.")
 MAX_PORT = 65535
+PARSE_CACHE_SIZE = 4096
+"""Header values whose parse result is memoised (per parser). Results are frozen
+dataclasses, so a value seen again (a header re-read by the user agent, the
+From of an ACK after its INVITE) costs one dict lookup instead of a parse."""
 
 
 def is_token(text: str) -> bool:
     """Return True if ``text`` is a non-empty RFC 3261 token."""
-    return bool(text) and all(ch in _TOKEN_CHARS for ch in text)
+    return bool(text) and _TOKEN_CHARS.issuperset(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +203,13 @@ def _scan_quoted(text: str, start: int) -> int:
 
 def split_list(value: str, sep: str = ",") -> list[str]:
     """Split on ``sep`` outside quoted strings and ``<...>``; strip each element."""
+    if sep not in value:  # the common case: one element
+        value = value.strip(_WS)
+        if '"' in value:
+            _check_quotes(value)
+        return [value] if value else []
+    if '"' not in value and "<" not in value and ">" not in value:
+        return [p for p in (part.strip(_WS) for part in value.split(sep)) if p]
     parts: list[str] = []
     depth = 0
     start = 0
@@ -213,6 +229,13 @@ def split_list(value: str, sep: str = ",") -> list[str]:
         i += 1
     parts.append(value[start:].strip(_WS))
     return [p for p in parts if p]
+
+
+def _check_quotes(text: str) -> None:
+    """Raise as the full scan would on an unterminated quoted string."""
+    i = text.find('"')
+    while i >= 0:
+        i = text.find('"', _scan_quoted(text, i))
 
 
 def parse_params(text: str) -> Params:
@@ -238,13 +261,15 @@ def parse_params(text: str) -> Params:
         if value.startswith('"'):
             if _scan_quoted(value, 0) != len(value):
                 raise SipParseError("garbage after quoted parameter value")
-        elif not value or any(ch in _WS or ch in ',"' for ch in value):
+        elif not value or not _BAD_PARAM_VALUE.isdisjoint(value):
             raise SipParseError(f"bad value for parameter {name[:32]!r}")
         out.append((name, value))
     return tuple(out)
 
 
 def _split_keep_empty(text: str, sep: str) -> list[str]:
+    if '"' not in text:
+        return text.split(sep)
     parts: list[str] = []
     start = 0
     i = 0
@@ -276,7 +301,7 @@ def parse_host_port(text: str) -> tuple[str, int | None]:
         if ":" in port_text:
             raise SipParseError("IPv6 address without brackets")
         rest = colon + port_text
-        if not host or any(ch not in _HOST_CHARS for ch in host):
+        if not host or not _HOST_CHARS.issuperset(host):
             raise SipParseError(f"bad host {host[:64]!r}")
     if not rest:
         return host, None
@@ -288,14 +313,15 @@ def parse_host_port(text: str) -> tuple[str, int | None]:
     return host, port
 
 
+@lru_cache(maxsize=PARSE_CACHE_SIZE)
 def parse_uri(text: str) -> Uri:
     """Parse a URI (``sip:``, ``sips:``, ``tel:`` fully; other schemes opaquely)."""
     scheme, colon, rest = text.partition(":")
     if not colon or not scheme or not scheme[0].isalpha():
         raise SipParseError("URI without scheme")
-    if any(not (ch.isalnum() or ch in "+-.") for ch in scheme) or not scheme.isascii():
+    if not _SCHEME_CHARS.issuperset(scheme):
         raise SipParseError("bad URI scheme")
-    if any(ch in " \t\r\n<>" for ch in text):
+    if not _URI_FORBIDDEN.isdisjoint(text):
         raise SipParseError("whitespace or brackets inside URI")
     scheme = scheme.lower()
     if scheme == "tel":
@@ -328,6 +354,7 @@ def _parse_sip_uri(scheme: str, rest: str) -> Uri:
     return Uri(scheme, user, password, host, port, params, headers)
 
 
+@lru_cache(maxsize=PARSE_CACHE_SIZE)
 def parse_name_addr(value: str) -> NameAddr:
     """Parse ``"Name" <uri>;params``, ``Name <uri>;params`` or ``uri;params``."""
     value = value.strip(_WS)
@@ -350,7 +377,7 @@ def parse_name_addr(value: str) -> NameAddr:
         return _parse_bracketed(value[lt:], display)
     uri_text, _, ptext = value.partition(";")
     uri_text = uri_text.strip(_WS)
-    if any(ch in uri_text for ch in ",? \t"):
+    if not _ADDR_SPEC_RESERVED.isdisjoint(uri_text):
         raise SipParseError("addr-spec with reserved characters needs <>")
     return NameAddr(parse_uri(uri_text), None, parse_params(ptext) if ptext else ())
 

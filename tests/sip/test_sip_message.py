@@ -17,7 +17,7 @@ from bridge.sip.message import (
     parse_message,
     parse_via,
 )
-from bridge.sip.uri import parse_name_addr, parse_uri
+from bridge.sip.uri import parse_name_addr, parse_params, parse_uri, split_list
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -292,3 +292,29 @@ def test_header_set_replaces_all_lines() -> None:
     assert [v.host for v in req.vias()] == ["only.example.com"]
     req.remove("v")
     assert req.get("via") is None
+
+
+def test_list_splitting_shortcuts_match_the_quote_aware_scan() -> None:
+    # no separator, or no quotes/brackets: the splits are str operations
+    assert split_list("  one  ") == ["one"]
+    assert split_list(" \t ") == []
+    assert split_list(" a ,, b ,") == ["a", "b"]
+    assert split_list('"x, y" <sip:a@b>') == ['"x, y" <sip:a@b>']
+    assert split_list('<sip:a@b;p="1,2">, b') == ['<sip:a@b;p="1,2">', "b"]
+    assert split_list('"a\\"b", c') == ['"a\\"b"', "c"]
+    for unterminated in ('"open', 'ok "open', '"closed" "open'):
+        with pytest.raises(SipParseError, match="unterminated"):
+            split_list(unterminated)
+    assert parse_params(";a=1;;b".replace(";;", ";x;")) == (("a", "1"), ("x", None), ("b", None))
+    with pytest.raises(SipParseError, match="bad value"):
+        parse_params(";a=b c")
+
+
+def test_parsers_are_memoised_but_errors_are_not() -> None:
+    value = '"Bob" <sip:bob@example.com>;tag=99'
+    assert parse_name_addr(value) is parse_name_addr(value)  # frozen result, shared
+    for _ in range(2):
+        with pytest.raises(SipParseError):
+            parse_name_addr("<sip:bob@example.com")
+        with pytest.raises(SipParseError):
+            parse_via("SIP/2.0/UDP host:99999")
