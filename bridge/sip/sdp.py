@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 __all__ = [
@@ -111,8 +112,10 @@ class NegotiatedAudio:
         return self.remote_direction in ("sendonly", "inactive") or self.remote_addr is None
 
 
+@lru_cache(maxsize=1024)
 def parse_sdp(text: str) -> SessionDescription:
-    """Parse an SDP body.
+    """Parse an SDP body (memoised: the result is frozen, and one offer is read by the
+    user agent's admission check and again by the shell that answers it).
 
     Raises:
         SdpError: missing v/o/m essentials, bad numbers, too many lines.

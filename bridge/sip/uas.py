@@ -61,7 +61,7 @@ from bridge.sip.events import (
 )
 from bridge.sip.guard import InviteRateLimiter
 from bridge.sip.message import SipRequest, SipResponse
-from bridge.sip.sdp import SdpError, build_answer, negotiate, parse_sdp
+from bridge.sip.sdp import NegotiatedAudio, SdpError, build_answer, negotiate, parse_sdp
 from bridge.sip.settings import SipSettings
 from bridge.sip.transaction import State
 from bridge.sip.ua_core import ClientEntry, ServerEntry, TimerHolder, UaCore, server_key
@@ -166,15 +166,15 @@ class UasAgent(UaCore):
                 entry, 503, "Service Unavailable", now, to_tag=self._token(), headers=(retry,)
             )
             return
-        if self._refuse_invite(request, entry, now):
+        refused, audio = self._refuse_invite(request, entry, now)
+        if refused:
             return
         self._respond(entry, 100, "Trying", now)
         local_tag = self._token()
         dialog = Dialog.from_request(request, local_tag, entry.peer)
         call = Call(request.call_id, dialog, False, request, entry.key)
         call.remote_sdp = request.body.decode("utf-8", "replace")
-        if call.remote_sdp:
-            call.audio = negotiate(parse_sdp(call.remote_sdp), self.settings.codecs)
+        call.audio = audio
         self._calls[call.call_id] = call
         self._events.append(
             CallOffered(
@@ -187,8 +187,11 @@ class UasAgent(UaCore):
             )
         )
 
-    def _refuse_invite(self, request: SipRequest, entry: ServerEntry, now: float) -> bool:
-        """Body type, digest, session interval and SDP checks; True if answered."""
+    def _refuse_invite(
+        self, request: SipRequest, entry: ServerEntry, now: float
+    ) -> tuple[bool, NegotiatedAudio | None]:
+        """Body type, digest, session interval and SDP checks: (True if answered, the
+        negotiated audio of the offer or None without one)."""
         tag = self._token()
         content_type = (request.get("content-type") or "application/sdp").split(";")[0].strip()
         if request.body and content_type.lower() != "application/sdp":
@@ -200,14 +203,14 @@ class UasAgent(UaCore):
                 to_tag=tag,
                 headers=(("Accept", "application/sdp"),),
             )
-            return True
+            return True, None
         if self._verifier is not None:
             result = self._verifier.verify(request.get("authorization"), "INVITE", now)
             if result is not AuthResult.OK:
                 challenges = self._verifier.challenges(now, stale=result is AuthResult.STALE)
                 headers = tuple(("WWW-Authenticate", c) for c in challenges)
                 self._respond(entry, 401, "Unauthorized", now, to_tag=tag, headers=headers)
-                return True
+                return True, None
         interval = _session_expires(request)[0]
         if interval is not None and interval < self.settings.min_se_s:
             self._respond(
@@ -218,19 +221,20 @@ class UasAgent(UaCore):
                 to_tag=tag,
                 headers=(("Min-SE", str(self.settings.min_se_s)),),
             )
-            return True
-        if request.body:
-            try:
-                audio = negotiate(
-                    parse_sdp(request.body.decode("utf-8", "replace")), self.settings.codecs
-                )
-            except SdpError:
-                self._respond(entry, 400, "Bad SDP", now, to_tag=tag)
-                return True
-            if audio is None:
-                self._respond(entry, 488, "Not Acceptable Here", now, to_tag=tag)
-                return True
-        return False
+            return True, None
+        if not request.body:
+            return False, None
+        try:
+            audio = negotiate(
+                parse_sdp(request.body.decode("utf-8", "replace")), self.settings.codecs
+            )
+        except SdpError:
+            self._respond(entry, 400, "Bad SDP", now, to_tag=tag)
+            return True, None
+        if audio is None:
+            self._respond(entry, 488, "Not Acceptable Here", now, to_tag=tag)
+            return True, None
+        return False, audio
 
     def _on_ack(self, request: SipRequest, peer: Peer, now: float) -> None:
         call = self._calls.get(request.call_id)
