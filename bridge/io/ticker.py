@@ -1,52 +1,98 @@
 """The process-wide media ticker: one timer on the loop drives every call's frames.
 
 The schedule is ``bridge.media.clock.Ticker`` (pure data: per-stream clocks
-spread over phases of the 20 ms period). This shell owns the single
-``loop.call_at`` handle: it wakes at ``next_deadline()``, asks ``due(now)``,
-ticks each due stream's clock once and calls that stream's frame callback
-with the frame index. A callback that raises ends only its own stream (its
-``on_error`` runs); the others keep their pace.
+spread over phases of the 20 ms period, waiting in 1 ms buckets). This shell
+owns the single timer handle: it wakes at ``next_deadline()``, asks
+``due(now)``, ticks each due stream's clock once and calls that stream's
+frame callback with the frame index. A callback that raises ends only its
+own stream (its ``on_error`` runs); the others keep their pace.
+
+Time. Deadlines are kept on ``time.monotonic()`` (the clock under both
+asyncio's and uvloop's ``loop.time()``), read once per wake-up, not on
+``loop.time()``: uvloop's is whole milliseconds, cached at the start of
+the loop iteration, so frames timed with it were off by up to 1-2 ms in a
+way the receiver sees (the first frame of a talkspurt and the later ones
+landed on different sides of the millisecond).
+
+Pacing against a 1 ms timer. uvloop rounds ``call_at`` to the nearest whole
+millisecond ``T`` and fires somewhere in ``[T, T + 1)`` ms. Arming at
+``deadline - ARM_BEFORE_S`` (0.5 ms before the frame's deadline) puts that
+window around the deadline: each frame leaves within 1 ms of it, on either
+side, never more than ``early_tolerance_s`` (1 ms) early, without spinning.
+Slot phases sit half a millisecond into the millisecond (``epoch_s``), so a
+stream on its slot grid leaves within 0.5 ms. A talkspurt start
+(``start_talkspurt``) re-phases the stream when its first frame actually
+goes out (the next pass of the loop), so the receiver's grid (anchored on
+that marker packet) and ours coincide.
+
+Every stream whose wake-up falls in the same millisecond is served by one
+wake-up and one timer handle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from bridge.engine import LocalProtocolError
 from bridge.logs import get_logger
-from bridge.media.clock import MediaClock, Ticker
+from bridge.media.clock import ClockConfig, MediaClock, Ticker, TickerConfig
 
-__all__ = ["MediaTicker"]
+__all__ = ["ARM_BEFORE_S", "MediaTicker"]
 
 log = get_logger("callbridge.ticker")
 
 LAG_WINDOW_S = 0.5
 """Time constant of ``lag_s``: a passing hiccup does not shed calls, a saturated core does."""
 
+ARM_BEFORE_S = 0.0005
+"""The timer is armed this long before the earliest frame deadline (see the module docstring)."""
+
 FrameCallback = Callable[[int, float], None]
 """Called with (frame index, now) when a stream's frame is due."""
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class _Stream:
+    key: str
     on_frame: FrameCallback
     on_error: Callable[[BaseException], None]
-    clock: MediaClock
+    clock: MediaClock = field(init=False)
+    live: bool = True
 
 
 class MediaTicker:
-    """Drives every outbound stream of the process from one timer."""
+    """Drives every outbound stream of the process from one timer.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    Args:
+        loop: The event loop whose timers wake the ticker.
+        clock: The time source of every deadline (``time.monotonic``, the
+            clock ``loop.time()`` reads, at full resolution).
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.loop = loop or asyncio.get_event_loop()
-        self.ticker: Ticker[str] = Ticker()
+        self.now = clock
+        # slot phases half a millisecond into the millisecond: see the module docstring
+        config = TickerConfig(ClockConfig(), epoch_s=0.0005)
+        self.ticker: Ticker[_Stream] = Ticker(config)
+        self._arm_offset_s = config.clock.early_tolerance_s - ARM_BEFORE_S
+        """From a stream's wake-up time (deadline - tolerance) to when its timer is armed."""
         self.streams: dict[str, _Stream] = {}
-        self._handle: asyncio.TimerHandle | None = None
+        self._handle: asyncio.Handle | None = None
         self._armed_at: float | None = None
+        """The wake-up time (``next_deadline()``) the handle is armed for; -inf: the next pass."""
+        self._talkspurts: list[_Stream] = []
         self.lag_s = 0.0
-        self._last_run = self.loop.time()
         """Smoothed lateness of the ticker's wake-ups (EWMA): how far behind the loop runs."""
+        self._last_run = self.now()
 
     def add(
         self,
@@ -55,24 +101,39 @@ class MediaTicker:
         on_error: Callable[[BaseException], None],
         ts0: int = 0,
     ) -> MediaClock:
-        clock = self.ticker.add(key, self.loop.time(), ts0)
-        self.streams[key] = _Stream(on_frame, on_error, clock)
+        if key in self.streams:
+            raise LocalProtocolError(f"stream {key!r} already registered")
+        stream = _Stream(key, on_frame, on_error)
+        stream.clock = self.ticker.add(stream, self.now(), ts0)
+        self.streams[key] = stream
         self._arm()
-        return clock
+        return stream.clock
 
     def overloaded(self, max_lag_s: float) -> bool:
         """Whether frames leave later than ``max_lag_s`` on average: take no new calls."""
         return max_lag_s > 0 and len(self.streams) > 0 and self.lag_s > max_lag_s
 
     def remove(self, key: str) -> None:
-        self.ticker.remove(key)
-        self.streams.pop(key, None)
+        stream = self.streams.pop(key, None)
+        if stream is not None:
+            stream.live = False
+            self.ticker.remove(stream)
 
     def start_talkspurt(self, key: str) -> None:
-        """A turn's first frame exists: send it now rather than at the next grid slot."""
-        if key in self.streams:
-            self.ticker.start_talkspurt(key, self.loop.time())
-            self._arm()
+        """A turn's first frame exists: send it on the loop's next pass, not at the next slot.
+
+        The stream is re-phased in that pass, with the time its first frame
+        actually leaves (see the module docstring).
+        """
+        stream = self.streams.get(key)
+        if stream is None:
+            return
+        self._talkspurts.append(stream)
+        if self._armed_at != -math.inf:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._armed_at = -math.inf
+            self._handle = self.loop.call_soon(self._run)
 
     def _arm(self) -> None:
         deadline = self.ticker.next_deadline()
@@ -83,30 +144,36 @@ class MediaTicker:
                 return
             self._handle.cancel()
         self._armed_at = deadline
-        self._handle = self.loop.call_at(deadline, self._run)
+        self._handle = self.loop.call_at(deadline + self._arm_offset_s, self._run)
 
     def _run(self) -> None:
-        now = self.loop.time()
-        if self._armed_at is not None:
+        now = self.now()
+        armed_at = self._armed_at
+        if armed_at is not None and armed_at != -math.inf:
             # how late the loop woke us: the lag every call's frames suffer,
             # averaged over about LAG_WINDOW_S whatever the number of wake-ups
+            target = armed_at + self._arm_offset_s
             weight = min(1.0, max(0.0, now - self._last_run) / LAG_WINDOW_S)
-            self.lag_s += weight * (max(0.0, now - self._armed_at) - self.lag_s)
+            self.lag_s += weight * (max(0.0, now - target) - self.lag_s)
         self._last_run = now
         self._handle = None
         self._armed_at = None
-        for key in self.ticker.due(now):
-            stream = self.streams.get(key)
-            if stream is None:
-                continue
+        if self._talkspurts:
+            for stream in self._talkspurts:
+                if stream.live:
+                    self.ticker.start_talkspurt(stream, now)
+            self._talkspurts = []
+        for stream in self.ticker.due(now):
+            if not stream.live:
+                continue  # removed by an earlier stream's callback in this wake-up
             n = stream.clock.tick(now)
             if n is None:
                 continue
             try:
                 stream.on_frame(n, now)
             except Exception as e:  # one call's bug ends that call only
-                log.exception("ticker.stream_failed", stream=key)
-                self.remove(key)
+                log.exception("ticker.stream_failed", stream=stream.key)
+                self.remove(stream.key)
                 stream.on_error(e)
         self._arm()
 
@@ -114,3 +181,4 @@ class MediaTicker:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        self._armed_at = None

@@ -44,9 +44,11 @@ frames instead of all of them at once: at 300 calls a single burst per tick
 made the last frames of the burst several milliseconds late (design notes,
 "One media clock"). ``next_deadline()`` is the earliest
 wake-up time over all streams; ``due(now)`` lists the streams whose next frame
-is due, earliest deadline first. The shell then ticks each listed stream's
-clock (through its call); the ticker re-reads that clock's next deadline on
-its next call, so a stream that was not ticked stays due.
+is due, earliest first to the resolution of its 1 ms buckets (``bucket_s``:
+streams wait in a bucket per millisecond of wake-up time, so a wake-up costs
+O(due streams)). The shell then ticks each listed stream's clock (through its
+call); the ticker re-reads that clock's next deadline on its next call, so a
+stream that was not ticked stays due.
 
 Talkspurt starts re-phase the stream (``MediaClock.start_talkspurt(now)``,
 ``Ticker.start_talkspurt(key, now)``). Between turns a stream sends comfort
@@ -95,6 +97,7 @@ RTP_TIMESTAMP_MODULUS = 2**32
 # Absorbs float rounding in (now - origin_s) / ptime_s when now sits exactly
 # on a deadline; far below any timer resolution.
 _EPSILON_S = 1e-9
+_floor = math.floor
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +151,12 @@ class MediaClock:
         "_config",
         "_frames_sent",
         "_late_wakeups",
+        "_max_late_frames",
         "_next_frame",
+        "_ptime_s",
         "_rephased",
         "_skipped_frames",
+        "_tolerance_s",
         "origin_s",
         "ts0",
     )
@@ -163,6 +169,10 @@ class MediaClock:
             raise LocalProtocolError("max_late_frames and early_tolerance_s must be >= 0")
         self.origin_s = origin_s
         self.ts0 = ts0 % RTP_TIMESTAMP_MODULUS
+        # the config's floats, read on every tick
+        self._ptime_s = self._config.ptime_s
+        self._tolerance_s = self._config.early_tolerance_s
+        self._max_late_frames = self._config.max_late_frames
         self._next_frame = 0
         self._frames_sent = 0
         self._late_wakeups = 0
@@ -189,12 +199,12 @@ class MediaClock:
 
     def next_deadline(self) -> float:
         """The wake-up time for the next frame: its deadline minus the early tolerance."""
-        return self.deadline(self._next_frame) - self._config.early_tolerance_s
+        return self.origin_s + self._next_frame * self._ptime_s - self._tolerance_s
 
     def latest_due(self, now: float) -> int:
         """Index of the newest frame due at ``now`` (-1 before frame 0 is due)."""
-        elapsed_s = now + self._config.early_tolerance_s - self.origin_s + _EPSILON_S
-        return math.floor(elapsed_s / self._config.ptime_s)
+        elapsed_s = now + self._tolerance_s - self.origin_s + _EPSILON_S
+        return _floor(elapsed_s / self._ptime_s)
 
     def tick(self, now: float) -> int | None:
         """Hand out the frame index to send at ``now``, or ``None`` if none is due.
@@ -202,11 +212,11 @@ class MediaClock:
         Never returns more than one index per call and never returns an index
         twice; see the module docstring for the late-wake rules.
         """
-        latest = self.latest_due(now)
+        latest = _floor((now + self._tolerance_s - self.origin_s + _EPSILON_S) / self._ptime_s)
         if latest < self._next_frame:
             return None
         lag_frames = latest - self._next_frame
-        if lag_frames > self._config.max_late_frames:
+        if lag_frames > self._max_late_frames:
             self._late_wakeups += 1
             self._skipped_frames += lag_frames
             self._next_frame = latest
@@ -256,6 +266,8 @@ class TickerConfig:
     """Number of phases within one period (20 slots of 20 ms = 1 ms apart)."""
     epoch_s: float = 0.0
     """Loop time of the grid: slot ``k`` is due at ``epoch_s + (k / slots + m) * ptime_s``."""
+    bucket_s: float = 0.001
+    """Width of the wake-up buckets (see ``Ticker``): the shell's timer resolution."""
 
 
 class Ticker(Generic[K]):
@@ -264,35 +276,54 @@ class Ticker(Generic[K]):
     Calling contract: arm one timer at ``next_deadline()``; when it fires call
     ``due(now)`` and, for each key returned, tick that stream's clock (via its
     call) until it returns ``None``; then ask ``next_deadline()`` again.
+
+    Streams wait in buckets of ``bucket_s`` (1 ms) of wake-up time, a bucket
+    per millisecond that has a stream, in a heap of bucket numbers: a
+    wake-up walks only the buckets that are due and touches only their
+    streams, so it costs O(due streams), not O(log n) heap operations and a
+    tuple per stream. ``due`` returns streams bucket by bucket, earliest
+    bucket first (within a bucket, in the order they were queued); the exact
+    wake-up time of every stream still decides whether it is due.
     """
 
     __slots__ = (
+        "_bucket_heap",
+        "_bucket_min",
+        "_bucket_s",
+        "_buckets",
         "_clocks",
         "_config",
-        "_entry_seq",
-        "_heap",
         "_popped",
-        "_seq",
         "_slot_load",
         "_slot_of",
+        "_where",
     )
 
     def __init__(self, config: TickerConfig | None = None) -> None:
         self._config = config or TickerConfig()
         if self._config.slots <= 0:
             raise LocalProtocolError("slots must be positive")
+        if self._config.bucket_s <= 0:
+            raise LocalProtocolError("bucket_s must be positive")
         self._clocks: dict[K, MediaClock] = {}
         self._slot_of: dict[K, int] = {}
         self._slot_load = [0] * self._config.slots
-        # (wake-up time, insertion sequence, key). A key has one live entry, the
-        # one whose sequence is in _entry_seq; the others are skipped lazily.
-        self._entry_seq: dict[K, int] = {}
-        self._heap: list[tuple[float, int, K]] = []
+        self._bucket_s = self._config.bucket_s
+        # bucket number (floor(wake-up time / bucket_s)) -> its streams; every
+        # registered stream is in exactly one bucket (``_where``) or in
+        # ``_popped`` (handed out by due(), queued again on the next call)
+        self._buckets: dict[int, list[K]] = {}
+        self._bucket_min: dict[int, float] = {}
+        self._bucket_heap: list[int] = []  # bucket numbers; stale ones are skipped
+        self._where: dict[K, int] = {}
         self._popped: list[K] = []
-        self._seq = 0
 
     def __len__(self) -> int:
         return len(self._clocks)
+
+    @property
+    def config(self) -> TickerConfig:
+        return self._config
 
     def add(self, key: K, now: float, ts0: int = 0) -> MediaClock:
         """Register a stream and return its clock; frame 0 is due at its first slot >= ``now``."""
@@ -303,14 +334,14 @@ class Ticker(Generic[K]):
         self._clocks[key] = clock
         self._slot_of[key] = slot
         self._slot_load[slot] += 1
-        self._push(key)
+        self._push(key, clock)
         return clock
 
     def remove(self, key: K) -> None:
-        """Forget a stream (its heap entries are dropped lazily). Unknown keys are ignored."""
+        """Forget a stream. Unknown keys are ignored."""
         if self._clocks.pop(key, None) is not None:
             self._slot_load[self._slot_of.pop(key)] -= 1
-            self._entry_seq.pop(key, None)
+            self._unqueue(key)
 
     def clock(self, key: K) -> MediaClock:
         """The clock of a registered stream."""
@@ -318,8 +349,10 @@ class Ticker(Generic[K]):
 
     def start_talkspurt(self, key: K, now: float) -> None:
         """Re-phase a stream so its next frame is due at ``now`` (see the module docstring)."""
-        if self._clocks[key].start_talkspurt(now) > 0.0 and key in self._entry_seq:
-            self._push(key)
+        clock = self._clocks[key]
+        if clock.start_talkspurt(now) > 0.0 and key in self._where:
+            self._unqueue(key)
+            self._push(key, clock)
 
     def phase_s(self, key: K) -> float:
         """Offset of the stream's deadlines within the period, in seconds."""
@@ -328,28 +361,45 @@ class Ticker(Generic[K]):
     def next_deadline(self) -> float | None:
         """The earliest wake-up time over all streams, or ``None`` with no streams."""
         self._requeue_popped()
-        while self._heap:
-            wake_s, seq, key = self._heap[0]
-            if self._entry_seq.get(key) == seq:
-                return wake_s
-            heapq.heappop(self._heap)
+        heap = self._bucket_heap
+        while heap:
+            earliest = self._bucket_min.get(heap[0])
+            if earliest is not None:
+                return earliest
+            heapq.heappop(heap)
         return None
 
     def due(self, now: float) -> list[K]:
-        """The streams whose next frame is due at ``now``, earliest deadline first."""
+        """The streams whose next frame is due at ``now``, earliest bucket first."""
         self._requeue_popped()
+        limit = now + _EPSILON_S
+        last = _floor(limit / self._bucket_s)
+        heap = self._bucket_heap
+        buckets = self._buckets
+        clocks = self._clocks
         keys: list[K] = []
-        while self._heap and self._heap[0][0] <= now + _EPSILON_S:
-            _, seq, key = heapq.heappop(self._heap)
-            if self._entry_seq.get(key) != seq:
-                continue
-            if self._clocks[key].next_deadline() > now + _EPSILON_S:
-                self._push(key)  # ticked outside due(): its entry was early
-                continue
-            del self._entry_seq[key]
-            keys.append(key)
+        later: list[K] = []
+        while heap and heap[0] <= last:
+            b = heapq.heappop(heap)
+            bucket = buckets.pop(b, None)
+            if bucket is None:
+                continue  # emptied by remove(), or a duplicate heap entry
+            del self._bucket_min[b]
+            for key in bucket:
+                clock = clocks[key]  # next_deadline(), inlined (hot loop)
+                wake_s = clock.origin_s + clock._next_frame * clock._ptime_s - clock._tolerance_s
+                if wake_s <= limit:
+                    keys.append(key)
+                else:  # the tail of the current bucket, or ticked outside due()
+                    later.append(key)
+        where = self._where
+        for key in keys:
+            del where[key]
+        for key in later:
+            del where[key]
+            self._push(key, clocks[key])
         self._popped = keys
-        return list(keys)
+        return keys
 
     def _first_origin(self, slot: int, now: float) -> float:
         ptime_s = self._config.clock.ptime_s
@@ -357,13 +407,56 @@ class Ticker(Generic[K]):
         periods = max(0, math.ceil((now - phase_origin_s) / ptime_s - _EPSILON_S))
         return phase_origin_s + periods * ptime_s
 
-    def _push(self, key: K) -> None:
-        self._seq += 1
-        self._entry_seq[key] = self._seq
-        heapq.heappush(self._heap, (self._clocks[key].next_deadline(), self._seq, key))
+    def _push(self, key: K, clock: MediaClock) -> None:
+        wake_s = clock.next_deadline()
+        b = _floor(wake_s / self._bucket_s)
+        bucket = self._buckets.get(b)
+        if bucket is None:
+            self._buckets[b] = [key]
+            self._bucket_min[b] = wake_s
+            heapq.heappush(self._bucket_heap, b)
+        else:
+            bucket.append(key)
+            if wake_s < self._bucket_min[b]:
+                self._bucket_min[b] = wake_s
+        self._where[key] = b
+
+    def _unqueue(self, key: K) -> None:
+        """Take a stream out of its bucket (rare: removal, talkspurt start)."""
+        b = self._where.pop(key, None)
+        if b is None:
+            return  # handed out by due(): _requeue_popped() skips it if it is gone
+        bucket = self._buckets[b]
+        bucket.remove(key)
+        if bucket:
+            self._bucket_min[b] = min(self._clocks[k].next_deadline() for k in bucket)
+        else:
+            del self._buckets[b]
+            del self._bucket_min[b]
 
     def _requeue_popped(self) -> None:
-        for key in self._popped:
-            if key in self._clocks:
-                self._push(key)
+        popped = self._popped
+        if not popped:
+            return
+        clocks = self._clocks
+        where = self._where
+        buckets = self._buckets
+        bucket_min = self._bucket_min
+        width_s = self._bucket_s
+        for key in popped:  # _push() inlined: this runs for every stream on every tick
+            clock = clocks.get(key)
+            if clock is None or key in where:
+                continue  # removed (or removed and added again) since due()
+            wake_s = clock.origin_s + clock._next_frame * clock._ptime_s - clock._tolerance_s
+            b = _floor(wake_s / width_s)
+            bucket = buckets.get(b)
+            if bucket is None:
+                buckets[b] = [key]
+                bucket_min[b] = wake_s
+                heapq.heappush(self._bucket_heap, b)
+            else:
+                bucket.append(key)
+                if wake_s < bucket_min[b]:
+                    bucket_min[b] = wake_s
+            where[key] = b
         self._popped = []

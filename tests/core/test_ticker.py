@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from collections.abc import Callable
 
-from bridge.io.ticker import MediaTicker
+import pytest
+
+from bridge.io.ticker import ARM_BEFORE_S, MediaTicker
 
 
 def test_frames_are_ticked_in_order_and_a_stalled_loop_reads_as_overloaded() -> None:
@@ -28,3 +32,108 @@ def test_frames_are_ticked_in_order_and_a_stalled_loop_reads_as_overloaded() -> 
         ticker.close()
 
     asyncio.run(main())
+
+
+class _Handle:
+    def __init__(self, loop: _FakeLoop, when: float, callback: Callable[[], None]) -> None:
+        self.loop, self.when, self.callback = loop, when, callback
+
+    def cancel(self) -> None:
+        self.loop.handles.remove(self)
+
+
+class _FakeLoop:
+    """Records what the ticker arms; the test fires it at the time it chooses."""
+
+    def __init__(self) -> None:
+        self.handles: list[_Handle] = []
+
+    def time(self) -> float:
+        raise AssertionError("the ticker keeps time on its own clock, not loop.time()")
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> _Handle:
+        handle = _Handle(self, when, callback)
+        self.handles.append(handle)
+        return handle
+
+    def call_soon(self, callback: Callable[[], None]) -> _Handle:
+        return self.call_at(-math.inf, callback)
+
+    def fire(self) -> float:
+        """Run the one armed handle; returns the time it was armed for."""
+        (handle,) = self.handles
+        self.handles.clear()
+        handle.callback()
+        return handle.when
+
+
+def _ticker(now: list[float]) -> tuple[MediaTicker, _FakeLoop]:
+    loop = _FakeLoop()
+    return MediaTicker(loop, clock=lambda: now[0]), loop  # type: ignore[arg-type]
+
+
+def test_the_timer_is_armed_half_a_millisecond_before_the_frame_deadline() -> None:
+    now = [100.0]
+    ticker, loop = _ticker(now)
+    sent: list[tuple[int, float]] = []
+    clock = ticker.add("a", lambda n, t: sent.append((n, t)), lambda e: None)
+    # slot phases sit mid-millisecond, so a 1 ms timer window [T, T + 1) centres on them
+    assert clock.deadline(0) == pytest.approx(100.0005)
+    for n in range(3):
+        armed = loop.handles[0].when
+        assert armed == pytest.approx(clock.deadline(n) - ARM_BEFORE_S)
+        now[0] = clock.deadline(n) - 0.0009  # a 1 ms timer may fire up to 1 ms early
+        loop.fire()
+        assert sent[-1] == (n, now[0])
+    assert clock.stats().late_wakeups == 0
+
+
+def test_a_talkspurt_is_rephased_when_its_first_frame_leaves() -> None:
+    now = [100.0]
+    ticker, loop = _ticker(now)
+    sent: list[tuple[int, float]] = []
+    clock = ticker.add("a", lambda n, t: sent.append((n, t)), lambda e: None)
+    now[0] = clock.deadline(0)
+    loop.fire()
+    now[0] = 100.0063  # the turn's first audio is ready between two slots
+    ticker.start_talkspurt("a")
+    ticker.start_talkspurt("a")  # twice in one pass: still one wake-up
+    assert [h.when for h in loop.handles] == [-math.inf]  # the loop's next pass
+    now[0] = 100.0081  # that pass comes 1.8 ms later (other callbacks ran first)
+    loop.fire()
+    assert sent[-1] == (1, 100.0081)
+    # the grid is anchored on the packet that left, not on the request
+    assert clock.deadline(2) == pytest.approx(100.0281)
+    assert loop.handles[0].when == pytest.approx(100.0281 - ARM_BEFORE_S)
+
+
+def test_streams_in_the_same_millisecond_share_one_wake_up() -> None:
+    now = [100.0]
+    ticker, loop = _ticker(now)
+    sent: list[str] = []
+    for i in range(60):  # 3 streams per slot of 1 ms
+        ticker.add(f"s{i}", lambda n, t, k=f"s{i}": sent.append(k), lambda e: None)
+    wakeups = 0
+    while len(sent) < 60 * 5:
+        now[0] = loop.handles[0].when + 0.0003
+        loop.fire()
+        wakeups += 1
+    assert wakeups == 20 * 5 and len(sent) == 300
+
+
+def test_a_failing_stream_ends_alone() -> None:
+    now = [100.0]
+    ticker, loop = _ticker(now)
+    errors: list[BaseException] = []
+    good: list[int] = []
+
+    def bad(n: int, t: float) -> None:
+        raise RuntimeError("boom")
+
+    ticker.add("bad", bad, errors.append)
+    ticker.add("good", lambda n, t: good.append(n), errors.append)
+    for _ in range(6):
+        now[0] = loop.handles[0].when + 0.0003
+        loop.fire()
+    assert len(errors) == 1 and "bad" not in ticker.streams
+    assert good == [0, 1, 2, 3, 4]
