@@ -113,6 +113,8 @@ class _UaRunner:
         self.writers: dict[int, asyncio.StreamWriter] = {}
         self.next_conn_id = 1
         self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0.0
+        """The deadline ``timer`` is armed for (while it is not None)."""
 
     async def start(self, host: str, port: int) -> None:
         if self.kind == "UDP":
@@ -163,12 +165,15 @@ class _UaRunner:
                     writer.close()
         for event in self.ua.events_received():
             self.leg.on_sip_event(self, event)
+        deadline = self.ua.next_deadline()
         if self.timer is not None:
+            if deadline == self.timer_at:
+                return  # armed for that already: no new handle per message
             self.timer.cancel()
             self.timer = None
-        deadline = self.ua.next_deadline()
         if deadline is not None:
             self.timer = self.loop.call_at(deadline, self._on_timer)
+            self.timer_at = deadline
 
     def _on_timer(self) -> None:
         self.timer = None
