@@ -347,6 +347,11 @@ class Thresholds:
     echo_return_loss_db: float
     vad_aggressiveness: int
     echo_correlation: float = BargeInConfig().echo_correlation
+    noise_rise_db: float = BargeInPolicy().noise_rise_db
+    """Not in the config (yet): the policy's default is the daemon's."""
+    noise_floor_up_ms: int = BargeInPolicy().noise_floor_up_ms
+    noise_floor_down_ms: int = BargeInPolicy().noise_floor_down_ms
+    babble_spread: float = BargeInPolicy().babble_spread
 
     @staticmethod
     def defaults() -> Thresholds:
@@ -364,6 +369,10 @@ class Thresholds:
             echo_return_loss_db=self.echo_return_loss_db,
             dtmf_triggers=c.dtmf,
             echo_correlation=self.echo_correlation,
+            noise_rise_db=self.noise_rise_db,
+            noise_floor_up_ms=self.noise_floor_up_ms,
+            noise_floor_down_ms=self.noise_floor_down_ms,
+            babble_spread=self.babble_spread,
         )
 
 

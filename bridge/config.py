@@ -207,9 +207,9 @@ class BargeInConfig:
     """``[bargein]``: the barge-in detector's thresholds (defaults measured in bench/)."""
 
     enabled: bool = True
-    min_speech_ms: int = 100
-    energy_floor_dbfs: float = -45.0
-    echo_return_loss_db: float = 15.0
+    min_speech_ms: int = 80
+    energy_floor_dbfs: float = -48.0
+    echo_return_loss_db: float = 30.0
     vad_aggressiveness: int = 3
     dtmf: bool = True
     echo_correlation: float = 0.7
@@ -755,14 +755,14 @@ def _read_bargein(r: _Reader, d: dict[str, Any]) -> BargeInConfig:
          "vad_aggressiveness", "dtmf", "echo_correlation"},
         p,
     )  # fmt: skip
-    min_speech = r.int_(d, "min_speech_ms", p, 100, 20, 5000)
+    min_speech = r.int_(d, "min_speech_ms", p, 80, 20, 5000)
     if min_speech % 20:
         r.err(f"{p}.min_speech_ms", f"must be a multiple of 20 (one frame), got {min_speech}")
     return BargeInConfig(
         enabled=r.bool_(d, "enabled", p, True),
         min_speech_ms=min_speech,
-        energy_floor_dbfs=r.num(d, "energy_floor_dbfs", p, -45.0, -96, 0),
-        echo_return_loss_db=r.num(d, "echo_return_loss_db", p, 15.0, 0, 60),
+        energy_floor_dbfs=r.num(d, "energy_floor_dbfs", p, -48.0, -96, 0),
+        echo_return_loss_db=r.num(d, "echo_return_loss_db", p, 30.0, 0, 60),
         vad_aggressiveness=r.int_(d, "vad_aggressiveness", p, 3, 0, 3),
         dtmf=r.bool_(d, "dtmf", p, True),
         echo_correlation=r.num(d, "echo_correlation", p, 0.7, 0.0, 1.0),

@@ -10,7 +10,9 @@ size instead of letting the C code raise on odd input. ``energy_dbfs`` is the
 frame's RMS level relative to a full-scale square wave (a full-scale sine
 reads -3.01 dBFS; ``audioop.rms`` truncates the RMS to an integer, a 0.1 dB
 step at -50 dBFS); digital silence reads ``MIN_DBFS`` rather than -inf, so
-the value is always a finite float.
+the value is always a finite float. ``analyze`` reports the level without
+the frame's DC offset (``ac_energy_dbfs``): a peer sending a constant sample
+is silent, not a -8 dBFS caller.
 
 Input is signed 16-bit little-endian mono PCM, the decoder's output. A frame
 of the wrong length is never speech and raises nothing: inbound audio is
@@ -24,6 +26,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import webrtcvad
 
 with warnings.catch_warnings():
@@ -31,7 +34,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import audioop
 
-__all__ = ["MIN_DBFS", "FrameAnalysis", "Vad", "energy_dbfs"]
+__all__ = ["MIN_DBFS", "FrameAnalysis", "Vad", "ac_energy_dbfs", "energy_dbfs"]
 
 MIN_DBFS = -100.0
 _FULL_SCALE = 32768.0
@@ -53,6 +56,39 @@ def energy_dbfs(pcm_s16le: bytes) -> float:
     if rms <= 0:
         return MIN_DBFS
     return max(MIN_DBFS, 20.0 * math.log10(rms / _FULL_SCALE))
+
+
+_DC_SAMPLES = 64
+"""A frame whose mean is beyond this (-54 dBFS) carries a DC offset worth removing."""
+
+
+def ac_energy_dbfs(pcm_s16le: bytes) -> float:
+    """``energy_dbfs`` of the frame without its DC offset (its mean).
+
+    A constant offset is no sound on a telephone line (the band starts at
+    300 Hz), but it reads as a level: a "silent" peer that sends a constant
+    sample (a codec mismatch, a DC-coupled source) would look like a loud
+    caller. Frames with a negligible mean (all normal audio) cost the same as
+    ``energy_dbfs``; only offset frames pay for the exact computation.
+    """
+    pcm = pcm_s16le[: len(pcm_s16le) & ~1]
+    if not pcm:
+        return MIN_DBFS
+    if not _NATIVE_IS_LE:
+        pcm = audioop.byteswap(pcm, 2)
+    mean = audioop.avg(pcm, 2)
+    if abs(mean) <= _DC_SAMPLES:
+        return energy_dbfs(pcm_s16le)
+    rms = audioop.rms(pcm, 2)
+    power = float(rms * rms - mean * mean)  # both truncated to integers
+    if power > 200.0 * (rms + abs(mean) + 1):  # their error is under 1 % of it
+        return max(MIN_DBFS, 10.0 * math.log10(power / _FULL_SCALE**2))
+    x = np.frombuffer(pcm, dtype=np.int16).astype(np.float64)  # mostly offset: exactly
+    ac = x - x.mean()
+    power = float(np.dot(ac, ac)) / len(ac)
+    if power < 1.0:
+        return MIN_DBFS
+    return max(MIN_DBFS, 10.0 * math.log10(power / _FULL_SCALE**2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,5 +131,5 @@ class Vad:
         return bool(self._vad.is_speech(frame_s16le, self._sample_rate_hz))
 
     def analyze(self, frame_s16le: bytes) -> FrameAnalysis:
-        """Speech decision and level of one frame, as the barge-in detector takes them."""
-        return FrameAnalysis(self.is_speech(frame_s16le), energy_dbfs(frame_s16le))
+        """Speech decision and level (without DC offset) of one frame, for the detector."""
+        return FrameAnalysis(self.is_speech(frame_s16le), ac_energy_dbfs(frame_s16le))

@@ -14,7 +14,7 @@ from bridge.media.bargein import (
     SpeechStarted,
     SpeechStopped,
 )
-from bridge.media.vad import MIN_DBFS, Vad, energy_dbfs
+from bridge.media.vad import MIN_DBFS, Vad, ac_energy_dbfs, energy_dbfs
 
 FRAME_S = 0.020
 LOUD_DBFS = -20.0
@@ -70,7 +70,8 @@ def test_gap_longer_than_hangover_restarts_the_run() -> None:
 
 
 def test_energy_floor() -> None:
-    det = speaking_detector(BargeInPolicy(energy_floor_dbfs=-45.0))
+    # flat synthetic levels: the noise-floor rise check (tested below) is off
+    det = speaking_detector(BargeInPolicy(energy_floor_dbfs=-45.0, noise_rise_db=0.0))
     assert feed(det, "S" * 30, level_dbfs=-46.0) == []
     assert det.events_received() == []
     assert len(feed(det, "S" * 30, start_s=1.0, level_dbfs=-44.0)) == 1
@@ -100,7 +101,7 @@ def test_echo_guard_lets_loud_caller_through() -> None:
 
 
 def test_echo_guard_covers_echo_tail_then_expires() -> None:
-    det = BargeInDetector(BargeInPolicy(echo_window_ms=200, min_speech_ms=40))
+    det = BargeInDetector(BargeInPolicy(echo_window_ms=200, min_speech_ms=40, noise_rise_db=0.0))
     det.record_bot_level(-10.0, 0.0)
     assert det.observe(True, -30.0, 0.1) is None
     assert det.observe(True, -30.0, 0.12) is None
@@ -219,3 +220,139 @@ def test_vad_rejects_wrong_frame_size_and_measures_levels() -> None:
         Vad(aggressiveness=4)
     with pytest.raises(ValueError):
         Vad(sample_rate_hz=11025)
+
+
+# ---------------------------------------------------------------- line noise, babble, quiet callers
+
+DAEMON = BargeInPolicy(min_speech_ms=80, energy_floor_dbfs=-48.0, echo_return_loss_db=30.0)
+"""The daemon's ``[bargein]`` defaults (``BargeInConfig``) on the policy's own defaults."""
+NO_RISE = BargeInPolicy(
+    min_speech_ms=80,
+    energy_floor_dbfs=-48.0,
+    echo_return_loss_db=30.0,
+    noise_rise_db=0.0,
+    babble_spread=0.0,
+)
+
+
+def levels(n: int, mean_dbfs: float, spread_db: float, seed: int) -> list[float]:
+    return [float(v) for v in np.random.default_rng(seed).normal(mean_dbfs, spread_db, n)]
+
+
+def run_levels(det: BargeInDetector, dbfs: list[float], bot_dbfs: float | None = None) -> list[int]:
+    """Every frame VAD-speech at the given levels, the bot speaking; frames that trigger."""
+    det.set_bot_speaking(True)
+    out = []
+    for i, level in enumerate(dbfs):
+        now = round(i * FRAME_S, 6)
+        if bot_dbfs is not None:
+            det.record_bot_level(bot_dbfs, now)
+        if det.observe(True, level, now) is not None:
+            out.append(i)
+            det.set_bot_speaking(False)  # the call cuts the turn; the next one starts
+            det.set_bot_speaking(True)
+    return out
+
+
+@pytest.mark.parametrize("babble_dbfs", [-40.0, -35.0])
+def test_babble_is_not_the_caller(babble_dbfs: float) -> None:
+    # 10 s of babble-like level (speech to the VAD, 3 dB of frame-to-frame
+    # spread) from the first frame of the call: it sits at the line's floor.
+    babble = levels(500, babble_dbfs, 3.0, seed=11)
+    assert run_levels(BargeInDetector(DAEMON), babble) == []
+    assert run_levels(BargeInDetector(NO_RISE), babble) != []  # VAD and energy floor alone
+
+
+def test_steady_loud_line_noise_is_not_the_caller() -> None:
+    hiss = levels(500, -40.0, 0.7, seed=12)  # webrtcvad often calls such noise speech
+    assert run_levels(BargeInDetector(DAEMON), hiss) == []
+    assert run_levels(BargeInDetector(NO_RISE), hiss) != []
+
+
+def test_caller_rising_out_of_babble_is_detected() -> None:
+    line = levels(100, -40.0, 3.0, seed=13) + levels(50, -22.0, 4.0, seed=14)
+    first = run_levels(BargeInDetector(DAEMON), line)[0]
+    assert 100 <= first <= 103  # by its 4th frame (80 ms); babble credit may count
+
+
+def test_quiet_caller_under_a_loud_bot_is_detected() -> None:
+    # A -30 dBFS caller over -50 dBFS line noise while the bot plays at -6 dBFS
+    # (no echo on the line): the old level guard (15 dB) hid the caller.
+    line = levels(50, -50.0, 0.7, seed=15) + levels(50, -30.0, 3.0, seed=16)
+    assert run_levels(BargeInDetector(DAEMON), line, bot_dbfs=-6.0)[:1] == [53]
+    old_guard = BargeInPolicy(min_speech_ms=80, energy_floor_dbfs=-48.0, echo_return_loss_db=15.0)
+    assert run_levels(BargeInDetector(old_guard), line, bot_dbfs=-6.0) == []
+
+
+def test_caller_talking_from_the_first_frame_is_detected() -> None:
+    # The floor learns the line in the call's first frames, but not from frames
+    # rising as a run must: a caller already talking is not taken for the line.
+    assert run_levels(BargeInDetector(DAEMON), levels(30, -20.0, 3.0, seed=17))[:1] == [3]
+
+
+def test_noise_floor_follows_the_line_both_ways() -> None:
+    det = BargeInDetector(DAEMON)
+    run_levels(det, levels(200, -40.0, 0.5, seed=18))
+    assert det.noise_floor_dbfs == pytest.approx(-40.0, abs=1.0)
+    run_levels(det, levels(200, -55.0, 0.5, seed=19))
+    assert det.noise_floor_dbfs == pytest.approx(-55.0, abs=1.5)
+
+
+def test_echo_at_minus_10_db_60_ms_is_not_the_caller_with_the_echo_check() -> None:
+    from bridge.media.echo import EchoCorrelator
+
+    rng = np.random.default_rng(20)
+    bot = voiced(3.0) * 0.5  # about -12 dBFS
+    delay = int(0.060 * 8000)
+    echo = np.concatenate([np.zeros(delay), bot[:-delay]]) * 10 ** (-10 / 20)
+    inbound = echo + rng.normal(0.0, 1.0, len(echo)) * 10 ** (-50 / 20)
+
+    def triggers(correlate: bool) -> int:
+        vad, corr, det = Vad(3), EchoCorrelator(), BargeInDetector(DAEMON)
+        det.set_bot_speaking(True)
+        count = 0
+        for k in range(len(bot) // 160):
+            out = to_pcm(bot[k * 160 : (k + 1) * 160], 1.0)
+            corr.push_outbound(out)
+            det.record_bot_level(energy_dbfs(out), k * FRAME_S)
+            frame = to_pcm(np.clip(inbound[k * 160 : (k + 1) * 160], -1, 1), 1.0)
+            analysis = vad.analyze(frame)
+            speech = analysis.is_speech and not (correlate and corr.is_echo(frame))
+            if det.observe(speech, analysis.energy_dbfs, k * FRAME_S) is not None:
+                count += 1
+                det.set_bot_speaking(False)
+                det.set_bot_speaking(True)
+        return count
+
+    assert triggers(correlate=True) == 0
+    assert triggers(correlate=False) > 0  # 20 dB above the line: only the correlation tells
+
+
+def test_level_for_the_detector_ignores_a_dc_offset() -> None:
+    sine = np.sin(2 * np.pi * 1000 * np.arange(160) / 8000) * 8000
+    assert ac_energy_dbfs(sine.astype("<i2").tobytes()) == pytest.approx(
+        energy_dbfs(sine.astype("<i2").tobytes()), abs=0.01
+    )
+    offset = (sine + 12000).astype("<i2").tobytes()
+    assert energy_dbfs(offset) > -8.0  # the offset reads as a loud level
+    assert ac_energy_dbfs(offset) == pytest.approx(-15.2, abs=0.1)  # the sine alone
+    flat = np.full(160, 12400, dtype="<i2").tobytes()
+    assert ac_energy_dbfs(flat) == MIN_DBFS
+    assert Vad().analyze(flat).energy_dbfs == MIN_DBFS
+
+
+def test_a_peer_sending_a_constant_sample_is_silent() -> None:
+    # baresip's "silent" microphone reached the daemon as a constant -8 dBFS
+    # sample: webrtcvad calls the step speech for 4 frames, which met an 80 ms
+    # minimum when the level included the offset.
+    frames = [bytes(320)] * 3 + [np.full(160, 12400, dtype="<i2").tobytes()] * 60
+    vad = Vad(3)
+    analyses = [vad.analyze(f) for f in frames]
+    with_offset = [(a.is_speech, energy_dbfs(f)) for a, f in zip(analyses, frames, strict=True)]
+    det = speaking_detector(DAEMON)
+    assert all(
+        det.observe(sp, e, i * FRAME_S) is None
+        for i, (sp, e) in enumerate((a.is_speech, a.energy_dbfs) for a in analyses)
+    )
+    old = speaking_detector(DAEMON)
+    assert any(old.observe(sp, e, i * FRAME_S) is not None for i, (sp, e) in enumerate(with_offset))
