@@ -57,7 +57,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plots
 from common import RESULTS, write
 from loadgen import procs
-from loadgen.analysis import pacing_summary, per_call_figures, rtp_deviations_ns
+from loadgen.analysis import (
+    pacing_summary,
+    per_call_figures,
+    rtp_deviations_ns,
+    rtp_gap_frames,
+)
 from loadgen.procs import DAEMON_CORE, DaemonUnderTest, TtsProcess, pin_self
 from loadgen.rtp import RtpLoad, realtime_to_monotonic_offset_ns
 from loadgen.steps import core_busy_s, ws_step
@@ -130,6 +135,15 @@ def _window(load: RtpLoad, pid: int, measure_s: float) -> tuple[dict[str, Any], 
     k1 = core_busy_s(DAEMON_CORE)
     off1 = realtime_to_monotonic_offset_ns()
     per = [rtp_deviations_ns(c.arrival_ns, c.rtp_ts, c.marker) for c in load.calls]
+    missing = sum(rtp_gap_frames(c.rtp_ts) for c in load.calls)
+    received = sum(len(c.rtp_ts) for c in load.calls)
+    # frames the wall clock says should have arrived between each call's first and last
+    # packet of the window, minus those that did (a gap the RTP timestamps do not show)
+    short = sum(
+        round((c.arrival_ns[-1] - c.arrival_ns[0]) / 20e6) + 1 - len(c.arrival_ns)
+        for c in load.calls
+        if len(c.arrival_ns) > 1
+    )
     wall = t1 - t0
     answered = sum(1 for c in load.calls if c.remote is not None)
     info = {
@@ -139,6 +153,13 @@ def _window(load: RtpLoad, pid: int, measure_s: float) -> tuple[dict[str, Any], 
         "sender_cpu_us_per_call_s": round(1e6 * (c1 - c0) / wall / max(1, answered), 1),
         "core0_other_pct": round(100 * max(0.0, k1[0] - k0[0] - (c1 - c0)) / wall, 1),
         "core0_steal_pct": round(100 * (k1[1] - k0[1]) / wall, 1),
+        # frames never received (skipped by the sender after a late wake-up, or lost):
+        # they have no deviation, so the pacing figures alone would hide them
+        "frames_received": received,
+        "frames_missing": missing,
+        "frames_missing_pct": round(100 * missing / max(1, missing + received), 3),
+        "frames_short_of_wall_clock": int(short),
+        "frames_expected_in_window": int(answered * wall / 0.02),
         # CLOCK_REALTIME - CLOCK_MONOTONIC moved by this much during the window: the
         # kernel timestamps are realtime, moved onto monotonic with the offset at start
         "clock_offset_change_us": round((off1 - off0) / 1e3, 1),

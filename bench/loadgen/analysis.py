@@ -84,6 +84,21 @@ def drift_ppm(arrival: np.ndarray, dev: np.ndarray) -> float:
 PPM_TO_MS_PER_MIN = 60.0 * 1e3 / 1e6
 
 
+def rtp_gap_frames(rtp_ts: Iterable[int], max_gap: int = 3000) -> int:
+    """Frames never received in one call: RTP timestamp steps of more than one frame.
+
+    The deviation figures cannot show these (a frame the sender skipped after a
+    late wake-up, or a lost packet, has no arrival); steps larger than
+    ``max_gap`` frames (a new SSRC/timestamp base, reordering) are ignored.
+    """
+    ts = np.asarray(rtp_ts, dtype=np.int64)
+    if ts.size < 2:
+        return 0
+    step = (np.diff(ts) % (1 << 32)) // 160
+    gaps = step[(step > 1) & (step <= max_gap)] - 1
+    return int(gaps.sum())
+
+
 def per_call_figures(per_call: list[tuple[np.ndarray, np.ndarray]]) -> list[dict[str, Any]]:
     """p50/p99/max |deviation| (ms) and drift (ppm, ms per minute) of each call with packets."""
     out: list[dict[str, Any]] = []

@@ -18,6 +18,7 @@ from loadgen.analysis import (
     pacing_summary,
     per_call_figures,
     rtp_deviations_ns,
+    rtp_gap_frames,
 )
 from loadgen.rtp import RtpLoad
 
@@ -73,6 +74,14 @@ def test_a_talkspurt_is_anchored_on_its_marker_packet() -> None:
     marker[50] = 1
     _, dev = rtp_deviations_ns(arrival, ts, marker)
     assert not dev.any()
+
+
+def test_frames_never_received_are_counted_from_rtp_timestamp_steps() -> None:
+    _, ts, _ = stream(100)  # wraps mid-stream
+    assert rtp_gap_frames(ts) == 0
+    kept = ts[:10] + ts[13:50] + ts[51:]  # 3 frames skipped, then 1 lost
+    assert rtp_gap_frames(kept) == 4
+    assert rtp_gap_frames([*ts[:10], (ts[10] + 160 * 10_000) % (1 << 32)]) == 0  # new base
 
 
 def _pump(ua: SipUserAgent, sock: socket.socket) -> list[object]:
