@@ -207,7 +207,7 @@ class BargeInConfig:
     """``[bargein]``: the barge-in detector's thresholds (defaults measured in bench/)."""
 
     enabled: bool = True
-    min_speech_ms: int = 80
+    min_speech_ms: int = 60
     energy_floor_dbfs: float = -48.0
     echo_return_loss_db: float = 30.0
     vad_aggressiveness: int = 3
@@ -755,7 +755,7 @@ def _read_bargein(r: _Reader, d: dict[str, Any]) -> BargeInConfig:
          "vad_aggressiveness", "dtmf", "echo_correlation"},
         p,
     )  # fmt: skip
-    min_speech = r.int_(d, "min_speech_ms", p, 80, 20, 5000)
+    min_speech = r.int_(d, "min_speech_ms", p, 60, 20, 5000)
     if min_speech % 20:
         r.err(f"{p}.min_speech_ms", f"must be a multiple of 20 (one frame), got {min_speech}")
     return BargeInConfig(

@@ -42,8 +42,8 @@ rise and fall time constants (``noise_floor_up_ms``/``noise_floor_down_ms``,
 stand a few dB above it, a caller's onset over steady noise far more. A
 candidate run becomes speech only if its last ``min_speech_ms`` of active
 frames stand on average ``need`` dB above the floor as it was before each
-frame, where ``need`` is the larger of ``noise_rise_db`` (6) and
-``babble_spread`` (2.5) times the line's spread (the RMS deviation of its
+frame, where ``need`` is the larger of ``noise_rise_db`` (7) and
+``babble_spread`` (3) times the line's spread (the RMS deviation of its
 level from the floor, learnt between runs; steady noise ~1 dB, babble 3-4 dB,
 taken as 3 dB before it is known). In the call's first 25 frames the floor
 learns fast (100 ms) from every frame that does not itself rise as a run
@@ -62,7 +62,7 @@ it is handled exactly once.
 
 Defaults. The policy's own defaults are conservative (``min_speech_ms`` 160,
 ``energy_floor_dbfs`` -45, ``echo_return_loss_db`` 15); the daemon's come from
-``[bargein]`` (``BargeInConfig``: 80 ms, -48 dBFS, 30 dB, measured with
+``[bargein]`` (``BargeInConfig``: 60 ms, -48 dBFS, 30 dB, measured with
 ``bench/bench_bargein.py``, tuned on seeds 1 and 3 and checked on 5 and 7).
 The rise check's fields are not in the config yet, so their defaults here
 are the daemon's. ``hangover_ms`` 60, ``speech_end_ms`` 400,
@@ -116,11 +116,11 @@ class BargeInPolicy:
     echo_correlation: float = 0.7
     """Inbound speech frames correlating this well with the bot's recent audio are
     its echo, not the caller (``bridge.media.echo``); 0 switches the check off."""
-    noise_rise_db: float = 6.0
+    noise_rise_db: float = 7.0
     """A run becomes speech only if its last ``min_speech_ms`` of active frames
     stand on average this far above the line's running noise floor: babble,
     hum and loud line noise sit at that floor; 0 switches the check off."""
-    babble_spread: float = 2.5
+    babble_spread: float = 3.0
     """Babble guard: the rise a run needs is at least this many times the line's
     recent spread around its floor (RMS deviation in dB, learnt between runs):
     steady line noise spreads ~1 dB, babble 3-4 dB, so babble needs more rise

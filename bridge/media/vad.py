@@ -34,7 +34,15 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import audioop
 
-__all__ = ["MIN_DBFS", "FrameAnalysis", "Vad", "ac_energy_dbfs", "energy_dbfs"]
+__all__ = [
+    "CLICK_CREST",
+    "MIN_DBFS",
+    "FrameAnalysis",
+    "Vad",
+    "ac_energy_dbfs",
+    "energy_dbfs",
+    "is_click",
+]
 
 MIN_DBFS = -100.0
 _FULL_SCALE = 32768.0
@@ -71,24 +79,49 @@ def ac_energy_dbfs(pcm_s16le: bytes) -> float:
     caller. Frames with a negligible mean (all normal audio) cost the same as
     ``energy_dbfs``; only offset frames pay for the exact computation.
     """
+    pcm = _native(pcm_s16le)
+    return _ac_dbfs(pcm, audioop.rms(pcm, 2)) if pcm else MIN_DBFS
+
+
+def _native(pcm_s16le: bytes) -> bytes:
+    """Whole samples in native byte order (what ``audioop`` reads)."""
     pcm = pcm_s16le[: len(pcm_s16le) & ~1]
-    if not pcm:
-        return MIN_DBFS
-    if not _NATIVE_IS_LE:
-        pcm = audioop.byteswap(pcm, 2)
+    return pcm if _NATIVE_IS_LE or not pcm else audioop.byteswap(pcm, 2)
+
+
+def _dbfs(power: float) -> float:
+    return max(MIN_DBFS, 10.0 * math.log10(power / _FULL_SCALE**2)) if power >= 1.0 else MIN_DBFS
+
+
+def _ac_dbfs(pcm: bytes, rms: int) -> float:
+    """Level without DC of native-order samples whose ``audioop.rms`` is ``rms``."""
     mean = audioop.avg(pcm, 2)
     if abs(mean) <= _DC_SAMPLES:
-        return energy_dbfs(pcm_s16le)
-    rms = audioop.rms(pcm, 2)
+        return _dbfs(float(rms * rms))
     power = float(rms * rms - mean * mean)  # both truncated to integers
     if power > 200.0 * (rms + abs(mean) + 1):  # their error is under 1 % of it
-        return max(MIN_DBFS, 10.0 * math.log10(power / _FULL_SCALE**2))
+        return _dbfs(power)
     x = np.frombuffer(pcm, dtype=np.int16).astype(np.float64)  # mostly offset: exactly
     ac = x - x.mean()
-    power = float(np.dot(ac, ac)) / len(ac)
-    if power < 1.0:
-        return MIN_DBFS
-    return max(MIN_DBFS, 10.0 * math.log10(power / _FULL_SCALE**2))
+    return _dbfs(float(np.dot(ac, ac)) / len(ac))
+
+
+CLICK_CREST = 7.0
+"""Peak-to-RMS ratio (17 dB) above which a frame is a click, not speech."""
+
+
+def is_click(pcm_s16le: bytes, crest: float = CLICK_CREST) -> bool:
+    """Whether the frame's energy sits in a few samples (a click, a crackle, a tap).
+
+    A 1-3 ms burst in a 20 ms frame has a peak 9-10 times its RMS; speech
+    rarely passes 6 (the bench's onsets: median 3.0, 99.9th percentile 7.8),
+    white noise about 4.
+    """
+    pcm = _native(pcm_s16le)
+    if not pcm:
+        return False
+    rms = audioop.rms(pcm, 2)
+    return rms > 0 and audioop.max(pcm, 2) > crest * rms
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,4 +165,11 @@ class Vad:
 
     def analyze(self, frame_s16le: bytes) -> FrameAnalysis:
         """Speech decision and level (without DC offset) of one frame, for the detector."""
-        return FrameAnalysis(self.is_speech(frame_s16le), ac_energy_dbfs(frame_s16le))
+        speech = self.is_speech(frame_s16le)  # False for a frame of the wrong size
+        pcm = _native(frame_s16le)
+        if not pcm:
+            return FrameAnalysis(False, MIN_DBFS)
+        rms = audioop.rms(pcm, 2)  # one pass shared by the click test and the level
+        if speech and rms > 0 and audioop.max(pcm, 2) > CLICK_CREST * rms:
+            speech = False  # a click
+        return FrameAnalysis(speech, _ac_dbfs(pcm, rms))
