@@ -348,7 +348,9 @@ def print_row(leg: str, n: int, rep: int, r: dict[str, Any]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions of each short case")
+    ap.add_argument(
+        "--reps", type=int, default=None, help="repetitions of each case (default 3; --quick: 2)"
+    )
     ap.add_argument(
         "--drift-minutes",
         type=float,
@@ -361,6 +363,8 @@ def main() -> None:
     ap.add_argument("--counts", default="", help="call counts, e.g. 1,100 (default 1,100,max)")
     args = ap.parse_args()
     measure_s = 5.0 if args.quick else 30.0
+    if args.reps is None:  # --quick stays near the 2 minutes make bench-quick allows each bench
+        args.reps = 2 if args.quick else 3
     drift_min = args.drift_minutes if args.drift_minutes is not None else (0 if args.quick else 10)
     counts = sorted(
         {int(c) for c in args.counts.split(",")} if args.counts else {1, 100, max_calls()}
