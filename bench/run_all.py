@@ -1,6 +1,7 @@
 """Run every benchmark in bench/ (``make bench``; ``--quick`` for ``make bench-quick``).
 
-Each benchmark prints its figures and writes bench/results/<name>.json.
+Each benchmark prints its figures and writes bench/results/<name>.json; then
+``plot_results.py`` renders the PNGs from those JSON files.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ def main() -> int:
         rc = subprocess.run([sys.executable, str(script), *quick]).returncode
         if rc:
             failed.append(script.name)
+    print("\n=== plot_results.py", flush=True)
+    if subprocess.run([sys.executable, str(HERE / "plot_results.py")]).returncode:
+        failed.append("plot_results.py")
     if failed:
         print(f"\nfailed: {', '.join(failed)}")
     return 1 if failed else 0
