@@ -208,7 +208,17 @@ class CallRunner:
     # ------------------------------------------------------- leg → bridge
 
     def caller_audio(self, frame: bytes) -> None:
-        self._guard(self.bridge.caller_audio, frame)
+        """One inbound 20 ms frame (50 a second per call): pumps only when it changed something."""
+        if self.finished:
+            return
+        now = self.loop.time()
+        try:
+            self.bridge.caller_audio(frame, now)
+            if self.bridge.has_output() or self.pump_unfinished:
+                self.pump(now)
+        except Exception:  # one call's bug must end that call only
+            log.exception("call.failed", call_id=self.call_id)
+            self._fail()
 
     def caller_dtmf(self, digit: str) -> None:
         self._guard(self.bridge.caller_dtmf, digit)
@@ -428,8 +438,11 @@ class CallRunner:
                 self._do(action)
             for event in events:
                 self._on_event(event, now)
-            commands = self.source.commands_to_send() if self.source else []
-            commands += self._pump_app(now)
+            # the app first: losing it installs the fallback source, whose
+            # first commands must run in this same pump
+            commands = self._pump_app(now)
+            if self.source is not None:
+                commands += self.source.commands_to_send()
             for command in commands:
                 self.bridge.execute(command, now)
             if not (actions or events or commands):
