@@ -17,6 +17,8 @@ What is measured, with the daemon's default thresholds (``bridge.config.BargeInC
   loopback WebSocket driven by the carrier emulator; each caller frame is sent
   when its last sample has "happened". Latency = ``clear`` received - true
   onset; the bot's media is checked to stop there.
+* **Double talk.** The onset set again with the bot's own audio (Piper) coming
+  back 20 dB and 10 dB down with 40 ms delay: the caller starts over the echo.
 * **False barge-ins.** 10-s clips while the bot talks: the bot's own audio
   (what the call actually sent, Piper or tone) returned at 10-25 dB below with
   20-60 ms delay, babble (Piper and espeak talkers summed at -40/-35 dBFS),
@@ -103,6 +105,9 @@ BABBLE_TEXTS = (
     "Nobody told me the shop closes early on public holidays.",
 )
 LEVELS_DBFS = (-10.0, -20.0, -30.0)
+DOUBLE_TALK_ECHO_DB = (20.0, 10.0)
+"""Double talk: the onsets again, with the bot's own audio returned this far down."""
+DOUBLE_TALK_DELAY_MS = 40
 NOISES = (("white", -50.0), ("pink", -50.0), ("white", -40.0), ("pink", -40.0))
 SIP_LEG = LegProfile(kind="sip", codec="mulaw", sample_rate_hz=RATE_HZ, heard_from="frames")
 
@@ -465,11 +470,18 @@ class OnsetFigures:
         }
 
 
-def measure_onsets(onsets: list[Onset], bot: Signal, th: Thresholds) -> dict[str, OnsetFigures]:
-    """Latency per group ("all", "source=...", "level=...", "noise=...")."""
+def measure_onsets(
+    onsets: list[Onset],
+    bot: Signal,
+    th: Thresholds,
+    echo_db: float | None = None,
+    echo_delay_ms: int = 0,
+) -> dict[str, OnsetFigures]:
+    """Latency per group ("all", "source=...", "level=...", "noise=..."); with
+    ``echo_db`` the bot's own audio also comes back on the line (double talk)."""
     groups: dict[str, OnsetFigures] = {}
     for o in onsets:
-        stops = run_engine(o.caller, bot[: len(o.caller)], th)
+        stops = run_engine(o.caller, bot[: len(o.caller) + FRAME], th, echo_db, echo_delay_ms)
         early = sum(1 for d, _ in stops if d < o.onset_s)
         after = [s - o.onset_s for d, s in stops if d >= o.onset_s]
         for key in ("all", f"source={o.source}", f"level={o.level_dbfs:g}", f"noise={o.noise}"):
@@ -642,14 +654,25 @@ def grid(quick: bool) -> Iterator[Thresholds]:
 
 
 def evaluate(
-    th: Thresholds, onsets: list[Onset], clips: list[Clip], bots: dict[str, Signal]
+    th: Thresholds,
+    onsets: list[Onset],
+    clips: list[Clip],
+    bots: dict[str, Signal],
+    double_talk: bool = False,
 ) -> dict[str, Any]:
     groups = measure_onsets(onsets, bots["piper"], th)
-    return {
+    fig: dict[str, Any] = {
         "thresholds": th.__dict__,
         "onsets": {k: g.summary() for k, g in sorted(groups.items())},
         "false": measure_false(clips, bots, th),
     }
+    if double_talk:
+        for erl in DOUBLE_TALK_ECHO_DB:
+            dt = measure_onsets(onsets, bots["piper"], th, erl, DOUBLE_TALK_DELAY_MS)
+            fig[f"onsets_over_echo_{erl:g}dB"] = {
+                k: g.summary() for k, g in sorted(dt.items()) if not k.startswith("source=")
+            }
+    return fig
 
 
 def meets(fig: dict[str, Any]) -> bool:
@@ -691,11 +714,18 @@ def main() -> None:
         f"bot level (active): piper {active_level_dbfs(bots['piper']):.1f} dBFS, "
         f"tone {active_level_dbfs(bots['tone']):.1f} dBFS"
     )
-    defaults = evaluate(Thresholds.defaults(), onsets, clips, bots)
+    defaults = evaluate(Thresholds.defaults(), onsets, clips, bots, double_talk=True)
     print("engine, defaults:", _line(defaults))
     for k, g in defaults["onsets"].items():
         print(f"  {k:<24} p50 {g['p50_ms']} p95 {g['p95_ms']} missed {g['missed']}/{g['n']}")
     print("  false by kind:", defaults["false"]["by_kind"])
+    for erl in DOUBLE_TALK_ECHO_DB:
+        print(f"  double talk (bot echo {erl:g} dB down, {DOUBLE_TALK_DELAY_MS} ms):")
+        for k, g in defaults[f"onsets_over_echo_{erl:g}dB"].items():
+            print(
+                f"    {k:<22} p50 {g['p50_ms']} p95 {g['p95_ms']} missed {g['missed']}/{g['n']}"
+                f" early {g['early_false_triggers']}"
+            )
     figures: dict[str, Any] = {"engine_defaults": defaults}
     if not args.no_grid and not meets(defaults):
         rows = []

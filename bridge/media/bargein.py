@@ -44,8 +44,9 @@ candidate run becomes speech only if its last ``min_speech_ms`` of active
 frames stand on average ``need`` dB above the floor as it was before each
 frame, where ``need`` is the larger of ``noise_rise_db`` (7) and
 ``babble_spread`` (3) times the line's spread (the RMS deviation of its
-level from the floor, learnt between runs; steady noise ~1 dB, babble 3-4 dB,
-taken as 3 dB before it is known). In the call's first 25 frames the floor
+level from the floor, learnt from VAD-speech frames between runs, so not from
+the bot's echo the call flags; steady noise ~1 dB, babble 3-4 dB, taken as
+3 dB before it is known). In the call's first 25 frames the floor
 learns fast (100 ms) from every frame that does not itself rise as a run
 must, and a run needs 10 dB more. Confirmed speech keeps going on the VAD,
 the energy floor and the echo guard alone. What this cannot tell apart: a
@@ -254,7 +255,9 @@ class BargeInDetector(Outbox):
         """Feed one inbound frame; returns a trigger when the caller barges in."""
         floor_dbfs = self._floor_dbfs
         active = self._is_active(is_speech, energy_dbfs, now)
-        self._track_floor(energy_dbfs, self._onset_s is None)
+        # the line's spread is learnt from VAD speech between runs (babble): not
+        # from the bot's echo (flagged by the call) nor from what the VAD rejects
+        self._track_floor(energy_dbfs, self._onset_s is None and is_speech)
         if active:
             return self._on_active(now, energy_dbfs - floor_dbfs)
         self._on_inactive(now)

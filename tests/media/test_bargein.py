@@ -394,3 +394,21 @@ def test_clicks_are_not_speech() -> None:
 
     assert triggers(analyse=True) == 0
     assert triggers(analyse=False) > 0  # webrtcvad alone calls some click frames speech
+
+
+def test_caller_starting_over_the_bots_echo_is_detected() -> None:
+    # 2 s of the bot's echo on the line (speech-like level, 5 dB of spread; the
+    # call flags it, so it arrives as non-speech), then a caller 10 dB above
+    # the echo's mean level. The echo must not teach the detector that the
+    # line is as jumpy as babble (it did: a 15 dB rise was then needed).
+    det = speaking_detector(DAEMON)
+    echo = levels(100, -36.0, 5.0, seed=22)
+    for i, level in enumerate(echo):
+        assert det.observe(False, level, round(i * FRAME_S, 6)) is None
+    caller = levels(25, -26.0, 2.0, seed=23)
+    hits = [
+        i
+        for i, level in enumerate(caller)
+        if det.observe(True, level, round((100 + i) * FRAME_S, 6)) is not None
+    ]
+    assert hits and hits[0] <= 9  # within 200 ms (10 dB is close to the 9 dB needed)
