@@ -123,7 +123,7 @@ from bridge.control import commands as cmd
 from bridge.engine import Action, Event, LocalProtocolError
 from bridge.media import bargein
 from bridge.media.bargein import BargeInDetector, BargeInPolicy
-from bridge.media.call_audio import AgentUplink, check_format, decode_leg, make_framer
+from bridge.media.call_audio import AgentUplink, check_format, leg_decoder, make_framer
 from bridge.media.call_turns import CallTurn, TurnBook, TurnPhase, TurnStop, heard_text
 from bridge.media.call_types import (
     AgentEnded,
@@ -225,6 +225,8 @@ class CallBridge:
         )
         self._echo_frames = 0
         self._vad = Vad(self._options.vad_aggressiveness, leg.sample_rate_hz, 20)
+        self._decode = leg_decoder(leg.codec)
+        self._frame_bytes = leg.frame_bytes
         self._marks_leg = leg.heard_from == "marks"
         self._mark_every_frames = leg.mark_interval_ms // 20
         self._turns = TurnBook(self._options.max_turn_history)
@@ -317,17 +319,21 @@ class CallBridge:
         """One 20 ms inbound frame in the leg codec; a frame of the wrong size is ignored."""
         if self._ended:
             return
-        if len(frame) != self._leg.frame_bytes:
+        if len(frame) != self._frame_bytes:
             self._bad_inbound += 1
             return
-        pcm = decode_leg(frame, self._leg.codec)
-        analysis = self._vad.analyze(pcm)
-        is_speech = analysis.is_speech
+        decode = self._decode
+        pcm = frame if decode is None else decode(frame)  # decoded once, shared below
+        is_speech, level_dbfs = self._vad.speech_and_level(pcm)
         if is_speech and self._echo is not None and self._echo.is_echo(pcm):
             is_speech = False  # the bot's own voice coming back, not the caller
             self._echo_frames += 1
-        trigger = self._detector.observe(is_speech, analysis.energy_dbfs, now)
-        self._drain_detector()
+        detector = self._detector
+        speaking = detector.caller_speaking
+        trigger = detector.observe(is_speech, level_dbfs, now)
+        if detector.caller_speaking != speaking:
+            # observe queues an event only when speech starts or stops
+            self._drain_detector()
         if trigger is not None:
             self._barge_in(trigger.reason, now, trigger.onset_s)
         if self._uplink is not None:
@@ -385,7 +391,8 @@ class CallBridge:
         pcm: bytes | None = None
         if frame is not None:
             payload = frame.payload
-            pcm = decode_leg(payload, self._leg.codec)
+            decode = self._decode
+            pcm = payload if decode is None else decode(payload)
             self._frames_sent += 1
             turn = self._turns.get(frame.turn_id)
             if turn is not None:

@@ -41,6 +41,7 @@ __all__ = [
     "check_format",
     "decode_leg",
     "frame_level_dbfs",
+    "leg_decoder",
     "make_framer",
 ]
 
@@ -125,6 +126,11 @@ def decode_leg(frame: bytes, codec: str) -> bytes:
     """A leg frame as s16le at the leg's rate (odd trailing bytes of s16le are kept)."""
     decode = _DECODE.get(codec)
     return frame if decode is None else decode(frame)
+
+
+def leg_decoder(codec: str) -> Callable[[bytes], bytes] | None:
+    """``decode_leg`` for one codec, looked up once per call (``None``: already s16le)."""
+    return _DECODE.get(codec)
 
 
 def frame_level_dbfs(frame: bytes, codec: str) -> float:
