@@ -112,7 +112,7 @@ class NegotiatedAudio:
         return self.remote_direction in ("sendonly", "inactive") or self.remote_addr is None
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=64)
 def parse_sdp(text: str) -> SessionDescription:
     """Parse an SDP body (memoised: the result is frozen, and one offer is read by the
     user agent's admission check and again by the shell that answers it).
