@@ -35,7 +35,16 @@ PTIME_NS = 20_000_000
 def rtp_deviations_ns(
     arrival_ns: Iterable[int], rtp_ts: Iterable[int], marker: Iterable[int]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(arrival time, deviation from the grid) of every packet of one call, in ns."""
+    """(arrival time, deviation from the grid) of every packet of one call, in ns.
+
+    A talkspurt starts at a marker bit; each packet's slot on the talkspurt's
+    grid comes from its RTP timestamp. The grid's offset is the median of
+    ``arrival - slot * 20 ms`` over the talkspurt, not the first packet's
+    arrival: anchoring on one packet turns that packet's own jitter (a
+    talkspurt's first frame leaves at once, on a loaded core a few ms off
+    the grid the rest follows) into a constant deviation of every later
+    packet, which is the anchor's error, not theirs.
+    """
     a = np.asarray(arrival_ns, dtype=np.int64)
     if a.size == 0:
         return a, a
@@ -44,9 +53,13 @@ def rtp_deviations_ns(
     m[0] = True
     starts = np.flatnonzero(m)
     seg = np.cumsum(m) - 1
-    first_a = a[starts][seg]
     k = ((ts - ts[starts][seg]) % (1 << 32)) // 160
-    return a, a - (first_a + k * PTIME_NS)
+    raw = a - k * PTIME_NS
+    ends = np.append(starts[1:], a.size)
+    offset = np.empty(a.size, dtype=np.int64)
+    for s, e in zip(starts, ends, strict=True):
+        offset[s:e] = int(np.median(raw[s:e]))
+    return a, raw - offset
 
 
 def ws_deviations_ns(
