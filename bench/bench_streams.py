@@ -60,11 +60,7 @@ import base64
 import copy
 import json
 import os
-import re
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -82,13 +78,13 @@ from common import write  # noqa: E402
 from loadgen.analysis import ws_deviations_ns  # noqa: E402
 from loadgen.procs import (  # noqa: E402
     DAEMON_CORE,
-    LOADGEN_CORE,
     DaemonUnderTest,
     TtsProcess,
     pin_self,
 )
 from loadgen.steps import _cdr_figures, core_busy_s  # noqa: E402
 from loadgen.twilio import TwilioLoad  # noqa: E402
+from loadgen.wire import WireCapture  # noqa: E402
 
 from bridge.config import BargeInConfig  # noqa: E402
 from bridge.control.commands import Say  # noqa: E402
@@ -333,140 +329,6 @@ def _ms(values_ns: np.ndarray) -> dict[str, float]:
         "p99_ms": round(float(np.percentile(v, 99)), 3),
         "max_ms": round(float(v.max()), 3),
     }
-
-
-class WireCapture:
-    """``dumpcap`` on loopback: what the daemon writes on its media-stream port."""
-
-    def __init__(self, port: int, workdir: Path) -> None:
-        self.port = port
-        self.path = workdir / f"ws_{port}_{time.monotonic_ns()}.pcapng"
-        self.received: int | None = None
-        self.dropped: int | None = None
-        self.proc = subprocess.Popen(
-            ["dumpcap", "-q", "-i", "lo", "-f", f"tcp src port {port}", "-B", "64",
-             "-w", str(self.path)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            preexec_fn=lambda: os.sched_setaffinity(0, {LOADGEN_CORE}),
-        )  # fmt: skip
-        deadline = time.monotonic() + 5.0
-        while not self.path.exists() and time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"dumpcap exited: {self.proc.stderr.read() if self.proc.stderr else ''!r}"
-                )
-            time.sleep(0.05)
-        time.sleep(0.3)  # the filter is attached once the file is open
-
-    @staticmethod
-    def available() -> bool:
-        return bool(shutil.which("dumpcap") and shutil.which("tshark")) and os.geteuid() == 0
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            _, err = self.proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        # "Packets received/dropped on interface 'lo': 1000/0 (pcap:0/dumpcap:0/...)"
-        got = re.search(r"received/dropped on interface .*?: (\d+)/(\d+)", (err or b"").decode())
-        if got:
-            self.received, self.dropped = int(got[1]), int(got[2])
-
-    def media_departures(self, t0_ns: int, t1_ns: int) -> dict[int, np.ndarray]:
-        """Kernel time (ns, CLOCK_REALTIME) of each outbound ``media`` per connection.
-
-        Keyed by the carrier's port; only messages whose last byte left
-        within ``[t0_ns, t1_ns)``.
-        """
-        out = subprocess.run(
-            ["tshark", "-n", "-r", str(self.path), "-o", "tcp.desegment_tcp_streams:FALSE",
-             "-Y", "tcp.len > 0", "-T", "fields", "-E", "separator=/t",
-             "-e", "frame.time_epoch", "-e", "tcp.dstport", "-e", "tcp.seq_raw",
-             "-e", "tcp.payload"],
-            capture_output=True,
-            check=True,
-        ).stdout  # fmt: skip
-        streams: dict[int, _WsStream] = {}
-        for line in out.decode().splitlines():
-            fields = line.split("\t")
-            if len(fields) != 4 or not fields[3]:
-                continue
-            sec, _, frac = fields[0].partition(".")
-            t_ns = int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])
-            port = int(fields[1])
-            stream = streams.setdefault(port, _WsStream())
-            stream.segment(int(fields[2]), bytes.fromhex(fields[3].replace(":", "")), t_ns)
-        return {
-            port: np.asarray([t for t in s.media_ns if t0_ns <= t < t1_ns], dtype=np.int64)
-            for port, s in streams.items()
-        }
-
-
-class _WsStream:
-    """One server-to-client TCP stream: HTTP 101 head, then unmasked WebSocket frames."""
-
-    def __init__(self) -> None:
-        self.next_seq: int | None = None
-        self.buf = bytearray()
-        self.in_head = True
-        self.synced = True
-        self.media_ns: list[int] = []
-        self.lost_bytes = 0
-
-    def segment(self, seq: int, data: bytes, t_ns: int) -> None:
-        if self.next_seq is not None:
-            skip = (self.next_seq - seq) % (1 << 32)
-            if 0 < skip < (1 << 31):  # a retransmission: only the new tail counts
-                if skip >= len(data):
-                    return
-                data = data[skip:]
-                seq = self.next_seq
-            elif seq != self.next_seq:  # a gap (dropped by the capture): resync impossible
-                self.lost_bytes += (seq - self.next_seq) % (1 << 32)
-                self.synced = False
-        self.next_seq = (seq + len(data)) % (1 << 32)
-        if not self.synced:
-            return
-        self.buf += data
-        if self.in_head:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            del self.buf[: end + 4]
-            self.in_head = False
-        self._frames(t_ns)
-
-    def _frames(self, t_ns: int) -> None:
-        buf = self.buf
-        pos = 0
-        while len(buf) - pos >= 2:
-            b0, b1 = buf[pos], buf[pos + 1]
-            n = b1 & 0x7F
-            head = 2
-            if n == 126:
-                if len(buf) - pos < 4:
-                    break
-                n, head = int.from_bytes(buf[pos + 2 : pos + 4], "big"), 4
-            elif n == 127:
-                if len(buf) - pos < 10:
-                    break
-                n, head = int.from_bytes(buf[pos + 2 : pos + 10], "big"), 10
-            if b1 & 0x80:  # a masked frame from the server: not a stream we understand
-                self.synced = False
-                return
-            if len(buf) - pos < head + n:
-                break
-            if b0 & 0x0F == 1 and buf.startswith(_MEDIA, pos + head):
-                self.media_ns.append(t_ns)
-            pos += head + n
-        del buf[:pos]
-
-
-_MEDIA = b'{"event":"media"'
 
 
 def pacing_step(

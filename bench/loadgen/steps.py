@@ -25,6 +25,7 @@ from .analysis import pacing_summary, rtp_deviations_ns, ws_deviations_ns
 from .procs import DAEMON_CORE, VENV_BIN, DaemonUnderTest, TtsProcess
 from .rtp import RtpLoad
 from .twilio import TwilioLoad
+from .wire import WireCapture
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -160,6 +161,12 @@ def ws_step(
     lead_frames: int = 2,
     profile: Path | None = None,
 ) -> dict[str, Any]:
+    """One step of ``n`` Twilio calls. Pacing is taken at the wire (kernel timestamps of
+    the daemon's TCP segments, ``loadgen.wire``) when dumpcap/tshark can run, so the figure
+    is the daemon's; the carrier's user-space arrival times are kept as ``carrier_pacing``."""
+    capture = WireCapture(d.ms_port, d.workdir) if WireCapture.available() else None
+    window: list[int] = []
+
     async def run() -> dict[str, Any]:
         load = TwilioLoad(d.ms_port, route="talk")
         await load.place(n, rate_per_s=150)
@@ -167,9 +174,11 @@ def ws_step(
         spy = start_profile(d, measure_s, profile) if profile else None
         k0 = core_busy_s(DAEMON_CORE)
         c0, t0, g0, s0 = d.cpu_s(), time.monotonic(), os.times(), _proc_cpu_s(tts.proc.pid)
+        window.append(time.time_ns())
         load.recording = True
         await asyncio.sleep(measure_s)
         load.recording = False
+        window.append(time.time_ns())
         c1, t1, g1, s1 = d.cpu_s(), time.monotonic(), os.times(), _proc_cpu_s(tts.proc.pid)
         k1 = core_busy_s(DAEMON_CORE)
         per = [ws_deviations_ns(c.arrival_ns, lead_frames) for c in load.calls]
@@ -189,7 +198,24 @@ def ws_step(
         return _finish_step(d, tts, n, answered, per, (c1 - c0, t1 - t0, 0), others, None)
 
     before = {c["call_id"] for c in d.cdr_lines()}
-    out = asyncio.run(run())
+    try:
+        out = asyncio.run(run())
+    finally:
+        if capture is not None:
+            capture.stop()
+    out["pacing_seen_at"] = "carrier (user space)"
+    if capture is not None and len(window) == 2:
+        wire = [a for a in capture.media_departures(window[0], window[1]).values() if a.size]
+        if len(wire) == out["answered"] and not capture.dropped:
+            out["carrier_pacing"] = out["pacing"]
+            out["pacing"] = pacing_summary([ws_deviations_ns(a, lead_frames) for a in wire])
+            out["pacing_seen_at"] = "wire (kernel timestamps, dumpcap on lo)"
+        out["capture"] = {
+            "connections_with_media": len(wire),
+            "packets": capture.received,
+            "dropped": capture.dropped,
+        }
+        capture.path.unlink(missing_ok=True)
     time.sleep(0.5)
     new = {c["call_id"] for c in d.cdr_lines()} - before
     out.update(_cdr_figures(d, new))
