@@ -385,14 +385,16 @@ class CallBridge:
             return None
         if self._backlog:
             self._feed()
-        frame = self._playout.pop(now)
-        self._pump(now)
+        playout = self._playout
+        frame = playout.pop(now)
+        if playout.has_events():
+            self._pump(now)
         payload: bytes | None = None
         pcm: bytes | None = None
         if frame is not None:
             payload = frame.payload
             decode = self._decode
-            pcm = payload if decode is None else decode(payload)
+            pcm = payload if decode is None else decode(payload)  # level and echo share it
             self._frames_sent += 1
             turn = self._turns.get(frame.turn_id)
             if turn is not None:
@@ -401,7 +403,8 @@ class CallBridge:
         if self._echo is not None:
             self._echo.push_outbound(pcm)
         self._detector.set_bot_speaking(self._interruptible_sounding())
-        self._run_timers(now)
+        if self._agent_played_at is not None:
+            self._run_timers(now)
         return payload
 
     def handle_timer(self, now: float) -> None:
@@ -996,9 +999,12 @@ class CallBridge:
         return None if head is None else self._turns.get(head)
 
     def _interruptible_sounding(self) -> bool:
-        head = self._head_turn()
-        if head is not None and head.interruptible and head.phase is TurnPhase.SOUNDING:
-            return True
+        """Whether the detector is armed (asked on every tick: no calls it can avoid)."""
+        head_id = self._playout.current_turn_id
+        if head_id is not None:
+            head = self._turns.get(head_id)
+            if head is not None and head.interruptible and head.phase is TurnPhase.SOUNDING:
+                return True
         return self._turns.any_awaiting(interruptible=True)
 
     def _drain_detector(self) -> None:

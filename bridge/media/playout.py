@@ -331,7 +331,8 @@ class PlayoutQueue(Outbox):
         """The frame to send at this tick, or ``None`` for silence."""
         while self._queue:
             turn = self._queue[0]
-            self._reach_marks(turn)
+            if turn.marks and turn.marks[0][0] <= turn.played_samples:
+                self._reach_marks(turn)
             if turn.frames:
                 return self._play_frame(turn, now)
             if not turn.ended:
@@ -414,7 +415,8 @@ class PlayoutQueue(Outbox):
         self._queued_frames -= 1
         frame = PlayoutFrame(payload, turn.turn_id, turn.generation, turn.played_samples)
         turn.played_samples += self._config.samples_per_frame
-        self._reach_marks(turn)
+        if turn.marks and turn.marks[0][0] <= turn.played_samples:
+            self._reach_marks(turn)
         if turn.ended and not turn.frames:
             self._finish(turn)
         return frame
