@@ -339,7 +339,8 @@ class CallBridge:
         if self._uplink is not None:
             for piece in self._uplink.push(frame):
                 self._actions.append(SendAgentAudio(piece))
-        self._pump(now)
+        if self._playout.has_events():  # a barge-in's cuts, if any
+            self._pump(now)
 
     def caller_dtmf(self, digit: str, now: float) -> None:
         """A DTMF digit from the caller (RFC 4733 or the carrier's DTMF message)."""
@@ -852,12 +853,31 @@ class CallBridge:
     # ------------------------------------------------------------ audio to playout
 
     def _push_frames(self, turn: CallTurn, frames: list[bytes]) -> None:
-        for frame in frames:
-            if not self._playout.push(turn.turn_id, frame) or not self._marks_leg:
-                continue
-            turn.frames_since_mark += 1
-            if turn.frames_since_mark >= self._mark_every_frames:
+        """Queue the turn's frames, a mark after every ``mark_interval_ms`` on marks legs.
+
+        Pushed in runs up to the next mark (one queue call per run, not per
+        frame); a frame the queue drops is not counted, nor is any after it
+        (the queue drops every later frame of the same push too).
+        """
+        if not frames:
+            return
+        if not self._marks_leg:
+            self._playout.push_many(turn.turn_id, frames)
+            return
+        every = self._mark_every_frames
+        start, count = 0, len(frames)
+        while start < count:
+            take = min(count - start, max(1, every - turn.frames_since_mark))
+            run = frames if take == count else frames[start : start + take]
+            kept = self._playout.push_many(turn.turn_id, run)
+            turn.frames_since_mark += kept
+            if kept and turn.frames_since_mark >= every:
                 self._place_mark(turn, final=False)
+            if kept < take:
+                if start + take < count:  # counted as dropped, as one push each would
+                    self._playout.push_many(turn.turn_id, frames[start + take :])
+                return
+            start += take
 
     def _place_mark(self, turn: CallTurn, final: bool) -> None:
         self._mark_seq += 1

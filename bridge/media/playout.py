@@ -280,6 +280,25 @@ class PlayoutQueue(Outbox):
         self._queued_frames += 1
         return True
 
+    def push_many(self, turn_id: str, frames: list[bytes]) -> int:
+        """``push`` each frame in order; return how many were kept (the rest were dropped).
+
+        Frames are kept from the front: once one is dropped (stale turn, full
+        queue) every later one is too, and counted as ``push`` counts it.
+        """
+        turn = self._turns.get(turn_id)
+        if turn is None or turn.state is not _State.QUEUED or turn.ended:
+            self._stale_frames += len(frames)
+            return 0
+        room = self._config.max_queued_frames - self._queued_frames
+        kept = len(frames) if len(frames) <= room else max(0, room)
+        if kept:
+            turn.frames.extend(frames if kept == len(frames) else frames[:kept])
+            turn.pushed_samples += kept * self._config.samples_per_frame
+            self._queued_frames += kept
+        self._overflow_frames += len(frames) - kept
+        return kept
+
     def end_turn(self, turn_id: str) -> None:
         """All the turn's audio has been pushed. Unknown or finished turns are ignored."""
         turn = self._turns.get(turn_id)

@@ -47,6 +47,7 @@ __all__ = [
 
 MIN_DBFS = -100.0
 _FULL_SCALE = 32768.0
+_FULL_SCALE_2 = _FULL_SCALE**2
 _NATIVE_IS_LE = sys.byteorder == "little"
 _VALID_RATES_HZ = (8000, 16000, 32000, 48000)
 _VALID_FRAME_MS = (10, 20, 30)
@@ -201,4 +202,6 @@ class Vad:
         rms = audioop.rms(pcm, 2)  # one pass shared by the click test and the level
         if speech and rms > 0 and audioop.max(pcm, 2) > CLICK_CREST * rms:
             speech = False  # a click
+        if rms and abs(audioop.avg(pcm, 2)) <= _DC_SAMPLES:  # ``_ac_dbfs``'s common case
+            return speech, max(MIN_DBFS, 10.0 * math.log10(float(rms * rms) / _FULL_SCALE_2))
         return speech, _ac_dbfs(pcm, rms)

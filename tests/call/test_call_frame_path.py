@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-from call_harness import SIP, Harness, at, voiced_ulaw_frames
+from call_harness import SIP, TWILIO, Harness, at, of_type, tone_ulaw_frames, voiced_ulaw_frames
 
 from bridge.control.commands import SpeechStarted, SpeechStopped
+from bridge.media.call_types import SendMark
 from bridge.media.vad import MIN_DBFS, Vad, energy_dbfs
 from telcodec import g711
 
@@ -50,3 +51,31 @@ def test_speech_events_reach_the_call_when_speech_starts_and_stops() -> None:
         n += 1
     _, events = h.take()
     assert [type(e) for e in events] == [SpeechStopped]
+
+
+def _mark_ticks(chunk_frames: list[int], total: int) -> list[int]:
+    """Ticks after which a ``SendMark`` goes out, frames delivered in the given chunk sizes."""
+    h = Harness(TWILIO)
+    h.say("t1", final=True)
+    frames = tone_ulaw_frames(total)
+    start, k = 0, 0
+    while start < total:
+        size = chunk_frames[k % len(chunk_frames)]
+        h.frames("t1", frames[start : start + size], 0.0)
+        start += size
+        k += 1
+    h.done("t1", 0.0)
+    h.take()
+    ticks = []
+    for n in range(total + 2):
+        h.tick(n)
+        actions, _ = h.take()
+        ticks += [n] * len(of_type(actions, SendMark))
+    return ticks
+
+
+def test_marks_every_interval_whatever_the_chunking() -> None:
+    # TWILIO: a mark every 200 ms (10 frames) and one after the last frame
+    expected = [9, 19, 29, 39, 44]
+    for chunking in ([45], [1], [3], [7, 13], [10], [9, 2, 11]):
+        assert _mark_ticks(chunking, 45) == expected, chunking

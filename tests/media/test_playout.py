@@ -380,3 +380,30 @@ def test_has_frame_is_pure_and_follows_the_front_turn() -> None:
     q.begin_turn("b", 0.04)
     q.push("b", b"\x00" * 160)
     assert q.has_frame()  # a finished front turn does not hide the next one
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=7), min_size=1, max_size=8),
+    limit=st.integers(min_value=1, max_value=20),
+    end_after=st.integers(min_value=0, max_value=8),
+)
+def test_push_many_is_push_of_each_frame(sizes: list[int], limit: int, end_after: int) -> None:
+    """Same frames kept, same positions, same drop counts as one ``push`` per frame."""
+    one, many = (PlayoutQueue(PlayoutConfig(max_queued_frames=limit)) for _ in range(2))
+    for q in (one, many):
+        q.begin_turn("a", 0.0)
+    i = 0
+    for k, size in enumerate(sizes):
+        if k == end_after:
+            one.end_turn("a")  # later pushes are stale
+            many.end_turn("a")
+        batch = [frame("a", i + j) for j in range(size)]
+        i += size
+        kept = sum(one.push("a", f) for f in batch)
+        assert many.push_many("a", batch) == kept
+        assert one.stats() == many.stats()
+    popped = [(f.payload, f.position_samples) for f in iter(lambda: one.pop(1.0), None)]
+    assert popped == [(f.payload, f.position_samples) for f in iter(lambda: many.pop(1.0), None)]
+    assert many.push_many("nope", [frame("a", 0)]) == 0
+    assert many.stats().stale_frames_dropped == one.stats().stale_frames_dropped + 1
