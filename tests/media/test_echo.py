@@ -118,3 +118,90 @@ def test_pre_emphasis_is_the_same_whatever_the_frame_boundaries() -> None:
     bot = voiced(3.0, 120, seed=2)
     scores = run(bot, delayed(bot, 37.5, -12), EchoCorrelator())
     assert np.median(scores) > 0.95
+
+
+def reference_likelihood(
+    sent: np.ndarray, frame: bytes, max_delay_ms: int = 300, alpha: float = 0.5
+) -> float:
+    """The definition, by brute force: best gated ncc over every delay of the history."""
+    length = RATE * max_delay_ms // 1000 + FRAME
+    stream = np.concatenate([np.zeros(length + 1), sent])
+    raw = stream[-length:]
+    if float(np.dot(raw, raw)) < 30.0**2 * length:
+        return 0.0
+    emph = stream[1:] - alpha * stream[:-1]
+    hist = emph[-length:]
+    x = np.frombuffer(frame, "<i2").astype(np.float64)
+    x[1:] -= alpha * x[:-1].copy()
+    x[0] = 0.0
+    x_norm = float(np.sqrt(np.dot(x, x)))
+    if x_norm == 0.0:
+        return 0.0
+    best = 0.0
+    for d in range(length - FRAME + 1):
+        window = hist[d : d + FRAME]
+        norm = float(np.sqrt(max(np.dot(window, window), 1e-9)))
+        if norm * 10 ** (3.0 / 20) >= x_norm:
+            best = max(best, abs(float(np.dot(window, x))) / (norm * x_norm))
+    return min(1.0, best)
+
+
+def mixed_call() -> tuple[list[bytes | None], list[bytes]]:
+    """The bot talks, pauses, talks; the line carries echo, then the caller over it."""
+    bot = voiced(2.4, 120, seed=4)
+    caller = voiced(2.4, 180, seed=9)
+    inbound = delayed(bot, 45.5, -12)
+    inbound[int(RATE * 1.4) :] += caller[int(RATE * 1.4) :] * 0.4  # double talk at the end
+    out: list[bytes | None] = list(frames(to_s16(bot, 1.0)))
+    for k in range(40, 52):
+        out[k] = None  # a pause: the newest part of the history falls silent
+    return out, frames(through_g711(to_s16(inbound, 1.0)))
+
+
+def test_every_decision_is_the_full_searchs_whatever_frames_are_checked() -> None:
+    # Tracking, the lazy history (converted only when a frame is checked, however
+    # many frames were pushed since) and the delay span searched only save work:
+    # each decision is the one of the definition, searched over every delay.
+    out, inn = mixed_call()
+    for every in (1, 3, 20):  # 20: more frames pushed between checks than the history holds
+        corr = EchoCorrelator()
+        sent: list[np.ndarray] = []
+        checked = 0
+        for k, (o, i) in enumerate(zip(out, inn, strict=False)):
+            corr.push_outbound(o)
+            sent.append(np.zeros(FRAME) if o is None else np.frombuffer(o, "<i2"))
+            if k % every:
+                continue
+            ref = reference_likelihood(np.concatenate(sent), i)
+            assert corr.is_echo(i) == (ref >= 0.7), (every, k, ref)
+            checked += 1
+        assert checked >= len(out) // every
+
+
+def test_a_not_echo_score_is_the_best_over_every_delay() -> None:
+    out, inn = mixed_call()
+    corr = EchoCorrelator()
+    sent: list[np.ndarray] = []
+    seen = 0
+    for o, i in zip(out, inn, strict=False):
+        corr.push_outbound(o)
+        sent.append(np.zeros(FRAME) if o is None else np.frombuffer(o, "<i2"))
+        score = corr.likelihood(i)
+        if score < 0.7:
+            assert abs(score - reference_likelihood(np.concatenate(sent), i)) < 1e-4
+            seen += 1
+    assert seen > 10
+
+
+def test_a_history_that_is_not_a_whole_number_of_frames() -> None:
+    bot = voiced(2.0, 120, seed=1)
+    out = frames(to_s16(bot, 1.0))
+    inn = frames(through_g711(to_s16(delayed(bot, 250, -10), 1.0)))
+    corr = EchoCorrelator(max_delay_ms=290)  # 2 320 + 160 samples: 15.5 frames
+    sent: list[np.ndarray] = []
+    for k, (o, i) in enumerate(zip(out, inn, strict=False)):
+        corr.push_outbound(o)
+        sent.append(np.frombuffer(o, "<i2"))
+        if k % 4 == 0 or k > 80:
+            ref = reference_likelihood(np.concatenate(sent), i, max_delay_ms=290)
+            assert corr.is_echo(i) == (ref >= 0.7), (k, ref)
