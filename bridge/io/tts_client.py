@@ -139,8 +139,15 @@ class _Connection:
         return self.loop.time()
 
     def has_room(self) -> bool:
+        """Whether one more turn fits: by our sinks (turns handed out, some perhaps not yet
+        sent) and by the engine's own count, which still holds a cancelled turn until the
+        server releases it (a Kova context is held until its ``context_closed``)."""
+        limit = self.engine.max_turns
         return (
-            self.catch_all is None and not self.closed and len(self.sinks) < self.engine.max_turns
+            self.catch_all is None
+            and not self.closed
+            and len(self.sinks) < limit
+            and self.engine.open_turns() < limit
         )
 
     async def run(self) -> None:
@@ -364,7 +371,11 @@ class ProviderPool:
         wire_id = f"{turn_id}~{self._turn_serial}"
         conn.sinks[wire_id] = lambda e: sink(_retag(e, turn_id))
         handle = _TurnHandle(conn, wire_id)
-        handle.call(lambda e, now: e.open_turn(wire_id, settings, now))
+        try:
+            handle.call(lambda e, now: e.open_turn(wire_id, settings, now))
+        except LocalProtocolError:
+            conn.sinks.pop(wire_id, None)  # refused: the turn holds no room
+            raise
         return handle
 
     async def open_agent(self, sink: Sink, timeout_s: float = 10.0) -> AgentSession:
@@ -648,12 +659,22 @@ class Speaker:
         settings = turn.settings
         if not settings.voice and pool.settings.voice:
             settings = replace(settings, voice=pool.settings.voice)
-        turn.handle = pool.open_turn(turn.turn_id, settings, lambda e: self._on_event(turn, e))
-        text = "".join(turn.text)
-        if text:
-            turn.handle.send_text(text)
-        if turn.ended:
-            turn.handle.end()
+        try:
+            turn.handle = pool.open_turn(turn.turn_id, settings, lambda e: self._on_event(turn, e))
+            text = "".join(turn.text)
+            if text:
+                turn.handle.send_text(text)
+            if turn.ended:
+                turn.handle.end()
+        except LocalProtocolError as e:
+            # the engine refused the turn (no free context, connection closing): a
+            # failed turn on this provider, so the next one in the chain gets it and
+            # the call hears about it as a provider error rather than ending
+            log.warning("tts.open_refused", provider=pool.name, turn_id=turn.turn_id, error=str(e))
+            if turn.handle is not None:
+                turn.handle.cancel()
+                turn.handle = None
+            self._on_event(turn, TurnFailed(turn.turn_id, "open_refused", str(e), retryable=True))
 
     def _on_event(self, turn: _SpokenTurn, event: Event) -> None:
         if self.turns.get(turn.turn_id) is not turn:

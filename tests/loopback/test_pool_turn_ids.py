@@ -55,3 +55,41 @@ def test_two_owners_open_the_same_turn_id_on_one_connection() -> None:
     audio_a = sum(len(e.audio) for e in seen["a"] if isinstance(e, AudioReceived))
     audio_b = sum(len(e.audio) for e in seen["b"] if isinstance(e, AudioReceived))
     assert audio_b > audio_a  # each owner got its own text's audio (three words vs two)
+
+
+def test_turns_cancelled_but_not_yet_released_by_the_server_leave_no_room() -> None:
+    """A Kova context stays held until the server confirms its cancel; a connection full of
+    such contexts has no room, so the next turn goes to another connection instead of
+    failing with "no free context" (which ended the call)."""
+
+    async def main() -> tuple[int, list[Event]]:
+        server = await start_tts_server(engine="tone")
+        url = f"ws://127.0.0.1:{server.port}{PROTOCOL_PATHS['kova']}"
+        pool = ProviderPool(ProviderSettings("p", "kova", url, api_key="k", voice="tone"))
+        assert await pool.start()
+        settings = TurnSettings("tone", MULAW_8K)
+        events: list[Event] = []
+        full = [
+            pool.open_turn(f"t{i}", settings, events.append)  # type: ignore[arg-type]
+            for i in range(64)
+        ]
+        for h in full:
+            h.send_text("alpha bravo charlie")
+        for h in full:
+            h.cancel()  # released by the server later, not now
+        nxt = pool.open_turn("next", settings, events.append)  # type: ignore[arg-type]
+        nxt.send_text("delta")
+        nxt.end()
+        for _ in range(200):
+            if any(isinstance(e, TurnDone | TurnFailed) and e.turn_id == "next" for e in events):
+                break
+            await asyncio.sleep(0.01)
+        connections = len(pool.connections)
+        await pool.close()
+        await server.close()
+        return connections, [e for e in events if getattr(e, "turn_id", "") == "next"]
+
+    connections, nxt = asyncio.run(main())
+    assert connections >= 1
+    assert any(isinstance(e, AudioReceived) for e in nxt)
+    assert isinstance(nxt[-1], TurnDone)
