@@ -69,6 +69,13 @@ def test_turns_cancelled_but_not_yet_released_by_the_server_leave_no_room() -> N
         assert await pool.start()
         settings = TurnSettings("tone", MULAW_8K)
         events: list[Event] = []
+        next_ended = asyncio.Event()
+
+        def next_sink(e: Event) -> None:
+            events.append(e)
+            if isinstance(e, TurnDone | TurnFailed):
+                next_ended.set()
+
         full = [
             pool.open_turn(f"t{i}", settings, events.append)  # type: ignore[arg-type]
             for i in range(64)
@@ -77,13 +84,10 @@ def test_turns_cancelled_but_not_yet_released_by_the_server_leave_no_room() -> N
             h.send_text("alpha bravo charlie")
         for h in full:
             h.cancel()  # released by the server later, not now
-        nxt = pool.open_turn("next", settings, events.append)  # type: ignore[arg-type]
+        nxt = pool.open_turn("next", settings, next_sink)  # type: ignore[arg-type]
         nxt.send_text("delta")
         nxt.end()
-        for _ in range(200):
-            if any(isinstance(e, TurnDone | TurnFailed) and e.turn_id == "next" for e in events):
-                break
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(next_ended.wait(), 5)
         connections = len(pool.connections)
         await pool.close()
         await server.close()

@@ -56,6 +56,7 @@ class _Server:
     def __init__(self, fail_on: str | None = None, echo: bool = False) -> None:
         self.echo = echo
         self.got: list[str | bytes] = []
+        self.received = asyncio.Event()
         self.ended: asyncio.Future[BaseException | None] | None = None
         self.conn: WsConnection | None = None
         self.fail_on = fail_on
@@ -76,6 +77,7 @@ class _Server:
         if msg == self.fail_on:
             raise RuntimeError("handler failed")
         self.got.append(msg)
+        self.received.set()
         if self.echo:
             assert self.conn is not None
             self.conn.send_encoded_text_nowait(b"echo:" + str(msg).encode())
@@ -144,7 +146,9 @@ def test_eof_or_reset_ends_serve(loop_kind: str, how: str) -> None:
         await _read_101(reader)
         writer.write(_client_text("hello") + _client_text("binary?"))
         await writer.drain()
-        await asyncio.sleep(0.05)
+        while len(srv.got) < 2:  # both delivered before the EOF or reset
+            srv.received.clear()
+            await asyncio.wait_for(srv.received.wait(), 5)
         if how == "eof":
             writer.write_eof()
         else:
