@@ -161,7 +161,10 @@ def main() -> None:
     parser.add_argument("--echo", default="on,off", help="on, off or on,off")
     parser.add_argument("--profile", action="store_true", help="cProfile one run per case")
     parser.add_argument("--name", default="call_cpu", help="results file name (bench/results)")
+    parser.add_argument("--quick", action="store_true", help="make bench-quick: 3 repeats")
     args = parser.parse_args()
+    if args.quick:
+        args.reps = min(args.reps, 3)
     results: dict[str, Any] = {}
     print(f"CPU µs per call per 20 ms ({args.calls} calls, median of {args.reps})")
     print(f"{'case':28} {'tick':>7} {'caller':>7} {'provider':>8} {'total':>7}")

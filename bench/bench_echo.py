@@ -39,27 +39,15 @@ from common import write
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "media"))
+
+from test_echo import delayed, voiced  # the test suite's speech-like signals
+
 from bridge.media.echo import EchoCorrelator
 from telcodec import g711
 
 RATE = 8000
 FRAME = 160
-
-
-def voiced(seconds: float, f0: float, seed: int) -> np.ndarray:
-    """A speech-like signal: harmonics of a wobbling pitch with a syllable envelope."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(RATE * seconds)) / RATE
-    pitch = f0 * (1 + 0.1 * np.sin(2 * np.pi * 2.5 * t + rng.uniform(0, 6)))
-    phase = 2 * np.pi * np.cumsum(pitch) / RATE
-    wave = sum(np.sin(k * phase + rng.uniform(0, 6)) / k for k in range(1, 9))
-    envelope = 0.6 + 0.4 * np.sin(2 * np.pi * 4 * t + rng.uniform(0, 6))
-    return np.asarray(wave * envelope / 4.0)
-
-
-def delayed(x: np.ndarray, delay_ms: float, gain_db: float) -> np.ndarray:
-    d = int(RATE * delay_ms / 1000)
-    return np.concatenate([np.zeros(d), x[: len(x) - d]]) * 10 ** (gain_db / 20)
 
 
 def pcm_frames(x: np.ndarray, g711_path: bool = False) -> list[bytes]:
@@ -93,7 +81,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--out", default="echo")
+    ap.add_argument("--quick", action="store_true", help="make bench-quick: 5 repeats")
     args = ap.parse_args()
+    if args.quick:
+        args.repeats = min(args.repeats, 5)
 
     seconds = 4.0
     bot_signal = voiced(seconds, 120, seed=1)
