@@ -46,12 +46,14 @@ frame, where ``need`` is the larger of ``noise_rise_db`` (7) and
 ``babble_spread`` (3) times the line's spread (the RMS deviation of its
 level from the floor, learnt from VAD-speech frames between runs, so not from
 the bot's echo the call flags; steady noise ~1 dB, babble 3-4 dB, taken as
-3 dB before it is known). In the call's first 25 frames the floor
-learns fast (100 ms) from every frame that does not itself rise as a run
-must, and a run needs 10 dB more. Confirmed speech keeps going on the VAD,
-the energy floor and the echo guard alone. What this cannot tell apart: a
-background that suddenly gets louder (a TV switched on) from a caller; a
-caller no louder than the babble around them.
+``noise_spread_prior_db`` (3 dB) before it is known). In the call's first
+``noise_warmup_ms`` (500 ms, 25 frames) the floor learns fast
+(``noise_warmup_floor_ms``, 100 ms) from every frame that does not itself
+rise as a run must, and a run needs ``noise_warmup_rise_db`` (10 dB) more.
+Confirmed speech keeps going on the VAD, the energy floor and the echo guard
+alone. What this cannot tell apart: a background that suddenly gets louder
+(a TV switched on) from a caller; a caller no louder than the babble around
+them.
 
 Barge-in. While the bot is speaking (``set_bot_speaking(True)``) and the
 policy is enabled, the first active frame of a confirmed run returns
@@ -65,9 +67,9 @@ Defaults. The policy's own defaults are conservative (``min_speech_ms`` 160,
 ``energy_floor_dbfs`` -45, ``echo_return_loss_db`` 15); the daemon's come from
 ``[bargein]`` (``BargeInConfig``: 60 ms, -48 dBFS, 30 dB, measured with
 ``bench/bench_bargein.py``, tuned on seeds 1 and 3 and checked on 5 and 7).
-The rise check's fields are not in the config yet, so their defaults here
-are the daemon's. ``hangover_ms`` 60, ``speech_end_ms`` 400,
-``echo_window_ms`` 200.
+The other fields' defaults here are the daemon's (``[bargein]`` has the same
+ones): ``hangover_ms`` 60, ``speech_end_ms`` 400, ``echo_window_ms`` 200, the
+rise check's as above. Every field but ``frame_ms`` is a ``[bargein]`` key.
 
 The detector has no timers: it advances only with observations, so a leg that
 stops sending audio leaves the state as it was.
@@ -94,7 +96,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class BargeInPolicy:
-    """Thresholds of the detector; every field is in config."""
+    """Thresholds of the detector; every field but ``frame_ms`` is a ``[bargein]`` key
+    (``dtmf_triggers`` is ``dtmf``)."""
 
     enabled: bool = True
     """Whether speech or DTMF may interrupt the bot (speech events are emitted regardless)."""
@@ -132,6 +135,21 @@ class BargeInPolicy:
     """Time constant with which it follows the line down. Equal time constants
     put the floor near the line's mean level in dB: babble's own peaks rise
     little above it, a caller's onset over steady noise rises far."""
+    noise_warmup_ms: int = 500
+    """The call's first moments (counted in frames that do not themselves rise as
+    a run must), in which the floor is still a guess: it follows the line with
+    ``noise_warmup_floor_ms`` and a run needs ``noise_warmup_rise_db`` more
+    rise. 0 switches the warm-up off (the floor then starts
+    10 dB below ``energy_floor_dbfs`` and moves at its normal pace)."""
+    noise_warmup_floor_ms: int = 100
+    """Time constant with which the floor follows the line during the warm-up (a
+    line that starts in babble must not wait a whole ``noise_floor_up_ms``)."""
+    noise_warmup_rise_db: float = 10.0
+    """Extra rise a run needs during the warm-up."""
+    noise_spread_prior_db: float = 3.0
+    """What the line's spread is taken to be before it is known (babble-like);
+    it is learnt with the ``noise_floor_up_ms`` time constant, so the prior
+    fades over a second or two."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,19 +184,8 @@ BargeInDecision = BargeInTriggered
 
 _FLOOR_START_BELOW_DB = 10.0
 """The noise floor starts this far below ``energy_floor_dbfs``."""
-_SPREAD_PRIOR_DB = 3.0
-"""What the spread is taken to be before the line is known (babble-like); it is
-learnt with the ``noise_floor_up_ms`` time constant, so the prior fades over a
-second or two."""
 _SPREAD_CAP_DB2 = 400.0
 """One frame moves the spread estimate by at most a 20 dB deviation (a click)."""
-_WARMUP_FRAMES = 25
-_WARMUP_UP_MS = 100.0
-_WARMUP_EXTRA_DB = 10.0
-"""For its first 25 frames (not counting frames that rise as a run must) a
-call's floor follows the line with a
-100 ms time constant (a line that starts in babble must not wait a whole
-``noise_floor_up_ms``), and as it is still a guess a run needs 10 dB more rise."""
 
 
 class BargeInDetector(Outbox):
@@ -207,6 +214,8 @@ class BargeInDetector(Outbox):
         "_speaking",
         "_spread2",
         "_triggered",
+        "_warmup_frames",
+        "_warmup_rise_db",
     )
 
     def __init__(self, policy: BargeInPolicy | None = None) -> None:
@@ -225,10 +234,12 @@ class BargeInDetector(Outbox):
         p = self._policy
         self._floor_up = 1.0 - math.exp(-p.frame_ms / max(1, p.noise_floor_up_ms))
         self._floor_down = 1.0 - math.exp(-p.frame_ms / max(1, p.noise_floor_down_ms))
-        self._floor_warm = 1.0 - math.exp(-p.frame_ms / _WARMUP_UP_MS)
+        self._floor_warm = 1.0 - math.exp(-p.frame_ms / max(1, p.noise_warmup_floor_ms))
         self._floor_dbfs = p.energy_floor_dbfs - _FLOOR_START_BELOW_DB
         self._floor_frames = 0
-        self._spread2 = _SPREAD_PRIOR_DB**2
+        self._warmup_frames = max(0, p.noise_warmup_ms // p.frame_ms)
+        self._warmup_rise_db = p.noise_warmup_rise_db
+        self._spread2 = p.noise_spread_prior_db**2
         self._rises: deque[float] = deque(maxlen=max(1, p.min_speech_ms // p.frame_ms))
 
     @property
@@ -271,7 +282,7 @@ class BargeInDetector(Outbox):
     def _track_floor(self, energy_dbfs: float, between_runs: bool) -> None:
         floor = self._floor_dbfs
         dev = energy_dbfs - floor
-        if self._floor_frames < _WARMUP_FRAMES:
+        if self._floor_frames < self._warmup_frames:
             # The call's first moments: learn the line fast, but not from frames
             # that rise as a run must (a caller talking from the first frame).
             if self._floor_frames == 0:
@@ -341,8 +352,8 @@ class BargeInDetector(Outbox):
         need_db = self._policy.noise_rise_db
         if need_db <= 0.0:
             return 0.0
-        if self._floor_frames < _WARMUP_FRAMES:
-            need_db += _WARMUP_EXTRA_DB  # the floor is still a guess
+        if self._floor_frames < self._warmup_frames:
+            need_db += self._warmup_rise_db  # the floor is still a guess
         if self._policy.babble_spread > 0.0:
             need_db = max(need_db, self._policy.babble_spread * math.sqrt(self._spread2))
         return need_db
