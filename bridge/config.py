@@ -204,7 +204,12 @@ class RouteConfig:
 
 @dataclass(frozen=True, slots=True)
 class BargeInConfig:
-    """``[bargein]``: the barge-in detector's thresholds (defaults measured in bench/)."""
+    """``[bargein]``: the barge-in detector's thresholds (defaults measured in bench/).
+
+    Each field but ``vad_aggressiveness`` is the ``BargeInPolicy`` field of the
+    same name (``dtmf`` is ``dtmf_triggers``); see config/README.md for what
+    each does and when to change it.
+    """
 
     enabled: bool = True
     min_speech_ms: int = 60
@@ -213,6 +218,17 @@ class BargeInConfig:
     vad_aggressiveness: int = 3
     dtmf: bool = True
     echo_correlation: float = 0.7
+    hangover_ms: int = 60
+    speech_end_ms: int = 400
+    echo_window_ms: int = 200
+    noise_rise_db: float = 7.0
+    babble_spread: float = 3.0
+    noise_floor_up_ms: int = 1000
+    noise_floor_down_ms: int = 1000
+    noise_warmup_ms: int = 500
+    noise_warmup_floor_ms: int = 100
+    noise_warmup_rise_db: float = 10.0
+    noise_spread_prior_db: float = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -749,23 +765,45 @@ def _read_step(r: _Reader, p: str, name: str, t: object, providers: set[str]) ->
 
 def _read_bargein(r: _Reader, d: dict[str, Any]) -> BargeInConfig:
     p = "bargein"
+    b = BargeInConfig()  # the defaults
     r.unknown(
         d,
         {"enabled", "min_speech_ms", "energy_floor_dbfs", "echo_return_loss_db",
-         "vad_aggressiveness", "dtmf", "echo_correlation"},
+         "vad_aggressiveness", "dtmf", "echo_correlation", "hangover_ms", "speech_end_ms",
+         "echo_window_ms", "noise_rise_db", "babble_spread", "noise_floor_up_ms",
+         "noise_floor_down_ms", "noise_warmup_ms", "noise_warmup_floor_ms",
+         "noise_warmup_rise_db", "noise_spread_prior_db"},
         p,
     )  # fmt: skip
-    min_speech = r.int_(d, "min_speech_ms", p, 60, 20, 5000)
-    if min_speech % 20:
-        r.err(f"{p}.min_speech_ms", f"must be a multiple of 20 (one frame), got {min_speech}")
+
+    def frames(key: str, default: int, lo: int, hi: int) -> int:
+        """A duration the detector counts in 20 ms frames."""
+        ms = r.int_(d, key, p, default, lo, hi)
+        if ms % 20:
+            r.err(f"{p}.{key}", f"must be a multiple of 20 (one frame), got {ms}")
+        return ms
+
     return BargeInConfig(
-        enabled=r.bool_(d, "enabled", p, True),
-        min_speech_ms=min_speech,
-        energy_floor_dbfs=r.num(d, "energy_floor_dbfs", p, -48.0, -96, 0),
-        echo_return_loss_db=r.num(d, "echo_return_loss_db", p, 30.0, 0, 60),
-        vad_aggressiveness=r.int_(d, "vad_aggressiveness", p, 3, 0, 3),
-        dtmf=r.bool_(d, "dtmf", p, True),
-        echo_correlation=r.num(d, "echo_correlation", p, 0.7, 0.0, 1.0),
+        enabled=r.bool_(d, "enabled", p, b.enabled),
+        min_speech_ms=frames("min_speech_ms", b.min_speech_ms, 20, 5000),
+        energy_floor_dbfs=r.num(d, "energy_floor_dbfs", p, b.energy_floor_dbfs, -96, 0),
+        echo_return_loss_db=r.num(d, "echo_return_loss_db", p, b.echo_return_loss_db, 0, 60),
+        vad_aggressiveness=r.int_(d, "vad_aggressiveness", p, b.vad_aggressiveness, 0, 3),
+        dtmf=r.bool_(d, "dtmf", p, b.dtmf),
+        echo_correlation=r.num(d, "echo_correlation", p, b.echo_correlation, 0.0, 1.0),
+        hangover_ms=frames("hangover_ms", b.hangover_ms, 0, 2000),
+        speech_end_ms=frames("speech_end_ms", b.speech_end_ms, 20, 10000),
+        echo_window_ms=r.int_(d, "echo_window_ms", p, b.echo_window_ms, 0, 2000),
+        noise_rise_db=r.num(d, "noise_rise_db", p, b.noise_rise_db, 0, 60),
+        babble_spread=r.num(d, "babble_spread", p, b.babble_spread, 0, 10),
+        noise_floor_up_ms=r.int_(d, "noise_floor_up_ms", p, b.noise_floor_up_ms, 20, 60000),
+        noise_floor_down_ms=r.int_(d, "noise_floor_down_ms", p, b.noise_floor_down_ms, 20, 60000),
+        noise_warmup_ms=frames("noise_warmup_ms", b.noise_warmup_ms, 0, 10000),
+        noise_warmup_floor_ms=r.int_(
+            d, "noise_warmup_floor_ms", p, b.noise_warmup_floor_ms, 20, 60000
+        ),
+        noise_warmup_rise_db=r.num(d, "noise_warmup_rise_db", p, b.noise_warmup_rise_db, 0, 60),
+        noise_spread_prior_db=r.num(d, "noise_spread_prior_db", p, b.noise_spread_prior_db, 0, 20),
     )
 
 

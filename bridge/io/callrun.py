@@ -100,6 +100,17 @@ def bargein_policy(daemon: Daemon) -> BargeInPolicy:
         echo_return_loss_db=b.echo_return_loss_db,
         dtmf_triggers=b.dtmf,
         echo_correlation=b.echo_correlation,
+        hangover_ms=b.hangover_ms,
+        speech_end_ms=b.speech_end_ms,
+        echo_window_ms=b.echo_window_ms,
+        noise_rise_db=b.noise_rise_db,
+        babble_spread=b.babble_spread,
+        noise_floor_up_ms=b.noise_floor_up_ms,
+        noise_floor_down_ms=b.noise_floor_down_ms,
+        noise_warmup_ms=b.noise_warmup_ms,
+        noise_warmup_floor_ms=b.noise_warmup_floor_ms,
+        noise_warmup_rise_db=b.noise_warmup_rise_db,
+        noise_spread_prior_db=b.noise_spread_prior_db,
     )
 
 
