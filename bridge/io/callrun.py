@@ -33,6 +33,7 @@ from bridge.control import commands as cmd
 from bridge.control.app import AppLost, AppSession
 from bridge.control.flow import FlowRunner, fallback_runner
 from bridge.engine import CloseConnection, Event, SendText
+from bridge.io.ticker import InboundCallback
 from bridge.io.tts_client import AgentSession, Speaker
 from bridge.logs import get_logger
 from bridge.media.bargein import BargeInPolicy
@@ -76,8 +77,12 @@ class LegAdapter(Protocol):
 
     kind: str
 
-    def send_frame(self, frame: bytes | None, n: int, now: float) -> None:
-        """One 20 ms frame at its deadline (``None``: silence for RTP, nothing for WS)."""
+    def send_frame(self, frame: bytes | None, n: int, now: float) -> InboundCallback | None:
+        """One 20 ms frame at its deadline (``None``: silence for RTP, nothing for WS).
+
+        May return the leg's inbound work for this tick, which the ticker runs
+        once every due stream's frame has been sent (``bridge.io.ticker``).
+        """
         ...
 
     def send_mark(self, name: str) -> None: ...
@@ -271,11 +276,11 @@ class CallRunner:
 
     # ----------------------------------------------------------- clock
 
-    def _on_frame(self, n: int, now: float) -> None:
+    def _on_frame(self, n: int, now: float) -> InboundCallback | None:
         if n % PACING_SAMPLE_EVERY == 0:  # a sample of departures is enough for the histogram
             self.pacing.observe(max(0.0, now - self.clock.deadline(n)))
         frame = self.bridge.tick(now)
-        self.leg.send_frame(frame, n, now)
+        second = self.leg.send_frame(frame, n, now)
         if frame is not None and self.idle and self.lead_frames:
             # a buffering carrier gets a small lead at a turn's start, then one per tick
             for _ in range(self.lead_frames):
@@ -290,6 +295,7 @@ class CallRunner:
             # A tick reaches the turn source and the app only through the
             # bridge's actions and events; most ticks have none (no lists).
             self.pump(now)
+        return second
 
     def _on_tick_error(self, exc: BaseException) -> None:
         log.error("call.tick_failed", call_id=self.call_id, error=str(exc))

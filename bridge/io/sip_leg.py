@@ -23,6 +23,8 @@ import ipaddress
 import os
 import re
 import socket
+import struct
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -30,6 +32,7 @@ from bridge.config import RouteConfig, split_hostport
 from bridge.control import commands as cmd
 from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
+from bridge.io.ticker import InboundCallback
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.rtp.dtmf import DtmfReceived, DtmfSender, InbandDtmf
@@ -64,6 +67,13 @@ log = get_logger("callbridge.sip")
 _URI_USER = re.compile(r"^sips?:([^@;>]+)@", re.IGNORECASE)
 MAX_BIND_ATTEMPTS = 8
 
+SO_TIMESTAMPNS = 35 if sys.platform == "linux" else None
+"""Linux: the kernel stamps each datagram's arrival (``SCM_TIMESTAMPNS``, CLOCK_REALTIME)."""
+_TIMESPEC = struct.Struct("@qq")
+FRAME_S = 0.02
+MAX_READS_PER_TICK = 32
+"""A call's RTP socket is read at its tick; a backlog larger than this waits for the next one."""
+
 
 def _route_key(request_uri: str) -> str:
     m = _URI_USER.match(request_uri.strip("<>"))
@@ -80,21 +90,6 @@ class _DatagramProtocol(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
         self.on_datagram(data, (addr[0], addr[1]))
-
-    def error_received(self, exc: Exception) -> None:  # ICMP unreachable and the like
-        log.debug("udp.error", error=str(exc))
-
-
-class _RtpProtocol(asyncio.DatagramProtocol):
-    """The RTP socket's protocol: the loop calls the call's handler with no frame in between."""
-
-    def __init__(self, on_datagram: Callable[[bytes, tuple[Any, ...]], None]) -> None:
-        # an instance attribute shadows the method: one Python call per datagram, not two
-        self.datagram_received = on_datagram  # type: ignore[method-assign,assignment]
-        self.transport: asyncio.DatagramTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
 
     def error_received(self, exc: Exception) -> None:  # ICMP unreachable and the like
         log.debug("udp.error", error=str(exc))
@@ -212,8 +207,12 @@ class _SipCall:
         self.dtmf_active = False
         """Digits queued on ``dtmf``: ticks ask it for a packet only then."""
         self.inband: InbandDtmf | None = None
-        self.rtp_transport: asyncio.DatagramTransport | None = None
+        self.rtp_sock: socket.socket | None = None
+        """The RTP socket: read at the call's tick (``_inbound``), not by the loop."""
         self.rtcp_transport: asyncio.DatagramTransport | None = None
+        self.ticker = leg.daemon.ticker
+        self.outbox = self.ticker.outbox
+        self._inbound_cb = self._inbound
         self.runner: CallRunner | None = None
         self.sending_audio = False
         self.ended = False
@@ -255,6 +254,9 @@ class _SipCall:
                 pair.append(sock)
                 sock.setblocking(False)
                 sock.bind((host, port))
+            if SO_TIMESTAMPNS is not None:
+                with contextlib.suppress(OSError):
+                    pair[0].setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         except OSError:
             for sock in pair:
                 sock.close()
@@ -262,22 +264,13 @@ class _SipCall:
         return pair[0], pair[1]
 
     async def attach(self, socks: tuple[socket.socket, socket.socket]) -> None:
-        """Start receiving on the bound port pair."""
-        rtp = _RtpProtocol(self._on_rtp)
+        """Take the bound port pair: RTCP is read by the loop, RTP at each tick."""
+        self.rtp_sock = socks[0]
         rtcp = _DatagramProtocol(self._on_rtcp)
-        t1, _ = await self.loop.create_datagram_endpoint(lambda: rtp, sock=socks[0])
         t2, _ = await self.loop.create_datagram_endpoint(lambda: rtcp, sock=socks[1])
-        self.rtp_transport = t1  # type: ignore[assignment]
         self.rtcp_transport = t2  # type: ignore[assignment]
         if self.ended:
             self.close()
-
-    def _on_rtp(self, data: bytes, addr: tuple[Any, ...]) -> None:
-        # the loop calls this directly (_RtpProtocol); IPv6 source addresses come as 4-tuples
-        if len(addr) != 2:
-            addr = (addr[0], addr[1])
-        if self.rtp.receive_datagram(data, addr, self._time()):  # type: ignore[arg-type]
-            self._pump_rtp()  # only when the engine queued something (latch, DTMF, SSRC, ...)
 
     def _on_rtcp(self, data: bytes, addr: tuple[str, int]) -> None:
         self.rtp.receive_rtcp(data, addr, self.loop.time())
@@ -285,13 +278,16 @@ class _SipCall:
 
     def _pump_rtp(self) -> None:
         for action in self.rtp.actions_to_send():
-            if isinstance(action, SendDatagram) and self.rtp_transport is not None:
+            if isinstance(action, SendDatagram) and self.rtp_sock is not None:
                 # by content, not by the destination's parity: RTP must leave from the RTP
                 # port (symmetric RTP, RFC 4961) even when the peer's port is odd (NAT)
                 if is_rtcp(action.data) and self.rtcp_transport is not None:
                     self.rtcp_transport.sendto(action.data, action.addr)
                 else:
-                    self.rtp_transport.sendto(action.data, action.addr)
+                    try:
+                        self.rtp_sock.sendto(action.data, action.addr)
+                    except OSError:  # full buffer or closed: RTP does not queue
+                        self.ticker.send_errors += 1
         for event in self.rtp.events_received():
             if isinstance(event, DtmfReceived) and self.runner is not None:
                 self.runner.caller_dtmf(event.digit)
@@ -302,16 +298,15 @@ class _SipCall:
 
     # --- LegAdapter ---------------------------------------------------------
 
-    def send_frame(self, frame: bytes | None, n: int, now: float) -> None:
-        """This tick's RTP packet out and the caller's next frame in (the per-call hot path).
+    def send_frame(self, frame: bytes | None, n: int, now: float) -> InboundCallback:
+        """This tick's RTP packet out (the per-call hot path); returns the tick's inbound work.
 
         The common tick builds one datagram (``RtpSession.frame_packet``) and
-        sends it with one ``sendto``: no action object, no outbox lists. The
-        engine's outbox is drained only when something was queued (an RFC
-        4733 packet, an RTCP report, an event).
+        queues it on the ticker's outbox, which sends every due call's packet
+        back to back (``bridge.io.ticker``): no action object, no outbox
+        lists of the engine. ``_inbound`` runs after that send.
         """
         rtp = self.rtp
-        pump = False
         packet = None
         if self.dtmf_active:
             packet = self.dtmf.next_packet()
@@ -319,7 +314,7 @@ class _SipCall:
                 self.dtmf_active = False
         if packet is not None:
             rtp.send_telephone_event(packet, now, n)
-            pump = True
+            self._pump_rtp()
         else:
             if frame is None:
                 frame = self.silence
@@ -328,8 +323,44 @@ class _SipCall:
                 rtp.start_talkspurt()
                 self.sending_audio = True
             data = rtp.frame_packet(frame, self.pt, now, n)
-            if data is not None and self.rtp_transport is not None:
-                self.rtp_transport.sendto(data, rtp.remote_addr)
+            if data is not None and self.rtp_sock is not None:
+                self.outbox.append((self.rtp_sock, data, rtp.remote_addr))
+        return self._inbound_cb
+
+    def _inbound(self, now: float) -> None:
+        """The caller's side of the tick: read the RTP socket, then hand one frame on.
+
+        The socket is read here rather than by the loop: one ``recvmsg`` per
+        call per tick instead of a loop wake-up and a callback per datagram.
+        Each datagram keeps its kernel arrival time (``SO_TIMESTAMPNS``) for
+        the jitter buffer and the RFC 3550 jitter. Reading stops at the first
+        datagram that arrived within the last frame period (anything queued
+        behind it is younger still and is read at the next tick), so a
+        backlog drains and the common tick costs a single ``recvmsg``.
+        """
+        rtp = self.rtp
+        pump = False
+        sock = self.rtp_sock
+        if sock is not None:
+            mono = self.ticker.real_to_mono
+            for _ in range(MAX_READS_PER_TICK):
+                try:
+                    data, anc, _flags, addr = sock.recvmsg(2048, 64)
+                except OSError:  # nothing queued (or the socket was closed)
+                    break
+                if len(addr) != 2:  # IPv6 source addresses come as 4-tuples
+                    addr = (addr[0], addr[1])
+                if anc:
+                    sec, nsec = _TIMESPEC.unpack_from(anc[0][2])
+                    arrival = sec + nsec * 1e-9 + mono
+                    if arrival > now:
+                        arrival = now
+                    if rtp.receive_datagram(data, addr, arrival):
+                        pump = True  # the engine queued something (latch, DTMF, SSRC, ...)
+                    if arrival > now - FRAME_S:
+                        break
+                elif rtp.receive_datagram(data, addr, now):
+                    pump = True
         if rtp.poll_timer(now):  # RTCP report, RTP timeout, DTMF end: every few seconds
             pump = True
         inbound = rtp.pop_frame(now)
@@ -373,9 +404,10 @@ class _SipCall:
     def close(self) -> None:
         self.rtp.close(self.loop.time())
         self._pump_rtp()
-        for t in (self.rtp_transport, self.rtcp_transport):
-            if t is not None:
-                t.close()
+        if self.rtcp_transport is not None:
+            self.rtcp_transport.close()
+        if self.rtp_sock is not None:
+            self.rtp_sock.close()
 
 
 class SipLeg:

@@ -137,3 +137,65 @@ def test_a_failing_stream_ends_alone() -> None:
         loop.fire()
     assert len(errors) == 1 and "bad" not in ticker.streams
     assert good == [0, 1, 2, 3, 4]
+
+
+class _Sock:
+    """Stands in for a UDP socket on the ticker's outbox."""
+
+    def __init__(self, log: list[str], name: str, refuse: bool = False) -> None:
+        self.log, self.name, self.refuse = log, name, refuse
+
+    def sendto(self, data: bytes, addr: object) -> int:
+        if self.refuse:
+            raise BlockingIOError("send buffer full")
+        self.log.append(f"send {self.name} {data.decode()}")
+        return len(data)
+
+
+def _two_phase_stream(
+    ticker: MediaTicker, log: list[str], key: str, sock: _Sock, fail_inbound: bool = False
+) -> Callable[[int, float], Callable[[float], None]]:
+    def inbound(now: float) -> None:
+        if fail_inbound:
+            raise RuntimeError("inbound bug")
+        log.append(f"inbound {key}")
+
+    def on_frame(n: int, now: float) -> Callable[[float], None]:
+        log.append(f"build {key}")
+        ticker.outbox.append((sock, f"{key}{n}".encode(), ("127.0.0.1", 9)))  # type: ignore[arg-type]
+        return inbound
+
+    return on_frame
+
+
+def test_a_wake_up_sends_every_frame_before_any_inbound_work() -> None:
+    now = [100.0]
+    ticker, loop = _ticker(now)
+    log: list[str] = []
+    for key in ("a", "b"):  # both in the first millisecond's bucket
+        ticker.add(key, _two_phase_stream(ticker, log, key, _Sock(log, key)), lambda e: None)
+    ticker.ticker.start_talkspurt(ticker.streams["b"], now[0])  # same phase as "a"
+    ticker.ticker.start_talkspurt(ticker.streams["a"], now[0])
+    now[0] = loop.handles[0].when + 0.0003
+    loop.fire()
+    assert log == ["build a", "build b", "send a a0", "send b b0", "inbound a", "inbound b"] or (
+        log == ["build b", "build a", "send b b0", "send a a0", "inbound b", "inbound a"]
+    )
+    assert ticker.outbox == []
+
+
+def test_a_failing_inbound_phase_ends_its_stream_only_and_a_refused_send_is_counted() -> None:
+    now = [100.0]
+    ticker, loop = _ticker(now)
+    log: list[str] = []
+    errors: list[BaseException] = []
+    bad = _two_phase_stream(ticker, log, "bad", _Sock(log, "bad"), fail_inbound=True)
+    full = _two_phase_stream(ticker, log, "full", _Sock(log, "full", refuse=True))
+    ticker.add("bad", bad, errors.append)
+    ticker.add("full", full, errors.append)
+    while log.count("inbound full") < 3:  # its frames were refused; it keeps its pace
+        now[0] = loop.handles[0].when + 0.0003
+        loop.fire()
+    assert [str(e) for e in errors] == ["inbound bug"] and "bad" not in ticker.streams
+    assert log.count("send bad bad0") == 1 and "build bad" not in log[1:]  # ended after tick 0
+    assert ticker.send_errors == 3 and not any(e.startswith("send full") for e in log)

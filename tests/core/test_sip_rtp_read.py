@@ -1,0 +1,125 @@
+"""A SIP call's RTP socket is read at the call's tick, with the kernel's arrival times.
+
+Real UDP sockets on loopback; the tick's ``now`` is a number the test passes.
+Datagrams sent on loopback are queued before ``sendto`` returns, so nothing
+here waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from bridge.io.sip_leg import _SipCall
+from bridge.io.ticker import MediaTicker
+from bridge.sip.sdp import NegotiatedAudio
+
+_HDR = struct.Struct("!BBHII")
+
+
+class _Runner:
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.digits: list[str] = []
+
+    def caller_audio(self, frame: bytes) -> None:
+        self.frames.append(frame)
+
+    def caller_dtmf(self, digit: str) -> None:
+        self.digits.append(digit)
+
+
+async def _call(peer: socket.socket) -> _SipCall:
+    ticker = MediaTicker(asyncio.get_running_loop())
+    daemon = SimpleNamespace(
+        ticker=ticker, config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=30.0))
+    )
+    leg: Any = SimpleNamespace(daemon=daemon)
+    for _ in range(50):  # a free port pair, bound the way the leg binds it
+        call = _SipCall(leg, None, "call-1", _free_port() & ~1)  # type: ignore[arg-type]
+        try:
+            sock, rtcp = call.bind_sockets("127.0.0.1")
+            break
+        except OSError:
+            continue
+    await call.attach((sock, rtcp))
+    call.start_media(NegotiatedAudio(0, "PCMU", 0, 101, peer.getsockname(), "sendrecv", 20))
+    call.runner = _Runner()  # type: ignore[assignment]
+    return call
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _send(peer: socket.socket, call: _SipCall, seq: int) -> None:
+    peer.sendto(
+        _HDR.pack(0x80, 0, seq, 1000 + seq * 160, 0x1234) + bytes(160), ("127.0.0.1", call.rtp_port)
+    )
+
+
+def _received(call: _SipCall) -> int:
+    return call.rtp.reception_stats().received
+
+
+def test_a_backlog_is_read_in_one_tick_and_a_fresh_datagram_ends_the_read() -> None:
+    async def main() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.bind(("127.0.0.1", 0))
+            call = await _call(peer)
+            for seq in range(1, 7):
+                _send(peer, call, seq)
+            call._inbound(time.monotonic() + 0.1)  # all six queued 100 ms before this tick
+            assert _received(call) == 6
+            _send(peer, call, 7)
+            _send(peer, call, 8)
+            now = time.monotonic()
+            call._inbound(now)  # seq 7 arrived in this frame period: 8 waits for the next tick
+            assert _received(call) == 7
+            call._inbound(now + 0.03)
+            assert _received(call) == 8
+            call._inbound(now + 0.05)  # nothing queued
+            assert _received(call) == 8
+            assert len(call.runner.frames) == 4  # type: ignore[union-attr]  # one per tick
+            call.close()
+
+    asyncio.run(main())
+
+
+def test_the_rfc3550_jitter_is_taken_from_the_kernel_arrival_time_not_the_tick() -> None:
+    async def main() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.bind(("127.0.0.1", 0))
+            call = await _call(peer)
+            now = time.monotonic()
+            _send(peer, call, 1)
+            call._inbound(now + 0.005)
+            _send(peer, call, 2)  # 20 ms of media later, but it arrives at once
+            call._inbound(now + 0.025)  # on the tick grid: by tick times, no jitter at all
+            # by arrival times the second packet came ~20 ms early: |D| ~ 160 units, J = D/16
+            assert call.rtp.reception_stats().jitter_ms > 0.8
+            call.close()
+
+    asyncio.run(main())
+
+
+def test_a_closed_call_reads_nothing_and_its_queued_frame_is_dropped_and_counted() -> None:
+    async def main() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.bind(("127.0.0.1", 0))
+            call = await _call(peer)
+            second = call.send_frame(b"\xff" * 160, 0, time.monotonic())
+            assert len(call.ticker.outbox) == 1
+            call.close()
+            second(time.monotonic())
+            call.ticker.flush()
+            assert call.ticker.send_errors == 1 and call.ticker.outbox == []
+            assert call.runner.frames == [call.silence]  # type: ignore[union-attr]
+
+    asyncio.run(main())
