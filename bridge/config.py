@@ -21,6 +21,7 @@ The keys documented in ``config/README.md`` are the public interface.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 import tomllib
@@ -358,6 +359,9 @@ class _Reader:
             self.err(_join(path, key), f"expected {want}, got {_tname(raw)}")
             return default
         v = float(raw)
+        if v != v or v in (math.inf, -math.inf):  # TOML has nan and inf: no setting means them
+            self.err(_join(path, key), f"{raw} is not a finite number")
+            return default
         if (lo is not None and v < lo) or (hi is not None and v > hi):
             self.err(_join(path, key), f"{raw} is out of range [{lo}, {hi}]")
             return default

@@ -233,3 +233,12 @@ def test_zero_switches_documented_as_off_are_accepted() -> None:
     assert policy.noise_warmup_ms == 0 and policy.hangover_ms == 0
     assert policy.echo_window_ms == 0 and policy.noise_spread_prior_db == 0.0
     BargeInDetector(policy)  # and the detector takes them
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_number_key_refuses_nan_and_infinities_by_name(value: str) -> None:
+    # TOML has nan and inf; "noise_rise_db = nan" would pass a range check and
+    # switch the rise test off without a word
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"[bargein]\nnoise_rise_db = {value}\n")
+    assert "bargein.noise_rise_db" in str(info.value) and "finite" in str(info.value)
