@@ -95,6 +95,11 @@ class Metrics:
         )
         self.draining = Gauge("callbridge_draining", "1 while draining", registry=r)
         self.tasks = Gauge("callbridge_tasks", "asyncio tasks alive in the daemon", registry=r)
+        self.gc_thaw_collected_total = Counter(
+            "callbridge_gc_thaw_collected",
+            "objects found unreachable by a thaw's full collection (cycles; should stay low)",
+            registry=r,
+        )
         # process_resident_memory_bytes, process_open_fds, process_cpu_seconds_total...
         ProcessCollector(registry=r)
 

@@ -21,6 +21,7 @@ import contextlib
 import gc
 import json
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -28,6 +29,8 @@ from typing import Protocol
 from bridge import __version__
 from bridge.config import Config, ConfigError, ProviderConfig, load_config, split_hostport
 from bridge.io.embedded import EmbeddedTts
+from bridge.io.gcpolicy import GcPolicy
+from bridge.io.gcpolicy import apply as gc_apply
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, serve_http_ws
 from bridge.io.notify import Notifier
 from bridge.io.ticker import MediaTicker
@@ -37,6 +40,9 @@ from bridge.metrics import Metrics
 from bridge.tts.base import ProviderSettings
 
 __all__ = ["Daemon", "Leg", "Runtime", "provider_settings", "run_daemon"]
+
+GC_TICK_S = 1.0
+"""How often the GC policy is asked what to do (a freeze is O(1))."""
 
 log = get_logger("callbridge.daemon")
 
@@ -128,6 +134,7 @@ class Daemon:
     draining: bool = False
     ready: bool = False
     ticker: MediaTicker = field(init=False)
+    gc_policy: GcPolicy = field(default_factory=GcPolicy)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _old_runtimes: list[Runtime] = field(default_factory=list)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -185,6 +192,8 @@ class Daemon:
         # walks only what calls create (docs/benchmarks.md, "Garbage collection")
         gc.collect()
         gc.freeze()
+        self.gc_policy = GcPolicy(self.config.daemon.gc_freeze_s, self.config.daemon.gc_thaw_s)
+        self._collect_garbage()
         self.ready = embedded_ok
         self.notifier.ready(self.status_line())
         self.notifier.start_watchdog()
@@ -195,6 +204,26 @@ class Daemon:
             api=self.config.api.listen if self.api else None,
             embedded_ok=embedded_ok,
         )
+
+    def _collect_garbage(self) -> None:
+        """The GC policy's step for now (``bridge.io.gcpolicy``), once a second."""
+        if self._stop.is_set():
+            return
+        asyncio.get_running_loop().call_later(GC_TICK_S, self._collect_garbage)
+        calls = sum(leg.active_calls() for leg in self.legs)
+        step = self.gc_policy.tick(time.monotonic(), calls)
+        if step is None:
+            return
+        started = time.perf_counter()
+        found = gc_apply(step)
+        if step == "thaw":
+            self.metrics.gc_thaw_collected_total.inc(found)
+            log.info(
+                "gc.thaw",
+                calls=calls,
+                unreachable=found,
+                pass_ms=round((time.perf_counter() - started) * 1000, 2),
+            )
 
     def _export_pool_counters(self) -> None:
         """Provider reconnects, as counted by the pools, into the metrics."""
@@ -249,6 +278,8 @@ class Daemon:
             log.error("config.reload_failed", error=str(e))
             return
         old, self.runtime, self.config = self.runtime, runtime, cfg
+        self.gc_policy.freeze_every_s = cfg.daemon.gc_freeze_s
+        self.gc_policy.thaw_every_s = cfg.daemon.gc_thaw_s
         if old is not None:
             self._old_runtimes.append(old)  # calls in progress keep their providers
             self.retire_runtimes()

@@ -240,5 +240,5 @@ def test_a_number_key_refuses_nan_and_infinities_by_name(value: str) -> None:
     # TOML has nan and inf; "noise_rise_db = nan" would pass a range check and
     # switch the rise test off without a word
     with pytest.raises(ConfigError) as info:
-        parse_config(f"[bargein]\nnoise_rise_db = {value}\n")
+        parse_config(MINIMAL + f"[bargein]\nnoise_rise_db = {value}\n")
     assert "bargein.noise_rise_db" in str(info.value) and "finite" in str(info.value)
