@@ -79,10 +79,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from bridge.engine import Event, LocalProtocolError, Outbox
+from bridge.media import vad
 
 __all__ = [
     "BargeInDecision",
@@ -192,20 +194,28 @@ class BargeInDetector(Outbox):
     """Barge-in policy state for one call.
 
     Calling contract: for every inbound frame call ``observe``; for every
-    outbound frame call ``record_bot_level``; call ``set_bot_speaking`` when a
-    bot turn starts and stops playing. Act on a returned ``BargeInTriggered``
-    and drain ``events_received()`` for ``SpeechStarted``/``SpeechStopped``.
+    outbound frame call ``record_bot_level`` (or ``record_bot_frame``, in time
+    order); call ``set_bot_speaking`` when a bot turn starts and stops playing.
+    Act on a returned ``BargeInTriggered`` and drain ``events_received()`` for
+    ``SpeechStarted``/``SpeechStopped``.
+
+    Args:
+        policy: the thresholds (``None``: the defaults).
+        frame_level: level in dBFS of a frame given to ``record_bot_frame``
+            (default: ``energy_dbfs`` of s16le; a G.711 leg passes decode-then-level).
     """
 
     __slots__ = (
         "_bot_levels",
         "_bot_speaking",
         "_credit_ms",
+        "_echo_window_s",
         "_floor_dbfs",
         "_floor_down",
         "_floor_frames",
         "_floor_up",
         "_floor_warm",
+        "_frame_level",
         "_gap_ms",
         "_last_active_s",
         "_onset_s",
@@ -218,13 +228,22 @@ class BargeInDetector(Outbox):
         "_warmup_rise_db",
     )
 
-    def __init__(self, policy: BargeInPolicy | None = None) -> None:
+    def __init__(
+        self,
+        policy: BargeInPolicy | None = None,
+        *,
+        frame_level: Callable[[bytes], float] = vad.energy_dbfs,
+    ) -> None:
         super().__init__()
         self._policy = policy or BargeInPolicy()
         if self._policy.frame_ms <= 0 or self._policy.min_speech_ms <= 0:
             raise LocalProtocolError("frame_ms and min_speech_ms must be positive")
         self._bot_speaking = False
-        self._bot_levels: deque[tuple[float, float]] = deque()  # (now, level_dbfs)
+        # (now, level_dbfs), or (now, frame) whose level is computed only when
+        # the echo guard needs it (an inbound frame the VAD calls speech)
+        self._bot_levels: deque[tuple[float, float | bytes]] = deque()
+        self._echo_window_s = self._policy.echo_window_ms / 1000.0
+        self._frame_level = frame_level
         self._onset_s: float | None = None
         self._last_active_s = 0.0
         self._credit_ms = 0
@@ -259,8 +278,22 @@ class BargeInDetector(Outbox):
 
     def record_bot_level(self, level_dbfs: float, now: float) -> None:
         """Report the level of the outbound frame sent at ``now`` (for the echo guard)."""
-        self._bot_levels.append((now, level_dbfs))
-        self._forget_bot_levels(now)
+        self._record(now, level_dbfs)
+
+    def record_bot_frame(self, frame: bytes, now: float) -> None:
+        """``record_bot_level`` of ``frame_level(frame)``, computed only if the guard needs it.
+
+        Most outbound frames leave the window before any inbound frame is
+        speech: their level is never computed (the decision is the same).
+        """
+        self._record(now, frame)
+
+    def _record(self, now: float, entry: float | bytes) -> None:
+        levels = self._bot_levels
+        levels.append((now, entry))
+        oldest_s = now - self._echo_window_s  # ``_forget_bot_levels``, inline
+        while levels and levels[0][0] < oldest_s:
+            levels.popleft()
 
     def observe(self, is_speech: bool, energy_dbfs: float, now: float) -> BargeInDecision | None:
         """Feed one inbound frame; returns a trigger when the caller barges in."""
@@ -318,13 +351,18 @@ class BargeInDetector(Outbox):
 
     def _echo_level_dbfs(self, now: float) -> float | None:
         self._forget_bot_levels(now)
-        if not self._bot_levels:
+        levels = self._bot_levels
+        if not levels:
             return None
-        loudest_dbfs = max(level for _, level in self._bot_levels)
+        for i in range(len(levels)):
+            at_s, level = levels[i]
+            if isinstance(level, bytes):  # a frame not measured yet: measure it once
+                levels[i] = (at_s, self._frame_level(level))
+        loudest_dbfs = max(level for _, level in levels if not isinstance(level, bytes))
         return loudest_dbfs - self._policy.echo_return_loss_db
 
     def _forget_bot_levels(self, now: float) -> None:
-        oldest_s = now - self._policy.echo_window_ms / 1000.0
+        oldest_s = now - self._echo_window_s
         while self._bot_levels and self._bot_levels[0][0] < oldest_s:
             self._bot_levels.popleft()
 

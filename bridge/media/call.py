@@ -123,7 +123,13 @@ from bridge.control import commands as cmd
 from bridge.engine import Action, Event, LocalProtocolError
 from bridge.media import bargein
 from bridge.media.bargein import BargeInDetector, BargeInPolicy
-from bridge.media.call_audio import AgentUplink, check_format, leg_decoder, make_framer
+from bridge.media.call_audio import (
+    AgentUplink,
+    check_format,
+    leg_decoder,
+    leg_level,
+    make_framer,
+)
 from bridge.media.call_turns import CallTurn, TurnBook, TurnPhase, TurnStop, heard_text
 from bridge.media.call_types import (
     AgentEnded,
@@ -156,7 +162,7 @@ from bridge.media.playout import (
     TurnPlaybackStarted,
     TurnPlayed,
 )
-from bridge.media.vad import Vad, energy_dbfs
+from bridge.media.vad import Vad
 from bridge.tts.base import (
     AudioFormat,
     AudioReceived,
@@ -216,10 +222,18 @@ class CallBridge:
                 max_turn_history=max(1, self._options.max_turn_history // 2),
             )
         )
-        self._detector = BargeInDetector(policy)
+        # Outbound frames go to the detector and the correlator as sent: their
+        # level is computed, and they are decoded, only when an inbound frame
+        # needs them (caller speech), not on every tick.
+        self._detector = BargeInDetector(policy, frame_level=leg_level(leg.codec))
         threshold = (policy or BargeInPolicy()).echo_correlation
         self._echo = (
-            EchoCorrelator(leg.sample_rate_hz, leg.samples_per_frame, threshold=threshold)
+            EchoCorrelator(
+                leg.sample_rate_hz,
+                leg.samples_per_frame,
+                threshold=threshold,
+                outbound_codec=leg.codec,
+            )
             if threshold > 0
             else None
         )
@@ -387,22 +401,17 @@ class CallBridge:
         if self._backlog:
             self._feed()
         playout = self._playout
-        frame = playout.pop(now)
+        payload = playout.pop_payload(now)
         if playout.has_events():
             self._pump(now)
-        payload: bytes | None = None
-        pcm: bytes | None = None
-        if frame is not None:
-            payload = frame.payload
-            decode = self._decode
-            pcm = payload if decode is None else decode(payload)  # level and echo share it
+        if payload is not None:
             self._frames_sent += 1
-            turn = self._turns.get(frame.turn_id)
+            turn = self._turns.get(playout.popped_turn_id or "")
             if turn is not None:
                 turn.last_frame_s = now
-            self._detector.record_bot_level(energy_dbfs(pcm), now)
+            self._detector.record_bot_frame(payload, now)
         if self._echo is not None:
-            self._echo.push_outbound(pcm)
+            self._echo.push_outbound(payload)
         self._detector.set_bot_speaking(self._interruptible_sounding())
         if self._agent_played_at is not None:
             self._run_timers(now)

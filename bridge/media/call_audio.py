@@ -42,6 +42,7 @@ __all__ = [
     "decode_leg",
     "frame_level_dbfs",
     "leg_decoder",
+    "leg_level",
     "make_framer",
 ]
 
@@ -131,6 +132,14 @@ def decode_leg(frame: bytes, codec: str) -> bytes:
 def leg_decoder(codec: str) -> Callable[[bytes], bytes] | None:
     """``decode_leg`` for one codec, looked up once per call (``None``: already s16le)."""
     return _DECODE.get(codec)
+
+
+def leg_level(codec: str) -> Callable[[bytes], float]:
+    """``frame_level_dbfs`` for one codec, looked up once per call."""
+    decode = _DECODE.get(codec)
+    if decode is None:
+        return energy_dbfs
+    return lambda frame: energy_dbfs(decode(frame))
 
 
 def frame_level_dbfs(frame: bytes, codec: str) -> float:

@@ -45,24 +45,42 @@ enough for the frame to be its echo (the echo-gain bound rules out the others:
 after the bot stops, the newest part of the history is silence).
 
 ``push_outbound`` runs for every frame the bot sends, whether anything is
-checked or not: it only stores the frame's bytes in a ring (no numpy). The
-frames pushed since the last check are converted and pre-emphasised (across
-frame joins) when a frame is checked, and the per-delay norms of the history
+checked or not: it only stores the frame's bytes in a ring (no numpy), as
+sent on the leg (``outbound_codec``: a G.711 leg's frames are not decoded
+for it). The frames pushed since the last check are decoded, converted and
+pre-emphasised (across frame joins) when a frame is checked, and the per-delay norms of the history
 are updated for the new delays only, when a full search needs them.
 
-Pure: no clock, no I/O; frames are 16-bit little-endian PCM at one rate.
+Pure: no clock, no I/O; inbound frames are 16-bit little-endian PCM, outbound
+ones the same or G.711, at one rate.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
+
+from telcodec import g711
 
 __all__ = ["EchoCorrelator"]
 
 _SILENT_RMS = 30.0
 """History quieter than this (about -61 dBFS) holds no echo to find."""
+
+
+def _table(decode_array: Callable[[bytes], np.ndarray]) -> np.ndarray:
+    table = decode_array(bytes(range(256))).astype(np.float32)
+    table.setflags(write=False)
+    return table
+
+
+_DECODE_TABLES: dict[str, np.ndarray] = {
+    "mulaw": _table(g711.ulaw_decode_array),
+    "alaw": _table(g711.alaw_decode_array),
+}
+"""The float32 sample of every G.711 code (what decoding then converting gives)."""
 
 
 class EchoCorrelator:
@@ -78,15 +96,19 @@ class EchoCorrelator:
         track_samples: delays tried around the last best one in between.
         preemphasis: first-order pre-emphasis applied to both directions.
         max_echo_gain_db: loudest an echo may be relative to what we sent.
+        outbound_codec: what ``push_outbound`` gets: ``"pcm_s16le"``, or the
+            G.711 frames as sent (``"mulaw"``/``"alaw"``, decoded when checked).
     """
 
     __slots__ = (
         "_alpha",
         "_best_delay",
+        "_decode",
         "_emph",
         "_emph_at",
         "_energies",
         "_frame",
+        "_frame_bytes",
         "_last_sample",
         "_len",
         "_loud",
@@ -115,9 +137,15 @@ class EchoCorrelator:
         track_samples: int = 8,
         preemphasis: float = 0.5,
         max_echo_gain_db: float = 3.0,
+        *,
+        outbound_codec: str = "pcm_s16le",
     ) -> None:
         f = frame_samples
         self._frame = f
+        self._decode = _DECODE_TABLES.get(outbound_codec)
+        if self._decode is None and outbound_codec != "pcm_s16le":
+            raise ValueError(f"unknown outbound codec {outbound_codec!r}")
+        self._frame_bytes = f if self._decode is not None else 2 * f
         self._alpha = preemphasis
         self._max_gain = 10 ** (max_echo_gain_db / 20)
         delay_samples = sample_rate_hz * max_delay_ms // 1000
@@ -145,8 +173,11 @@ class EchoCorrelator:
         self._since_search = 0
 
     def push_outbound(self, pcm_s16le: bytes | None) -> None:
-        """The frame just sent (``None``: silence), once per tick, in order."""
-        if pcm_s16le is None or len(pcm_s16le) != 2 * self._frame:
+        """The frame just sent (``None``: silence), once per tick, in order.
+
+        In ``outbound_codec`` (s16le unless the correlator was made for G.711).
+        """
+        if pcm_s16le is None or len(pcm_s16le) != self._frame_bytes:
             if self._loud == 0:
                 return  # idle: the history is already all silence
             pcm_s16le = self._zero
@@ -239,9 +270,14 @@ class EchoCorrelator:
             hist[:-m] = hist[m:]
         alpha = self._alpha
         last = self._last_sample
+        decode = self._decode
         for k in range(pending):
             slot = (self._pos - pending + k) % n_frames
-            raw = np.frombuffer(ring[slot], "<i2").astype(np.float32)
+            frame = ring[slot]
+            if decode is None or frame is self._zero:
+                raw = np.frombuffer(frame, "<i2").astype(np.float32)
+            else:  # G.711 as sent: the table holds every code's sample, exactly
+                raw = decode[np.frombuffer(frame, np.uint8)]
             self._energies[slot] = float(np.dot(raw, raw))
             end = self._len - (pending - 1 - k) * f  # this frame's end in the history
             if end > 0:

@@ -191,6 +191,7 @@ class PlayoutQueue(Outbox):
         "_history",
         "_in_flight",
         "_overflow_frames",
+        "_popped",
         "_queue",
         "_queued_frames",
         "_stale_frames",
@@ -212,6 +213,7 @@ class PlayoutQueue(Outbox):
         self._underruns = 0
         self._stale_frames = 0
         self._overflow_frames = 0
+        self._popped: _Turn | None = None  # the turn of the last frame popped
 
     # -- queries ---------------------------------------------------------
 
@@ -320,6 +322,11 @@ class PlayoutQueue(Outbox):
             self._reach_marks(turn)
         return True
 
+    @property
+    def popped_turn_id(self) -> str | None:
+        """The turn of the last frame ``pop``/``pop_payload`` returned (``None``: none yet)."""
+        return None if self._popped is None else self._popped.turn_id
+
     def has_events(self) -> bool:
         """Whether ``events_received`` has anything (allocates nothing)."""
         return bool(self._events)
@@ -348,6 +355,15 @@ class PlayoutQueue(Outbox):
 
     def pop(self, now: float) -> PlayoutFrame | None:
         """The frame to send at this tick, or ``None`` for silence."""
+        payload = self.pop_payload(now)
+        turn = self._popped
+        if payload is None or turn is None:
+            return None
+        position = turn.played_samples - self._config.samples_per_frame
+        return PlayoutFrame(payload, turn.turn_id, turn.generation, position)
+
+    def pop_payload(self, now: float) -> bytes | None:
+        """``pop`` without the ``PlayoutFrame``: the frame's bytes (turn: ``popped_turn_id``)."""
         while self._queue:
             turn = self._queue[0]
             if turn.marks and turn.marks[0][0] <= turn.played_samples:
@@ -426,19 +442,19 @@ class PlayoutQueue(Outbox):
             raise LocalProtocolError(f"unknown turn {turn_id!r}")
         return turn
 
-    def _play_frame(self, turn: _Turn, now: float) -> PlayoutFrame:
+    def _play_frame(self, turn: _Turn, now: float) -> bytes:
         if not turn.started:
             turn.started = True
             self._events.append(TurnPlaybackStarted(turn.turn_id, turn.generation, now))
         payload = turn.frames.popleft()
         self._queued_frames -= 1
-        frame = PlayoutFrame(payload, turn.turn_id, turn.generation, turn.played_samples)
+        self._popped = turn
         turn.played_samples += self._config.samples_per_frame
         if turn.marks and turn.marks[0][0] <= turn.played_samples:
             self._reach_marks(turn)
         if turn.ended and not turn.frames:
             self._finish(turn)
-        return frame
+        return payload
 
     def _reach_marks(self, turn: _Turn) -> None:
         while turn.marks and turn.marks[0][0] <= turn.played_samples:

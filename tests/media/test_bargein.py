@@ -412,3 +412,32 @@ def test_caller_starting_over_the_bots_echo_is_detected() -> None:
         if det.observe(True, level, round((100 + i) * FRAME_S, 6)) is not None
     ]
     assert hits and hits[0] <= 9  # within 200 ms (10 dB is close to the 9 dB needed)
+
+
+def test_bot_frames_recorded_as_sent_decide_exactly_as_their_levels() -> None:
+    # ``record_bot_frame`` keeps the frame and measures it only when the echo
+    # guard needs it (an inbound frame the VAD calls speech, above the floor):
+    # every decision is the one ``record_bot_level`` of the same level gives.
+    rng = np.random.default_rng(21)
+    measured: list[bytes] = []
+
+    def level_of(frame: bytes) -> float:
+        measured.append(frame)
+        return energy_dbfs(frame)
+
+    policy = BargeInPolicy(min_speech_ms=60, energy_floor_dbfs=-48.0, echo_return_loss_db=6.0)
+    by_level, by_frame = BargeInDetector(policy), BargeInDetector(policy, frame_level=level_of)
+    for det in (by_level, by_frame):
+        det.set_bot_speaking(True)
+    caller = levels(300, -30.0, 6.0, seed=22)
+    for i, level in enumerate(caller):
+        now = round(i * FRAME_S, 6)
+        if i % 11 != 3:  # the bot sends most ticks, at changing levels
+            out = to_pcm(rng.normal(0.0, 10 ** (rng.uniform(-40, -10) / 20), 160), 1.0)
+            by_level.record_bot_level(energy_dbfs(out), now)
+            by_frame.record_bot_frame(out, now)
+        speech = i % 7 < 4
+        assert by_frame.observe(speech, level, now) == by_level.observe(speech, level, now), i
+        assert by_frame.events_received() == by_level.events_received(), i
+    assert 0 < len(measured) < 300  # some frames measured (once each), not every frame
+    assert len(measured) == len(set(map(id, measured)))

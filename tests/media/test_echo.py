@@ -205,3 +205,34 @@ def test_a_history_that_is_not_a_whole_number_of_frames() -> None:
         if k % 4 == 0 or k > 80:
             ref = reference_likelihood(np.concatenate(sent), i, max_delay_ms=290)
             assert corr.is_echo(i) == (ref >= 0.7), (k, ref)
+
+
+def test_g711_frames_as_sent_score_exactly_as_their_decoded_samples() -> None:
+    # The call gives the correlator its mu-law/A-law frames as sent (decoded only
+    # when an inbound frame is checked): every score must be the s16le one.
+    bot = voiced(3.0, 120, seed=4)
+    inbound = frames(through_g711(to_s16(delayed(bot, 60, -12) + voiced(3.0, 200, 9) / 8, 1.0)))
+    for codec, encode, decode in [
+        ("mulaw", g711.ulaw_encode, g711.ulaw_decode),
+        ("alaw", g711.alaw_encode, g711.alaw_decode),
+    ]:
+        sent = [encode(f) for f in frames(to_s16(bot, 1.0))]
+        linear, as_sent = EchoCorrelator(), EchoCorrelator(outbound_codec=codec)
+        for k, (o, i) in enumerate(zip(sent, inbound, strict=False)):
+            frame = None if k % 37 == 5 else o  # some silent ticks too
+            linear.push_outbound(None if frame is None else decode(frame))
+            as_sent.push_outbound(frame)
+            if k % 3 == 0:  # checks at irregular intervals (history synced in batches)
+                assert as_sent.likelihood(i) == linear.likelihood(i), (codec, k)
+
+
+def test_a_g711_correlator_takes_frames_of_the_g711_size_only() -> None:
+    corr = EchoCorrelator(outbound_codec="mulaw")
+    corr.push_outbound(bytes(2 * FRAME))  # an s16le-sized frame: silence, as any bad size
+    assert corr.likelihood(to_s16(voiced(0.02, 120, 1), 1.0)) == 0.0
+    try:
+        EchoCorrelator(outbound_codec="opus")
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("an unknown codec must raise")

@@ -407,3 +407,30 @@ def test_push_many_is_push_of_each_frame(sizes: list[int], limit: int, end_after
     assert popped == [(f.payload, f.position_samples) for f in iter(lambda: many.pop(1.0), None)]
     assert many.push_many("nope", [frame("a", 0)]) == 0
     assert many.stats().stale_frames_dropped == one.stats().stale_frames_dropped + 1
+
+
+def test_pop_payload_is_pop_without_the_frame_object() -> None:
+    # The call's tick uses ``pop_payload`` + ``popped_turn_id``: same frames,
+    # same events, same positions as ``pop`` (marks, turn changes, an underrun).
+    queues = PlayoutQueue(), PlayoutQueue()
+    for q in queues:
+        q.begin_turn("a", now=0.0)
+        push_frames(q, "a", 3)
+        q.mark("a", "m1")
+        push_frames(q, "a", 2, start=3)
+        q.end_turn("a")
+        q.begin_turn("b", now=0.0)
+        push_frames(q, "b", 2)
+    by_frame, by_payload = queues
+    assert by_payload.popped_turn_id is None
+    for k in range(9):
+        now = k * 0.020
+        f = by_frame.pop(now)
+        payload = by_payload.pop_payload(now)
+        assert (None if f is None else f.payload) == payload, k
+        if f is not None:
+            assert by_payload.popped_turn_id == f.turn_id
+            assert by_payload.played_samples(f.turn_id) == f.position_samples + SPF
+        assert by_payload.events_received() == by_frame.events_received(), k
+    assert by_payload.stats() == by_frame.stats()
+    assert by_payload.stats().underruns == 2
