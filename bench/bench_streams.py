@@ -85,15 +85,23 @@ from loadgen.procs import (  # noqa: E402
 from loadgen.steps import _cdr_figures, core_busy_s  # noqa: E402
 from loadgen.twilio import TwilioLoad  # noqa: E402
 from loadgen.wire import WireCapture  # noqa: E402
+from websockets.frames import apply_mask as ws_apply_mask  # noqa: E402
+from websockets.server import ServerProtocol  # noqa: E402
 
 from bridge.config import BargeInConfig  # noqa: E402
 from bridge.control.commands import Say  # noqa: E402
 from bridge.engine import SendBytes, SendText  # noqa: E402
+from bridge.io.httpws import HttpRequest, WsConnection  # noqa: E402
 from bridge.media.bargein import BargeInPolicy  # noqa: E402
 from bridge.media.call import CallBridge  # noqa: E402
 from bridge.media.call_types import LegProfile, SendMark  # noqa: E402
 from bridge.streams import DIALECTS  # noqa: E402
-from bridge.streams.base import AudioReceived, MediaStreamProtocol, StreamState  # noqa: E402
+from bridge.streams.base import (  # noqa: E402
+    AudioReceived,
+    MediaStreamProtocol,
+    SendEncodedText,
+    StreamState,
+)
 from bridge.streams.twilio import TwilioStreamProtocol  # noqa: E402
 from bridge.tts.base import MULAW_8K  # noqa: E402
 from bridge.tts.base import AudioReceived as ProviderAudio  # noqa: E402
@@ -219,6 +227,28 @@ def time_outbound(cls: type[MediaStreamProtocol], frames: int) -> float:
     return elapsed / frames
 
 
+def _talking_call(frames: int) -> CallBridge:
+    """A Twilio call with a turn of ``frames`` 20 ms frames queued (default barge-in)."""
+    c = BargeInConfig()
+    policy = BargeInPolicy(
+        enabled=c.enabled,
+        min_speech_ms=c.min_speech_ms,
+        energy_floor_dbfs=c.energy_floor_dbfs,
+        echo_return_loss_db=c.echo_return_loss_db,
+        dtmf_triggers=c.dtmf,
+    )
+    leg = LegProfile(kind="twilio", codec="mulaw", heard_from="marks", can_clear=True)
+    call = CallBridge("bench", leg, policy, 0.0)
+    bot = g711.ulaw_encode(
+        (8000 * np.sin(2 * np.pi * 440 * np.arange(160 * frames) / 8000)).astype("<i2").tobytes()
+    )
+    call.execute(Say("t1", "bot"), 0.0)
+    call.provider_event(ProviderAudio("t1", bot, MULAW_8K), 0.0)
+    call.actions_to_send()
+    call.events_received()
+    return call
+
+
 def time_call_path(frames: int) -> float:
     """ns per 20 ms of a Twilio call: inbound media through the call, tick, outbound media."""
     engine, media = streaming_engine(TwilioStreamProtocol)
@@ -235,25 +265,7 @@ def time_call_path(frames: int) -> float:
             payload=base64.b64encode(caller_ulaw[i * 160 : (i + 1) * 160]).decode(),
         )
         msgs.append(json.dumps(msg))
-    c = BargeInConfig()
-    policy = BargeInPolicy(
-        enabled=c.enabled,
-        min_speech_ms=c.min_speech_ms,
-        energy_floor_dbfs=c.energy_floor_dbfs,
-        echo_return_loss_db=c.echo_return_loss_db,
-        dtmf_triggers=c.dtmf,
-    )
-    leg = LegProfile(kind="twilio", codec="mulaw", heard_from="marks", can_clear=True)
-    call = CallBridge("bench", leg, policy, 0.0)
-    bot = g711.ulaw_encode(
-        (8000 * np.sin(2 * np.pi * 440 * np.arange(160 * (frames + 10)) / 8000))
-        .astype("<i2")
-        .tobytes()
-    )
-    call.execute(Say("t1", "bot"), 0.0)
-    call.provider_event(ProviderAudio("t1", bot, MULAW_8K), 0.0)
-    call.actions_to_send()
-    call.events_received()
+    call = _talking_call(frames + 10)
     sent = 0
     t0 = time.process_time_ns()
     for i, m in enumerate(msgs):
@@ -299,6 +311,180 @@ def engine_cpu(frames: int, reps: int) -> dict[str, Any]:
     path = median_us(partial(time_call_path, min(frames, CALL_PATH_FRAMES)), reps)
     out["twilio_call_path"] = path
     print(f"twilio call path (receive + caller_audio + tick + send_frame): {path['median_us']} µs")
+    return out
+
+
+# ------------------------------------------------------------------ (c) shell CPU
+
+SHELL_HANDSHAKE = (
+    b"GET /twilio HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+class _ShellWriter:
+    """What ``WsConnection`` uses of a ``StreamWriter``, over a transport."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+class _NullTransport:
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _open_ws(transport: Any) -> WsConnection:
+    proto = ServerProtocol(max_size=64 * 1024)
+    proto.receive_data(SHELL_HANDSHAKE)
+    (request,) = proto.events_received()
+    proto.send_response(proto.accept(request))  # type: ignore[arg-type]
+    proto.data_to_send()
+    return WsConnection(
+        HttpRequest("GET", "/twilio", {}),
+        proto,
+        None,  # type: ignore[arg-type]
+        _ShellWriter(transport),  # type: ignore[arg-type]
+    )
+
+
+def _client_frame(text: str, key: bytes) -> bytes:
+    data = text.encode()
+    n = len(data)
+    head = bytes((0x81, 0x80 | n)) if n < 126 else bytes((0x81, 0xFE)) + n.to_bytes(2, "big")
+    return head + key + ws_apply_mask(data, key)
+
+
+def time_shell_inbound(fast: bool, frames: int) -> float:
+    """ns per inbound Twilio ``media`` frame through ``WsConnection`` (bytes in, text out).
+
+    One masked frame per ``data_received``, as a carrier's 20 ms messages
+    arrive; ``fast``: the shell reads whole data frames itself, else every
+    byte goes through websockets' parser (the path before that shortcut).
+    """
+    engine, media = streaming_engine(TwilioStreamProtocol)
+    msgs, _ = inbound_messages(engine, media, frames)
+    chunks = [_client_frame(m, i.to_bytes(4, "big")) for i, m in enumerate(msgs)]  # type: ignore[arg-type]
+    conn = _open_ws(_NullTransport())
+    conn._fast_read = fast
+    got: list[str | bytes] = []
+
+    class _Pending:
+        def done(self) -> bool:
+            return False
+
+    conn._serving = (got.append, _Pending())  # type: ignore[assignment]
+    t0 = time.process_time_ns()
+    for chunk in chunks:
+        conn._serve_data(chunk)
+    elapsed = time.process_time_ns() - t0
+    if got != msgs:
+        raise RuntimeError("shell inbound: messages lost or changed")
+    return elapsed / frames
+
+
+def _drain(port: int, conns: int) -> None:
+    """Child process: open ``conns`` TCP connections and read whatever arrives until EOF."""
+    import selectors
+    import socket
+
+    sel = selectors.DefaultSelector()
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(conns)]
+    for sock in socks:
+        sel.register(sock, selectors.EVENT_READ)
+    open_ = len(socks)
+    while open_:
+        for key, _ in sel.select():
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            if not sock.recv(1 << 16):
+                sel.unregister(sock)
+                sock.close()
+                open_ -= 1
+
+
+def time_shell_outbound(conns: int, ticks: int) -> float:
+    """ns of this process's CPU per outbound frame: every call's tick, frame and write.
+
+    ``conns`` real loopback TCP connections (a child process reads them)
+    under uvloop, each with a talking ``CallBridge``, a Twilio engine and a
+    ``WsConnection``. A tick runs, for every connection in turn, what the
+    media ticker runs for it: ``CallBridge.tick`` → ``send_frame`` → the
+    frame's ``write``. Ticks are 5 ms apart (the child keeps up).
+    """
+    import multiprocessing
+
+    import uvloop
+
+    async def run() -> float:
+        loop = asyncio.get_running_loop()
+        transports: list[asyncio.Transport] = []
+
+        class _Accept(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                transports.append(transport)  # type: ignore[arg-type]
+
+        server = await loop.create_server(_Accept, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        child = multiprocessing.get_context("fork").Process(target=_drain, args=(port, conns))
+        child.start()
+        while len(transports) < conns:
+            await asyncio.sleep(0.01)
+        streams = []
+        for transport in transports:
+            engine, _ = streaming_engine(TwilioStreamProtocol)
+            streams.append((_talking_call(ticks + 10), engine, _open_ws(transport)))
+        sent = 0
+        t0 = time.process_time_ns()
+        for i in range(ticks):
+            now = (i + 1) * FRAME_S
+            for call, engine, conn in streams:
+                payload = call.tick(now)
+                if payload is not None:
+                    engine.send_frame(payload, now)
+                for a in call.actions_to_send():
+                    if isinstance(a, SendMark):
+                        engine.mark(a.name, now)
+                call.events_received()
+                for action in engine.actions_to_send():
+                    if isinstance(action, SendEncodedText):
+                        conn.send_encoded_text_nowait(action.data)
+                        sent += 1
+                    elif isinstance(action, SendText):
+                        conn.send_text_nowait(action.text)
+            await asyncio.sleep(0.005)
+        elapsed = time.process_time_ns() - t0
+        for transport in transports:
+            transport.close()
+        server.close()
+        child.join(10)
+        if sent < conns * ticks:
+            raise RuntimeError(f"shell outbound: {sent} frames for {conns * ticks}")
+        return elapsed / sent
+
+    return uvloop.run(run())
+
+
+def shell_cpu(frames: int, reps: int, conns: int = 200, ticks: int = 100) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for fast in (False, True):
+        key = "inbound_fast_read" if fast else "inbound_websockets_parser"
+        out[key] = median_us(partial(time_shell_inbound, fast, frames), reps)
+        print(f"shell inbound ({key}): {out[key]['median_us']} µs per message")
+    out["outbound"] = median_us(partial(time_shell_outbound, conns, ticks), reps)
+    print(f"shell outbound, {conns} calls: {out['outbound']['median_us']} µs per frame")
     return out
 
 
@@ -445,6 +631,7 @@ def main() -> None:
     measure_s = 5.0 if args.quick else 20.0
     counts = [1, 20, 100]
     figures: dict[str, Any] = {"engine_cpu": engine_cpu(frames, reps)}
+    figures["shell_cpu"] = shell_cpu(frames, reps)
     if not args.no_pacing:
         figures["pacing"] = pacing(counts, measure_s)
     path = write(
