@@ -297,6 +297,11 @@ class BargeInDetector(Outbox):
 
     def observe(self, is_speech: bool, energy_dbfs: float, now: float) -> BargeInDecision | None:
         """Feed one inbound frame; returns a trigger when the caller barges in."""
+        if not is_speech:  # most frames: never active, never between-runs speech
+            self._track_floor(energy_dbfs, False)
+            if self._onset_s is not None:
+                self._on_inactive(now)
+            return None
         floor_dbfs = self._floor_dbfs
         active = self._is_active(is_speech, energy_dbfs, now)
         # the line's spread is learnt from VAD speech between runs (babble): not

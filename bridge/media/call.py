@@ -266,6 +266,8 @@ class CallBridge:
         self._bad_inbound = 0
         self._backlog: dict[str, CallTurn] = {}
         """Turns holding provider audio not transcoded yet (see ``_feed``)."""
+        self._sending: CallTurn | None = None
+        """The turn of the last frame sent (``tick`` looks a turn up once, not per frame)."""
 
     # ------------------------------------------------------------ outbox
 
@@ -406,7 +408,10 @@ class CallBridge:
             self._pump(now)
         if payload is not None:
             self._frames_sent += 1
-            turn = self._turns.get(playout.popped_turn_id or "")
+            turn = self._sending
+            turn_id = playout.popped_turn_id
+            if turn is None or turn.turn_id != turn_id:  # a new turn: look it up once
+                turn = self._sending = self._turns.get(turn_id or "")
             if turn is not None:
                 turn.last_frame_s = now
             self._detector.record_bot_frame(payload, now)
@@ -982,6 +987,7 @@ class CallBridge:
             self._agent_played_at = None
 
     def _register(self, turn: CallTurn) -> None:
+        self._sending = None  # a reused turn id names this turn from now on
         self._turns.add(turn)
         self._turn_count += 1
 

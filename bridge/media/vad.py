@@ -57,6 +57,10 @@ _VAD_PROCESS: Callable[[object, int, bytes, int], int] | None = getattr(
 """The C function behind ``webrtcvad.Vad.is_speech`` (``None``: use the wrapper)."""
 
 
+def _no_process(handle: object, rate_hz: int, frame: bytes, samples: int) -> int:
+    raise RuntimeError("webrtcvad has no C entry point here")  # never called: ``_direct``
+
+
 def energy_dbfs(pcm_s16le: bytes) -> float:
     """RMS level of a frame in dBFS, floored at ``MIN_DBFS`` (empty or silent frames).
 
@@ -145,7 +149,15 @@ class Vad:
         frame_ms: 10, 20 or 30.
     """
 
-    __slots__ = ("_frame_bytes", "_frame_samples", "_handle", "_sample_rate_hz", "_vad")
+    __slots__ = (
+        "_direct",
+        "_frame_bytes",
+        "_frame_samples",
+        "_handle",
+        "_process",
+        "_sample_rate_hz",
+        "_vad",
+    )
 
     def __init__(self, aggressiveness: int = 2, sample_rate_hz: int = 8000, frame_ms: int = 20):
         if aggressiveness not in range(4):
@@ -161,6 +173,9 @@ class Vad:
         self._handle: object | None = (
             getattr(self._vad, "_vad", None) if _VAD_PROCESS is not None else None
         )
+        # Frames of the right size go straight to the C VAD (decided once, not per frame).
+        self._direct = self._handle is not None and _VAD_PROCESS is not None and _NATIVE_IS_LE
+        self._process: Callable[[object, int, bytes, int], int] = _VAD_PROCESS or _no_process
 
     @property
     def frame_bytes(self) -> int:
@@ -185,14 +200,10 @@ class Vad:
         goes straight to the C VAD and ``audioop``: one RMS pass shared by the
         click test and the level, no copies.
         """
-        handle, process = self._handle, _VAD_PROCESS
-        if (
-            handle is not None
-            and process is not None
-            and len(frame_s16le) == self._frame_bytes
-            and _NATIVE_IS_LE
-        ):
-            speech = bool(process(handle, self._sample_rate_hz, frame_s16le, self._frame_samples))
+        if self._direct and len(frame_s16le) == self._frame_bytes:
+            speech = bool(
+                self._process(self._handle, self._sample_rate_hz, frame_s16le, self._frame_samples)
+            )
             pcm = frame_s16le
         else:
             speech = self.is_speech(frame_s16le)  # False for a frame of the wrong size

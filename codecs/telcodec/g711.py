@@ -96,6 +96,8 @@ def ulaw_encode(pcm_s16le: bytes) -> bytes:
 
 def ulaw_decode(data: bytes) -> bytes:
     """Decode mu-law bytes to s16le samples (two bytes out per byte in)."""
+    if _NATIVE_IS_LE:  # every frame of a call goes through here: no second call
+        return audioop.ulaw2lin(data, _SAMPLE_WIDTH_BYTES)
     return _from_native(audioop.ulaw2lin(data, _SAMPLE_WIDTH_BYTES))
 
 
@@ -111,6 +113,8 @@ def alaw_encode(pcm_s16le: bytes) -> bytes:
 
 def alaw_decode(data: bytes) -> bytes:
     """Decode A-law bytes to s16le samples (two bytes out per byte in)."""
+    if _NATIVE_IS_LE:
+        return audioop.alaw2lin(data, _SAMPLE_WIDTH_BYTES)
     return _from_native(audioop.alaw2lin(data, _SAMPLE_WIDTH_BYTES))
 
 
