@@ -32,7 +32,7 @@ from bridge.config import RouteConfig, split_hostport
 from bridge.control import commands as cmd
 from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
-from bridge.io.ticker import InboundCallback
+from bridge.io.ticker import InboundCallback, ProcessCallback
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.rtp.dtmf import DtmfReceived, DtmfSender, InbandDtmf
@@ -213,6 +213,10 @@ class _SipCall:
         self.ticker = leg.daemon.ticker
         self.outbox = self.ticker.outbox
         self._inbound_cb = self._inbound
+        self._process_cb = self._process
+        self._rx: list[tuple[bytes, list[tuple[int, int, bytes]], int, Any]] = []
+        """Datagrams read by this tick's ``_inbound``, for its ``_process``."""
+        self._rx_at: list[float] = []
         self.runner: CallRunner | None = None
         self.sending_audio = False
         self.ended = False
@@ -327,40 +331,55 @@ class _SipCall:
                 self.outbox.append((self.rtp_sock, data, rtp.remote_addr))
         return self._inbound_cb
 
-    def _inbound(self, now: float) -> None:
-        """The caller's side of the tick: read the RTP socket, then hand one frame on.
+    def _inbound(self, now: float) -> ProcessCallback:
+        """The tick's read of the RTP socket; returns the work on what was read (``_process``).
 
         The socket is read here rather than by the loop: one ``recvmsg`` per
-        call per tick instead of a loop wake-up and a callback per datagram.
-        Each datagram keeps its kernel arrival time (``SO_TIMESTAMPNS``) for
-        the jitter buffer and the RFC 3550 jitter. Reading stops at the first
-        datagram that arrived within the last frame period (anything queued
-        behind it is younger still and is read at the next tick), so a
-        backlog drains and the common tick costs a single ``recvmsg``.
+        call per tick instead of a loop wake-up and a callback per datagram,
+        and the ticker runs every due call's read back to back (the kernel's
+        receive path stays warm). Each datagram keeps its kernel arrival time
+        (``SO_TIMESTAMPNS``) for the jitter buffer and the RFC 3550 jitter.
+        Reading stops at the first datagram that arrived within the last
+        frame period (anything queued behind it is younger still and is read
+        at the next tick), so a backlog drains and the common tick costs a
+        single ``recvmsg``.
         """
-        rtp = self.rtp
-        pump = False
         sock = self.rtp_sock
         if sock is not None:
+            rx, rx_at = self._rx, self._rx_at
             mono = self.ticker.real_to_mono
             for _ in range(MAX_READS_PER_TICK):
                 try:
-                    data, anc, _flags, addr = sock.recvmsg(2048, 64)
+                    got = sock.recvmsg(2048, 64)
                 except OSError:  # nothing queued (or the socket was closed)
                     break
+                rx.append(got)
+                anc = got[1]
+                if not anc:
+                    rx_at.append(now)  # no kernel stamp: read on until the queue is empty
+                    continue
+                sec, nsec = _TIMESPEC.unpack_from(anc[0][2])
+                arrival = sec + nsec * 1e-9 + mono
+                if arrival > now:
+                    arrival = now
+                rx_at.append(arrival)
+                if arrival > now - FRAME_S:
+                    break
+        return self._process_cb
+
+    def _process(self, now: float) -> None:
+        """The caller's side of the tick: what was read into the RTP engine, one frame on."""
+        rtp = self.rtp
+        pump = False
+        rx = self._rx
+        if rx:
+            for (data, _anc, _flags, addr), arrival in zip(rx, self._rx_at, strict=True):
                 if len(addr) != 2:  # IPv6 source addresses come as 4-tuples
                     addr = (addr[0], addr[1])
-                if anc:
-                    sec, nsec = _TIMESPEC.unpack_from(anc[0][2])
-                    arrival = sec + nsec * 1e-9 + mono
-                    if arrival > now:
-                        arrival = now
-                    if rtp.receive_datagram(data, addr, arrival):
-                        pump = True  # the engine queued something (latch, DTMF, SSRC, ...)
-                    if arrival > now - FRAME_S:
-                        break
-                elif rtp.receive_datagram(data, addr, now):
-                    pump = True
+                if rtp.receive_datagram(data, addr, arrival):
+                    pump = True  # the engine queued something (latch, DTMF, SSRC, ...)
+            rx.clear()
+            self._rx_at.clear()
         if rtp.poll_timer(now):  # RTCP report, RTP timeout, DTMF end: every few seconds
             pump = True
         inbound = rtp.pop_frame(now)

@@ -28,15 +28,18 @@ that marker packet) and ours coincide.
 Every stream whose wake-up falls in the same millisecond is served by one
 wake-up and one timer handle.
 
-Two phases per wake-up. A frame callback builds its stream's outbound frame
-and may queue the datagram on ``outbox`` instead of sending it; it may also
-return a second callback, the stream's inbound work (reading its socket, the
-caller's frame, VAD and barge-in). Once every due stream has built its frame,
-the outbox is sent in one tight loop and only then do the second callbacks
-run. The frames of a wake-up leave before anyone's inbound work instead of
-after everyone's before them, and the kernel's send path runs back to back
-while it is warm in the cache (a ``sendto`` interleaved with a call's Python
-work costs about twice as much: see docs/benchmarks.md).
+Phases per wake-up. A frame callback builds its stream's outbound frame and
+may queue the datagram on ``outbox`` instead of sending it; it may also
+return a second callback, the stream's inbound read (its socket). Once every
+due stream has built its frame, the outbox is sent in one tight loop; then
+every second callback runs (the reads, back to back), and each may return a
+third: the work on what it read (the caller's frame, VAD, barge-in), run
+after all the reads. The frames of a wake-up leave before anyone's inbound
+work instead of after everyone's before them, and the kernel's send and
+receive paths run back to back while they are warm in the cache (in the
+daemon at 300 calls a ``recvmsg`` interleaved with the calls' Python work
+cost ~6 µs, three times one in a tight loop; a ``sendto`` about twice: see
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -63,8 +66,16 @@ LAG_WINDOW_S = 0.5
 ARM_BEFORE_S = 0.0005
 """The timer is armed this long before the earliest frame deadline (see the module docstring)."""
 
-InboundCallback = Callable[[float], None]
-"""A stream's second phase, called with ``now`` after the wake-up's outbox was sent."""
+ProcessCallback = Callable[[float], None]
+"""A stream's third phase: the inbound work itself (after every stream's socket was read)."""
+
+InboundCallback = Callable[[float], ProcessCallback | None]
+"""A stream's second phase, called with ``now`` after the wake-up's outbox was sent.
+
+It should only read (a socket, back to back with the other streams' reads,
+while the kernel's receive path is warm) and return the third phase, which
+does the work on what was read; or do everything itself and return None.
+"""
 
 FrameCallback = Callable[[int, float], InboundCallback | None]
 """Called with (frame index, now) when a stream's frame is due; may return its second phase."""
@@ -113,6 +124,7 @@ class MediaTicker:
         self.send_errors = 0
         """Datagrams the kernel refused (full buffer, closed socket): dropped, as RTP is."""
         self._inbound: list[tuple[_Stream, InboundCallback]] = []
+        self._process: list[tuple[_Stream, ProcessCallback]] = []
         self.real_to_mono = self.now() - time.time()
         """Added to a CLOCK_REALTIME reading (a kernel arrival stamp) to put it on ``now``'s clock.
 
@@ -206,14 +218,26 @@ class MediaTicker:
         if self.outbox:
             self.flush()
         if inbound:
+            process = self._process
             for stream, second in inbound:
                 if not stream.live:
                     continue
                 try:
-                    second(now)
+                    third = second(now)
                 except Exception as e:  # see above
                     self._failed(stream, e)
+                    continue
+                if third is not None:
+                    process.append((stream, third))
             inbound.clear()
+            for stream, third in process:
+                if not stream.live:
+                    continue
+                try:
+                    third(now)
+                except Exception as e:  # see above
+                    self._failed(stream, e)
+            process.clear()
         self._arm()
 
     def flush(self) -> None:

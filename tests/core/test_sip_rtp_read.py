@@ -64,6 +64,11 @@ def _send(peer: socket.socket, call: _SipCall, seq: int) -> None:
     )
 
 
+def _tick(call: _SipCall, now: float) -> None:
+    """The tick's second phase (the read) and third (the work on it)."""
+    call._inbound(now)(now)
+
+
 def _received(call: _SipCall) -> int:
     return call.rtp.reception_stats().received
 
@@ -75,16 +80,16 @@ def test_a_backlog_is_read_in_one_tick_and_a_fresh_datagram_ends_the_read() -> N
             call = await _call(peer)
             for seq in range(1, 7):
                 _send(peer, call, seq)
-            call._inbound(time.monotonic() + 0.1)  # all six queued 100 ms before this tick
+            _tick(call, time.monotonic() + 0.1)  # all six queued 100 ms before this tick
             assert _received(call) == 6
             _send(peer, call, 7)
             _send(peer, call, 8)
             now = time.monotonic()
-            call._inbound(now)  # seq 7 arrived in this frame period: 8 waits for the next tick
+            _tick(call, now)  # seq 7 arrived in this frame period: 8 waits for the next tick
             assert _received(call) == 7
-            call._inbound(now + 0.03)
+            _tick(call, now + 0.03)
             assert _received(call) == 8
-            call._inbound(now + 0.05)  # nothing queued
+            _tick(call, now + 0.05)  # nothing queued
             assert _received(call) == 8
             assert len(call.runner.frames) == 4  # type: ignore[union-attr]  # one per tick
             call.close()
@@ -99,9 +104,9 @@ def test_the_rfc3550_jitter_is_taken_from_the_kernel_arrival_time_not_the_tick()
             call = await _call(peer)
             now = time.monotonic()
             _send(peer, call, 1)
-            call._inbound(now + 0.005)
+            _tick(call, now + 0.005)
             _send(peer, call, 2)  # 20 ms of media later, but it arrives at once
-            call._inbound(now + 0.025)  # on the tick grid: by tick times, no jitter at all
+            _tick(call, now + 0.025)  # on the tick grid: by tick times, no jitter at all
             # by arrival times the second packet came ~20 ms early: |D| ~ 160 units, J = D/16
             assert call.rtp.reception_stats().jitter_ms > 0.8
             call.close()
@@ -117,7 +122,7 @@ def test_a_closed_call_reads_nothing_and_its_queued_frame_is_dropped_and_counted
             second = call.send_frame(b"\xff" * 160, 0, time.monotonic())
             assert len(call.ticker.outbox) == 1
             call.close()
-            second(time.monotonic())
+            second(time.monotonic())(time.monotonic())
             call.ticker.flush()
             assert call.ticker.send_errors == 1 and call.ticker.outbox == []
             assert call.runner.frames == [call.silence]  # type: ignore[union-attr]
