@@ -13,6 +13,8 @@ underruns. Reported per step: daemon CPU, CPU microseconds per call-second
 ``py-spy`` profile of the daemon at the largest step.
 
     python bench/bench_capacity.py [--quick]
+    python bench/bench_capacity.py --steps 200,300,400,500 --configs sip_mulaw,twilio_mulaw \
+        --measure-s 4 --reps 1 --name capacity_extra_steps
 """
 
 from __future__ import annotations
@@ -88,12 +90,27 @@ def run_config(
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--steps", default="", help="call counts, e.g. 200,300,400 (default by mode)")
+    ap.add_argument("--configs", default="", help="e.g. sip_mulaw,sip_pcm24k,twilio_mulaw")
+    ap.add_argument("--measure-s", type=float, default=0.0, help="window per step, s")
+    ap.add_argument("--reps", type=int, default=0, help="runs per step (default by mode)")
+    ap.add_argument("--name", default="capacity", help="results file name (bench/results)")
     args = ap.parse_args()
     configs: tuple[tuple[str, bool], ...]
     if args.quick:
         steps, measure_s, reps, configs = [50, 100], 4.0, 1, CONFIGS[:3]
     else:
         steps, measure_s, reps, configs = [50, 100, 200, 300, 400, 500, 600], 15.0, 3, CONFIGS
+    if args.steps:
+        steps = [int(n) for n in args.steps.split(",")]
+    if args.configs:
+        by_name = {f"{leg}_{'pcm24k' if pcm else 'mulaw'}": (leg, pcm) for leg, pcm in CONFIGS}
+        unknown = [c for c in args.configs.split(",") if c not in by_name]
+        if unknown:
+            ap.error(f"unknown config(s) {unknown}; choose from {sorted(by_name)}")
+        configs = tuple(by_name[c] for c in args.configs.split(","))
+    measure_s = args.measure_s or measure_s
+    reps = args.reps or reps
     pin_self()
     print(
         f"{'leg':<7} {'audio':<7} {'calls':>5} {'bar':<6} {'ans':>5} {'cpu%':>6} {'us/c-s':>8}"
@@ -110,7 +127,7 @@ def main() -> None:
             print(f"{key}: last step meeting the bar: {figures[key]['last_step_meeting_bar']}")
     figures["goal"] = {"calls_per_core": 500, "p99_ms": 2.0, "underruns": 0}
     path = write(
-        "capacity",
+        args.name,
         figures,
         {
             "steps": steps,
