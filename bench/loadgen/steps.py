@@ -6,6 +6,12 @@ settle, then for ``measure_s`` record every outbound frame's arrival and the
 daemon's CPU time (``/proc/<pid>/stat``), hang up, and read the calls' CDR
 lines (underruns, late wake-ups, added latency). ``profile_s`` > 0 also runs
 ``py-spy record`` on the daemon during the window.
+
+``ws_step`` takes any server with the ``ServerUnderTest`` attributes (the peer
+comparison runs it on Pipecat, which has no CDR lines); with
+``sized_media=True`` each message is timed against its talkspurt's audio clock
+from the payload sizes (``ws_sized_deviations_ns``), for a peer whose ``media``
+messages are not 20 ms.
 """
 
 from __future__ import annotations
@@ -16,16 +22,67 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from .analysis import pacing_summary, rtp_deviations_ns, ws_deviations_ns
+from .analysis import PTIME_NS, pacing_summary, rtp_deviations_ns, ws_deviations_ns
 from .procs import DAEMON_CORE, VENV_BIN, DaemonUnderTest, TtsProcess
 from .rtp import RtpLoad
 from .twilio import TwilioLoad
 from .wire import WireCapture
+
+
+class ServerUnderTest(Protocol):
+    """What a step reads from the server under test (``DaemonUnderTest`` has it all)."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def ms_port(self) -> int: ...
+    @property
+    def workdir(self) -> Path: ...
+    def cpu_s(self) -> float: ...
+    def rss_bytes(self) -> int: ...
+    def cdr_lines(self) -> list[dict[str, Any]]: ...
+
+
+def ws_sized_deviations_ns(
+    arrival_ns: Iterable[int],
+    size_bytes: Iterable[int],
+    lead_frames: int = 2,
+    gap_ns: int = 50_000_000,
+    rate_hz: int = 8000,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(arrival, deviation) of media messages of any duration, against the audio clock.
+
+    Message ``i`` of a talkspurt is due at the talkspurt's offset + the duration
+    of the audio sent before it (its slot); the offset is the median of
+    ``arrival - slot`` over the messages measured. A talkspurt starts when a
+    message arrives more than ``gap_ns - 20 ms`` after the previous one's audio
+    ended; messages whose slot is within the lead (``lead_frames`` * 20 ms) are
+    skipped. With 160-byte messages this is ``ws_deviations_ns`` exactly.
+    """
+    a = np.asarray(arrival_ns, dtype=np.int64)
+    if a.size == 0:
+        return a, a
+    dur = np.asarray(size_bytes, dtype=np.int64) * 1_000_000_000 // rate_hz
+    start = np.ones(a.size, dtype=bool)
+    start[1:] = (np.diff(a) - dur[:-1]) > gap_ns - PTIME_NS
+    starts = np.flatnonzero(start)
+    seg = np.cumsum(start) - 1
+    before = np.cumsum(dur) - dur
+    slot = before - before[starts][seg]
+    raw = a - slot
+    keep = slot > lead_frames * PTIME_NS
+    dev = np.zeros(a.size, dtype=np.int64)
+    for s in range(starts.size):
+        mask = keep & (seg == s)
+        if mask.any():
+            dev[mask] = raw[mask] - int(np.median(raw[mask]))
+    return a[keep], dev[keep]
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -43,7 +100,7 @@ def core_busy_s(core: int) -> tuple[float, float]:
     return 0.0, 0.0
 
 
-def _cdr_figures(d: DaemonUnderTest, call_ids: set[str] | None) -> dict[str, Any]:
+def _cdr_figures(d: ServerUnderTest, call_ids: set[str] | None) -> dict[str, Any]:
     lines = [c for c in d.cdr_lines() if call_ids is None or c["call_id"] in call_ids]
     return {
         "cdr_calls": len(lines),
@@ -53,7 +110,7 @@ def _cdr_figures(d: DaemonUnderTest, call_ids: set[str] | None) -> dict[str, Any
     }
 
 
-def start_profile(d: DaemonUnderTest, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+def start_profile(d: ServerUnderTest, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
     spy = VENV_BIN / "py-spy"
     if not spy.exists():
         return None
@@ -95,7 +152,7 @@ def summarize_profile(raw: Path, top: int = 15) -> dict[str, Any]:
 
 
 def _finish_step(
-    d: DaemonUnderTest,
+    d: ServerUnderTest,
     tts: TtsProcess,
     n: int,
     answered: int,
@@ -153,22 +210,30 @@ def sip_step(
 
 
 def ws_step(
-    d: DaemonUnderTest,
+    d: ServerUnderTest,
     tts: TtsProcess,
     n: int,
     measure_s: float,
     warm_s: float = 2.0,
     lead_frames: int = 2,
     profile: Path | None = None,
+    sized_media: bool = False,
 ) -> dict[str, Any]:
     """One step of ``n`` Twilio calls. Pacing is taken at the wire (kernel timestamps of
     the daemon's TCP segments, ``loadgen.wire``) when dumpcap/tshark can run, so the figure
-    is the daemon's; the carrier's user-space arrival times are kept as ``carrier_pacing``."""
+    is the daemon's; the carrier's user-space arrival times are kept as ``carrier_pacing``.
+    ``carrier_gaps`` counts the carrier's buffer running dry mid-turn, ``clears`` the
+    ``clear`` messages received while recording."""
     capture = WireCapture(d.ms_port, d.workdir) if WireCapture.available() else None
     window: list[int] = []
 
+    def deviations(arrival: Any, sizes: Any) -> tuple[np.ndarray, np.ndarray]:
+        if sized_media:
+            return ws_sized_deviations_ns(arrival, sizes, lead_frames)
+        return ws_deviations_ns(arrival, lead_frames)
+
     async def run() -> dict[str, Any]:
-        load = TwilioLoad(d.ms_port, route="talk")
+        load = TwilioLoad(d.ms_port, route="talk", sized_media=sized_media)
         await load.place(n, rate_per_s=150)
         await asyncio.sleep(warm_s)
         spy = start_profile(d, measure_s, profile) if profile else None
@@ -181,8 +246,17 @@ def ws_step(
         window.append(time.time_ns())
         c1, t1, g1, s1 = d.cpu_s(), time.monotonic(), os.times(), _proc_cpu_s(tts.proc.pid)
         k1 = core_busy_s(DAEMON_CORE)
-        per = [ws_deviations_ns(c.arrival_ns, lead_frames) for c in load.calls]
+        per = [deviations(c.arrival_ns, c.sizes) for c in load.calls]
         answered = load.active()
+        carrier: dict[str, float] = {
+            "carrier_gaps": sum(c.gaps for c in load.calls),
+            "calls_with_gaps": sum(1 for c in load.calls if c.gaps),
+            "calls_without_media": sum(1 for c in load.calls if not c.arrival_ns),
+            "clears": sum(len(c.clears_ns) for c in load.calls),
+        }
+        if sized_media:
+            sizes = [x for c in load.calls for x in c.sizes]
+            carrier["media_bytes_median"] = float(np.median(sizes)) if sizes else 0.0
         await load.hangup_all(settle_s=1.5)
         await load.close()
         if spy is not None:
@@ -194,6 +268,7 @@ def ws_step(
             "ttsd_cpu_pct": round(100 * (s1 - s0) / (t1 - t0), 1),
             "rss_mb_at_end": round(d.rss_bytes() / 1e6, 1),
             **_core0(k0, k1, c1 - c0, t1 - t0),
+            **carrier,
         }
         return _finish_step(d, tts, n, answered, per, (c1 - c0, t1 - t0, 0), others, None)
 
@@ -205,10 +280,11 @@ def ws_step(
             capture.stop()
     out["pacing_seen_at"] = "carrier (user space)"
     if capture is not None and len(window) == 2:
-        wire = [a for a in capture.media_departures(window[0], window[1]).values() if a.size]
+        msgs = capture.media_messages(window[0], window[1]).values()
+        wire = [(a, b) for a, b in msgs if a.size]
         if len(wire) == out["answered"] and not capture.dropped:
             out["carrier_pacing"] = out["pacing"]
-            out["pacing"] = pacing_summary([ws_deviations_ns(a, lead_frames) for a in wire])
+            out["pacing"] = pacing_summary([deviations(a, b) for a, b in wire])
             out["pacing_seen_at"] = "wire (kernel timestamps, dumpcap on lo)"
         out["capture"] = {
             "connections_with_media": len(wire),

@@ -8,6 +8,13 @@ from ``TwilioCarrier``; then one inbound ``media`` message per call every
 ``media`` is only timestamped on arrival (``time.monotonic_ns()``), and each
 ``mark`` is echoed when the audio sent before it has played at real time
 (the daemon's turns end on the final mark's echo).
+
+For a peer whose ``media`` messages are not 20 ms (Pipecat sends 137.5 ms),
+``sized_media=True`` reads each message's payload length and plays it for its
+own duration, and keeps the sizes (``WsCall.sizes``). Every call also counts
+``clear`` messages (the buffer is flushed) and ``gaps``: the buffer ran dry
+while recording with no ``mark`` since the last ``media`` (an underrun mid-turn;
+a turn that ended with a mark is not one).
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ from bridge.streams.carrier import TwilioCarrier
 
 from .rtp import noise_payload
 
-_MEDIA_PREFIX = '{"event":"media"'
-_MARK_PREFIX = '{"event":"mark"'
+# the daemon writes compact JSON; Pipecat writes json.dumps' default (a space after ':')
+_MEDIA_PREFIX = ('{"event":"media"', '{"event": "media"')
+_MARK_PREFIX = ('{"event":"mark"', '{"event": "mark"')
+_CLEAR_PREFIX = ('{"event":"clear"', '{"event": "clear"')
+_PAYLOAD_KEY = '"payload":'
 _SERIAL = itertools.count(1)  # stream and call sids unique in the process (CDR lines by call)
 
 
@@ -42,15 +52,34 @@ class WsCall:
     played_until: float = 0.0
     arrival_ns: array[int] = field(default_factory=lambda: array("q"))
     first_media_s: list[float] = field(default_factory=list)
+    sizes: array[int] = field(default_factory=lambda: array("i"))
+    """Payload bytes of each recorded ``media`` (``sized_media`` only)."""
+    clears_ns: array[int] = field(default_factory=lambda: array("q"))
+    gaps: int = 0
+    marked: bool = False
+    """A ``mark`` came after the last ``media`` (the turn ended: not an underrun)."""
     closed: bool = False
+
+
+def payload_bytes(msg: str) -> int:
+    """Decoded size of a ``media`` message's base64 payload (0 if it has none)."""
+    i = msg.find(_PAYLOAD_KEY)
+    if i < 0:
+        return 0
+    i = msg.find('"', i + len(_PAYLOAD_KEY)) + 1
+    j = msg.find('"', i)
+    if i <= 0 or j < 0:
+        return 0
+    return (j - i) * 3 // 4 - msg[max(i, j - 2) : j].count("=")
 
 
 class TwilioLoad:
     """Opens media streams on the daemon's ``/twilio`` and runs them."""
 
-    def __init__(self, port: int, route: str = "talk") -> None:
+    def __init__(self, port: int, route: str = "talk", sized_media: bool = False) -> None:
         self.url = f"ws://127.0.0.1:{port}/twilio"
         self.route = route
+        self.sized_media = sized_media
         self.calls: list[WsCall] = []
         self.recording = False
         self.payload_b64 = base64.b64encode(noise_payload()).decode()
@@ -88,11 +117,27 @@ class TwilioLoad:
                     t = t_ns / 1e9
                     if call.played_until < t:
                         call.first_media_s.append(t)  # a talkspurt starts on an idle buffer
+                        if self.recording and call.played_until and not call.marked:
+                            call.gaps += 1
                         call.played_until = t
-                    call.played_until += 0.02
+                    call.marked = False
+                    if self.sized_media:
+                        size = payload_bytes(msg)
+                        call.played_until += size / 8000
+                        if self.recording:
+                            call.sizes.append(size)
+                    else:
+                        call.played_until += 0.02
                     if self.recording:
                         call.arrival_ns.append(t_ns)
+                elif msg.startswith(_CLEAR_PREFIX):
+                    t_ns = time.monotonic_ns()
+                    call.played_until = t_ns / 1e9  # the buffer is flushed
+                    call.marked = True  # what follows a clear is a new turn, not an underrun
+                    if self.recording:
+                        call.clears_ns.append(t_ns)
                 elif msg.startswith(_MARK_PREFIX):
+                    call.marked = True
                     name = json.loads(msg)["mark"]["name"]
                     delay = max(0.0, call.played_until - time.monotonic())
                     self.loop.call_later(delay, self._echo, call, name)

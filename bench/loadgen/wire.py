@@ -72,6 +72,11 @@ class WireCapture:
         Keyed by the carrier's port; only messages whose last byte left
         within ``[t0_ns, t1_ns)``.
         """
+        return {port: t for port, (t, _) in self.media_messages(t0_ns, t1_ns).items()}
+
+    def media_messages(self, t0_ns: int, t1_ns: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """(kernel time in ns, payload bytes) of each outbound ``media`` per connection,
+        as ``media_departures`` (the sizes time a peer whose messages are not 20 ms)."""
         out = subprocess.run(
             ["tshark", "-n", "-r", str(self.path), "-o", "tcp.desegment_tcp_streams:FALSE",
              "-Y", "tcp.len > 0", "-T", "fields", "-E", "separator=/t",
@@ -90,10 +95,13 @@ class WireCapture:
             port = int(fields[1])
             stream = streams.setdefault(port, _WsStream())
             stream.segment(int(fields[2]), bytes.fromhex(fields[3].replace(":", "")), t_ns)
-        return {
-            port: np.asarray([t for t in s.media_ns if t0_ns <= t < t1_ns], dtype=np.int64)
-            for port, s in streams.items()
-        }
+        found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for port, s in streams.items():
+            t = np.asarray(s.media_ns, dtype=np.int64)
+            n = np.asarray(s.media_bytes, dtype=np.int64)
+            keep = (t >= t0_ns) & (t < t1_ns)
+            found[port] = (t[keep], n[keep])
+        return found
 
 
 class _WsStream:
@@ -105,6 +113,7 @@ class _WsStream:
         self.in_head = True
         self.synced = True
         self.media_ns: list[int] = []
+        self.media_bytes: list[int] = []
         self.lost_bytes = 0
 
     def segment(self, seq: int, data: bytes, t_ns: int) -> None:
@@ -150,10 +159,27 @@ class _WsStream:
                 return
             if len(buf) - pos < head + n:
                 break
-            if b0 & 0x0F == 1 and buf.startswith(_MEDIA, pos + head):
+            if b0 & 0x0F == 1 and (
+                buf.startswith(_MEDIA, pos + head) or buf.startswith(_MEDIA_SPACED, pos + head)
+            ):
                 self.media_ns.append(t_ns)
+                self.media_bytes.append(_payload_bytes(buf, pos + head, pos + head + n))
             pos += head + n
         del buf[:pos]
 
 
 _MEDIA = b'{"event":"media"'
+_MEDIA_SPACED = b'{"event": "media"'  # json.dumps' default separators (Pipecat)
+_PAYLOAD = b'"payload":'
+
+
+def _payload_bytes(buf: bytearray, start: int, end: int) -> int:
+    """Decoded size of the base64 payload of the ``media`` message in ``buf[start:end]``."""
+    i = buf.find(_PAYLOAD, start, end)
+    if i < 0:
+        return 0
+    i = buf.find(b'"', i + len(_PAYLOAD), end) + 1
+    j = buf.find(b'"', i, end)
+    if i <= 0 or j < 0:
+        return 0
+    return (j - i) * 3 // 4 - buf[max(i, j - 2) : j].count(b"=")
