@@ -270,6 +270,10 @@ class BargeInDetector(Outbox):
         """Whether a confirmed run of caller speech is in progress."""
         return self._speaking
 
+    def has_events(self) -> bool:
+        """Whether ``events_received`` has anything (after ``observe``: speech started/stopped)."""
+        return bool(self._events)
+
     def set_bot_speaking(self, speaking: bool) -> None:
         """Tell the detector whether a bot turn is playing; a new turn re-arms the trigger."""
         if speaking and not self._bot_speaking:

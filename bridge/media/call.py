@@ -268,6 +268,9 @@ class CallBridge:
         """Turns holding provider audio not transcoded yet (see ``_feed``)."""
         self._sending: CallTurn | None = None
         """The turn of the last frame sent (``tick`` looks a turn up once, not per frame)."""
+        self._decode_ahead = self._options.decode_ahead_frames
+        self._armed = False
+        """What the detector was last told by ``set_bot_speaking`` (told again on a change only)."""
 
     # ------------------------------------------------------------ outbox
 
@@ -345,10 +348,8 @@ class CallBridge:
             is_speech = False  # the bot's own voice coming back, not the caller
             self._echo_frames += 1
         detector = self._detector
-        speaking = detector.caller_speaking
         trigger = detector.observe(is_speech, level_dbfs, now)
-        if detector.caller_speaking != speaking:
-            # observe queues an event only when speech starts or stops
+        if detector.has_events():  # only when speech starts or stops
             self._drain_detector()
         if trigger is not None:
             self._barge_in(trigger.reason, now, trigger.onset_s)
@@ -400,9 +401,10 @@ class CallBridge:
         """The frame to send at this 20 ms deadline, or ``None`` (silence / nothing)."""
         if self._ended:
             return None
-        if self._backlog:
-            self._feed()
         playout = self._playout
+        if self._backlog and playout.head_frames() < self._decode_ahead:
+            self._feed()  # (its own first test, made here: no call on most ticks)
+
         payload = playout.pop_payload(now)
         if playout.has_events():
             self._pump(now)
@@ -417,7 +419,10 @@ class CallBridge:
             self._detector.record_bot_frame(payload, now)
         if self._echo is not None:
             self._echo.push_outbound(payload)
-        self._detector.set_bot_speaking(self._interruptible_sounding())
+        armed = self._interruptible_sounding()
+        if armed is not self._armed:  # telling it the same again changes nothing
+            self._armed = armed
+            self._detector.set_bot_speaking(armed)
         if self._agent_played_at is not None:
             self._run_timers(now)
         return payload
@@ -459,6 +464,7 @@ class CallBridge:
         self._timings.append(
             BargeInTiming(reason, onset_s, now, max(last_frames) if last_frames else None)
         )
+        self._armed = False
         self._detector.set_bot_speaking(False)
         return self._stop(stops, reason, now)
 
@@ -1037,7 +1043,9 @@ class CallBridge:
         """Whether the detector is armed (asked on every tick: no calls it can avoid)."""
         head_id = self._playout.current_turn_id
         if head_id is not None:
-            head = self._turns.get(head_id)
+            head = self._sending  # mostly the head: no lookup (a forgotten turn is DONE)
+            if head is None or head.turn_id != head_id:
+                head = self._turns.get(head_id)
             if head is not None and head.interruptible and head.phase is TurnPhase.SOUNDING:
                 return True
         return self._turns.any_awaiting(interruptible=True)

@@ -441,3 +441,14 @@ def test_bot_frames_recorded_as_sent_decide_exactly_as_their_levels() -> None:
         assert by_frame.events_received() == by_level.events_received(), i
     assert 0 < len(measured) < 300  # some frames measured (once each), not every frame
     assert len(measured) == len(set(map(id, measured)))
+
+
+def test_has_events_says_when_speech_started_or_stopped() -> None:
+    det = speaking_detector(BargeInPolicy(noise_rise_db=0.0, min_speech_ms=60))
+    for i, c in enumerate("..SSS" + "." * 25):
+        det.observe(c == "S", LOUD_DBFS if c == "S" else MIN_DBFS, round(i * FRAME_S, 6))
+        events = det.events_received() if det.has_events() else []
+        assert det.has_events() is False
+        assert [type(e) for e in events] == (
+            [SpeechStarted] if i == 4 else [SpeechStopped] if i == 24 else []
+        ), i
