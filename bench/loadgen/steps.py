@@ -251,6 +251,9 @@ def ws_step(
         carrier: dict[str, float] = {
             "carrier_gaps": sum(c.gaps for c in load.calls),
             "calls_with_gaps": sum(1 for c in load.calls if c.gaps),
+            "carrier_dry_ms_per_call_s": round(
+                1000 * sum(c.dry_s for c in load.calls) / max(1, n) / (t1 - t0), 3
+            ),
             "calls_without_media": sum(1 for c in load.calls if not c.arrival_ns),
             "clears": sum(len(c.clears_ns) for c in load.calls),
         }

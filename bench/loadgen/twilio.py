@@ -14,7 +14,9 @@ For a peer whose ``media`` messages are not 20 ms (Pipecat sends 137.5 ms),
 own duration, and keeps the sizes (``WsCall.sizes``). Every call also counts
 ``clear`` messages (the buffer is flushed) and ``gaps``: the buffer ran dry
 while recording with no ``mark`` since the last ``media`` (an underrun mid-turn;
-a turn that ended with a mark is not one).
+a turn that ended with a mark is not one), and ``dry_s``, how long it was dry.
+Playout starts when a talkspurt's first message arrives, with no jitter buffer:
+a server that keeps no lead has a gap whenever a message is late at all.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class WsCall:
     """Payload bytes of each recorded ``media`` (``sized_media`` only)."""
     clears_ns: array[int] = field(default_factory=lambda: array("q"))
     gaps: int = 0
+    dry_s: float = 0.0
+    """How long the buffer was dry in those gaps, in total."""
     marked: bool = False
     """A ``mark`` came after the last ``media`` (the turn ended: not an underrun)."""
     closed: bool = False
@@ -119,6 +123,7 @@ class TwilioLoad:
                         call.first_media_s.append(t)  # a talkspurt starts on an idle buffer
                         if self.recording and call.played_until and not call.marked:
                             call.gaps += 1
+                            call.dry_s += t - call.played_until
                         call.played_until = t
                     call.marked = False
                     if self.sized_media:

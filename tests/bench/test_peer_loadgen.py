@@ -120,4 +120,5 @@ def test_the_carrier_counts_mid_turn_gaps_and_clears_and_keeps_sizes() -> None:
     assert list(call.sizes) == [160, 160, 1100, 160]
     assert len(call.arrival_ns) == 4
     assert call.gaps == 1
+    assert 0.05 < call.dry_s < 1.0  # 80 ms of nothing after 20 ms of audio
     assert len(call.clears_ns) == 1
