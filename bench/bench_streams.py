@@ -477,12 +477,51 @@ def time_shell_outbound(conns: int, ticks: int) -> float:
     return uvloop.run(run())
 
 
+def time_leg_inbound(frames: int) -> float:
+    """ns per Twilio ``media`` message through the leg: ``_Stream._on_message`` to the call.
+
+    The text message → the engine → the leg's events → ``caller_audio`` of a
+    call that only records the frame (the call's own work is not timed).
+    """
+    from bridge.io.streams_leg import _Stream
+    from telcodec.framing import FrameCutter
+
+    class _Call:
+        finished = False
+
+        def __init__(self) -> None:
+            self.frames = 0
+
+        def caller_audio(self, frame: bytes) -> None:
+            self.frames += 1
+
+    class _Loop:
+        def time(self) -> float:
+            return 1.0
+
+    engine, media = streaming_engine(TwilioStreamProtocol)
+    msgs, _ = inbound_messages(engine, media, frames)
+    stream = object.__new__(_Stream)  # what the per-message path reads
+    call = _Call()
+    stream.engine, stream.call, stream.cutter = engine, call, FrameCutter(engine.frame_bytes)  # type: ignore[assignment]
+    stream.timer, stream.loop = None, _Loop()  # type: ignore[assignment]
+    t0 = time.process_time_ns()
+    for m in msgs:
+        stream._on_message(m)
+    elapsed = time.process_time_ns() - t0
+    if call.frames != frames:
+        raise RuntimeError(f"leg inbound: {call.frames} frames for {frames} messages")
+    return elapsed / frames
+
+
 def shell_cpu(frames: int, reps: int, conns: int = 200, ticks: int = 100) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for fast in (False, True):
         key = "inbound_fast_read" if fast else "inbound_websockets_parser"
         out[key] = median_us(partial(time_shell_inbound, fast, frames), reps)
         print(f"shell inbound ({key}): {out[key]['median_us']} µs per message")
+    out["leg_inbound"] = median_us(partial(time_leg_inbound, frames), reps)
+    print(f"leg inbound (message to caller_audio): {out['leg_inbound']['median_us']} µs")
     out["outbound"] = median_us(partial(time_shell_outbound, conns, ticks), reps)
     print(f"shell outbound, {conns} calls: {out['outbound']['median_us']} µs per frame")
     return out

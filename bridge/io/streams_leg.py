@@ -118,7 +118,8 @@ class _Stream:
         return self.loop.time()
 
     def pump(self) -> None:
-        for action in self.engine.actions_to_send():
+        engine = self.engine
+        for action in engine.actions_to_send():
             if type(action) is SendEncodedText:  # outbound media: the hot path
                 self.conn.send_encoded_text_nowait(action.data)
             elif isinstance(action, SendText):
@@ -127,8 +128,11 @@ class _Stream:
                 self.conn.send_bytes_nowait(action.data)
             elif isinstance(action, CloseConnection):
                 self.loop.create_task(self.conn.close(action.code, action.reason))
-        for event in self.engine.events_received():
-            self._on_event(event)
+        for event in engine.events_received():
+            if type(event) is AudioReceived:  # inbound media: the hot path
+                self._on_audio(event.payload)
+            else:
+                self._on_event(event)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -141,11 +145,19 @@ class _Stream:
         self.engine.handle_timer(self.now())
         self.pump()
 
+    def _on_audio(self, payload: bytes) -> None:
+        call, cutter = self.call, self.cutter
+        if call is None or cutter is None:
+            return
+        if len(payload) == cutter.frame_bytes and not cutter.pending_bytes:
+            call.caller_audio(payload)  # one whole frame, nothing held: what push would give
+            return
+        for frame in cutter.push(payload):
+            call.caller_audio(frame)
+
     def _on_event(self, event: object) -> None:
         if isinstance(event, AudioReceived):
-            if self.call is not None and self.cutter is not None:
-                for frame in self.cutter.push(event.payload):
-                    self.call.caller_audio(frame)
+            self._on_audio(event.payload)
         elif isinstance(event, StreamStarted):
             self._start_call(event)
         elif isinstance(event, DtmfReceived):
