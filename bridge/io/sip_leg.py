@@ -212,8 +212,8 @@ class _SipCall:
         self.rtcp_transport: asyncio.DatagramTransport | None = None
         self.ticker = leg.daemon.ticker
         self.outbox = self.ticker.outbox
-        self._inbound_cb = self._inbound
-        self._process_cb = self._process
+        self._inbound_cb: InboundCallback = self._inbound
+        self._process_cb: ProcessCallback = self._process
         self._rx: list[tuple[bytes, list[tuple[int, int, bytes]], int, Any]] = []
         """Datagrams read by this tick's ``_inbound``, for its ``_process``."""
         self._rx_at: list[float] = []
@@ -427,6 +427,22 @@ class _SipCall:
             self.rtcp_transport.close()
         if self.rtp_sock is not None:
             self.rtp_sock.close()
+
+    def drop_cycles(self) -> None:
+        """The call is over: break the reference cycles through it.
+
+        Its runner holds it as its leg, and the bound methods cached for the
+        ticker hold it too; left alone the ended call (tens of KB with its
+        bridge) waits for a full GC pass, or with the GC policy for the next
+        thaw (``tests/e2e/test_call_release.py``). A tick already under way
+        reads nothing more.
+        """
+        self.runner = None
+        self._inbound_cb = self._process_cb = _read_nothing
+
+
+def _read_nothing(now: float) -> None:
+    """A closed call's tick work: nothing to read or process."""
 
 
 class SipLeg:
@@ -718,6 +734,7 @@ class SipLeg:
         if not call.ended:
             call.hangup("finished")
         self._release(call)
+        call.drop_cycles()
 
     def _release(self, call: _SipCall) -> None:
         if self.calls.pop(call.call_id, None) is not None:

@@ -308,6 +308,10 @@ class MediaStreamsLeg:
 
     def _call_finished(self, call: CallRunner) -> None:
         self.calls.pop(call.call_id, None)
+        if isinstance(call.leg, _StreamLeg):
+            # the stream holds its runner and the runner its leg (the stream): break
+            # the cycle so the ended call is freed now, not at the next full GC pass
+            call.leg.stream.call = None
 
     def _public_url(self, request: HttpRequest) -> str:
         base = self.daemon.config.media_streams.public_url

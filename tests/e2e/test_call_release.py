@@ -1,0 +1,113 @@
+"""An ended call is freed by reference counting, not left to the cyclic GC.
+
+A call's objects (the leg adapter, its ``CallRunner``, the ``CallBridge`` with
+its playout queue, jitter buffer, echo arrays, VAD ...) are tens of KB. If
+they form a reference cycle, every ended call waits for a full (generation 2)
+collection: with the daemon's GC policy (``bridge/io/gcpolicy.py``) that is
+the next thaw, up to ``gc_thaw_s`` (600 s) while calls are up, and without it
+a pass that at a few hundred thousand live objects runs rarely. Either way
+ended calls pile up (live heap growing ~200 B per completed call between
+passes in ``bench/bench_memory.py``) and pymalloc keeps the arenas they
+filled. So the test runs with the collector and the policy off and checks
+that the call is gone once it has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import socket
+import weakref
+from collections.abc import Iterator
+
+import pytest
+
+from bridge.io.caller import CallerOptions, place_call
+
+from .harness import FACTOR, TwilioCall, free_port, stack
+
+GREETING_ROUTE = """
+[[routes]]
+match = "*"
+provider = "main"
+greeting = "Hello from the bridge."
+"""
+
+
+@pytest.fixture
+def no_cyclic_gc() -> Iterator[None]:
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()  # the daemon freezes what it has at start-up
+        if was_enabled:
+            gc.enable()
+        gc.collect()
+
+
+async def _until(cond: object, timeout_s: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        if cond():  # type: ignore[operator]
+            return True
+        await asyncio.sleep(0.02)
+    return bool(cond())  # type: ignore[operator]
+
+
+@pytest.mark.usefixtures("no_cyclic_gc")
+def test_ended_sip_call_is_freed_without_the_cyclic_gc() -> None:
+    async def body() -> None:
+        sip = free_port(socket.SOCK_DGRAM)
+        async with stack(GREETING_ROUTE, sip=str(sip)) as s:
+            s.daemon.gc_policy.freeze_every_s = 0  # no thaw (a full collection) mid-test
+            leg = next(leg for leg in s.daemon.legs if leg.name == "sip")
+            calls: dict[str, object] = leg.calls  # type: ignore[attr-defined]
+            opts = CallerOptions(target=f"sip:demo@127.0.0.1:{sip}", duration_s=1.0)
+            caller = asyncio.ensure_future(place_call(opts))
+            assert await _until(lambda: bool(calls), 10 * FACTOR)
+            (call,) = calls.values()
+            runner = call.runner  # type: ignore[attr-defined]
+            assert runner is not None
+            refs = {
+                "leg call": weakref.ref(call),
+                "runner": weakref.ref(runner),
+                "bridge": weakref.ref(runner.bridge),
+            }
+            del call, runner
+            result = await caller
+            assert result.recording is not None
+            assert await _until(lambda: not calls, 5 * FACTOR)
+            freed = await _until(lambda: all(r() is None for r in refs.values()), 2 * FACTOR)
+            alive = [name for name, r in refs.items() if r() is not None]
+            assert freed, f"still alive after the call ended, with the cyclic GC off: {alive}"
+
+    asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
+
+
+@pytest.mark.usefixtures("no_cyclic_gc")
+def test_ended_media_stream_call_is_freed_without_the_cyclic_gc() -> None:
+    async def body() -> None:
+        async with stack(GREETING_ROUTE) as s:
+            s.daemon.gc_policy.freeze_every_s = 0  # no thaw (a full collection) mid-test
+            leg = next(leg for leg in s.daemon.legs if leg.name == "media_streams")
+            calls: dict[str, object] = leg.calls  # type: ignore[attr-defined]
+            async with TwilioCall(s.ms_port):
+                assert await _until(lambda: bool(calls), 10 * FACTOR)
+                (runner,) = calls.values()
+                refs = {
+                    "runner": weakref.ref(runner),
+                    "leg adapter": weakref.ref(runner.leg),  # type: ignore[attr-defined]
+                    "bridge": weakref.ref(runner.bridge),  # type: ignore[attr-defined]
+                }
+                del runner
+                await asyncio.sleep(0.3)
+            assert await _until(lambda: not calls, 5 * FACTOR)
+            freed = await _until(lambda: all(r() is None for r in refs.values()), 2 * FACTOR)
+            alive = [name for name, r in refs.items() if r() is not None]
+            assert freed, f"still alive after the call ended, with the cyclic GC off: {alive}"
+
+    asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
