@@ -48,7 +48,8 @@ class WsCall:
     index: int
     ws: websockets.ClientConnection
     stream_sid: str
-    seq: int = 2
+    seq: int = 1
+    """The last ``sequenceNumber`` sent (``start`` is 1; ``connected`` has none)."""
     chunk: int = 0
     t0: float = 0.0
     played_until: float = 0.0

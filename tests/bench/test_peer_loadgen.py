@@ -122,3 +122,23 @@ def test_the_carrier_counts_mid_turn_gaps_and_clears_and_keeps_sizes() -> None:
     assert call.gaps == 1
     assert 0.05 < call.dry_s < 1.0  # 80 ms of nothing after 20 ms of audio
     assert len(call.clears_ns) == 1
+
+
+def test_the_first_inbound_media_follows_start_in_sequence() -> None:
+    got: list[dict[str, str]] = []
+
+    async def server(ws: websockets.ServerConnection) -> None:
+        for _ in range(3):  # connected, start, the first media
+            got.append(json.loads(await ws.recv()))
+        await asyncio.sleep(0.1)
+
+    async def run() -> None:
+        async with websockets.serve(server, "127.0.0.1", 0) as srv:
+            load = TwilioLoad(srv.sockets[0].getsockname()[1])
+            await load.place(1)
+            await asyncio.sleep(0.1)
+            await load.close()
+
+    asyncio.run(run())
+    assert [m["event"] for m in got] == ["connected", "start", "media"]
+    assert [m.get("sequenceNumber") for m in got] == [None, "1", "2"]
