@@ -47,6 +47,7 @@ from bridge.streams._json_dialect import TwilioShapedProtocol
 from bridge.streams.base import (
     CLOSE_INVALID_PAYLOAD,
     CLOSE_UNSUPPORTED_DATA,
+    AudioReceived,
     StreamState,
     _Malformed,
     int_field,
@@ -127,8 +128,13 @@ class TwilioStreamProtocol(TwilioShapedProtocol):
             return
         seq, track, chunk, timestamp, payload, stream_sid = match.groups()
         try:
-            self._sequence_seen(int(seq))
-            self._check_stream_id(stream_sid)
+            got = int(seq)
+            if got == self._expected_seq:  # the common case of _sequence_seen
+                self._expected_seq = got + 1
+            else:
+                self._sequence_seen(got)
+            if stream_sid != self.stream_id:
+                self._check_stream_id(stream_sid)
             try:
                 # b64decode(validate=True) is exactly this, after encoding the str
                 audio = binascii.a2b_base64(payload, strict_mode=True)
@@ -136,6 +142,13 @@ class TwilioStreamProtocol(TwilioShapedProtocol):
                 raise _Malformed("'payload' is not base64", CLOSE_INVALID_PAYLOAD) from None
             tracks = self.INBOUND_TRACKS
             if tracks is None or (track or "inbound") in tracks:
-                self._audio(audio, int(timestamp), int(chunk))
+                if audio and self.codec == "mulaw":  # _audio's common case, STREAMING
+                    self._events.append(
+                        AudioReceived(
+                            audio, "mulaw", self.sample_rate_hz, int(timestamp), int(chunk)
+                        )
+                    )
+                else:
+                    self._audio(audio, int(timestamp), int(chunk))
         except _Malformed as exc:
             self._violate(exc.reason, exc.code)
