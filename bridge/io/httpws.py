@@ -138,6 +138,8 @@ class WsConnection:
         # server frames are unmasked; with no extension negotiated (we offer
         # none) a data frame is a bare header and the payload
         self._plain_frames = not protocol.extensions
+        self._open = protocol.state is State.OPEN
+        """``protocol.state is State.OPEN``, taken again after each call that can change it."""
         self._fragments: list[bytes] = []
         self._fragment_text = False
         self._pending: list[str | bytes] = []
@@ -199,7 +201,7 @@ class WsConnection:
         if self.closed:
             return
         proto = self._proto
-        if self._plain_frames and proto.state is State.OPEN and not proto.expect_continuation_frame:
+        if self._plain_frames and self._open and not proto.expect_continuation_frame:
             n = len(data)
             if n < 126:
                 head = bytes((_FIN_TEXT, n))
@@ -221,6 +223,7 @@ class WsConnection:
         if self.closed:
             return
         self.closed = True
+        self._open = False
         with contextlib.suppress(Exception):  # the peer may already be gone
             self._proto.send_close(code, reason)
             self._flush()
@@ -240,12 +243,14 @@ class WsConnection:
                 data = b""
             if not data:
                 self._proto.receive_eof()
+                self._open = self._proto.state is State.OPEN
                 self._collect()
                 self._flush()
                 self.closed = True
                 return self._pending.pop(0) if self._pending else None
             self._fast_read = False  # websockets' parser may now hold part of a frame
             self._proto.receive_data(data)
+            self._open = self._proto.state is State.OPEN
             self._collect()
             self._flush()
             if self._proto.state in (State.CLOSING, State.CLOSED) and not self._pending:
@@ -308,6 +313,7 @@ class WsConnection:
     def _parse_data(self, data: bytes) -> None:
         """Bytes through websockets' parser: its frames, replies (pong, close) and state."""
         self._proto.receive_data(data)
+        self._open = self._proto.state is State.OPEN
         self._collect()
         self._flush()
         self._deliver()
@@ -355,7 +361,7 @@ class WsConnection:
                 if (
                     not head2 & 0x80  # unmasked: websockets fails the connection
                     or length > self._max_frame
-                    or proto.state is not State.OPEN
+                    or not self._open
                 ):
                     self._fast_read = False
                     first, pos = pos, end_of_data
@@ -385,6 +391,7 @@ class WsConnection:
     def _serve_eof(self) -> None:
         try:
             self._proto.receive_eof()
+            self._open = self._proto.state is State.OPEN
             self._collect()
             self._flush()
             self.closed = True

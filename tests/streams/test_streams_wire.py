@@ -9,11 +9,13 @@ itself instead of going through websockets' ``send_text`` +
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from typing import Any
 
 import pytest
+from websockets.exceptions import InvalidState
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request as WsRequest
 from websockets.protocol import State
@@ -212,3 +214,24 @@ def test_encoded_text_not_written_after_close_and_falls_back_while_closing() -> 
     with pytest.raises(Exception, match="continuation"):
         conn.send_encoded_text_nowait(b"{}")
     assert transport.writes == []
+
+
+def test_encoded_text_goes_through_the_protocol_once_a_close_was_received() -> None:
+    # recv() returns the message that came before the peer's close: the
+    # connection is not closed yet, but the protocol is CLOSING, so a frame
+    # is no longer written raw (websockets refuses it)
+    async def main() -> None:
+        reader = asyncio.StreamReader()
+        writer = _Writer()
+        conn = WsConnection(HttpRequest("GET", "/twilio", {}), _open_protocol(), reader, writer)  # type: ignore[arg-type]
+        text = Frame(Opcode.TEXT, b"a").serialize(mask=True)
+        close = Frame(Opcode.CLOSE, b"\x03\xe8").serialize(mask=True)
+        reader.feed_data(text + close)
+        assert await conn.recv() == "a"
+        assert not conn.closed and conn._proto.state is State.CLOSING
+        writer.transport.writes.clear()  # the close reply
+        with pytest.raises(InvalidState):
+            conn.send_encoded_text_nowait(b"{}")
+        assert writer.transport.writes == []
+
+    asyncio.run(main())
