@@ -31,7 +31,11 @@ Against ``callbridge serve`` (uvloop, core 0) over SIP/RTP:
 3. ``/proc/<pid>/fd`` count, threads and asyncio tasks (the daemon's
    ``callbridge_tasks`` gauge on ``/metrics``): idle before vs idle after,
    and tasks with the active calls up.
-4. ``callbridge_pacing_deviation_seconds_count`` after the active calls: the
+4. With a call always up (``busy_churn``): short calls while one long call
+   stays up, RSS before and 2 s after, and what the GC policy's thaw finds
+   unreachable once the long call ends (ended calls must be freed by
+   reference counting: ``tests/e2e/test_call_release.py``).
+5. ``callbridge_pacing_deviation_seconds_count`` after the active calls: the
    daemon really observes its departure deviations (one frame in
    ``PACING_SAMPLE_EVERY``).
 
@@ -41,6 +45,7 @@ Against ``callbridge serve`` (uvloop, core 0) over SIP/RTP:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -75,6 +80,49 @@ SIP_RETENTION_S = 33.0
 
 TASKS_REFRESH_S = 5.5
 """The daemon refreshes ``callbridge_tasks`` with its status line, every 5 s."""
+
+
+def gc_thaws(d: DaemonUnderTest) -> list[dict[str, Any]]:
+    """The daemon's ``gc.thaw`` log lines (its GC policy's full collections)."""
+    lines = (d.workdir / "daemon.log").read_text(errors="replace").splitlines()
+    return [json.loads(line) for line in lines if '"gc.thaw"' in line]
+
+
+def busy_churn(d: DaemonUnderTest, calls: int) -> dict[str, Any]:
+    """``calls`` short calls while one long call stays up, as on a node that is never idle.
+
+    The daemon's GC policy freezes what has lived 2 s while calls are up and
+    only collects it at a thaw (no call up, or every ``gc_thaw_s``, 600 s).
+    Between the growth churn's batches no call is up, so it thaws then; here
+    it cannot until the long call ends, and any reference cycle an ended call
+    left behind is still in RSS (read 2 s after the churn, within the SIP
+    retention window, so ~rate x 32 s of transactions are in it too) and is
+    what the thaw at the end finds unreachable.
+    """
+    talk = RtpLoad(("127.0.0.1", d.sip_port), route="talk")
+    talk.place(1, rate_per_s=10)
+    talk.wait_answered(10)
+    talk.run_for(0.5)
+    thaws_before = len(gc_thaws(d))
+    rss0 = d.rss_bytes()
+    t0 = time.monotonic()
+    n = churn(d, calls)
+    wall = time.monotonic() - t0
+    time.sleep(2.0)
+    rss1 = d.rss_bytes()
+    talk.hangup_all(settle_s=1.0)
+    talk.close()
+    time.sleep(3.0)  # the policy is asked once a second: a thaw with no call up
+    thaws = gc_thaws(d)[thaws_before:]
+    return {
+        "calls": n,
+        "calls_per_s": round(n / wall, 1),
+        "rss_before_mb": round(rss0 / 1e6, 2),
+        "rss_after_mb": round(rss1 / 1e6, 2),
+        "rss_growth_per_call_bytes": round((rss1 - rss0) / max(1, n)),
+        "thaw_unreachable": [t.get("unreachable") for t in thaws],
+        "thaw_pass_ms": [t.get("pass_ms") for t in thaws],
+    }
 
 
 def tasks(d: DaemonUnderTest) -> int:
@@ -167,6 +215,8 @@ def main() -> None:
             print(f"RSS growth per completed call: {growth:.1f} B over {n} calls")
             print(f"fds {before['fds']} -> {after['fds']}, threads {before['threads']} -> "
                   f"{after['threads']}, tasks {before['tasks']} -> {after['tasks']}")  # fmt: skip
+            figures["busy"] = busy_churn(d, 1000 if args.quick else 4000)
+            print(f"with a call always up: {figures['busy']}")
         finally:
             d.stop()
             tts.stop()
