@@ -20,7 +20,7 @@ same run, with the same tools:
 1. **calls per core at the pacing bar** (``loadgen.steps.ws_step``): steps of
    N concurrent calls, the bot talking all the time (callbridge: route
    ``talk``; Pipecat: a ~30 s greeting), caller noise from the lean carrier
-   (``loadgen.twilio``); 1, 10, 25, 50 calls (``--quick``, 8 s, once) or up to
+   (``loadgen.twilio``); 1, 10, 20, 50 calls (``--quick``, 8 s, once) or up to
    400 (10 s, three runs each, majority), stopping after two steps failing the
    bar once two have also failed ``fed`` or the core was saturated.
    Per step: pacing at the
@@ -387,7 +387,7 @@ def measure(
     t = time.monotonic()
     fig["bargein"] = asyncio.run(bargein(url, onsets, 3 if quick else 4))
     print(f"  {name}: barge-in stop {fig['bargein']} ({time.monotonic() - t:.0f} s)", flush=True)
-    ladder = (1, 10, 25, 50) if quick else (1, 10, 25, 50, 100, 150, 200, 300, 400)
+    ladder = (1, 10, 20, 50) if quick else (1, 10, 15, 20, 25, 50, 100, 150, 200, 300, 400)
     fig.update(load_steps(server, tts, name, ladder, 8.0 if quick else 10.0, 1 if quick else 3))
     return fig
 
