@@ -64,7 +64,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -90,6 +89,7 @@ from loadgen.procs import (  # noqa: E402
     config_text,
     free_port,
     pin_self,
+    terminate,
 )
 from loadgen.steps import meets_bar, ws_step  # noqa: E402
 from loadgen.twilio import TwilioLoad  # noqa: E402
@@ -186,13 +186,7 @@ class PipecatUnderTest:
         return []
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, 15)
 
 
 Server = DaemonUnderTest | PipecatUnderTest

@@ -76,12 +76,19 @@ def ws_deviations_ns(
     i = np.arange(a.size) - starts[seg]
     raw = a - i * PTIME_NS
     keep = i > lead_frames
-    dev = np.zeros(a.size, dtype=np.int64)
-    for s in range(starts.size):
+    return a[keep], talkspurt_median_fit(raw, keep, seg, starts.size)[keep]
+
+
+def talkspurt_median_fit(
+    raw: np.ndarray, keep: np.ndarray, seg: np.ndarray, talkspurts: int
+) -> np.ndarray:
+    """``raw`` (arrival - slot) minus its talkspurt's median over the kept messages."""
+    dev = np.zeros(raw.size, dtype=np.int64)
+    for s in range(talkspurts):
         mask = keep & (seg == s)
         if mask.any():
             dev[mask] = raw[mask] - int(np.median(raw[mask]))
-    return a[keep], dev[keep]
+    return dev
 
 
 def drift_ppm(arrival: np.ndarray, dev: np.ndarray) -> float:

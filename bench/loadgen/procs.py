@@ -88,13 +88,7 @@ class TtsProcess:
         return [(t, float(s)) for t, s in json.loads(self.record_path.read_text())]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, 10)
 
 
 def config_text(
@@ -256,13 +250,18 @@ class DaemonUnderTest:
         return out
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, 15)
+
+
+def terminate(proc: subprocess.Popen[Any], grace_s: float) -> None:
+    """SIGTERM (a daemon drains and exits), then SIGKILL after ``grace_s``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def cpu_pct(used_s: float, wall_s: float) -> float:

@@ -28,7 +28,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .analysis import PTIME_NS, pacing_summary, rtp_deviations_ns, ws_deviations_ns
+from .analysis import (
+    PTIME_NS,
+    pacing_summary,
+    rtp_deviations_ns,
+    talkspurt_median_fit,
+    ws_deviations_ns,
+)
 from .procs import DAEMON_CORE, VENV_BIN, DaemonUnderTest, TtsProcess
 from .rtp import RtpLoad
 from .twilio import TwilioLoad
@@ -77,12 +83,7 @@ def ws_sized_deviations_ns(
     slot = before - before[starts][seg]
     raw = a - slot
     keep = slot > lead_frames * PTIME_NS
-    dev = np.zeros(a.size, dtype=np.int64)
-    for s in range(starts.size):
-        mask = keep & (seg == s)
-        if mask.any():
-            dev[mask] = raw[mask] - int(np.median(raw[mask]))
-    return a[keep], dev[keep]
+    return a[keep], talkspurt_median_fit(raw, keep, seg, starts.size)[keep]
 
 
 def _proc_cpu_s(pid: int) -> float:
