@@ -243,7 +243,7 @@ class DaemonConfig:
     cache_dir: str = ""
     prompt_cache_bytes: int = 32 * 1024 * 1024
     max_loop_lag_ms: float = 20.0
-    gc_freeze_s: float = 2.0
+    gc_freeze_s: float = 0.1
     gc_thaw_s: float = 600.0
 
 
@@ -829,7 +829,7 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         cache_dir=r.str_(d, "cache_dir", p, ""),
         prompt_cache_bytes=r.int_(d, "prompt_cache_bytes", p, 32 * 1024 * 1024, 0, 1 << 34),
         max_loop_lag_ms=r.num(d, "max_loop_lag_ms", p, 20.0, 0, 1000),
-        gc_freeze_s=r.num(d, "gc_freeze_s", p, 2.0, 0, 3600),
+        gc_freeze_s=r.num(d, "gc_freeze_s", p, 0.1, 0, 3600),
         gc_thaw_s=r.num(d, "gc_thaw_s", p, 600.0, 1, 86400),
     )
 

@@ -41,7 +41,7 @@ from bridge.tts.base import ProviderSettings
 
 __all__ = ["Daemon", "Leg", "Runtime", "provider_settings", "run_daemon"]
 
-GC_TICK_S = 1.0
+GC_TICK_S = 0.1
 """How often the GC policy is asked what to do (a freeze is O(1))."""
 
 log = get_logger("callbridge.daemon")
@@ -206,7 +206,7 @@ class Daemon:
         )
 
     def _collect_garbage(self) -> None:
-        """The GC policy's step for now (``bridge.io.gcpolicy``), once a second."""
+        """The GC policy's step for now (``bridge.io.gcpolicy``), every ``GC_TICK_S``."""
         if self._stop.is_set():
             return
         asyncio.get_running_loop().call_later(GC_TICK_S, self._collect_garbage)

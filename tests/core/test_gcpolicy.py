@@ -58,7 +58,7 @@ def test_apply_freezes_and_a_thaw_collects_a_frozen_cycle() -> None:
 @pytest.mark.parametrize(("key", "value"), [("gc_freeze_s", -1), ("gc_thaw_s", 0)])
 def test_the_gc_keys_are_checked_by_name(key: str, value: int) -> None:
     cfg = parse_config("[daemon]\n" + ROUTE)
-    assert (cfg.daemon.gc_freeze_s, cfg.daemon.gc_thaw_s) == (2.0, 600.0)
+    assert (cfg.daemon.gc_freeze_s, cfg.daemon.gc_thaw_s) == (0.1, 600.0)
     with pytest.raises(ConfigError) as info:
         parse_config(f"[daemon]\n{key} = {value}\n" + ROUTE)
     assert f"daemon.{key}" in str(info.value)
