@@ -112,7 +112,7 @@ def busy_churn(d: DaemonUnderTest, calls: int) -> dict[str, Any]:
     rss1 = d.rss_bytes()
     talk.hangup_all(settle_s=1.0)
     talk.close()
-    time.sleep(3.0)  # the policy is asked once a second: a thaw with no call up
+    time.sleep(3.0)  # the GC policy is asked every 0.1 s: a thaw with no call up
     thaws = gc_thaws(d)[thaws_before:]
     return {
         "calls": n,
