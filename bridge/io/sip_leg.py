@@ -198,7 +198,6 @@ class _SipCall:
         self.port_key = call_id
         self.rtp_port = rtp_port
         self.loop = asyncio.get_running_loop()
-        self._time = self.loop.time
         self.audio: NegotiatedAudio | None = None
         self.rtp = RtpSession(RtpSessionConfig(), None, self.loop.time())  # until negotiated
         self.pt = 0
@@ -214,9 +213,8 @@ class _SipCall:
         self.outbox = self.ticker.outbox
         self._inbound_cb: InboundCallback = self._inbound
         self._process_cb: ProcessCallback = self._process
-        self._rx: list[tuple[bytes, list[tuple[int, int, bytes]], int, Any]] = []
-        """Datagrams read by this tick's ``_inbound``, for its ``_process``."""
-        self._rx_at: list[float] = []
+        self._rx: list[tuple[bytes, Any, float]] = []
+        """(datagram, source, arrival) read by this tick's ``_inbound``, for its ``_process``."""
         self.runner: CallRunner | None = None
         self.sending_audio = False
         self.ended = False
@@ -346,23 +344,19 @@ class _SipCall:
         """
         sock = self.rtp_sock
         if sock is not None:
-            rx, rx_at = self._rx, self._rx_at
+            rx = self._rx
             mono = self.ticker.real_to_mono
             for _ in range(MAX_READS_PER_TICK):
                 try:
-                    got = sock.recvmsg(2048, 64)
+                    data, anc, _flags, addr = sock.recvmsg(2048, 64)
                 except OSError:  # nothing queued (or the socket was closed)
                     break
-                rx.append(got)
-                anc = got[1]
                 if not anc:
-                    rx_at.append(now)  # no kernel stamp: read on until the queue is empty
+                    rx.append((data, addr, now))  # no kernel stamp: read until the queue is empty
                     continue
                 sec, nsec = _TIMESPEC.unpack_from(anc[0][2])
-                arrival = sec + nsec * 1e-9 + mono
-                if arrival > now:
-                    arrival = now
-                rx_at.append(arrival)
+                arrival = min(now, sec + nsec * 1e-9 + mono)
+                rx.append((data, addr, arrival))
                 if arrival > now - FRAME_S:
                     break
         return self._process_cb
@@ -373,13 +367,12 @@ class _SipCall:
         pump = False
         rx = self._rx
         if rx:
-            for (data, _anc, _flags, addr), arrival in zip(rx, self._rx_at, strict=True):
+            for data, addr, arrival in rx:
                 if len(addr) != 2:  # IPv6 source addresses come as 4-tuples
                     addr = (addr[0], addr[1])
                 if rtp.receive_datagram(data, addr, arrival):
                     pump = True  # the engine queued something (latch, DTMF, SSRC, ...)
             rx.clear()
-            self._rx_at.clear()
         if rtp.poll_timer(now):  # RTCP report, RTP timeout, DTMF end: every few seconds
             pump = True
         inbound = rtp.pop_frame(now)
