@@ -163,7 +163,11 @@ class Daemon:
 
     async def _build_runtime(self, cfg: Config) -> Runtime:
         await self._ensure_embedded(cfg)
-        pools = {p.name: ProviderPool(provider_settings(p, self.embedded)) for p in cfg.providers}
+        preempt = self.ticker.run_if_due
+        pools = {
+            p.name: ProviderPool(provider_settings(p, self.embedded), preempt=preempt)
+            for p in cfg.providers
+        }
         results = await asyncio.gather(*(pool.start() for pool in pools.values()))
         for (name, pool), ok in zip(pools.items(), results, strict=True):
             level = log.info if ok else log.warning

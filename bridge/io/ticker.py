@@ -172,6 +172,25 @@ class MediaTicker:
             self._armed_at = -math.inf
             self._handle = self.loop.call_soon(self._run)
 
+    def run_if_due(self) -> None:
+        """A preemption point: run the wake-up now if its timer would have fired by now.
+
+        A loop callback that works through a backlog without returning to
+        the loop (the provider connection's reader, handed a burst of turns'
+        audio at once, returns to the loop only when its queue is empty)
+        calls this between items. The loop runs every ready callback of an
+        iteration before it looks at its timers, so without it the frames due
+        meanwhile wait for the whole backlog: at 100 calls whose turns all
+        started in the same second the ticker ran 10-30 ms late
+        (docs/benchmarks.md, section 2). Not due: one clock read, nothing else.
+        """
+        armed_at = self._armed_at
+        if armed_at is None or self.now() < armed_at + self._arm_offset_s:
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+        self._run()
+
     def _arm(self) -> None:
         deadline = self.ticker.next_deadline()
         if deadline is None:

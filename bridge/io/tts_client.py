@@ -154,12 +154,16 @@ class _Connection:
         try:
             await self._connect()
             assert self.ws is not None
+            preempt = self.pool.preempt
             async for msg in self.ws:
                 if isinstance(msg, str):
                     self.engine.receive_text(msg, self.now())
                 else:
                     self.engine.receive_bytes(msg, self.now())
                 self.pump()
+                # a burst (many turns' audio at once) is read without a return to
+                # the loop: let frames due meanwhile leave on time
+                preempt()
             code, reason = self.ws.close_code, self.ws.close_reason or ""
         except (TimeoutError, OSError, websockets.WebSocketException) as e:
             code, reason = None, f"{type(e).__name__}: {e}"
@@ -284,8 +288,15 @@ class _Connection:
 class ProviderPool:
     """Every connection to one provider."""
 
-    def __init__(self, settings: ProviderSettings, warm: int = 1) -> None:
+    def __init__(
+        self,
+        settings: ProviderSettings,
+        warm: int = 1,
+        preempt: Callable[[], None] = lambda: None,
+    ) -> None:
         self.settings = settings
+        self.preempt = preempt
+        """Called between two provider messages (``MediaTicker.run_if_due``)."""
         self.engine_cls = engine_class(settings.protocol)
         self.pooling = _pooling(settings.protocol)
         self.warm = warm

@@ -107,6 +107,40 @@ def test_a_talkspurt_is_rephased_when_its_first_frame_leaves() -> None:
     assert loop.handles[0].when == pytest.approx(100.0281 - ARM_BEFORE_S)
 
 
+def test_a_preemption_point_runs_the_wake_up_only_once_its_timer_would_have_fired() -> None:
+    now = [100.0]
+    ticker, loop = _ticker(now)
+    sent: list[tuple[int, float]] = []
+    clock = ticker.add("a", lambda n, t: sent.append((n, t)), lambda e: None)
+    armed = loop.handles[0].when
+    now[0] = armed - 0.0001  # a reader between two messages, just before the timer
+    ticker.run_if_due()
+    assert sent == [] and [h.when for h in loop.handles] == [armed]
+    now[0] = armed + 0.0002  # its timer is due, but the loop is busy with that reader
+    ticker.run_if_due()
+    assert sent == [(0, now[0])]
+    # the timer that would have run it is gone; the next frame's is armed
+    assert [h.when for h in loop.handles] == [pytest.approx(clock.deadline(1) - ARM_BEFORE_S)]
+    ticker.run_if_due()  # again at once: nothing due, nothing sent twice
+    assert sent == [(0, now[0])]
+    now[0] = loop.handles[0].when + 0.0003
+    loop.fire()  # the next wake-up comes from the loop's timer as before
+    assert sent[-1] == (1, now[0]) and clock.stats().late_wakeups == 0
+
+
+def test_a_preemption_point_sends_a_talkspurt_start_at_once() -> None:
+    now = [100.0]
+    ticker, loop = _ticker(now)
+    sent: list[tuple[int, float]] = []
+    ticker.add("a", lambda n, t: sent.append((n, t)), lambda e: None)
+    now[0] = loop.handles[0].when + 0.0003
+    loop.fire()
+    now[0] = 100.0063
+    ticker.start_talkspurt("a")  # asks for the loop's next pass
+    ticker.run_if_due()  # a preemption point comes first: the frame leaves there
+    assert sent[-1] == (1, 100.0063) and loop.handles[0].when > 100.02
+
+
 def test_streams_in_the_same_millisecond_share_one_wake_up() -> None:
     now = [100.0]
     ticker, loop = _ticker(now)

@@ -7,6 +7,7 @@ Deterministic ``tone`` engine; times are bounded by ``TIMEOUT_S`` (scaled by
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 from collections.abc import Awaitable, Callable
 
@@ -91,6 +92,35 @@ def test_full_turn(protocol: str, fmt: AudioFormat) -> None:
         words = [w.word for e in sink.events if isinstance(e, WordsTimed) for w in e.words]
         if words:
             assert words == ["Hello", "there.", "How", "are", "you?"]
+
+    _run(body)
+
+
+@pytest.mark.parametrize("protocol", TTS_PROTOCOLS)
+def test_the_reader_offers_the_media_ticker_a_pass_after_every_message(protocol: str) -> None:
+    """A burst of provider messages is read without a return to the loop; the
+    pool's ``preempt`` (``MediaTicker.run_if_due`` in the daemon) runs between
+    two messages, after the first one's events reached the turn."""
+
+    async def body(server: TtsServer) -> None:
+        timeline: list[str] = []
+        pool = ProviderPool(_settings(server, protocol), preempt=lambda: timeline.append("pass"))
+        assert await pool.start(), "warm connection not ready"
+        sink = Collector()
+
+        def record(event: Event) -> None:
+            timeline.append(type(event).__name__)
+            sink(event)
+
+        text = "one two three four five six seven eight"
+        Speaker([pool]).speak("t1", text, TurnSettings("tone", MULAW_8K), record)
+        await sink.done.wait()
+        await pool.close()
+        assert isinstance(sink.events[-1], TurnDone), sink.kinds()
+        audio_at = [i for i, kind in enumerate(timeline) if kind == "AudioReceived"]
+        assert len(audio_at) >= 2, timeline
+        for a, b in itertools.pairwise(audio_at):
+            assert "pass" in timeline[a:b], timeline  # no two messages' audio back to back
 
     _run(body)
 
