@@ -12,9 +12,16 @@ underruns. Reported per step: daemon CPU, CPU microseconds per call-second
 (``/proc/<pid>/stat``), pacing, late wake-ups, what else used core 0, and a
 ``py-spy`` profile of the daemon at the largest step.
 
+Windows are 20 s, in both modes: every call of a step starts its first turn
+within the few seconds the calls take to be placed, so ~15 s later all their
+turns restart together, and the provider sends that many turns' audio at once
+(far faster than real time). A window shorter than that misses the hardest
+second of the workload (the third pass's 4 s windows did: docs/benchmarks.md,
+section 3).
+
     python bench/bench_capacity.py [--quick]
     python bench/bench_capacity.py --steps 200,300,400,500 --configs sip_mulaw,twilio_mulaw \
-        --measure-s 4 --reps 1 --name capacity_extra_steps
+        --measure-s 20 --reps 3 --name capacity_extra_steps
 """
 
 from __future__ import annotations
@@ -98,9 +105,9 @@ def main() -> None:
     args = ap.parse_args()
     configs: tuple[tuple[str, bool], ...]
     if args.quick:
-        steps, measure_s, reps, configs = [50, 100], 4.0, 1, CONFIGS[:3]
+        steps, measure_s, reps, configs = [50, 100], 20.0, 1, CONFIGS[:3]
     else:
-        steps, measure_s, reps, configs = [50, 100, 200, 300, 400, 500, 600], 15.0, 3, CONFIGS
+        steps, measure_s, reps, configs = [50, 100, 200, 300, 400, 500, 600], 20.0, 3, CONFIGS
     if args.steps:
         steps = [int(n) for n in args.steps.split(",")]
     if args.configs:
