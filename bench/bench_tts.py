@@ -1,22 +1,44 @@
-"""Time to first audio through the local TTS server, per provider protocol.
+"""Time to first audio through the local TTS server, per provider protocol,
+and the CPU the daemon spends per second of provider audio.
 
 ``speak()`` → first ``AudioReceived`` at the Call's sink, over loopback with
 a warm connection: the client's own overhead (tone engine: synthesis is
 instant). Then Piper's time to first audio for a one-sentence greeting.
 
-    python bench/bench_tts.py [--quick]
+The provider path (``--path-only`` runs just this): the reference server
+(Kova, ``tone`` engine, as the capacity benchmark runs it) in its own
+process; here ``N`` turns of the capacity benchmark's ~15 s text spoken at
+once through the real ``ProviderPool``/``Speaker`` (warm connections, up to
+64 turns on one). The figure is this process's CPU (``time.process_time()``:
+the websockets client reading frames, the engine's JSON and base64, the
+dispatch to the sink) from the turns opened to the last ``TurnDone``,
+divided by the seconds of audio received: CPU µs per second of turn audio,
+the median of ``--reps`` repetitions. The server's CPU is not counted. A
+digest of every event the sinks saw (types, turn ids, audio bytes, formats,
+word timings) shows whether a change altered what reaches the call.
+
+    python bench/bench_tts.py [--quick] [--path-only] [--turns N] [--reps R] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import hashlib
+import io
+import math
+import pstats
+import statistics
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import summary_ms, write
+from loadgen.procs import TALK_TEXT, TtsProcess
 
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
@@ -24,12 +46,14 @@ from bridge.io.tts_client import ProviderPool, Speaker
 from bridge.io.ttsd_server import start_tts_server
 from bridge.tts.base import (
     MULAW_8K,
+    AudioFormat,
     AudioReceived,
     ProviderFailed,
     ProviderSettings,
     TurnDone,
     TurnFailed,
     TurnSettings,
+    WordsTimed,
 )
 
 GREETING = "Welcome to callbridge, the open source telephony bridge."
@@ -67,6 +91,143 @@ async def ttfa(protocol: str, engine: str, turns: int, voice: str) -> list[float
     return out
 
 
+PATH_FORMATS: dict[str, AudioFormat] = {
+    "mulaw8k": MULAW_8K,  # pass-through: what a G.711 call asks for
+    "pcm24k": AudioFormat("pcm_s16le", 24000),  # the capacity benchmark's PCM profile
+}
+TURNS_PER_CONNECTION = 64  # KovaProtocol.max_turns
+
+
+class _TurnRecord:
+    """One turn's sink: keeps its events (cheap, inside the measured window); digest later."""
+
+    def __init__(self, done: asyncio.Event) -> None:
+        self.events: list[Event] = []
+        self.done = done
+
+    def __call__(self, e: Event) -> None:
+        self.events.append(e)
+        if isinstance(e, TurnDone | TurnFailed | ProviderFailed):
+            self.done.set()
+
+    def audio_s(self) -> float:
+        return sum(
+            len(e.audio) / (e.audio_format.sample_rate_hz * e.audio_format.bytes_per_sample)
+            for e in self.events
+            if isinstance(e, AudioReceived)
+        )
+
+    def digest(self) -> bytes:
+        """Types, turn ids, audio bytes and formats, word timings and end events, in order."""
+        d = hashlib.sha256()
+        for e in self.events:
+            d.update(type(e).__name__.encode())
+            d.update(str(getattr(e, "turn_id", "")).encode())
+            if isinstance(e, AudioReceived):
+                fmt = e.audio_format
+                d.update(f"{fmt.encoding}/{fmt.sample_rate_hz}".encode())
+                d.update(e.audio)
+            elif isinstance(e, WordsTimed):
+                d.update(repr(e.words).encode())
+            else:
+                d.update(repr(e).encode())
+        return d.digest()
+
+
+async def path_rep(
+    port: int, fmt: AudioFormat, turns: int, prof: cProfile.Profile | None
+) -> dict[str, object]:
+    """One repetition: ``turns`` turns at once through a fresh warm pool; daemon-side CPU."""
+    url = f"ws://127.0.0.1:{port}{PROTOCOL_PATHS['kova']}"
+    settings = ProviderSettings("b", "kova", url, api_key="k", voice="tone")
+    pool = ProviderPool(settings, warm=math.ceil(turns / TURNS_PER_CONNECTION))
+    if not await pool.start():
+        raise RuntimeError("kova: warm connection failed")
+    while not all(c.engine.ready for c in pool.connections):
+        await asyncio.sleep(0.01)
+    speaker = Speaker([pool])
+    records = [_TurnRecord(asyncio.Event()) for _ in range(turns)]
+    if prof is not None:
+        prof.enable()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for i, rec in enumerate(records):
+        speaker.speak(f"t{i}", TALK_TEXT, TurnSettings("tone", fmt), rec)
+    await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in records)), 120)
+    cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
+    if prof is not None:
+        prof.disable()
+    await pool.close()
+    audio_s = sum(r.audio_s() for r in records)
+    digest = hashlib.sha256(b"".join(r.digest() for r in records)).hexdigest()
+    ends = {type(r.events[-1]).__name__ for r in records}
+    if ends != {"TurnDone"}:
+        raise RuntimeError(f"turns ended with {ends}")
+    return {
+        "cpu_s": cpu_s,
+        "wall_s": wall_s,
+        "audio_s": audio_s,
+        "cpu_us_per_audio_s": 1e6 * cpu_s / audio_s,
+        "digest": digest,
+    }
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop  # the daemon's loop (event_loop = "uvloop")
+
+        return uvloop.new_event_loop()
+    except ImportError:
+        return asyncio.new_event_loop()
+
+
+def provider_path(turns: int, reps: int, profile: bool) -> dict[str, object]:
+    """CPU µs per second of turn audio, per format, medians over ``reps``."""
+    out: dict[str, object] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        ttsd = TtsProcess.start(Path(tmp))
+        try:
+            print(f"\nprovider path: {turns} turns at once, {reps} reps, daemon-side CPU")
+            print(f"{'format':<9} {'cpu µs/audio s':>15} {'spread':>17} {'audio s':>9} digest")
+            for name, fmt in PATH_FORMATS.items():
+                runs = []
+                for _ in range(reps):
+                    loop = _new_loop()
+                    try:
+                        runs.append(loop.run_until_complete(path_rep(ttsd.port, fmt, turns, None)))
+                    finally:
+                        loop.close()
+                per_s = [float(r["cpu_us_per_audio_s"]) for r in runs]  # type: ignore[arg-type]
+                digests = {str(r["digest"]) for r in runs}
+                fig = {
+                    "cpu_us_per_audio_s_median": round(statistics.median(per_s), 1),
+                    "cpu_us_per_audio_s_min": round(min(per_s), 1),
+                    "cpu_us_per_audio_s_max": round(max(per_s), 1),
+                    "cpu_us_per_audio_s_all": [round(v, 1) for v in per_s],
+                    "audio_s_per_rep": round(float(runs[0]["audio_s"]), 3),  # type: ignore[arg-type]
+                    "cpu_s_median": round(statistics.median(float(r["cpu_s"]) for r in runs), 4),  # type: ignore[arg-type]
+                    "digest": sorted(digests)[0] if len(digests) == 1 else sorted(digests),
+                }
+                out[name] = fig
+                spread = f"{fig['cpu_us_per_audio_s_min']}-{fig['cpu_us_per_audio_s_max']}"
+                print(
+                    f"{name:<9} {fig['cpu_us_per_audio_s_median']:>15} {spread:>17} "
+                    f"{fig['audio_s_per_rep']:>9} {str(fig['digest'])[:16]}"
+                )
+                if profile:
+                    prof = cProfile.Profile()
+                    loop = _new_loop()
+                    try:
+                        loop.run_until_complete(path_rep(ttsd.port, fmt, turns, prof))
+                    finally:
+                        loop.close()
+                    text = io.StringIO()
+                    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+                    print(text.getvalue())
+        finally:
+            ttsd.stop()
+    return out
+
+
 def _row(protocol: str, engine: str, s: dict[str, float]) -> None:
     print(
         f"{protocol:<12} {engine:<6} {s['n']:>5} {s['p50_ms']:>8} {s['p95_ms']:>8} {s['p99_ms']:>8}"
@@ -76,7 +237,27 @@ def _row(protocol: str, engine: str, s: dict[str, float]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--path-only", action="store_true", help="only the provider path figure")
+    ap.add_argument("--turns", type=int, default=50, help="provider path: turns at once")
+    ap.add_argument("--reps", type=int, default=0, help="provider path: repetitions")
+    ap.add_argument("--profile", action="store_true", help="provider path: cProfile one rep")
     args = ap.parse_args()
+    reps = args.reps or (5 if args.quick else 9)
+    path_figures = provider_path(args.turns, reps, args.profile)
+    path = write(
+        "tts_provider_path",
+        path_figures,
+        {
+            "turns_at_once": args.turns,
+            "reps": reps,
+            "provider": "reference server, kova, tone engine, own process",
+            "text": TALK_TEXT,
+            "measure": "daemon-side time.process_time() per second of audio received",
+        },
+    )
+    print(f"wrote {path}")
+    if args.path_only:
+        return
     turns = 20 if args.quick else 200
     figures: dict[str, object] = {}
     print(f"{'protocol':<12} {'engine':<6} {'n':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}")
