@@ -514,6 +514,43 @@ def time_leg_inbound(frames: int) -> float:
     return elapsed / frames
 
 
+def time_leg_outbound(frames: int) -> float:
+    """ns per outbound frame through the leg: ``_StreamLeg.send_frame`` to the transport's write.
+
+    What the media ticker calls for a Twilio call with a frame due: the
+    engine renders the ``media`` message, the shell frames it and hands it
+    to a transport that only counts the writes (no syscall: the Python work
+    of the leg, not the kernel's, is timed).
+    """
+    from bridge.io.streams_leg import _Stream, _StreamLeg
+
+    class _CountingTransport:
+        def __init__(self) -> None:
+            self.writes = 0
+
+        def write(self, data: bytes) -> None:
+            self.writes += 1
+
+    class _Loop:
+        def time(self) -> float:
+            return 1.0
+
+    engine, _ = streaming_engine(TwilioStreamProtocol)
+    transport = _CountingTransport()
+    stream = object.__new__(_Stream)  # what the per-frame path reads
+    stream.engine, stream.conn = engine, _open_ws(transport)  # type: ignore[assignment]
+    stream.call, stream.cutter, stream.timer, stream.loop = None, None, None, _Loop()  # type: ignore[assignment]
+    leg = _StreamLeg(stream)
+    frame = bytes(range(160))
+    t0 = time.process_time_ns()
+    for i in range(frames):
+        leg.send_frame(frame, i, i * FRAME_S)
+    elapsed = time.process_time_ns() - t0
+    if transport.writes != frames:
+        raise RuntimeError(f"leg outbound: {transport.writes} writes for {frames} frames")
+    return elapsed / frames
+
+
 def shell_cpu(frames: int, reps: int, conns: int = 200, ticks: int = 100) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for fast in (False, True):
@@ -522,6 +559,8 @@ def shell_cpu(frames: int, reps: int, conns: int = 200, ticks: int = 100) -> dic
         print(f"shell inbound ({key}): {out[key]['median_us']} µs per message")
     out["leg_inbound"] = median_us(partial(time_leg_inbound, frames), reps)
     print(f"leg inbound (message to caller_audio): {out['leg_inbound']['median_us']} µs")
+    out["leg_outbound"] = median_us(partial(time_leg_outbound, frames), reps)
+    print(f"leg outbound (send_frame to the write): {out['leg_outbound']['median_us']} µs")
     out["outbound"] = median_us(partial(time_shell_outbound, conns, ticks), reps)
     print(f"shell outbound, {conns} calls: {out['outbound']['median_us']} µs per frame")
     return out

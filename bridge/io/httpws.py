@@ -154,6 +154,9 @@ class WsConnection:
         self._unread = b""
         limits = [m for m in (protocol.max_message_size, protocol.max_fragment_size) if m]
         self._max_frame = min(limits) if limits else 1 << 62
+        self._head_for = -1
+        self._head = b""
+        """The header of the last text frame ``send_encoded_text_nowait`` wrote, and its size."""
 
     @property
     def write_buffer_bytes(self) -> int:
@@ -203,12 +206,16 @@ class WsConnection:
         proto = self._proto
         if self._plain_frames and self._open and not proto.expect_continuation_frame:
             n = len(data)
-            if n < 126:
-                head = bytes((_FIN_TEXT, n))
-            elif n < 65536:
-                head = _HEAD16.pack(_FIN_TEXT, 126, n)
+            if n == self._head_for:  # a stream's media messages are all one size
+                head = self._head
             else:
-                head = _HEAD64.pack(_FIN_TEXT, 127, n)
+                if n < 126:
+                    head = bytes((_FIN_TEXT, n))
+                elif n < 65536:
+                    head = _HEAD16.pack(_FIN_TEXT, 126, n)
+                else:
+                    head = _HEAD64.pack(_FIN_TEXT, 127, n)
+                self._head_for, self._head = n, head
             self._transport.write(head + data)
             return
         proto.send_text(data)

@@ -75,8 +75,13 @@ class _StreamLeg:
 
     def send_frame(self, frame: bytes | None, n: int, now: float) -> None:
         if frame is not None:
-            self.stream.engine.send_frame(frame, now)
-            self.stream.pump()
+            stream = self.stream
+            data = stream.engine.frame_message(frame)
+            if data is not None:  # the per-frame path: one message, nothing queued to pump
+                stream.conn.send_encoded_text_nowait(data)
+                return
+            stream.engine.send_frame(frame, now)
+            stream.pump()
 
     def send_mark(self, name: str) -> None:
         self.stream.engine.mark(name, self.stream.now())

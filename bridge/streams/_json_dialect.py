@@ -51,7 +51,7 @@ remote input still ends as ``ProtocolViolation`` in ``receive_text``.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import json
 from typing import Any, ClassVar
 
@@ -87,6 +87,14 @@ class TwilioShapedProtocol(MediaStreamProtocol):
     def __init__(self, settings: StreamSettings | None = None, *, route: str | None = None) -> None:
         super().__init__(settings, route=route)
         self._media_template: tuple[bytes, bytes] | None = None
+        cls = type(self)
+        # frame_message renders what _wire_frame would queue: only where a dialect
+        # keeps the one-frame-one-message rendering (not Exotel's packing, not Plivo's)
+        self._frame_is_message = (
+            cls._wire_frame is TwilioShapedProtocol._wire_frame
+            and cls._send_media is TwilioShapedProtocol._send_media
+        )
+        self._payload_as_is = cls._outbound_payload is TwilioShapedProtocol._outbound_payload
         self._handlers = {
             "connected": self._on_connected,
             "start": self._on_start,
@@ -156,12 +164,27 @@ class TwilioShapedProtocol(MediaStreamProtocol):
     def _wire_clear(self) -> None:
         self._send_json({"event": "clear", **self._stream_ref()})
 
+    def frame_message(self, frame: bytes) -> bytes | None:
+        """As ``MediaStreamProtocol.frame_message``: the bytes ``_send_media`` would queue."""
+        if (
+            self._state is not StreamState.STREAMING
+            or not self._frame_is_message
+            or len(frame) != self.frame_bytes
+        ):
+            return None
+        template = self._media_template
+        if template is None:
+            template = self._media_template = self._render_media_template()
+        wire = frame if self._payload_as_is else self._outbound_payload(frame)
+        self._sent_bytes += len(frame)
+        return b"".join((template[0], binascii.b2a_base64(wire, newline=False), template[1]))
+
     def _send_media(self, audio: bytes) -> None:
         """One outbound ``media`` message carrying ``audio`` (in the leg's codec)."""
         template = self._media_template
         if template is None:
             template = self._media_template = self._render_media_template()
-        payload = base64.b64encode(self._outbound_payload(audio))
+        payload = binascii.b2a_base64(self._outbound_payload(audio), newline=False)
         self._actions.append(SendEncodedText(b"".join((template[0], payload, template[1]))))
         self._sent_bytes += len(audio)
 

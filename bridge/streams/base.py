@@ -531,6 +531,18 @@ class MediaStreamProtocol(Outbox):
         self._wire_frame(frame)
         return True
 
+    def frame_message(self, frame: bytes) -> bytes | None:
+        """``send_frame``'s one outbound message, returned instead of queued; or ``None``.
+
+        The outbound per-frame path. Where one frame is exactly one text
+        message (a ``SendEncodedText``), the stream is STREAMING and
+        ``frame`` is ``frame_bytes`` long, this counts the frame as sent and
+        returns the message's UTF-8 bytes for the shell to write; nothing
+        is queued. ``None``: nothing happened; use ``send_frame`` (which
+        also raises on misuse). This default returns ``None``.
+        """
+        return None
+
     def mark(self, name: str, now: float) -> bool:
         """Place a named playback position after the audio sent so far.
 

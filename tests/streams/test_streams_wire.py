@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,8 +26,10 @@ from bridge.engine import SendText
 from bridge.io.httpws import HttpRequest, WsConnection
 from bridge.streams.base import MediaStreamProtocol, SendEncodedText, StreamState
 from bridge.streams.exotel import ExotelStreamProtocol
+from bridge.streams.plivo import PlivoStreamProtocol
 from bridge.streams.telnyx import TelnyxStreamProtocol
 from bridge.streams.twilio import TwilioStreamProtocol
+from bridge.streams.vonage import VonageStreamProtocol
 
 HANDSHAKE = (
     b"GET /twilio HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -193,6 +196,17 @@ def test_header_built_by_the_shell_is_what_websockets_writes(size: int) -> None:
     assert expected == frame.serialize(mask=False)
 
 
+def test_header_of_each_size_on_one_connection() -> None:
+    # the shell keeps the last header it built: sizes changing back and forth
+    reference = _open_protocol()
+    conn, transport = _connection()
+    for size in (300, 300, 125, 300, 70_000, 70_000, 126, 300):
+        data = b"x" * size
+        reference.send_text(data)
+        conn.send_encoded_text_nowait(data)
+        assert transport.writes[-1] == b"".join(reference.data_to_send())
+
+
 def test_send_text_nowait_and_encoded_write_the_same_bytes() -> None:
     text = _slow_media("streamSid", "MZ-é", bytes(range(160)))
     slow, slow_t = _connection()
@@ -235,3 +249,113 @@ def test_encoded_text_goes_through_the_protocol_once_a_close_was_received() -> N
         assert writer.transport.writes == []
 
     asyncio.run(main())
+
+
+# ------------------------------------------- frame_message: send_frame, not queued
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _streaming(cls: type[MediaStreamProtocol], fixture: str) -> MediaStreamProtocol:
+    """A fresh engine fed its fixture's inbound messages up to ``start``."""
+    engine = cls()
+    engine.connection_made(0.0)
+    for line in (FIXTURES / fixture).read_text().splitlines():
+        item = json.loads(line)
+        if engine.state is StreamState.STREAMING:
+            break
+        if item["dir"] == "in":
+            msg = item["msg"]
+            if isinstance(msg, dict) and set(msg) == {"b64"}:
+                engine.receive_bytes(base64.b64decode(msg["b64"]), 0.0)
+            else:
+                engine.receive_text(json.dumps(msg), 0.0)
+    assert engine.state is StreamState.STREAMING
+    engine.actions_to_send()
+    engine.events_received()
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("cls", "fixture"),
+    [(TwilioStreamProtocol, "twilio_call.jsonl"), (TelnyxStreamProtocol, "telnyx_l16.jsonl")],
+)
+def test_frame_message_is_the_message_send_frame_queues(
+    cls: type[MediaStreamProtocol], fixture: str
+) -> None:
+    queued, taken = _streaming(cls, fixture), _streaming(cls, fixture)
+    size = queued.frame_bytes
+    for frame in ((bytes(range(256)) * (size // 256 + 1))[:size], b"\xff" * size, bytes(size)):
+        assert queued.send_frame(frame, 0.02)
+        (action,) = queued.actions_to_send()
+        assert isinstance(action, SendEncodedText)
+        assert taken.frame_message(frame) == action.data
+        assert taken.actions_to_send() == [] and taken.events_received() == []
+        assert taken.sent_ms == queued.sent_ms
+
+
+def test_frame_message_declines_what_send_frame_would_refuse_or_pack() -> None:
+    fresh = TwilioStreamProtocol()
+    fresh.connection_made(0.0)
+    assert fresh.frame_message(bytes(160)) is None  # before start (send_frame raises)
+    engine = _streaming(TwilioStreamProtocol, "twilio_call.jsonl")
+    assert engine.frame_message(bytes(159)) is None  # a wrong size (send_frame raises)
+    assert engine.sent_ms == 0
+    engine.hangup(0.1)
+    engine.actions_to_send()
+    assert engine.frame_message(bytes(160)) is None  # ended (send_frame returns False)
+    assert engine.sent_ms == 0
+    # dialects whose frame is not one message of their own: send_frame decides
+    for cls, fixture in (
+        (ExotelStreamProtocol, "exotel_call.jsonl"),
+        (PlivoStreamProtocol, "plivo_call.jsonl"),
+        (VonageStreamProtocol, "vonage_call.jsonl"),
+    ):
+        other = _streaming(cls, fixture)
+        assert other.frame_message(bytes(other.frame_bytes)) is None
+        assert other.actions_to_send() == [] and other.sent_ms == 0
+
+
+class _LegStream:
+    """What ``_StreamLeg.send_frame`` reads of a ``_Stream``."""
+
+    def __init__(self, engine: MediaStreamProtocol) -> None:
+        self.engine = engine
+        self.conn, self.transport = _connection()
+        self.pumped = 0
+
+    def pump(self) -> None:
+        self.pumped += 1
+        for action in self.engine.actions_to_send():
+            assert isinstance(action, SendText)
+            self.conn.send_text_nowait(action.text)
+
+
+@pytest.mark.parametrize(
+    ("cls", "fixture", "direct"),
+    [
+        (TwilioStreamProtocol, "twilio_call.jsonl", True),
+        (TelnyxStreamProtocol, "telnyx_l16.jsonl", True),
+        (PlivoStreamProtocol, "plivo_call.jsonl", False),
+    ],
+)
+def test_leg_writes_a_frame_as_the_pumped_send_frame_did(
+    cls: type[MediaStreamProtocol], fixture: str, direct: bool
+) -> None:
+    from bridge.io.streams_leg import _StreamLeg
+
+    leg_stream, reference = (
+        _LegStream(_streaming(cls, fixture)),
+        _LegStream(_streaming(cls, fixture)),
+    )
+    leg = _StreamLeg(leg_stream)  # type: ignore[arg-type]
+    frames = [bytes([i]) * leg_stream.engine.frame_bytes for i in range(3)]
+    for i, frame in enumerate(frames):
+        leg.send_frame(frame, i, 0.02 * i)
+        reference.engine.send_frame(frame, 0.02 * i)
+        reference.pump()
+    leg.send_frame(None, 3, 0.06)  # nothing due: nothing written
+    assert leg_stream.transport.writes == reference.transport.writes
+    assert len(leg_stream.transport.writes) == 3
+    assert leg_stream.pumped == (0 if direct else 3)
+    assert leg_stream.engine.sent_ms == reference.engine.sent_ms
