@@ -240,6 +240,10 @@ class _Stream:
 
     def _on_message(self, msg: str | bytes) -> None:
         if isinstance(msg, str):
+            audio = self.engine.take_media_text(msg)
+            if audio is not None:  # the per-message path: nothing queued to pump
+                self._on_audio(audio)
+                return
             self.engine.receive_text(msg, self.loop.time())
         else:
             self.engine.receive_bytes(msg, self.loop.time())

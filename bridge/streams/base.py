@@ -510,6 +510,20 @@ class MediaStreamProtocol(Outbox):
         """When ``handle_timer`` must run next, or ``None``."""
         return self._start_deadline
 
+    def take_media_text(self, text: str) -> bytes | None:
+        """The caller's audio of a plain ``media`` text message, taken whole; or ``None``.
+
+        The inbound per-frame path (50 messages a second per call). Where a
+        dialect can tell that ``text`` is a ``media`` message of the
+        expected kind (the next sequence number, this stream, an inbound
+        track, non-empty audio in the leg's codec) it returns the decoded
+        audio: the state moved exactly as ``receive_text`` would have moved
+        it, and nothing was queued (no ``AudioReceived``, no action), so
+        there is nothing to drain. ``None``: nothing happened; feed the same
+        text to ``receive_text``. This default takes nothing.
+        """
+        return None
+
     # -------------------------------------------------------------- commands
 
     def send_frame(self, frame: bytes, now: float) -> bool:

@@ -49,3 +49,59 @@ def test_audio_before_the_call_started_is_dropped() -> None:
     stream.call = None
     stream._on_event(AudioReceived(bytes(160), "mulaw", 8000, 20, 1))
     assert call.frames == []
+
+
+class _Loop:
+    def time(self) -> float:
+        return 1.0
+
+
+def test_messages_reach_the_call_taken_or_through_the_engine_events() -> None:
+    import base64
+    import json
+
+    from bridge.streams.twilio import TwilioStreamProtocol
+
+    sid = "MZ18ad3ab5a668481ce02b83e7395059f0"
+    engine = TwilioStreamProtocol()
+    engine.connection_made(0.0)
+    engine.receive_text(
+        json.dumps(
+            {
+                "event": "start",
+                "sequenceNumber": "1",
+                "streamSid": sid,
+                "start": {"streamSid": sid, "accountSid": "AC1", "callSid": "CA1"},
+            }
+        ),
+        0.0,
+    )
+    engine.actions_to_send()
+    engine.events_received()
+    stream, call = _stream()
+    stream.engine, stream.loop, stream.timer = engine, _Loop(), None  # type: ignore[assignment]
+    pumped: list[int] = []
+    real_pump = stream.pump
+
+    def pump() -> None:
+        pumped.append(1)
+        real_pump()
+
+    stream.pump = pump  # type: ignore[method-assign]
+
+    def media(seq: int, audio: bytes) -> str:
+        payload = base64.b64encode(audio).decode()
+        return (
+            f'{{"event":"media","sequenceNumber":"{seq}","media":{{"track":"inbound",'
+            f'"chunk":"{seq}","timestamp":"{20 * seq}","payload":"{payload}"}},'
+            f'"streamSid":"{sid}"}}'
+        )
+
+    frames = [bytes([n]) * 160 for n in range(4)]
+    stream._on_message(media(2, frames[0]))  # plain: taken, no pump
+    stream._on_message(media(3, frames[1]))
+    assert call.frames == frames[:2] and pumped == []
+    stream._on_message(media(5, frames[2]))  # a gap: the engine's events, pumped
+    assert call.frames == frames[:3] and pumped == [1]
+    stream._on_message(media(6, frames[3]))  # back in sequence: taken again
+    assert call.frames == frames and pumped == [1]

@@ -142,3 +142,108 @@ _b64ish = st.text("ABCDEFabcdef0189+/=", min_size=0, max_size=12)
 )  # fmt: skip
 def test_fuzzed_media_agree(cases: list[tuple[str, str, str, str, str, str, bool]]) -> None:
     _same([media(s, t, c, ts, p, sid, spaced) for s, t, c, ts, p, sid, spaced in cases])
+
+
+# ------------------------------------------ take_media_text: the leg's per-message path
+
+
+def _same_taken(texts: list[str], settings: StreamSettings | None = None) -> int:
+    """Each text through ``take_media_text`` (else ``receive_text``) and through the full
+    path only: a taken text is exactly one ``AudioReceived`` of that audio on the full
+    path and nothing queued on the taking engine; everything else observable is equal.
+    Returns how many texts were taken."""
+    taking, slow = _pair(settings)
+    taken = 0
+    for i, text in enumerate(texts):
+        now = 0.02 * (i + 1)
+        audio = taking.take_media_text(text)
+        if audio is None:
+            taking.receive_text(text, now)
+        MediaStreamProtocol.receive_text(slow, text, now)
+        events, actions, state, seq = _observed(slow)
+        if audio is not None:
+            taken += 1
+            assert [e for e in events if type(e) is AudioReceived] == events, text[:200]
+            assert [e.payload for e in events] == [audio], text[:200]
+            assert _observed(taking) == ([], [], state, seq) and actions == [], text[:200]
+        else:
+            assert _observed(taking) == (events, actions, state, seq), text[:200]
+    return taken
+
+
+def test_plain_media_is_taken_without_events_or_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    taking, _ = _pair()
+
+    def no_json(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("json.loads called on the take path")
+
+    monkeypatch.setattr(base_module.json, "loads", no_json)
+    for seq, spaced, track in ((2, False, "inbound"), (3, True, ""), (4, False, "inbound_track")):
+        audio = taking.take_media_text(media(seq=str(seq), spaced=spaced, track=track))
+        assert audio == bytes(range(160))
+        assert taking.events_received() == [] and taking.actions_to_send() == []
+    assert taking._expected_seq == 5
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [
+        [media()],
+        [media(seq="2"), media(seq="3"), media(seq="7"), media(seq="5")],  # gaps, repeats
+        [media(track="outbound"), media(track="inbound_track"), media(track="")],
+        [media(payload="")],  # empty audio: nothing emitted
+        [media(payload="AAA")],  # bad padding: 1007
+        [media(payload="AA==AA==")],
+        [media(payload="AA AA")],
+        [media(payload='AAAA\\"')],  # an escaped quote in the payload
+        [media(sid="MZother")],  # another stream: 1002
+        [media(sid="")],
+        [media(sid=SID + '", "x": "y')],  # more keys after the stream id
+        [media(seq="1" * 19)],  # too many digits: the full path's error
+        [media(chunk="0" * 18, timestamp="999999999999999999")],
+        [media().replace('"payload"', '"payload2"')],  # no payload: the full path
+        [media().replace("}", "", 1)],  # not JSON
+        [media() + " "],  # trailing whitespace is still JSON
+        [media().replace('"},', '"} ,')],
+        [media().replace("inbound", "in\\u0062ound")],  # an escape: the full path
+        [media(), '{"event":"stop","sequenceNumber":"3","streamSid":"' + SID + '"}', media()],
+        [media(), media(seq="3").replace('"streamSid":"', '"streamSid": "')],  # mixed spacing
+    ],
+)
+def test_taken_and_full_paths_agree(texts: list[str]) -> None:
+    _same_taken(texts)
+
+
+def test_plain_media_is_taken_in_order() -> None:
+    texts = [media(seq=str(n), spaced=n % 2 == 0) for n in range(2, 12)]
+    assert _same_taken(texts) == 10
+
+
+def test_oversized_media_is_not_taken() -> None:
+    assert _same_taken([media()], StreamSettings(max_message_bytes=320)) == 0
+
+
+def test_a_stream_id_json_would_escape_is_never_taken() -> None:
+    sid = 'MZ"q'
+    start = json.loads(json.dumps(START))
+    start["streamSid"] = start["start"]["streamSid"] = sid
+    e = TwilioStreamProtocol()
+    e.connection_made(0.0)
+    e.receive_text(json.dumps(start), 0.0)
+    assert e.state is StreamState.STREAMING
+    text = media().replace(f'"streamSid":"{SID}"', '"streamSid":"MZ\\"q"')
+    assert e.take_media_text(text) is None
+    assert e.take_media_text(media().replace(SID, sid)) is None  # not JSON
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(_digits, st.sampled_from(["inbound", "outbound", "", "x_y"]), _digits,
+                  _digits, _b64ish, st.sampled_from([SID, "", "MZ1"]), st.booleans()),
+        min_size=1,
+        max_size=6,
+    )
+)  # fmt: skip
+def test_fuzzed_media_taken_agree(cases: list[tuple[str, str, str, str, str, str, bool]]) -> None:
+    _same_taken([media(s, t, c, ts, p, sid, spaced) for s, t, c, ts, p, sid, spaced in cases])
