@@ -41,14 +41,24 @@ Rules that keep this module honest:
 6. The seed defines no heartbeat frame and no size or context limits; the
    only timers are ours (reply timeouts), exposed through
    ``next_deadline()``/``handle_timer(now)``.
+
+Cost: a turn's audio is a burst of frames (one ``audio_chunk`` and one
+``timestamps`` per word), so the per-frame path is kept short. An
+``audio_chunk`` frame in the compact shape the reference server and Kova
+send (``{"audio_chunk":"<base64>","context_id":"<id>"}``, no whitespace, no
+escapes) is taken apart without the JSON parser and its base64 decoded once,
+straight to bytes; anything else, and any doubt (an escape, bad base64, an
+unknown or unstarted context), goes through the full parse, so both paths
+give the same events. The earliest deadline is kept up to date as contexts
+move theirs, not found by a scan of every context per frame.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import logging
+from binascii import a2b_base64
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -96,6 +106,12 @@ ENCODINGS: dict[str, AudioEncoding] = {
 WIRE_ENCODING: dict[AudioEncoding, str] = {"pcm_s16le": "pcm", "mulaw": "mulaw", "alaw": "alaw"}
 
 CLOSE_PROTOCOL_ERROR = 1002
+
+_AUDIO_HEAD = '{"audio_chunk":"'
+_AUDIO_HEAD_LEN = len(_AUDIO_HEAD)
+_AUDIO_MID = '","context_id":"'
+_AUDIO_MID_LEN = len(_AUDIO_MID)
+_AUDIO_TAIL = '"}'
 
 
 class _KovaFrameError(ValueError):
@@ -145,6 +161,9 @@ class KovaProtocol(Outbox):
         self._flush_serial = 0
         self._contexts: dict[str, _Context] = {}
         self._turns: dict[str, _Context] = {}
+        self._next_at: float | None = None
+        """The earliest ``deadline_at`` of ``_contexts`` (unless ``_next_stale``)."""
+        self._next_stale = False
         self._handlers: dict[str, Handler] = {
             "context_started": self._on_context_started,
             "audio_chunk": self._on_audio_chunk,
@@ -219,8 +238,8 @@ class KovaProtocol(Outbox):
         self._context_serial += 1
         fmt = self._forced_format or _requested_format(settings)
         ctx = _Context(turn_id, f"c{self._context_serial}", fmt)
-        ctx.deadline_at = now + self._start_timeout_s
         self._contexts[ctx.context_id] = ctx
+        self._set_deadline(ctx, now + self._start_timeout_s)
         self._turns[turn_id] = ctx
         self._send(
             {
@@ -250,7 +269,7 @@ class KovaProtocol(Outbox):
         self._flush_serial += 1
         ctx.flush_id = f"f{self._flush_serial}"
         if ctx.started:
-            ctx.deadline_at = now + self._reply_timeout_s
+            self._set_deadline(ctx, now + self._reply_timeout_s)
         self._send({"flush": True, "context_id": ctx.context_id, "flush_id": ctx.flush_id})
 
     def cancel(self, turn_id: str, now: float) -> None:
@@ -269,8 +288,30 @@ class KovaProtocol(Outbox):
     # -------------------------------------------------------------- timers
 
     def next_deadline(self) -> float | None:
-        deadlines = [c.deadline_at for c in self._contexts.values() if c.deadline_at is not None]
-        return min(deadlines, default=None)
+        if self._next_stale:
+            deadlines = [
+                c.deadline_at for c in self._contexts.values() if c.deadline_at is not None
+            ]
+            self._next_at = min(deadlines, default=None)
+            self._next_stale = False
+        return self._next_at
+
+    def _set_deadline(self, ctx: _Context, at: float | None) -> None:
+        """Move ``ctx``'s deadline (a context of ``_contexts``), keeping ``_next_at`` exact.
+
+        An earlier deadline than the earliest becomes the earliest; moving the
+        context that held the earliest later (or clearing it) leaves the
+        earliest unknown until ``next_deadline()`` asks; anything else leaves it.
+        """
+        old = ctx.deadline_at
+        ctx.deadline_at = at
+        if self._next_stale:
+            return
+        earliest = self._next_at
+        if at is not None and (earliest is None or at <= earliest):
+            self._next_at = at
+        elif old is not None and old == earliest:
+            self._next_stale = True
 
     def handle_timer(self, now: float) -> None:
         """Expire contexts whose reply did not come in time."""
@@ -292,6 +333,8 @@ class KovaProtocol(Outbox):
         """Parse one server frame; bad input becomes an event, never an exception."""
         if self._failed:
             return
+        if text.startswith(_AUDIO_HEAD) and self._fast_audio_chunk(text, now):
+            return
         try:
             frame = json.loads(text)
         except (ValueError, RecursionError):
@@ -300,11 +343,55 @@ class KovaProtocol(Outbox):
         if not isinstance(frame, dict):
             self._fail_connection("malformed_frame", "server frame is not an object", close=True)
             return
-        kind = next((k for k in self._handlers if k in frame), None)
+        kind = None
+        for k in self._handlers:
+            if k in frame:
+                kind = k
+                break
         if kind is None:
             logger.debug("< kova: ignoring unknown frame keys %s", sorted(frame)[:8])
             return
         self._dispatch(kind, frame, now)
+
+    def _fast_audio_chunk(self, text: str, now: float) -> bool:
+        """An ``audio_chunk`` frame in the compact shape, for a streaming context.
+
+        True when it was handled here, with the same outcome as the full
+        parse would give (``AudioReceived``, or a late frame dropped); False
+        sends it through the full parse: another shape, a JSON escape, base64
+        that does not decode strictly, an unknown or unstarted context.
+        """
+        end = text.find('"', _AUDIO_HEAD_LEN)
+        if end < 0 or not text.startswith(_AUDIO_MID, end):
+            return False
+        id_at = end + _AUDIO_MID_LEN
+        context_id = text[id_at : -len(_AUDIO_TAIL)]
+        if not text.endswith(_AUDIO_TAIL) or '"' in context_id or "\\" in context_id:
+            return False
+        ctx = self._contexts.get(context_id)
+        if ctx is None or not ctx.started:
+            return False
+        if ctx.closing:
+            return True  # late frame of a cancelled / finished turn: dropped here
+        try:
+            # strict: only the base64 alphabet with correct padding, so the JSON
+            # string had no escape and b64decode(validate=True) would agree
+            audio = a2b_base64(text[_AUDIO_HEAD_LEN:end], strict_mode=True)
+        except ValueError:  # binascii.Error, or a non-ASCII character
+            return False
+        if ctx.flush_id is not None:
+            self._set_deadline(ctx, now + self._reply_timeout_s)
+        if ctx.audio_format.bytes_per_sample == 2:
+            if ctx.remainder:
+                audio = ctx.remainder + audio
+            cut = len(audio) - len(audio) % 2
+            if cut != len(audio):
+                audio, ctx.remainder = audio[:cut], audio[cut:]
+            else:
+                ctx.remainder = b""
+        if audio:
+            self._events.append(AudioReceived(ctx.turn_id, audio, ctx.audio_format))
+        return True
 
     def receive_bytes(self, data: bytes, now: float) -> None:
         """Kova frames are text only; binary messages are ignored."""
@@ -350,7 +437,7 @@ class KovaProtocol(Outbox):
                 return
             ctx.audio_format = real
         ctx.started = True
-        ctx.deadline_at = now + self._reply_timeout_s if ctx.flush_id is not None else None
+        self._set_deadline(ctx, now + self._reply_timeout_s if ctx.flush_id is not None else None)
         self._events.append(TurnStarted(ctx.turn_id, provider_ref=ctx.context_id))
 
     def _on_audio_chunk(self, ctx: _Context, frame: dict[str, object], now: float) -> None:
@@ -360,7 +447,7 @@ class KovaProtocol(Outbox):
             raise _KovaFrameError("audio_chunk is not a string")
         try:
             audio = base64.b64decode(payload, validate=True)
-        except binascii.Error as exc:
+        except ValueError as exc:  # binascii.Error, or a non-ASCII character
             raise _KovaFrameError("audio_chunk is not valid base64") from exc
         self._touch(ctx, now)
         if ctx.audio_format.bytes_per_sample == 2:
@@ -429,14 +516,14 @@ class KovaProtocol(Outbox):
 
     def _touch(self, ctx: _Context, now: float) -> None:
         if ctx.flush_id is not None:
-            ctx.deadline_at = now + self._reply_timeout_s
+            self._set_deadline(ctx, now + self._reply_timeout_s)
 
     def _send(self, frame: dict[str, object]) -> None:
         self._actions.append(SendText(json.dumps(frame, separators=(",", ":"))))
 
     def _send_close_context(self, ctx: _Context, now: float) -> None:
         ctx.closing = True
-        ctx.deadline_at = now + self._close_timeout_s
+        self._set_deadline(ctx, now + self._close_timeout_s)
         self._turns.pop(ctx.turn_id, None)
         self._send({"close_context": True, "context_id": ctx.context_id})
 
@@ -447,7 +534,8 @@ class KovaProtocol(Outbox):
         self._events.append(event)
 
     def _forget(self, ctx: _Context) -> None:
-        self._contexts.pop(ctx.context_id, None)
+        if self._contexts.pop(ctx.context_id, None) is not None and ctx.deadline_at is not None:
+            self._next_stale = self._next_stale or ctx.deadline_at == self._next_at
         self._turns.pop(ctx.turn_id, None)
 
     def _fail_turn(
@@ -466,6 +554,7 @@ class KovaProtocol(Outbox):
         self._ready = False
         self._contexts.clear()
         self._turns.clear()
+        self._next_at, self._next_stale = None, False
         self._events.append(ProviderFailed(kind, self._scrub(message), open_turns))
         if close:
             self._actions.append(CloseConnection(CLOSE_PROTOCOL_ERROR, kind))
