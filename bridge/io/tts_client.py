@@ -128,6 +128,7 @@ class _Connection:
         self.ws: ClientConnection | None = None
         self.sinks: dict[str, Sink] = {}
         self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0.0  # when ``timer`` fires (it may be before the engine's deadline)
         self.task: asyncio.Task[None] | None = None
         self.closed = False
         self.ready_event = asyncio.Event()
@@ -209,12 +210,20 @@ class _Connection:
         for event in self.engine.events_received():
             self._dispatch(event)
         self.changed.set()
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        # One timer, re-armed only when the deadline comes earlier: a deadline that
+        # moves later with every message (a reply timeout) costs no timer churn; the
+        # timer then fires early, finds nothing due and re-arms (``_on_timer``).
         deadline = self.engine.next_deadline()
-        if deadline is not None and not self.closed:
+        timer = self.timer
+        if deadline is None or self.closed:
+            if timer is not None:
+                timer.cancel()
+                self.timer = None
+        elif timer is None or deadline < self.timer_at:
+            if timer is not None:
+                timer.cancel()
             self.timer = self.loop.call_at(deadline, self._on_timer)
+            self.timer_at = deadline
 
     def _queue_send(self, data: str | bytes) -> None:
         """Send one message now, straight through the connection's sans-I/O protocol.
@@ -255,10 +264,24 @@ class _Connection:
 
     def _on_timer(self) -> None:
         self.timer = None
-        self.engine.handle_timer(self.now())
+        deadline = self.engine.next_deadline()
+        if deadline is None or self.closed:
+            return
+        now = self.now()
+        if now < deadline:  # armed for an earlier deadline that has since moved later
+            self.timer = self.loop.call_at(deadline, self._on_timer)
+            self.timer_at = deadline
+            return
+        self.engine.handle_timer(now)
         self.pump()
 
     def _dispatch(self, event: Event) -> None:
+        cls = type(event)
+        if cls is AudioReceived or cls is WordsTimed:  # the bulk of a turn: straight to its sink
+            sink = self.sinks.get(event.turn_id)  # type: ignore[attr-defined]
+            if sink is not None:
+                sink(event)
+                return
         if isinstance(event, ConnectionReady):
             self.ready_event.set()
             self.pool.backoff.reset()
@@ -418,6 +441,13 @@ class ProviderPool:
 
 def _retag(event: Event, turn_id: str) -> Event:
     """``event`` as seen by the turn's owner (its own turn id, not the wire id)."""
+    cls = type(event)
+    if cls is AudioReceived:  # the bulk of a turn: built directly, not by ``replace``
+        audio: AudioReceived = event  # type: ignore[assignment]
+        return AudioReceived(turn_id, audio.audio, audio.audio_format)
+    if cls is WordsTimed:
+        timed: WordsTimed = event  # type: ignore[assignment]
+        return WordsTimed(turn_id, timed.words)
     if isinstance(event, ProviderFailed):
         return replace(event, turn_ids=(turn_id,))
     if isinstance(getattr(event, "turn_id", None), str):
@@ -690,6 +720,15 @@ class Speaker:
     def _on_event(self, turn: _SpokenTurn, event: Event) -> None:
         if self.turns.get(turn.turn_id) is not turn:
             return  # cancelled: late events are dropped here too
+        if not turn.cacheable:  # the bulk of a turn, with nothing to record: straight on
+            cls = type(event)
+            if cls is AudioReceived:
+                turn.got_audio = True
+                turn.sink(event)
+                return
+            if cls is WordsTimed:
+                turn.sink(event)
+                return
         failed = isinstance(event, TurnFailed | ProviderFailed)
         if failed and not turn.got_audio and turn.chain_index + 1 < len(self.pools):
             log.warning(
