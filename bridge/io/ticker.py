@@ -21,9 +21,13 @@ window around the deadline: each frame leaves within 1 ms of it, on either
 side, never more than ``early_tolerance_s`` (1 ms) early, without spinning.
 Slot phases sit half a millisecond into the millisecond (``epoch_s``), so a
 stream on its slot grid leaves within 0.5 ms. A talkspurt start
-(``start_talkspurt``) re-phases the stream when its first frame actually
-goes out (the next pass of the loop), so the receiver's grid (anchored on
-that marker packet) and ours coincide.
+(``start_talkspurt``) re-phases the stream in the next pass of the loop:
+there the pure ticker chooses the lighter of this millisecond's bucket and
+the next one (``TickerConfig.talkspurt_buckets``). In this millisecond's,
+the first frame goes out in that pass and the grid is anchored on that
+instant; in the next one, it is due on that millisecond's slot phase and
+goes out with that bucket's timer, like every frame on the slot grid. Either
+way the receiver's grid (anchored on that marker packet) and ours coincide.
 
 Every stream whose wake-up falls in the same millisecond is served by one
 wake-up and one timer handle.
@@ -159,8 +163,9 @@ class MediaTicker:
     def start_talkspurt(self, key: str) -> None:
         """A turn's first frame exists: send it on the loop's next pass, not at the next slot.
 
-        The stream is re-phased in that pass, with the time its first frame
-        actually leaves (see the module docstring).
+        The stream is re-phased in that pass: its first frame leaves there,
+        or, if this millisecond's bucket holds more calls than the next one,
+        with the next millisecond's wake-up (see the module docstring).
         """
         stream = self.streams.get(key)
         if stream is None:

@@ -64,6 +64,19 @@ case the marker bit exists for: the receiver's jitter buffer re-anchors its
 playout point at a talkspurt start (RFC 3550 §5.1, RFC 3551 §4.1). Outside a
 talkspurt start the grid never moves.
 
+"Now" is not always the best instant, though: many turns start together (a
+read from a provider connection carrying many turns' first audio), and each
+re-phase to its own "now" piles those calls into the same 1 ms bucket, where
+they stay for the rest of the turn (a bucket that overruns its millisecond
+makes the next wake-up late). So ``Ticker.start_talkspurt`` puts the first
+frame in the least-loaded of the next ``talkspurt_buckets`` buckets (ties to
+the earliest): the bucket of "now" (then the frame is due now, as above), or
+a later one, where it is due on the slot phase of that millisecond and the
+grid is anchored there; the first frame leaves with that bucket's wake-up, at
+most ``(talkspurt_buckets - 1) * bucket_s`` plus the phase (1.5 ms with the
+defaults) after it was asked for. ``bench/bench_ticker.py`` measures the
+occupancy and the added delay.
+
 Rules that keep this module honest:
 
 1. No clock reads: every method that needs the time takes ``now``.
@@ -227,17 +240,22 @@ class MediaClock:
         self._frames_sent += 1
         return n
 
-    def start_talkspurt(self, now: float) -> float:
-        """Move the grid so that the next frame is due at ``now``; return the shift (s).
+    def start_talkspurt(self, now: float, at_s: float | None = None) -> float:
+        """Move the grid so the next frame is due at ``at_s`` (default: ``now``); return the shift.
 
-        Only moves the grid earlier (a frame already due stays due), and by
-        less than one period. Timestamps are unchanged: frame ``n`` keeps
-        ``ts0 + n * samples_per_frame``.
+        Only moves the grid earlier (a frame already due at ``now`` stays due,
+        and an ``at_s`` at or after the grid's own next deadline changes
+        nothing), and by less than one period. Timestamps are unchanged:
+        frame ``n`` keeps ``ts0 + n * samples_per_frame``.
         """
         wake_s = self.next_deadline()
         if now >= wake_s:
             return 0.0
-        shift_s = self.deadline(self._next_frame) - now
+        if at_s is None or at_s < now:
+            at_s = now
+        shift_s = self.deadline(self._next_frame) - at_s
+        if shift_s <= 0.0:
+            return 0.0
         self.origin_s -= shift_s
         self._rephased += 1
         return shift_s
@@ -268,6 +286,14 @@ class TickerConfig:
     """Loop time of the grid: slot ``k`` is due at ``epoch_s + (k / slots + m) * ptime_s``."""
     bucket_s: float = 0.001
     """Width of the wake-up buckets (see ``Ticker``): the shell's timer resolution."""
+    talkspurt_buckets: int = 2
+    """Buckets a talkspurt's first frame may choose from: the one of "now" and the next ones.
+
+    ``Ticker.start_talkspurt`` puts the first frame in the least-loaded of
+    them (ties: the earliest, so an idle ticker sends it at once). 1 is the
+    old rule (always at once); each further bucket adds up to ``bucket_s``
+    to a turn's first frame. 2: a frame is held at most 1.5 ms (on the slot
+    phase of the next millisecond); see ``bench/bench_ticker.py``."""
 
 
 class Ticker(Generic[K]):
@@ -293,6 +319,8 @@ class Ticker(Generic[K]):
         "_buckets",
         "_clocks",
         "_config",
+        "_period_buckets",
+        "_phase_in_bucket_s",
         "_popped",
         "_slot_load",
         "_slot_of",
@@ -305,6 +333,8 @@ class Ticker(Generic[K]):
             raise LocalProtocolError("slots must be positive")
         if self._config.bucket_s <= 0:
             raise LocalProtocolError("bucket_s must be positive")
+        if self._config.talkspurt_buckets < 1:
+            raise LocalProtocolError("talkspurt_buckets must be >= 1")
         self._clocks: dict[K, MediaClock] = {}
         self._slot_of: dict[K, int] = {}
         self._slot_load = [0] * self._config.slots
@@ -317,6 +347,11 @@ class Ticker(Generic[K]):
         self._bucket_heap: list[int] = []  # bucket numbers; stale ones are skipped
         self._where: dict[K, int] = {}
         self._popped: list[K] = []
+        # talkspurt placement: buckets per period (a stream's bucket recurs every
+        # ``_period_buckets``), and where a held first frame sits in its bucket
+        # (the slot phases' place in the millisecond)
+        self._period_buckets = max(1, round(self._config.clock.ptime_s / self._bucket_s))
+        self._phase_in_bucket_s = self._config.epoch_s % self._bucket_s
 
     def __len__(self) -> int:
         return len(self._clocks)
@@ -347,12 +382,58 @@ class Ticker(Generic[K]):
         """The clock of a registered stream."""
         return self._clocks[key]
 
-    def start_talkspurt(self, key: K, now: float) -> None:
-        """Re-phase a stream so its next frame is due at ``now`` (see the module docstring)."""
+    def start_talkspurt(self, key: K, now: float) -> float:
+        """Re-phase a stream for a talkspurt start; return when its next frame is due.
+
+        The first frame goes in the least-loaded of ``talkspurt_buckets``
+        wake-up buckets: the one a frame due ``now`` joins (then it is due at
+        ``now``: the grid moves onto this instant, as it always did), or one
+        of the next ones (then it is due on the slot phase of that bucket's
+        millisecond, and the grid is anchored there). Ties go to the earliest.
+        A stream whose own grid comes first in that window keeps its grid
+        when its bucket is as light; one whose frame is already due is not
+        moved. Load counts a bucket's streams in this period and the
+        neighbouring ones (each stream recurs every period).
+        """
         clock = self._clocks[key]
-        if clock.start_talkspurt(now) > 0.0 and key in self._where:
-            self._unqueue(key)
-            self._push(key, clock)
+        if now >= clock.next_deadline():
+            return clock.deadline(clock.next_frame)  # already due: nothing to move
+        self._requeue_popped()  # every stream in its bucket, so that loads are whole
+        self._unqueue(key)
+        clock.start_talkspurt(now, self._talkspurt_at(clock, now))
+        self._push(key, clock)
+        return clock.deadline(clock.next_frame)
+
+    def _talkspurt_at(self, clock: MediaClock, now: float) -> float:
+        """When a re-phased stream's first frame should be due (see ``start_talkspurt``)."""
+        width_s = self._bucket_s
+        tolerance_s = clock._tolerance_s
+        first = _floor((now - tolerance_s) / width_s)  # the bucket of a frame due now
+        best_s = now
+        best_load = self._bucket_load(first)
+        if best_load == 0 or self._config.talkspurt_buckets == 1:
+            return now
+        own_s = clock.deadline(clock.next_frame)
+        for i in range(1, self._config.talkspurt_buckets):
+            at_s = (first + i) * width_s + tolerance_s + self._phase_in_bucket_s
+            if at_s >= own_s:  # the stream's own grid comes first: keep it, or go earlier
+                if self._bucket_load(_floor((own_s - tolerance_s) / width_s)) < best_load:
+                    best_s = own_s
+                break
+            load = self._bucket_load(_floor((at_s - tolerance_s) / width_s))
+            if load < best_load:
+                best_s, best_load = at_s, load
+        return best_s
+
+    def _bucket_load(self, b: int) -> int:
+        """Streams whose wake-ups fall in bucket ``b``'s place in the period."""
+        buckets = self._buckets
+        period = self._period_buckets
+        return (
+            len(buckets.get(b - period, ()))
+            + len(buckets.get(b, ()))
+            + len(buckets.get(b + period, ()))
+        )
 
     def phase_s(self, key: K) -> float:
         """Offset of the stream's deadlines within the period, in seconds."""

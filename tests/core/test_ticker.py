@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from bridge.io.ticker import ARM_BEFORE_S, MediaTicker
+from bridge.media.clock import ClockConfig, Ticker, TickerConfig
 
 
 def test_frames_are_ticked_in_order_and_a_stalled_loop_reads_as_overloaded() -> None:
@@ -105,6 +106,26 @@ def test_a_talkspurt_is_rephased_when_its_first_frame_leaves() -> None:
     # the grid is anchored on the packet that left, not on the request
     assert clock.deadline(2) == pytest.approx(100.0281)
     assert loop.handles[0].when == pytest.approx(100.0281 - ARM_BEFORE_S)
+
+
+def test_a_talkspurt_in_a_busy_millisecond_leaves_with_the_next_one_on_its_phase() -> None:
+    now = [100.0]
+    ticker, loop = _ticker(now)
+    sent: dict[str, list[tuple[int, float]]] = {}
+    for i in range(33):  # slots 0-12 hold 2 streams, 13-19 hold 1
+        sent[f"s{i}"] = []
+        ticker.add(f"s{i}", lambda n, t, k=f"s{i}": sent[k].append((n, t)), lambda e: None)
+    clock = ticker.streams["s16"].clock  # slot 16: frame 0 due at 100.0165
+    now[0] = 100.0122  # a frame due now joins slot 12's millisecond (2 streams), 13's holds 1
+    ticker.start_talkspurt("s16")
+    loop.fire()  # the loop's next pass: the other frames due by now leave, s16's is held
+    assert sent["s16"] == [] and sent["s11"] == [(0, 100.0122)]
+    assert clock.deadline(0) == pytest.approx(100.0135)  # on the slot phase of the next ms
+    while not sent["s16"]:
+        now[0] = loop.handles[0].when + 0.0003
+        loop.fire()
+    assert sent["s16"] == [(0, pytest.approx(100.0133))]  # with slot 13's timer
+    assert clock.deadline(1) == pytest.approx(100.0335)  # the grid: anchored there
 
 
 def test_a_preemption_point_runs_the_wake_up_only_once_its_timer_would_have_fired() -> None:
@@ -210,10 +231,9 @@ def test_a_wake_up_sends_every_frame_then_reads_every_socket_then_does_the_inbou
     now = [100.0]
     ticker, loop = _ticker(now)
     log: list[str] = []
+    ticker.ticker = Ticker(TickerConfig(ClockConfig(), slots=1, epoch_s=0.0005))  # one phase
     for key in ("a", "b"):  # both in the first millisecond's bucket
         ticker.add(key, _two_phase_stream(ticker, log, key, _Sock(log, key)), lambda e: None)
-    ticker.ticker.start_talkspurt(ticker.streams["b"], now[0])  # same phase as "a"
-    ticker.ticker.start_talkspurt(ticker.streams["a"], now[0])
     now[0] = loop.handles[0].when + 0.0003
     loop.fire()
     order = [log[0][-1], log[1][-1]]  # the bucket's order

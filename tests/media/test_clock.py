@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -317,7 +319,8 @@ def test_ticker_buckets_agree_with_every_clock(ops: list[tuple[str, int, float]]
 
 
 def test_ticker_removing_the_earliest_stream_of_a_bucket() -> None:
-    ticker: Ticker[str] = Ticker(TickerConfig(slots=1))
+    # talkspurt_buckets=1: the re-phases below must land where they are asked
+    ticker: Ticker[str] = Ticker(TickerConfig(slots=1, talkspurt_buckets=1))
     ticker.add("a", now=0.0)
     ticker.add("b", now=0.0)
     ticker.start_talkspurt("b", -0.0103)  # b's wake-up lands in the same 1 ms as a's
@@ -338,3 +341,105 @@ def test_ticker_a_stream_removed_and_added_again_while_due_is_queued_once() -> N
     assert ticker.due(0.021) == ["a"]
     assert ticker.due(0.021) == ["a"]  # not ticked: still due, and only once
     assert len(ticker) == 1
+
+
+def test_start_talkspurt_at_a_later_time_moves_the_grid_there_and_never_later() -> None:
+    clock = MediaClock(origin_s=0.0, ts0=500)
+    assert clock.tick(0.0) == 0
+    # frame 1 is due at 0.020; a talkspurt asked at 0.0052 to leave at 0.0065
+    assert clock.start_talkspurt(0.0052, 0.0065) == pytest.approx(0.0135)
+    assert clock.deadline(1) == pytest.approx(0.0065)
+    assert clock.tick(0.0052) is None  # held: not due before its tolerance window
+    assert clock.tick(0.0065) == 1
+    assert clock.rtp_timestamp(1) - clock.rtp_timestamp(0) == 160
+    assert clock.deadline(2) == pytest.approx(0.0265)
+    # an instant at or after the grid's own next deadline changes nothing
+    assert clock.start_talkspurt(0.010, 0.0265) == 0.0
+    assert clock.start_talkspurt(0.010, 0.030) == 0.0
+    assert clock.deadline(2) == pytest.approx(0.0265)
+    assert clock.stats().rephased == 1
+
+
+def _spread_ticker(streams: int, buckets: int = 2) -> Ticker[int]:
+    """Streams on 20 slots of 1 ms, half a millisecond into it (the shell's phases)."""
+    ticker: Ticker[int] = Ticker(TickerConfig(epoch_s=0.0005, talkspurt_buckets=buckets))
+    for k in range(streams):
+        ticker.add(k, now=0.0)  # stream k on slot k % 20: due at 0.0005 + (k % 20) * 0.001
+    return ticker
+
+
+def _bucket_sizes(ticker: Ticker[int], keys: range) -> dict[int, int]:
+    sizes: dict[int, int] = {}
+    for k in keys:
+        b = math.floor(ticker.clock(k).next_deadline() / 0.001)
+        sizes[b] = sizes.get(b, 0) + 1
+    return sizes
+
+
+def test_a_cluster_of_talkspurt_starts_spreads_over_the_next_bucket() -> None:
+    ticker = _spread_ticker(40)  # two streams per 1 ms bucket
+    now = 0.0102  # a frame due now waits in bucket 9 (wake-up 9.2 ms): 2 streams there
+    cluster = [k for k in range(40) if k % 20 >= 15]  # own grids 15.5-19.5 ms: far off
+    due_at = [ticker.start_talkspurt(k, now + i * 10e-6) for i, k in enumerate(cluster)]
+    # at once or in the next bucket, on the slot phase of its millisecond: never later
+    assert sorted({round(t, 7) for t in due_at}) == [
+        round(now + i * 10e-6, 7) for i in (0, 2, 4, 6, 8)
+    ] + [0.0115]
+    assert all(t - now <= 0.0015 + 1e-9 for t in due_at)
+    sizes = _bucket_sizes(ticker, range(40))
+    assert sizes[9] == sizes[10] == 7  # 2 + 5 each, where the old rule made it 12 and 2
+    at_once = {k for k, t in zip(cluster, due_at, strict=True) if t < 0.011}
+    assert set(ticker.due(now + 0.0001)) & set(cluster) == at_once
+
+    old_rule = _spread_ticker(40, buckets=1)
+    for i, k in enumerate(cluster):
+        assert old_rule.start_talkspurt(k, now + i * 10e-6) == pytest.approx(now + i * 10e-6)
+    assert _bucket_sizes(old_rule, range(40))[9] == 12
+
+
+def test_a_held_first_frame_leaves_at_the_chosen_time_on_a_grid_anchored_there() -> None:
+    ticker = _spread_ticker(40)
+    while (wake_s := ticker.next_deadline()) is not None and wake_s < 0.0194:  # one period
+        for key in ticker.due(wake_s + 0.0007):
+            assert ticker.clock(key).tick(wake_s + 0.0007) is not None
+    now = 0.0302  # a frame due now joins bucket 29 (slot 10's, 30.5 ms); bucket 30 is slot 11's
+    assert ticker.start_talkspurt(15, now) == pytest.approx(now)  # 2 against 2: at once
+    assert 15 in ticker.due(now) and ticker.clock(15).tick(now) == 1
+    clock = ticker.clock(16)  # slot 16: frame 1 due at 36.5 ms
+    assert ticker.start_talkspurt(16, now) == pytest.approx(0.0315)  # 3 against 2: held 1.3 ms
+    assert 16 not in ticker.due(now)
+    assert clock.tick(0.0315 - 0.0012) is None  # not before its tolerance window
+    assert 16 in ticker.due(0.0315 - 0.0007)
+    n = clock.tick(0.0315 - 0.0007)
+    assert n == 1
+    assert clock.rtp_timestamp(n) - clock.rtp_timestamp(n - 1) == 160  # no gap, no overlap
+    assert clock.deadline(n) == pytest.approx(0.0315)  # the grid: anchored on the chosen time
+    assert clock.deadline(n + 1) == pytest.approx(0.0515)
+    assert clock.stats().rephased == 1
+
+
+def test_a_talkspurt_on_an_idle_ticker_or_in_the_lightest_bucket_leaves_now() -> None:
+    ticker: Ticker[str] = Ticker(TickerConfig(epoch_s=0.0005))
+    clock = ticker.add("a", now=0.0)
+    assert clock.tick(0.0005) == 0
+    assert ticker.start_talkspurt("a", 0.0071) == pytest.approx(0.0071)
+    assert ticker.due(0.0071) == ["a"] and clock.tick(0.0071) == 1
+    # a start whose bucket is lighter than the next one, or as light, leaves now
+    light = _spread_ticker(22)  # slots 0 and 1 hold 2 streams each, the others 1
+    light.remove(20)  # slot 0 (0.5 ms, bucket -1): 1 stream; slot 1 (bucket 0): 2
+    assert light.start_talkspurt(15, 0.0006) == pytest.approx(0.0006)  # 1 against 2
+    assert light.start_talkspurt(16, 0.0006) == pytest.approx(0.0006)  # 2 against 2
+    assert set(light.due(0.0006)) >= {15, 16}
+
+
+def test_a_stream_whose_own_grid_comes_first_keeps_it() -> None:
+    ticker = _spread_ticker(40)
+    clock = ticker.clock(11)  # slot 11: due at 11.5 ms, waiting in bucket 10 with stream 31
+    # now: bucket 9 (slot 10) holds 2; the next bucket is its own, holding 1 besides it
+    assert ticker.start_talkspurt(11, 0.0101) == pytest.approx(0.0115)
+    assert clock.stats().rephased == 0 and clock.deadline(0) == pytest.approx(0.0115)
+
+
+def test_talkspurt_buckets_must_be_positive() -> None:
+    with pytest.raises(LocalProtocolError):
+        Ticker(TickerConfig(talkspurt_buckets=0))
