@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import random
 from collections import OrderedDict, deque
@@ -29,6 +30,7 @@ from urllib.parse import urlsplit
 
 import websockets
 from websockets.asyncio.client import ClientConnection
+from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import State
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes, SendText
@@ -116,6 +118,59 @@ async def _http_request(req: HttpRequest) -> tuple[int, bytes]:
     return int(status_line.split()[1]), body
 
 
+class _ProviderWebSocket(ClientConnection):
+    """websockets' asyncio client connection handing each data message to ``on_message``.
+
+    Frames are parsed by the connection's sans-I/O protocol as usual (control
+    frames, pings, the closing handshake, size limits: all websockets'), but a
+    complete text or binary message goes to ``on_message`` in ``data_received``
+    as it is parsed, instead of through the assembler's queue to a ``recv()``
+    per message: no future, queue or coroutine step per message. A text
+    message is decoded as UTF-8 once; invalid UTF-8 fails the connection with
+    1007, as ``recv()`` does.
+    """
+
+    def __init__(
+        self, protocol: Any, *, on_message: Callable[[str | bytes], None], **kwargs: Any
+    ) -> None:
+        super().__init__(protocol, **kwargs)
+        self.on_message = on_message
+        self._fragments: list[bytes] = []
+        self._fragmented_text = False
+
+    def process_event(self, event: Any) -> None:
+        if self.response is None or not isinstance(event, Frame):
+            super().process_event(event)  # the handshake response
+            return
+        opcode = event.opcode
+        if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
+            if not event.fin:  # the first fragment; the protocol checks their order
+                self._fragmented_text = opcode is Opcode.TEXT
+                self._fragments = [bytes(event.data)]
+                return
+            self._deliver(opcode is Opcode.TEXT, event.data)
+        elif opcode is Opcode.CONT:
+            self._fragments.append(bytes(event.data))
+            if event.fin:
+                data, self._fragments = b"".join(self._fragments), []
+                self._deliver(self._fragmented_text, data)
+        else:
+            super().process_event(event)  # ping, pong, close
+
+    def _deliver(self, text: bool, data: Any) -> None:
+        if not text:
+            self.on_message(bytes(data))
+            return
+        try:
+            decoded = str(data, "utf-8")
+        except UnicodeDecodeError as exc:
+            self.set_connection_exc(exc)
+            self.protocol.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
+            self.send_data()
+            return
+        self.on_message(decoded)
+
+
 class _Connection:
     """One WebSocket to the provider and the engine that speaks its protocol."""
 
@@ -135,6 +190,8 @@ class _Connection:
         self.changed = asyncio.Event()
         self.outbox: deque[str | bytes] = deque()
         self.writer: asyncio.Task[None] | None = None
+        self.early: list[str | bytes] | None = []
+        """Messages that came with the handshake, before the engine heard of the connection."""
 
     def now(self) -> float:
         return self.loop.time()
@@ -155,17 +212,15 @@ class _Connection:
         try:
             await self._connect()
             assert self.ws is not None
-            preempt = self.pool.preempt
-            async for msg in self.ws:
-                if isinstance(msg, str):
-                    self.engine.receive_text(msg, self.now())
-                else:
-                    self.engine.receive_bytes(msg, self.now())
-                self.pump()
-                # a burst (many turns' audio at once) is read without a return to
-                # the loop: let frames due meanwhile leave on time
-                preempt()
-            code, reason = self.ws.close_code, self.ws.close_reason or ""
+            early, self.early = self.early or [], None
+            for msg in early:
+                self._on_message(msg)
+            await self.ws.wait_closed()  # messages arrive through _on_message meanwhile
+            exc = self.ws.protocol.close_exc
+            if isinstance(exc, websockets.ConnectionClosedOK):
+                code, reason = self.ws.close_code, self.ws.close_reason or ""
+            else:
+                code, reason = None, f"{type(exc).__name__}: {exc}"
         except (TimeoutError, OSError, websockets.WebSocketException) as e:
             code, reason = None, f"{type(e).__name__}: {e}"
         finally:
@@ -176,6 +231,22 @@ class _Connection:
         self.pump()
         self.ready_event.set()
         self.pool._connection_ended(self)
+
+    def _on_message(self, msg: str | bytes) -> None:
+        """One provider message, as websockets parsed it (``_ProviderWebSocket``)."""
+        if self.early is not None:
+            self.early.append(msg)
+            return
+        if self.closed:
+            return
+        if isinstance(msg, str):
+            self.engine.receive_text(msg, self.loop.time())
+        else:
+            self.engine.receive_bytes(msg, self.loop.time())
+        self.pump()
+        # a burst (many turns' audio at once) is read in one data_received, without
+        # a return to the loop: let frames due meanwhile leave on time
+        self.pool.preempt()
 
     async def _connect(self) -> None:
         req = self.engine.session_request()
@@ -193,6 +264,9 @@ class _Connection:
             ping_interval=20,
             ping_timeout=20,
             compression=None,
+            create_connection=functools.partial(  # type: ignore[arg-type]
+                _ProviderWebSocket, on_message=self._on_message
+            ),
         )
         self.engine.connection_made(self.ws.subprotocol, self.now())
         self.pump()

@@ -1,0 +1,175 @@
+"""Provider messages straight from websockets' parser (``_ProviderWebSocket``), frame by frame.
+
+The provider connection hands each complete data message to its reader as
+the frames are parsed, instead of through websockets' message queue. These
+feed it frames by hand: whole and fragmented messages, text and binary,
+invalid UTF-8 (the connection fails with 1007, as ``recv()`` did), and
+control frames left to websockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from types import SimpleNamespace
+from typing import Any
+
+from websockets.client import ClientProtocol
+from websockets.frames import CloseCode, Frame, Opcode
+from websockets.protocol import State
+from websockets.uri import parse_uri
+from websockets.utils import accept_key
+
+from bridge.engine import Action, Event
+from bridge.io.tts_client import _Connection, _ProviderWebSocket
+from bridge.tts.base import ConnectParams
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def open_socket(messages: list[str | bytes]) -> _ProviderWebSocket:
+    protocol = ClientProtocol(parse_uri("ws://127.0.0.1:9/v1/ws"))
+    protocol.state = State.OPEN
+    ws = _ProviderWebSocket(protocol, on_message=messages.append)
+    ws.connection_made(FakeTransport())  # type: ignore[arg-type]
+    ws.response = object()  # type: ignore[assignment]  # the handshake is done
+    return ws
+
+
+def run(fn: Any) -> None:
+    async def main() -> None:
+        fn()
+
+    asyncio.run(main())
+
+
+def test_whole_and_fragmented_messages_reach_the_reader_in_order() -> None:
+    def body() -> None:
+        got: list[str | bytes] = []
+        ws = open_socket(got)
+        ws.process_event(Frame(Opcode.TEXT, b'{"a":1}'))
+        ws.process_event(Frame(Opcode.TEXT, b'{"b":"', fin=False))
+        ws.process_event(Frame(Opcode.CONT, b"\xc3", fin=False))  # a split UTF-8 character
+        ws.process_event(Frame(Opcode.CONT, b'\xa9"}'))
+        ws.process_event(Frame(Opcode.BINARY, b"\x00\x01", fin=False))
+        ws.process_event(Frame(Opcode.CONT, b"\x02"))
+        ws.process_event(Frame(Opcode.BINARY, b"\xff"))
+        ws.process_event(Frame(Opcode.PONG, b""))  # control frames: websockets' own
+        assert got == ['{"a":1}', '{"b":"é"}', b"\x00\x01\x02", b"\xff"]
+        assert ws.protocol.state is State.OPEN
+
+    run(body)
+
+
+def test_invalid_utf8_fails_the_connection_with_1007_and_is_not_delivered() -> None:
+    def body() -> None:
+        got: list[str | bytes] = []
+        ws = open_socket(got)
+        ws.process_event(Frame(Opcode.TEXT, b"ok"))
+        ws.process_event(Frame(Opcode.TEXT, b"\xff\xfe"))
+        assert got == ["ok"]
+        assert ws.protocol.state is State.CLOSING
+        assert ws.protocol.close_sent is not None
+        assert ws.protocol.close_sent.code == CloseCode.INVALID_DATA
+        assert isinstance(ws.connection_exc, UnicodeDecodeError)
+
+    run(body)
+
+
+class RecordingEngine:
+    """The engine contract, recording the order of what the shell tells it."""
+
+    max_turns = 1
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.calls: list[str] = []
+
+    def session_request(self) -> None:
+        return None
+
+    def connect_params(self) -> ConnectParams:
+        return ConnectParams(url=self.url)
+
+    def connection_made(self, subprotocol: str | None, now: float) -> None:
+        self.calls.append("made")
+
+    def receive_text(self, text: str, now: float) -> None:
+        self.calls.append(f"text:{text}")
+
+    def receive_bytes(self, data: bytes, now: float) -> None:
+        self.calls.append(f"bytes:{data!r}")
+
+    def connection_lost(self, code: int | None, reason: str, now: float) -> None:
+        self.calls.append(f"lost:{code}")
+
+    def actions_to_send(self) -> list[Action]:
+        return []
+
+    def events_received(self) -> list[Event]:
+        return []
+
+    def next_deadline(self) -> float | None:
+        return None
+
+
+def test_messages_sent_with_the_handshake_reach_the_engine_after_connection_made() -> None:
+    """A server that writes its first message in the same segment as the 101 response:
+    the message is parsed before the client's connect() returns, and must wait for
+    the engine to hear of the connection."""
+
+    async def handshake_and_hello(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        request = await reader.readuntil(b"\r\n\r\n")
+        key = next(
+            line.split(b":", 1)[1].strip()
+            for line in request.split(b"\r\n")
+            if line.lower().startswith(b"sec-websocket-key:")
+        )
+        accept = accept_key(key.decode()).encode()
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+            b"\x81\x05hello"  # a text frame in the same write
+            b"\x82\x01\x07"  # and a binary one
+            b"\x88\x02\x03\xe8"  # then a close (1000)
+        )
+        await writer.drain()
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await reader.readexactly(8)  # the client's (masked) close frame
+        writer.close()
+
+    async def main() -> list[str]:
+        server = await asyncio.start_server(handshake_and_hello, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        engine = RecordingEngine(f"ws://127.0.0.1:{port}/")
+        pool = SimpleNamespace(preempt=lambda: None, _connection_ended=lambda conn: None)
+        conn = _Connection(pool, engine)  # type: ignore[arg-type]
+        await asyncio.wait_for(conn.run(), 10)
+        server.close()
+        await server.wait_closed()
+        return engine.calls
+
+    assert asyncio.run(main()) == ["made", "text:hello", "bytes:b'\\x07'", "lost:1000"]
