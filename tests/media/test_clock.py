@@ -297,7 +297,13 @@ def test_ticker_buckets_agree_with_every_clock(ops: list[tuple[str, int, float]]
             live.discard(key)
         elif op == "talkspurt":
             if key in live:
-                ticker.start_talkspurt(key, now)
+                clock = ticker.clock(key)
+                own_s = clock.deadline(clock.next_frame)
+                due_s = ticker.start_talkspurt(key, now)
+                assert due_s == pytest.approx(clock.deadline(clock.next_frame), abs=1e-12)
+                assert due_s <= own_s + 1e-12  # never later than its own grid
+                # due now (or already), or held by at most one bucket plus the phase
+                assert clock.next_deadline() <= now or due_s <= now + 0.0015 + 1e-9
         elif op == "tick_outside":
             if key in live:
                 ticked_outside = ticker.clock(key).tick(now) is not None or ticked_outside
