@@ -282,19 +282,22 @@ class BargeInDetector(Outbox):
 
     def record_bot_level(self, level_dbfs: float, now: float) -> None:
         """Report the level of the outbound frame sent at ``now`` (for the echo guard)."""
-        self._record(now, level_dbfs)
+        levels = self._bot_levels
+        levels.append((now, level_dbfs))
+        oldest_s = now - self._echo_window_s  # ``_forget_bot_levels``, inline
+        while levels and levels[0][0] < oldest_s:
+            levels.popleft()
 
     def record_bot_frame(self, frame: bytes, now: float) -> None:
         """``record_bot_level`` of ``frame_level(frame)``, computed only if the guard needs it.
 
         Most outbound frames leave the window before any inbound frame is
         speech: their level is never computed (the decision is the same).
+        Called on every tick that sends a frame: ``record_bot_level``'s body,
+        inline, not a second call.
         """
-        self._record(now, frame)
-
-    def _record(self, now: float, entry: float | bytes) -> None:
         levels = self._bot_levels
-        levels.append((now, entry))
+        levels.append((now, frame))
         oldest_s = now - self._echo_window_s  # ``_forget_bot_levels``, inline
         while levels and levels[0][0] < oldest_s:
             levels.popleft()
@@ -302,7 +305,12 @@ class BargeInDetector(Outbox):
     def observe(self, is_speech: bool, energy_dbfs: float, now: float) -> BargeInDecision | None:
         """Feed one inbound frame; returns a trigger when the caller barges in."""
         if not is_speech:  # most frames: never active, never between-runs speech
-            self._track_floor(energy_dbfs, False)
+            if self._floor_frames >= self._warmup_frames:  # ``_track_floor``'s steady state
+                floor = self._floor_dbfs
+                dev = energy_dbfs - floor
+                self._floor_dbfs = floor + (self._floor_up if dev > 0.0 else self._floor_down) * dev
+            else:
+                self._track_floor(energy_dbfs, False)
             if self._onset_s is not None:
                 self._on_inactive(now)
             return None

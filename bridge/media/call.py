@@ -356,7 +356,9 @@ class CallBridge:
         if self._uplink is not None:
             for piece in self._uplink.push(frame):
                 self._actions.append(SendAgentAudio(piece))
-        if self._playout.has_events():  # a barge-in's cuts, if any
+        # Every public method leaves the playout queue drained (``_pump``): only
+        # a barge-in can have queued playout events (its cuts) here.
+        if trigger is not None and self._playout.has_events():
             self._pump(now)
 
     def caller_dtmf(self, digit: str, now: float) -> None:
@@ -408,6 +410,7 @@ class CallBridge:
         payload = playout.pop_payload(now)
         if playout.has_events():
             self._pump(now)
+        armed: bool | None = None
         if payload is not None:
             self._frames_sent += 1
             turn = self._sending
@@ -416,10 +419,16 @@ class CallBridge:
                 turn = self._sending = self._turns.get(turn_id or "")
             if turn is not None:
                 turn.last_frame_s = now
+                # A turn still SOUNDING once the tick's playout events are handled
+                # is the head of the queue (leaving it, by its end or a cut, moves
+                # it on at once): ``_interruptible_sounding`` without the lookups.
+                if turn.interruptible and turn.phase is TurnPhase.SOUNDING:
+                    armed = True
             self._detector.record_bot_frame(payload, now)
         if self._echo is not None:
             self._echo.push_outbound(payload)
-        armed = self._interruptible_sounding()
+        if armed is None:
+            armed = self._interruptible_sounding()
         if armed is not self._armed:  # telling it the same again changes nothing
             self._armed = armed
             self._detector.set_bot_speaking(armed)

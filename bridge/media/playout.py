@@ -194,10 +194,12 @@ class PlayoutQueue(Outbox):
         "_popped",
         "_queue",
         "_queued_frames",
+        "_samples_per_frame",
         "_stale_frames",
         "_turns",
         "_underruns",
         "_voided",
+        "popped_turn_id",
     )
 
     def __init__(self, config: PlayoutConfig | None = None) -> None:
@@ -214,6 +216,12 @@ class PlayoutQueue(Outbox):
         self._stale_frames = 0
         self._overflow_frames = 0
         self._popped: _Turn | None = None  # the turn of the last frame popped
+        self.popped_turn_id: str | None = None
+        """The turn of the last frame ``pop``/``pop_payload`` returned (``None``: none yet).
+
+        A plain attribute, set when the popped turn changes: the call reads it
+        on every tick."""
+        self._samples_per_frame = self._config.samples_per_frame
 
     # -- queries ---------------------------------------------------------
 
@@ -322,11 +330,6 @@ class PlayoutQueue(Outbox):
             self._reach_marks(turn)
         return True
 
-    @property
-    def popped_turn_id(self) -> str | None:
-        """The turn of the last frame ``pop``/``pop_payload`` returned (``None``: none yet)."""
-        return None if self._popped is None else self._popped.turn_id
-
     def has_events(self) -> bool:
         """Whether ``events_received`` has anything (allocates nothing)."""
         return bool(self._events)
@@ -364,12 +367,28 @@ class PlayoutQueue(Outbox):
 
     def pop_payload(self, now: float) -> bytes | None:
         """``pop`` without the ``PlayoutFrame``: the frame's bytes (turn: ``popped_turn_id``)."""
-        while self._queue:
-            turn = self._queue[0]
-            if turn.marks and turn.marks[0][0] <= turn.played_samples:
+        queue = self._queue
+        while queue:
+            turn = queue[0]
+            marks = turn.marks
+            if marks and marks[0][0] <= turn.played_samples:
                 self._reach_marks(turn)
-            if turn.frames:
-                return self._play_frame(turn, now)
+            frames = turn.frames
+            if frames:  # play it (inline: once per tick)
+                if not turn.started:
+                    turn.started = True
+                    self._events.append(TurnPlaybackStarted(turn.turn_id, turn.generation, now))
+                payload = frames.popleft()
+                self._queued_frames -= 1
+                if self._popped is not turn:
+                    self._popped = turn
+                    self.popped_turn_id = turn.turn_id
+                turn.played_samples += self._samples_per_frame
+                if marks and marks[0][0] <= turn.played_samples:
+                    self._reach_marks(turn)
+                if turn.ended and not frames:
+                    self._finish(turn)
+                return payload
             if not turn.ended:
                 if turn.started:
                     self._underruns += 1
@@ -441,20 +460,6 @@ class PlayoutQueue(Outbox):
         if turn is None:
             raise LocalProtocolError(f"unknown turn {turn_id!r}")
         return turn
-
-    def _play_frame(self, turn: _Turn, now: float) -> bytes:
-        if not turn.started:
-            turn.started = True
-            self._events.append(TurnPlaybackStarted(turn.turn_id, turn.generation, now))
-        payload = turn.frames.popleft()
-        self._queued_frames -= 1
-        self._popped = turn
-        turn.played_samples += self._config.samples_per_frame
-        if turn.marks and turn.marks[0][0] <= turn.played_samples:
-            self._reach_marks(turn)
-        if turn.ended and not turn.frames:
-            self._finish(turn)
-        return payload
 
     def _reach_marks(self, turn: _Turn) -> None:
         while turn.marks and turn.marks[0][0] <= turn.played_samples:

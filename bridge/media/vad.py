@@ -76,6 +76,10 @@ def energy_dbfs(pcm_s16le: bytes) -> float:
 
 _DC_SAMPLES = 64
 """A frame whose mean is beyond this (-54 dBFS) carries a DC offset worth removing."""
+_NO_DC_RMS = _DC_SAMPLES
+"""Below this ``audioop.rms`` the mean needs no measuring: ``|mean| <= true RMS <
+rms + 1 <= 64``, and ``audioop.avg`` (which floors) stays within ``_DC_SAMPLES``.
+Most inbound frames (line noise between words) skip that second pass."""
 
 
 def ac_energy_dbfs(pcm_s16le: bytes) -> float:
@@ -213,6 +217,11 @@ class Vad:
         rms = audioop.rms(pcm, 2)  # one pass shared by the click test and the level
         if speech and rms > 0 and audioop.max(pcm, 2) > CLICK_CREST * rms:
             speech = False  # a click
-        if rms and abs(audioop.avg(pcm, 2)) <= _DC_SAMPLES:  # ``_ac_dbfs``'s common case
-            return speech, max(MIN_DBFS, 10.0 * math.log10(float(rms * rms) / _FULL_SCALE_2))
+        # An RMS of 1 or more reads -90.3 dBFS or more: no ``max`` with ``MIN_DBFS`` needed.
+        if rms < _NO_DC_RMS:  # a quiet frame cannot carry an offset worth removing
+            if not rms:
+                return speech, MIN_DBFS
+            return speech, 10.0 * math.log10(float(rms * rms) / _FULL_SCALE_2)
+        if abs(audioop.avg(pcm, 2)) <= _DC_SAMPLES:  # ``_ac_dbfs``'s common case
+            return speech, 10.0 * math.log10(float(rms * rms) / _FULL_SCALE_2)
         return speech, _ac_dbfs(pcm, rms)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from call_harness import SIP, TWILIO, Harness, at, of_type, tone_ulaw_frames, voiced_ulaw_frames
 
-from bridge.control.commands import SpeechStarted, SpeechStopped
-from bridge.media.call_types import SendMark
+from bridge.control.commands import Cancel, Say, SpeechStarted, SpeechStopped
+from bridge.media.call_types import LegProfile, SendMark
 from bridge.media.vad import MIN_DBFS, Vad, energy_dbfs
 from telcodec import g711
 
@@ -79,3 +79,67 @@ def test_marks_every_interval_whatever_the_chunking() -> None:
     expected = [9, 19, 29, 39, 44]
     for chunking in ([45], [1], [3], [7, 13], [10], [9, 2, 11]):
         assert _mark_ticks(chunking, 45) == expected, chunking
+
+
+def test_the_tick_arms_the_detector_as_the_full_check_does() -> None:
+    # ``tick`` arms the detector without ``_interruptible_sounding`` when the
+    # frame it sent belongs to an interruptible turn still sounding. Through
+    # random scripts (interruptible and protected turns, replaces, cancels,
+    # barge-ins by voice and DTMF, mark echoes on a marks leg) the state it
+    # leaves must always be the full check's.
+    voice = voiced_ulaw_frames(0.6)
+    bot = tone_ulaw_frames(40)
+    legs: tuple[LegProfile, ...] = (SIP, TWILIO)
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        leg = legs[seed % 2]
+        h = Harness(leg)
+        open_turns: list[str] = []
+        echoes: list[tuple[int, str]] = []
+        talking = 0
+        checked = 0
+        for n in range(700):
+            now = at(n)
+            r = rng.random()
+            if r < 0.03 or (not open_turns and r < 0.2):
+                tid = f"t{n}"
+                h.call.execute(
+                    Say(
+                        tid,
+                        "hi",
+                        final=True,
+                        interruptible=bool(rng.random() < 0.7),
+                        replace=bool(rng.random() < 0.15),
+                    ),
+                    now,
+                )
+                open_turns.append(tid)
+            elif r < 0.25 and open_turns:
+                tid = open_turns[int(rng.integers(len(open_turns)))]
+                k = int(rng.integers(1, 12))
+                h.audio(tid, b"".join(bot[:k]) + bot[k][: int(rng.integers(0, 160))], now)
+            elif r < 0.29 and open_turns:
+                h.done(open_turns.pop(0), now)
+            elif r < 0.30 and open_turns:
+                h.call.execute(Cancel(open_turns[-1]), now)
+            elif r < 0.31:
+                h.call.caller_dtmf("5", now)
+            elif r < 0.33:
+                talking = len(voice)
+            h.drain()
+            due = [name for at_n, name in echoes if at_n <= n]
+            echoes = [(at_n, name) for at_n, name in echoes if at_n > n]
+            for name in due:
+                h.call.mark_echoed(name, False, now)
+            if talking:
+                talking -= 1
+                h.caller(voice[len(voice) - 1 - talking], now)
+            else:
+                h.caller(b"\xff" * 160, now)
+            h.call.tick(now)
+            actions, _ = h.take()
+            for mark in of_type(actions, SendMark):
+                echoes.append((n + int(rng.integers(1, 15)), mark.name))
+            assert h.call._armed is h.call._interruptible_sounding(), (seed, n)
+            checked += h.call._armed
+        assert checked > 50, seed  # the scripts do arm the detector

@@ -452,3 +452,21 @@ def test_has_events_says_when_speech_started_or_stopped() -> None:
         assert [type(e) for e in events] == (
             [SpeechStarted] if i == 4 else [SpeechStopped] if i == 24 else []
         ), i
+
+
+def test_quiet_frames_skip_the_mean_and_read_the_same_level() -> None:
+    # ``speech_and_level`` measures the mean (DC offset) only when the RMS is 64
+    # or more: below, |mean| cannot exceed the offset limit. Its level must be
+    # ``ac_energy_dbfs``'s (which always measures the mean) for quiet frames
+    # with offsets on both sides of that limit, and at the boundary itself.
+    rng = np.random.default_rng(31)
+    frames = [bytes(320), np.full(160, -1, dtype="<i2").tobytes()]
+    frames.append(np.array([-64] * 159 + [-65], dtype="<i2").tobytes())  # rms 64, avg -65
+    frames.append(np.array([-63] * 159 + [-64], dtype="<i2").tobytes())  # rms 63
+    for offset in (-66, -65, -64, -63, -10, 0, 10, 63, 64, 65, 66):
+        for sigma in (0.0, 0.4, 3.0, 20.0, 60.0):
+            x = np.round(offset + rng.normal(0.0, sigma, 160))
+            frames.append(np.clip(x, -32768, 32767).astype("<i2").tobytes())
+    vad = Vad(2)
+    for frame in frames:
+        assert vad.speech_and_level(frame)[1] == ac_energy_dbfs(frame)
