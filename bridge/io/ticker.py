@@ -92,6 +92,8 @@ class _Stream:
     on_error: Callable[[BaseException], None]
     clock: MediaClock = field(init=False)
     live: bool = True
+    held_s: float = -math.inf
+    """When a talkspurt's first frame, held by the pass for a lighter millisecond, is due."""
 
 
 class MediaTicker:
@@ -165,11 +167,13 @@ class MediaTicker:
 
         The stream is re-phased in that pass: its first frame leaves there,
         or, if this millisecond's bucket holds more calls than the next one,
-        with the next millisecond's wake-up (see the module docstring).
+        with the next millisecond's wake-up (see the module docstring). Until
+        a held frame leaves, the call (still idle) asks again with every
+        piece of audio; those requests cost one clock read and no pass.
         """
         stream = self.streams.get(key)
-        if stream is None:
-            return
+        if stream is None or stream.held_s > self.now():
+            return  # its first frame is already placed, within the next 1.5 ms
         self._talkspurts.append(stream)
         if self._armed_at != -math.inf:
             if self._handle is not None:
@@ -223,7 +227,9 @@ class MediaTicker:
         if self._talkspurts:
             for stream in self._talkspurts:
                 if stream.live:
-                    self.ticker.start_talkspurt(stream, now)
+                    due_s = self.ticker.start_talkspurt(stream, now)
+                    # held: the call's next audio asks again until the frame leaves; no new pass
+                    stream.held_s = due_s if stream.clock.next_deadline() > now else -math.inf
             self._talkspurts = []
         inbound = self._inbound
         for stream in self.ticker.due(now):

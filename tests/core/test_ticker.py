@@ -121,11 +121,18 @@ def test_a_talkspurt_in_a_busy_millisecond_leaves_with_the_next_one_on_its_phase
     loop.fire()  # the loop's next pass: the other frames due by now leave, s16's is held
     assert sent["s16"] == [] and sent["s11"] == [(0, 100.0122)]
     assert clock.deadline(0) == pytest.approx(100.0135)  # on the slot phase of the next ms
+    timer = [h.when for h in loop.handles]
+    now[0] = 100.0124  # more of the turn's audio while the first frame is held: no new pass
+    ticker.start_talkspurt("s16")
+    assert [h.when for h in loop.handles] == timer
     while not sent["s16"]:
         now[0] = loop.handles[0].when + 0.0003
         loop.fire()
     assert sent["s16"] == [(0, pytest.approx(100.0133))]  # with slot 13's timer
     assert clock.deadline(1) == pytest.approx(100.0335)  # the grid: anchored there
+    now[0] = 100.0251  # a later turn asks again: the loop's next pass, as before
+    ticker.start_talkspurt("s16")
+    assert -math.inf in [h.when for h in loop.handles]
 
 
 def test_a_preemption_point_runs_the_wake_up_only_once_its_timer_would_have_fired() -> None:
