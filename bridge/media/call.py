@@ -175,6 +175,7 @@ from bridge.tts.base import (
     WordsTimed,
 )
 from bridge.tts.kletso import VoiceEnded, VoiceFailed, VoiceInterrupted
+from telcodec import g711
 
 __all__ = ["CallBridge"]
 
@@ -240,6 +241,7 @@ class CallBridge:
         self._echo_frames = 0
         self._vad = Vad(self._options.vad_aggressiveness, leg.sample_rate_hz, 20)
         self._decode = leg_decoder(leg.codec)
+        self._decode_native = g711.native_decoder(leg.codec)  # the same, one call less
         self._frame_bytes = leg.frame_bytes
         self._marks_leg = leg.heard_from == "marks"
         self._mark_every_frames = leg.mark_interval_ms // 20
@@ -341,8 +343,12 @@ class CallBridge:
         if len(frame) != self._frame_bytes:
             self._bad_inbound += 1
             return
-        decode = self._decode
-        pcm = frame if decode is None else decode(frame)  # decoded once, shared below
+        native = self._decode_native
+        if native is not None:
+            pcm = native(frame, 2)  # decoded once, shared below
+        else:
+            decode = self._decode
+            pcm = frame if decode is None else decode(frame)
         is_speech, level_dbfs = self._vad.speech_and_level(pcm)
         if is_speech and self._echo is not None and self._echo.is_echo(pcm):
             is_speech = False  # the bot's own voice coming back, not the caller
@@ -677,7 +683,8 @@ class CallBridge:
                     self._events.append(cmd.ProviderBacklog(turn_id, depth))
             case _:
                 pass  # usage, readiness: the shell logs them
-        self._pump(now)
+        if self._playout.has_events():  # ``_pump``'s own first test, without its call
+            self._pump(now)
 
     def _on_audio(self, event: AudioReceived, now: float) -> None:
         turn = self._turns.get(event.turn_id)
@@ -697,12 +704,13 @@ class CallBridge:
             if self._backlog:
                 self._feed()
             return
-        try:
-            check_format(audio_format)
-        except ValueError as exc:
-            self._drain_pending(turn)  # the audio before the bad chunk still plays
-            self._fail_turn(turn, "bad_audio_format", str(exc))
-            return
+        if audio_format is not turn.in_format:  # the framer's own format was checked
+            try:
+                check_format(audio_format)
+            except ValueError as exc:
+                self._drain_pending(turn)  # the audio before the bad chunk still plays
+                self._fail_turn(turn, "bad_audio_format", str(exc))
+                return
         if not audio:
             return
         # Later audio is kept as it came and transcoded on demand, a few

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -52,6 +53,7 @@ __all__ = [
     "alaw_encode",
     "alaw_encode_array",
     "alaw_to_ulaw",
+    "native_decoder",
     "ulaw_decode",
     "ulaw_decode_array",
     "ulaw_encode",
@@ -99,6 +101,18 @@ def ulaw_decode(data: bytes) -> bytes:
     if _NATIVE_IS_LE:  # every frame of a call goes through here: no second call
         return audioop.ulaw2lin(data, _SAMPLE_WIDTH_BYTES)
     return _from_native(audioop.ulaw2lin(data, _SAMPLE_WIDTH_BYTES))
+
+
+def native_decoder(encoding: str) -> Callable[[bytes, int], bytes] | None:
+    """``ulaw_decode``/``alaw_decode`` without their Python frame, for a per-frame path.
+
+    The C decoder of ``"mulaw"`` or ``"alaw"``, to call as ``decode(data, 2)``,
+    when its native output is s16le (little-endian hosts); ``None`` otherwise
+    (another encoding, or a big-endian host: use the functions above).
+    """
+    if not _NATIVE_IS_LE:
+        return None
+    return {"mulaw": audioop.ulaw2lin, "alaw": audioop.alaw2lin}.get(encoding)
 
 
 def alaw_encode(pcm_s16le: bytes) -> bytes:

@@ -196,3 +196,13 @@ def test_empty_input() -> None:
     assert g711.ulaw_encode(b"") == b""
     assert g711.alaw_decode(b"") == b""
     assert g711.ulaw_decode_array(b"").size == 0
+
+
+def test_native_decoder_decodes_as_the_functions_do() -> None:
+    codes = bytes(range(256))
+    for encoding, decode in (("mulaw", g711.ulaw_decode), ("alaw", g711.alaw_decode)):
+        native = g711.native_decoder(encoding)
+        if native is not None:  # little-endian hosts
+            assert native(codes, 2) == decode(codes)
+            assert native(b"", 2) == b""
+    assert g711.native_decoder("pcm_s16le") is None
