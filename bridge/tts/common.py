@@ -90,6 +90,12 @@ def parallel_word_timings(
         raise error(wording.not_arrays)
     if not len(words) == len(starts) == len(ends):
         raise error(wording.lengths_differ)
+    if _all_float_seconds(starts) and _all_float_seconds(ends):
+        # the usual shape (float times): no per-number checks, the same timings
+        for word in words:
+            if not isinstance(word, str):
+                raise error(wording.bad_entry)
+        return tuple(map(WordTiming, words, starts, ends))
     timings = []
     for word, start, end in zip(words, starts, ends, strict=True):
         start_s, end_s = non_negative_seconds(start), non_negative_seconds(end)
@@ -97,6 +103,15 @@ def parallel_word_timings(
             raise error(wording.bad_entry)
         timings.append(WordTiming(word, start_s, end_s))
     return tuple(timings)
+
+
+def _all_float_seconds(values: list[Any]) -> bool:
+    """Whether every value is a float ``non_negative_seconds`` accepts as it is.
+
+    (NaN fails both comparisons; ``inf`` the second; ints, bools and other types
+    are left to the per-value path.)
+    """
+    return all(type(v) is float and 0.0 <= v < math.inf for v in values)
 
 
 def json_text(value: object) -> str:

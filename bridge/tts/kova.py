@@ -49,13 +49,15 @@ send (``{"audio_chunk":"<base64>","context_id":"<id>"}``, no whitespace, no
 escapes) is taken apart without the JSON parser and its base64 decoded once,
 straight to bytes; anything else, and any doubt (an escape, bad base64, an
 unknown or unstarted context), goes through the full parse, so both paths
-give the same events. The earliest deadline is kept up to date as contexts
-move theirs, not found by a scan of every context per frame.
+give the same events. The earliest deadline comes from a heap of the
+deadlines as they were set (entries a context has moved away from are dropped
+when they reach the top), not from a scan of every context per frame.
 """
 
 from __future__ import annotations
 
 import base64
+import heapq
 import json
 import logging
 from binascii import a2b_base64
@@ -161,9 +163,10 @@ class KovaProtocol(Outbox):
         self._flush_serial = 0
         self._contexts: dict[str, _Context] = {}
         self._turns: dict[str, _Context] = {}
-        self._next_at: float | None = None
-        """The earliest ``deadline_at`` of ``_contexts`` (unless ``_next_stale``)."""
-        self._next_stale = False
+        self._deadlines: list[tuple[float, int, _Context]] = []
+        """A heap of (deadline, serial, context) as set; entries a context has since
+        moved away from, or of a forgotten context, are dropped when they reach the top."""
+        self._deadline_serial = 0
         self._handlers: dict[str, Handler] = {
             "context_started": self._on_context_started,
             "audio_chunk": self._on_audio_chunk,
@@ -288,30 +291,29 @@ class KovaProtocol(Outbox):
     # -------------------------------------------------------------- timers
 
     def next_deadline(self) -> float | None:
-        if self._next_stale:
-            deadlines = [
-                c.deadline_at for c in self._contexts.values() if c.deadline_at is not None
-            ]
-            self._next_at = min(deadlines, default=None)
-            self._next_stale = False
-        return self._next_at
+        heap, contexts = self._deadlines, self._contexts
+        while heap:
+            at, _, ctx = heap[0]
+            if ctx.deadline_at == at and contexts.get(ctx.context_id) is ctx:
+                return at
+            heapq.heappop(heap)
+        return None
 
     def _set_deadline(self, ctx: _Context, at: float | None) -> None:
-        """Move ``ctx``'s deadline (a context of ``_contexts``), keeping ``_next_at`` exact.
-
-        An earlier deadline than the earliest becomes the earliest; moving the
-        context that held the earliest later (or clearing it) leaves the
-        earliest unknown until ``next_deadline()`` asks; anything else leaves it.
-        """
-        old = ctx.deadline_at
+        """Move ``ctx``'s deadline; ``next_deadline()`` finds the earliest in the heap."""
         ctx.deadline_at = at
-        if self._next_stale:
+        if at is None:
             return
-        earliest = self._next_at
-        if at is not None and (earliest is None or at <= earliest):
-            self._next_at = at
-        elif old is not None and old == earliest:
-            self._next_stale = True
+        heap, contexts = self._deadlines, self._contexts
+        if len(heap) > 4 * len(contexts) + 64:  # many moved-away entries: rebuild
+            heap[:] = [
+                e
+                for e in heap
+                if e[2].deadline_at == e[0] and contexts.get(e[2].context_id) is e[2]
+            ]
+            heapq.heapify(heap)
+        self._deadline_serial += 1
+        heapq.heappush(heap, (at, self._deadline_serial, ctx))
 
     def handle_timer(self, now: float) -> None:
         """Expire contexts whose reply did not come in time."""
@@ -534,8 +536,7 @@ class KovaProtocol(Outbox):
         self._events.append(event)
 
     def _forget(self, ctx: _Context) -> None:
-        if self._contexts.pop(ctx.context_id, None) is not None and ctx.deadline_at is not None:
-            self._next_stale = self._next_stale or ctx.deadline_at == self._next_at
+        self._contexts.pop(ctx.context_id, None)
         self._turns.pop(ctx.turn_id, None)
 
     def _fail_turn(
@@ -554,7 +555,7 @@ class KovaProtocol(Outbox):
         self._ready = False
         self._contexts.clear()
         self._turns.clear()
-        self._next_at, self._next_stale = None, False
+        self._deadlines.clear()
         self._events.append(ProviderFailed(kind, self._scrub(message), open_turns))
         if close:
             self._actions.append(CloseConnection(CLOSE_PROTOCOL_ERROR, kind))

@@ -6,6 +6,8 @@ import importlib
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridge.engine import CloseConnection
 from bridge.tts.base import ProviderFailed, ProviderSettings, WordTiming
@@ -113,3 +115,56 @@ def test_every_client_fails_the_connection_on_json_too_deep_to_parse(protocol: s
     failures = [e for e in engine.events_received() if isinstance(e, ProviderFailed)]
     assert len(failures) == 1
     assert any(isinstance(a, CloseConnection) for a in engine.actions_to_send())
+
+
+def _timings_one_by_one(words: list[object], starts: list[object], ends: list[object]) -> object:
+    """The per-value rule, written out: what parallel_word_timings must give for lists."""
+    out = []
+    for word, start, end in zip(words, starts, ends, strict=True):
+        start_s, end_s = non_negative_seconds(start), non_negative_seconds(end)
+        if not isinstance(word, str) or start_s is None or end_s is None:
+            return "bad entry"
+        out.append(WordTiming(word, start_s, end_s))
+    return tuple(out)
+
+
+_SECONDS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-2, max_value=10),
+    st.booleans(),
+    st.sampled_from([0.0, -0.0, 0.5, 1.25]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_parallel_word_timings_float_lists_agree_with_the_per_value_rule(
+    data: st.DataObject,
+) -> None:
+    n = data.draw(st.integers(min_value=0, max_value=4))
+    words = data.draw(
+        st.lists(st.one_of(st.text(max_size=3), st.integers()), min_size=n, max_size=n)
+    )
+    starts = data.draw(st.lists(_SECONDS, min_size=n, max_size=n))
+    ends = data.draw(st.lists(_SECONDS, min_size=n, max_size=n))
+    try:
+        got: object = parallel_word_timings(words, starts, ends, wording=WORDING, error=_FrameError)
+    except _FrameError as exc:
+        got = str(exc)
+    assert got == _timings_one_by_one(words, starts, ends)
+
+
+@pytest.mark.parametrize(
+    ("words", "starts", "ends", "message"),
+    [
+        ([1], [0.0], [1.0], "bad entry"),
+        (["a"], [math.nan], [1.0], "bad entry"),
+        (["a"], [0.0], [math.inf], "bad entry"),
+        (["a"], [-0.5], [1.0], "bad entry"),
+    ],
+)
+def test_parallel_word_timings_float_lists_raise_the_callers_error(
+    words: object, starts: object, ends: object, message: str
+) -> None:
+    with pytest.raises(_FrameError, match=f"^{message}$"):
+        parallel_word_timings(words, starts, ends, wording=WORDING, error=_FrameError)

@@ -167,3 +167,16 @@ def test_the_kept_earliest_deadline_is_the_earliest(seed: int) -> None:
         engine.actions_to_send()
         engine.events_received()
         assert engine.next_deadline() == brute_force_deadline(engine)
+
+
+def test_a_long_burst_on_one_context_keeps_the_deadline_heap_bounded(kova: Any) -> None:
+    """One context streams thousands of frames while another waits: the heap of
+    deadlines is rebuilt from the live ones instead of growing with every frame."""
+    engine = streaming(kova, MULAW_8K, turns=2)  # both flushed at 0.02
+    first = engine.next_deadline()
+    for i in range(5000):
+        engine.receive_text(compact(audio(b"\x01", "c2")), 1.0 + i * 0.001)
+        assert engine.next_deadline() == first  # c1's reply timeout is still the earliest
+    assert len(engine._deadlines) <= 4 * 2 + 64 + 1
+    engine.receive_text(compact({"context_closed": True, "context_id": "c1"}), 6.5)
+    assert engine.next_deadline() == brute_force_deadline(engine) == 1.0 + 4999 * 0.001 + 10.0
