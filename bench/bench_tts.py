@@ -98,6 +98,9 @@ PATH_FORMATS: dict[str, AudioFormat] = {
 TURNS_PER_CONNECTION = 64  # KovaProtocol.max_turns
 
 
+_END_TYPES = (TurnDone, TurnFailed, ProviderFailed)
+
+
 class _TurnRecord:
     """One turn's sink: keeps its events (cheap, inside the measured window); digest later."""
 
@@ -107,7 +110,7 @@ class _TurnRecord:
 
     def __call__(self, e: Event) -> None:
         self.events.append(e)
-        if isinstance(e, TurnDone | TurnFailed | ProviderFailed):
+        if type(e) in _END_TYPES:
             self.done.set()
 
     def audio_s(self) -> float:
@@ -180,7 +183,9 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
-def provider_path(turns: int, reps: int, profile: bool) -> dict[str, object]:
+def provider_path(
+    turns: int, reps: int, profile: bool, formats: list[str] | None = None
+) -> dict[str, object]:
     """CPU µs per second of turn audio, per format, medians over ``reps``."""
     out: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -189,6 +194,8 @@ def provider_path(turns: int, reps: int, profile: bool) -> dict[str, object]:
             print(f"\nprovider path: {turns} turns at once, {reps} reps, daemon-side CPU")
             print(f"{'format':<9} {'cpu µs/audio s':>15} {'spread':>17} {'audio s':>9} digest")
             for name, fmt in PATH_FORMATS.items():
+                if formats and name not in formats:
+                    continue
                 runs = []
                 for _ in range(reps):
                     loop = _new_loop()
@@ -241,9 +248,12 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=50, help="provider path: turns at once")
     ap.add_argument("--reps", type=int, default=0, help="provider path: repetitions")
     ap.add_argument("--profile", action="store_true", help="provider path: cProfile one rep")
+    ap.add_argument(
+        "--format", action="append", choices=sorted(PATH_FORMATS), help="provider path: only these"
+    )
     args = ap.parse_args()
     reps = args.reps or (5 if args.quick else 9)
-    path_figures = provider_path(args.turns, reps, args.profile)
+    path_figures = provider_path(args.turns, reps, args.profile, args.format)
     path = write(
         "tts_provider_path",
         path_figures,
