@@ -19,8 +19,12 @@ Script per call (the same for every call, phases offset by nothing):
 * Twilio-style legs (marks): every ``SendMark`` is echoed back at the next
   step (counted in the tick phase).
 
-After every call, the shell's drain is done (``actions_to_send`` and
-``events_received``), inside the measured phase.
+After every call, the shell's drain is done as the shell does it
+(``bridge/io/callrun.py``: ``actions_to_send`` and ``events_received`` only
+when ``has_output()`` says there is something), inside the measured phase.
+``--drain always`` drains after every call regardless (what this bench did
+before 2026-11-30: two calls and two new lists per call and phase that the
+daemon does not pay).
 
 Printed: CPU µs per call per 20 ms, split into tick / caller_audio /
 provider (``provider_event``) and their sum, the median over ``--reps``
@@ -93,7 +97,9 @@ def caller_frames(count: int = 250) -> list[bytes]:
     return [ulaw[i * 160 : (i + 1) * 160] for i in range(count)]
 
 
-def run_once(leg_name: str, fmt_name: str, calls: int, echo: bool) -> dict[str, float]:
+def run_once(
+    leg_name: str, fmt_name: str, calls: int, echo: bool, drain_always: bool = False
+) -> dict[str, float]:
     leg = LEGS[leg_name]
     audio_format = FORMATS[fmt_name]
     audio = bot_audio(audio_format)
@@ -108,8 +114,9 @@ def run_once(leg_name: str, fmt_name: str, calls: int, echo: bool) -> dict[str, 
     t0 = clock()
     for bridge in bridges:
         bridge.execute(Say("t1", "fifteen seconds of speech", final=True), 0.0)
-        bridge.actions_to_send()
-        bridge.events_received()
+        if drain_always or bridge.has_output():
+            bridge.actions_to_send()
+            bridge.events_received()
     ns["provider"] += clock() - t0
     steps = int(TURN_S / FRAME_S) + 50
     done_at = len(chunks) * CHUNK_EVERY_TICKS
@@ -121,15 +128,17 @@ def run_once(leg_name: str, fmt_name: str, calls: int, echo: bool) -> dict[str, 
             t0 = clock()
             for bridge in bridges:
                 bridge.provider_event(event if event is not None else TurnDone("t1"), now)
-                bridge.actions_to_send()
-                bridge.events_received()
+                if drain_always or bridge.has_output():
+                    bridge.actions_to_send()
+                    bridge.events_received()
             ns["provider"] += clock() - t0
         frame = inbound[n % len(inbound)]
         t0 = clock()
         for bridge in bridges:
             bridge.caller_audio(frame, now)
-            bridge.actions_to_send()
-            bridge.events_received()
+            if drain_always or bridge.has_output():
+                bridge.actions_to_send()
+                bridge.events_received()
         ns["caller_audio"] += clock() - t0
         t0 = clock()
         for i, bridge in enumerate(bridges):
@@ -139,10 +148,11 @@ def run_once(leg_name: str, fmt_name: str, calls: int, echo: bool) -> dict[str, 
                     bridge.mark_echoed(name, False, now)
                 pending.clear()
             bridge.tick(now)
-            for action in bridge.actions_to_send():
-                if type(action) is SendMark:
-                    pending.append(action.name)
-            bridge.events_received()
+            if drain_always or bridge.has_output():
+                for action in bridge.actions_to_send():
+                    if type(action) is SendMark:
+                        pending.append(action.name)
+                bridge.events_received()
         ns["tick"] += clock() - t0
     for bridge in bridges:
         assert bridge.stats().turns_finished == 1, bridge.stats()
@@ -159,6 +169,12 @@ def main() -> None:
     parser.add_argument("--legs", default="sip,twilio")
     parser.add_argument("--formats", default="mulaw8k,pcm24k")
     parser.add_argument("--echo", default="on,off", help="on, off or on,off")
+    parser.add_argument(
+        "--drain",
+        choices=("shell", "always"),
+        default="shell",
+        help="drain after a call only when has_output() (as the shell does), or always",
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile one run per case")
     parser.add_argument("--name", default="call_cpu", help="results file name (bench/results)")
     parser.add_argument("--quick", action="store_true", help="make bench-quick: 3 repeats")
@@ -166,6 +182,7 @@ def main() -> None:
     if args.quick:
         args.reps = min(args.reps, 3)
     results: dict[str, Any] = {}
+    drain_always = args.drain == "always"
     print(f"CPU µs per call per 20 ms ({args.calls} calls, median of {args.reps})")
     print(f"{'case':28} {'tick':>7} {'caller':>7} {'provider':>8} {'total':>7}")
     for leg_name in args.legs.split(","):
@@ -175,11 +192,14 @@ def main() -> None:
                 case = f"{leg_name}/{fmt_name}/echo-{echo_s}"
                 if args.profile:
                     prof = cProfile.Profile()
-                    prof.runcall(run_once, leg_name, fmt_name, args.calls, echo)
+                    prof.runcall(run_once, leg_name, fmt_name, args.calls, echo, drain_always)
                     print(f"== {case}")
                     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
                     continue
-                reps = [run_once(leg_name, fmt_name, args.calls, echo) for _ in range(args.reps)]
+                reps = [
+                    run_once(leg_name, fmt_name, args.calls, echo, drain_always)
+                    for _ in range(args.reps)
+                ]
                 med = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
                 results[case] = {
                     "median_us": {k: round(v, 2) for k, v in med.items()},
@@ -197,6 +217,7 @@ def main() -> None:
             "chunk_ms": CHUNK_MS,
             "chunk_every_ticks": CHUNK_EVERY_TICKS,
             "caller": "white noise -60 dBFS, mu-law",
+            "drain": args.drain,
         }
         path = common.write(args.name, results, settings)
         print(f"wrote {path}")
