@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -126,6 +127,8 @@ _MAX_MISORDER: Final = 100
 _NTP_UNIX_EPOCH_S: Final = 2_208_988_800  # 1900-01-01 to 1970-01-01
 _SILENCE_BYTE: Final = {0: 0xFF, 8: 0xD5}  # PCMU, PCMA (RFC 3551 static PTs)
 _new_tuple: Final = tuple.__new__
+_unpack_header: Final = RTP_FIXED_HEADER.unpack_from
+_pack_header: Final = RTP_FIXED_HEADER.pack
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +268,66 @@ class RtpSession(Outbox):
             (inject a seeded ``random.Random`` in tests).
     """
 
+    # Slots: 55 attributes are more than CPython 3.11 keeps in a shared-key
+    # instance dict (30), and the per-packet path reads and writes about 25.
+    __slots__ = (
+        "_accepted_pts",
+        "_audio_pts",
+        "_bad_seq",
+        "_base_seq",
+        "_clock_rate_hz",
+        "_closed",
+        "_config",
+        "_cycles",
+        "_direction",
+        "_dropped_bad_sequence",
+        "_dropped_malformed",
+        "_dropped_payload_type",
+        "_dropped_wrong_source",
+        "_dtmf",
+        "_event_ts",
+        "_expected_prior",
+        "_jitter",
+        "_jitter_buffer",
+        "_last_rx_at",
+        "_last_sent_at",
+        "_last_sent_ts",
+        "_last_sr_at",
+        "_last_sr_lsr",
+        "_marker_pending",
+        "_max_seq",
+        "_octets_received",
+        "_octets_sent",
+        "_packets_received",
+        "_packets_sent",
+        "_peer",
+        "_probation",
+        "_received",
+        "_received_prior",
+        "_remote_addr",
+        "_remote_ssrc",
+        "_rng",
+        "_rtcp_addr",
+        "_rtcp_at",
+        "_rtcp_malformed",
+        "_rtcp_mux",
+        "_rtcp_received",
+        "_rtcp_wrong_source",
+        "_send_addr",
+        "_sending",
+        "_sent_since_report",
+        "_seq",
+        "_sequence_resyncs",
+        "_spf",
+        "_ssrc_changes",
+        "_te_pt",
+        "_timed_out",
+        "_timer_floor",
+        "_transit",
+        "ssrc",
+        "ts0",
+    )
+
     def __init__(
         self,
         config: RtpSessionConfig,
@@ -277,6 +340,12 @@ class RtpSession(Outbox):
         self._rng = rng if rng is not None else random.SystemRandom()
         self._audio_pts = config.payload_types
         self._te_pt = config.telephone_event_pt
+        self._accepted_pts = (
+            config.payload_types
+            if config.telephone_event_pt is None
+            else config.payload_types | {config.telephone_event_pt}
+        )
+        """The audio payload types and the telephone-event one: what ``receive_datagram`` takes."""
         self._spf = config.samples_per_frame
         self._clock_rate_hz = config.clock_rate_hz
         self._rtcp_mux = config.rtcp_mux
@@ -374,7 +443,7 @@ class RtpSession(Outbox):
             second = pt | 0x80
         seq = self._seq
         ts = (self.ts0 + frame_index * self._spf) & _TS_MASK
-        data = RTP_FIXED_HEADER.pack(0x80, second, seq, ts, self.ssrc) + payload
+        data = _pack_header(0x80, second, seq, ts, self.ssrc) + payload
         self._seq = (seq + 1) & 0xFFFF
         self._packets_sent += 1
         self._octets_sent += len(payload)
@@ -464,12 +533,20 @@ class RtpSession(Outbox):
             self.receive_rtcp(data, source_addr, now)
             return True
         try:
-            second, seq, ts, ssrc, start, end = parse_rtp_header(data)
-        except ValueError:
-            self._dropped_malformed += 1
-            return False
+            first, second, seq, ts, ssrc = _unpack_header(data)
+        except struct.error:  # shorter than the fixed header
+            first = -1
+        if first == 0x80:  # version 2, no padding, extension or CSRC: the common packet
+            start = 12  # RTP_HEADER_BYTES
+            end = len(data)
+        else:
+            try:
+                second, seq, ts, ssrc, start, end = parse_rtp_header(data)
+            except ValueError:
+                self._dropped_malformed += 1
+                return False
         pt = second & 0x7F
-        if pt not in self._audio_pts and pt != self._te_pt:
+        if pt not in self._accepted_pts:
             self._dropped_payload_type += 1
             return False
         if source_addr != self._peer and not self._latch(source_addr):

@@ -719,3 +719,32 @@ def test_poll_timer_sees_a_timeout_rearmed_by_traffic_or_unhold() -> None:
     assert not session.poll_timer(22.9)
     assert session.poll_timer(23.0)
     assert any(isinstance(e, RtpTimedOut) for e in session.events_received())
+
+
+@pytest.mark.parametrize(
+    ("datagram", "payload"),
+    [
+        (bytes([0x80, 0]) + bytes(10) + PCMU, PCMU),  # the common header (fast path)
+        (bytes([0x80, 0]) + bytes(10), b""),  # an empty payload is still a packet
+        (bytes([0x81, 0]) + bytes(10) + b"\x00\x00\x00\x07" + PCMU, PCMU),  # one CSRC
+        (bytes([0x90, 0]) + bytes(10) + b"\xbe\xde\x00\x01" + bytes(4) + PCMU, PCMU),  # ext.
+        (bytes([0xA0, 0]) + bytes(10) + PCMU + b"\x00\x00\x03", PCMU),  # three padding bytes
+        (bytes([0x80, 0]) + bytes(9), None),  # shorter than the fixed header
+        (bytes([0x40, 0]) + bytes(10) + PCMU, None),  # version 1
+        (bytes([0xC0, 0]) + bytes(10) + PCMU, None),  # version 3
+        (bytes([0x82, 0]) + bytes(10) + b"\x00\x00\x00\x07", None),  # two CSRCs, one there
+        (bytes([0xA0, 0]) + bytes(10) + PCMU[:-1] + b"\x00", None),  # a padding count of 0
+    ],
+)
+def test_every_header_shape_is_parsed_as_the_packet_parser_does(
+    datagram: bytes, payload: bytes | None
+) -> None:
+    session = make()
+    session.receive_datagram(datagram, REMOTE, 0.0)
+    counters = session.counters()
+    if payload is None:
+        assert (counters.dropped_malformed, counters.packets_received) == (1, 0)
+        return
+    assert (counters.dropped_malformed, counters.octets_received) == (0, len(payload))
+    frame = session.pop_frame(1.0)
+    assert isinstance(frame, RtpFrame) and frame.payload == payload
