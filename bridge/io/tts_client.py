@@ -128,6 +128,17 @@ class _ProviderWebSocket(ClientConnection):
     per message: no future, queue or coroutine step per message. A text
     message is decoded as UTF-8 once; invalid UTF-8 fails the connection with
     1007, as ``recv()`` does.
+
+    The common frame, a whole unmasked text or binary message within the size
+    limit, is also cut from the bytes here (``data_received``) rather than by
+    the protocol's generator-based parser (about 2.8 us a frame against 0.4).
+    Every other frame (ping, pong, close, fragments, anything odd) is handed
+    whole to the protocol, which then sits at a frame boundary as it expects;
+    a frame not yet complete waits in ``_pending``. The protocol's parser
+    takes over for good when it might not be at a boundary (frames came with
+    the handshake response) or when a header is one it should judge (masked,
+    RSV bits, reserved opcode, over the size limit), and for everything after
+    the connection stops being OPEN.
     """
 
     def __init__(
@@ -137,11 +148,63 @@ class _ProviderWebSocket(ClientConnection):
         self.on_message = on_message
         self._fragments: list[bytes] = []
         self._fragmented_text = False
+        self._pending = b""  # the start of a frame not yet complete (own parsing only)
+        self._own_parsing: bool | None = None  # None until the handshake response is in
+
+    def data_received(self, data: bytes) -> None:
+        if self._own_parsing is None:
+            super().data_received(data)
+            if self.response is not None and self._own_parsing is None:
+                # no frame came with the response and the read ended with it: the
+                # protocol's parser holds nothing and waits for a frame header
+                self._own_parsing = data.endswith(b"\r\n\r\n") and not self.protocol.reader.buffer
+            return
+        if not self._own_parsing:
+            super().data_received(data)
+            return
+        buf = self._pending + data if self._pending else data
+        self._pending = b""
+        protocol = self.protocol
+        max_size = protocol.max_message_size
+        size, pos = len(buf), 0
+        while size - pos >= 2:
+            if protocol.state is not State.OPEN:
+                break
+            b0, b1 = buf[pos], buf[pos + 1]
+            length, head = b1 & 0x7F, pos + 2
+            if length >= 126:
+                extra = 2 if length == 126 else 8
+                if size - head < extra:
+                    self._pending = buf[pos:]  # the rest of the header comes later
+                    return
+                length, head = int.from_bytes(buf[head : head + extra], "big"), head + extra
+            if b1 & 0x80 or b0 & 0x70 or (max_size is not None and length > max_size):
+                break  # masked, RSV bits, too big: the protocol's parser judges it
+            end = head + length
+            if end > size:
+                self._pending = buf[pos:]  # the rest of this frame comes later
+                return
+            if (b0 == 0x81 or b0 == 0x82) and not self._fragments:
+                pos = end
+                self._deliver(b0 == 0x81, buf[head:end])
+            else:  # control frames, fragments, reserved opcodes: whole, to the protocol
+                frame, pos = buf[pos:end], end
+                super().data_received(frame)
+        else:
+            if pos < size:
+                self._pending = buf[pos:]  # less than a header
+            return
+        # not OPEN any more, or a header for the protocol to judge: it takes over
+        self._own_parsing = False
+        if pos < size:
+            super().data_received(buf[pos:])
 
     def process_event(self, event: Any) -> None:
         if self.response is None or not isinstance(event, Frame):
             super().process_event(event)  # the handshake response
             return
+        if self._own_parsing is None:
+            self._own_parsing = False  # frames came with the response: the protocol parses
         opcode = event.opcode
         if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
             if not event.fin:  # the first fragment; the protocol checks their order

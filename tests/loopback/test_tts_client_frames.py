@@ -173,3 +173,108 @@ def test_messages_sent_with_the_handshake_reach_the_engine_after_connection_made
         return engine.calls
 
     assert asyncio.run(main()) == ["made", "text:hello", "bytes:b'\\x07'", "lost:1000"]
+
+
+def handshaken(messages: list[str | bytes]) -> tuple[_ProviderWebSocket, FakeTransport]:
+    """A socket past a real 101 response (read on its own, as a server usually sends it)."""
+    protocol = ClientProtocol(parse_uri("ws://127.0.0.1:9/v1/ws"))
+    request = protocol.connect()
+    protocol.send_request(request)
+    ws = _ProviderWebSocket(protocol, on_message=messages.append)
+    transport = FakeTransport()
+    ws.connection_made(transport)  # type: ignore[arg-type]
+    accept = accept_key(request.headers["Sec-WebSocket-Key"])
+    ws.data_received(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Accept: " + accept.encode() + b"\r\n\r\n"
+    )
+    assert ws.protocol.state is State.OPEN
+    assert ws._own_parsing is True  # frames from here on are cut by the connection itself
+    transport.written.clear()
+    return ws, transport
+
+
+def server_frames(big: bool) -> tuple[bytes, list[str | bytes]]:
+    """Unmasked frames as a server sends them, and the messages they carry."""
+    text_c = "c" * (70_000 if big else 300)
+    frames = [
+        Frame(Opcode.TEXT, b"a"),
+        Frame(Opcode.BINARY, bytes(range(200))),
+        Frame(Opcode.TEXT, text_c.encode()),
+        Frame(Opcode.PING, b"p"),
+        Frame(Opcode.TEXT, b"he", fin=False),
+        Frame(Opcode.PONG, b""),
+        Frame(Opcode.CONT, "llé".encode(), fin=True),
+        Frame(Opcode.TEXT, b'{"audio_chunk":"AAAA","context_id":"c1"}'),
+        Frame(Opcode.CLOSE, b"\x03\xe8"),
+        Frame(Opcode.TEXT, b"after the close"),
+    ]
+    wire = b"".join(f.serialize(mask=False, extensions=[]) for f in frames)
+    return wire, [
+        "a",
+        bytes(range(200)),
+        text_c,
+        "hellé",
+        '{"audio_chunk":"AAAA","context_id":"c1"}',
+    ]
+
+
+def test_frames_cut_from_the_bytes_at_any_split_give_the_messages_and_the_control_frames() -> None:
+    def body() -> None:
+        wire, expected = server_frames(big=False)
+        for cut in range(len(wire) + 1):
+            got: list[str | bytes] = []
+            ws, transport = handshaken(got)
+            ws.data_received(wire[:cut])
+            ws.data_received(wire[cut:])
+            assert got == expected, cut
+            assert ws.protocol.state is State.CLOSING, cut  # the close was the protocol's
+            assert len(transport.written) >= 2, cut  # the pong, then the close reply
+
+    run(body)
+
+
+def test_a_big_frame_over_many_reads_and_byte_by_byte() -> None:
+    def body() -> None:
+        wire, expected = server_frames(big=True)
+        for step in (1, 7, 1000, 65536):
+            got: list[str | bytes] = []
+            ws, _ = handshaken(got)
+            for at in range(0, len(wire), step):
+                ws.data_received(wire[at : at + step])
+            assert got == expected, step
+
+    run(body)
+
+
+def test_frames_the_protocol_must_judge_are_left_to_it() -> None:
+    def body() -> None:
+        for bad in (
+            bytes([0xC1, 0x01]) + b"x",  # RSV1 set, no extension negotiated
+            Frame(Opcode.TEXT, b"x").serialize(mask=True, extensions=[]),  # masked by a server
+            bytes([0x83, 0x00]),  # a reserved opcode
+            bytes([0x81, 0x7F]) + (2**40).to_bytes(8, "big"),  # over the size limit
+            Frame(Opcode.CONT, b"x").serialize(mask=False, extensions=[]),  # nothing to continue
+        ):
+            got: list[str | bytes] = []
+            ws, _ = handshaken(got)
+            ws.data_received(Frame(Opcode.TEXT, b"ok").serialize(mask=False, extensions=[]) + bad)
+            ws.data_received(Frame(Opcode.TEXT, b"late").serialize(mask=False, extensions=[]))
+            assert got == ["ok"], bad
+            assert ws.protocol.state is State.CLOSING, bad
+
+    run(body)
+
+
+def test_a_text_frame_inside_a_fragmented_message_fails_the_connection() -> None:
+    def body() -> None:
+        got: list[str | bytes] = []
+        ws, _ = handshaken(got)
+        ws.data_received(
+            Frame(Opcode.TEXT, b"he", fin=False).serialize(mask=False, extensions=[])
+            + Frame(Opcode.TEXT, b"x").serialize(mask=False, extensions=[])
+        )
+        assert got == []
+        assert ws.protocol.state is State.CLOSING
+
+    run(body)
