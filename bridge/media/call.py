@@ -130,7 +130,16 @@ from bridge.media.call_audio import (
     leg_level,
     make_framer,
 )
-from bridge.media.call_turns import CallTurn, TurnBook, TurnPhase, TurnStop, heard_text
+from bridge.media.call_turns import (
+    AWAITING_MARK,
+    DONE,
+    QUEUED,
+    SOUNDING,
+    CallTurn,
+    TurnBook,
+    TurnStop,
+    heard_text,
+)
 from bridge.media.call_types import (
     AgentEnded,
     AgentPlayed,
@@ -391,7 +400,7 @@ class CallBridge:
         head = self._head_turn()
         if final and head is not None and head is not turn and head.play_anchor is None:
             head.play_anchor = (now, 0)  # the earlier turn ended at the carrier: this one starts
-        if final and turn is not None and turn.phase is TurnPhase.AWAITING_MARK:
+        if final and turn is not None and turn.phase is AWAITING_MARK:
             self._report(turn, self._heard_samples(turn))
         self._pump(now)
 
@@ -428,7 +437,7 @@ class CallBridge:
                 # A turn still SOUNDING once the tick's playout events are handled
                 # is the head of the queue (leaving it, by its end or a cut, moves
                 # it on at once): ``_interruptible_sounding`` without the lookups.
-                if turn.interruptible and turn.phase is TurnPhase.SOUNDING:
+                if turn.interruptible and turn.phase is SOUNDING:
                     armed = True
             self._detector.record_bot_frame(payload, now)
         if self._echo is not None:
@@ -530,7 +539,7 @@ class CallBridge:
     def _protected_sounding(self) -> bool:
         """Whether a non-interruptible turn has audio at the carrier (a clear would cut it)."""
         head = self._head_turn()
-        if head is not None and not head.interruptible and head.phase is TurnPhase.SOUNDING:
+        if head is not None and not head.interruptible and head.phase is SOUNDING:
             return True
         return self._turns.any_awaiting(interruptible=False)
 
@@ -608,10 +617,10 @@ class CallBridge:
 
     def _cancel(self, turn_id: str, now: float) -> None:
         turn = self._turns.get(turn_id)
-        if turn is None or turn.phase is TurnPhase.DONE:
+        if turn is None or turn.phase is DONE:
             self._reject(cmd.Cancel(turn_id), turn_id, "no_such_turn")
             return
-        if turn.phase is TurnPhase.AWAITING_MARK:
+        if turn.phase is AWAITING_MARK:
             self._turns.stop_awaiting(turn)
             self._stop(
                 [TurnStop(turn, *self._positions(turn), cancel_provider=False)], "cancelled", now
@@ -656,7 +665,7 @@ class CallBridge:
                 self._on_audio(event, now)
             case WordsTimed(turn_id=turn_id, words=words):
                 turn = self._turns.get(turn_id)
-                if turn is not None and turn.phase is not TurnPhase.DONE:
+                if turn is not None and turn.phase is not DONE:
                     room = MAX_WORDS_PER_TURN - len(turn.words)
                     turn.words.extend(words[: max(0, room)])
             case TurnStarted(turn_id=turn_id, provider_ref=ref):
@@ -679,7 +688,7 @@ class CallBridge:
                 self._events.append(cmd.ProviderErrored("", self._agent or "", code, message))
             case QueueDepthChanged(turn_id=turn_id, queue_depth=depth):
                 turn = self._turns.get(turn_id)
-                if turn is not None and turn.phase is not TurnPhase.DONE:
+                if turn is not None and turn.phase is not DONE:
                     self._events.append(cmd.ProviderBacklog(turn_id, depth))
             case _:
                 pass  # usage, readiness: the shell logs them
@@ -823,12 +832,12 @@ class CallBridge:
 
     def _on_turn_failed(self, turn_id: str, kind: str, message: str) -> None:
         turn = self._turns.get(turn_id)
-        if turn is None or turn.phase is TurnPhase.DONE:
+        if turn is None or turn.phase is DONE:
             return
         self._fail_turn(turn, kind, message)
 
     def _on_provider_failed(self, kind: str, message: str, turn_ids: tuple[str, ...]) -> None:
-        ours = [t for t in map(self._turns.get, turn_ids) if t and t.phase is not TurnPhase.DONE]
+        ours = [t for t in map(self._turns.get, turn_ids) if t and t.phase is not DONE]
         for turn in ours:
             self._fail_turn(turn, kind, message)
         if not ours:
@@ -856,7 +865,7 @@ class CallBridge:
         )
         if turn is None and self._last_agent_turn is not None:
             turn = self._turns.get(self._last_agent_turn)
-        if turn is None or turn.phase not in (TurnPhase.QUEUED, TurnPhase.SOUNDING):
+        if turn is None or turn.phase not in (QUEUED, SOUNDING):
             return
         self._drain_pending(turn)  # the cut is by position: what is pending may be before it
         turn.audio_open = False
@@ -972,9 +981,9 @@ class CallBridge:
 
     def _on_playback_started(self, turn_id: str, now: float) -> None:
         turn = self._turns.get(turn_id)
-        if turn is None or turn.phase is not TurnPhase.QUEUED:
+        if turn is None or turn.phase is not QUEUED:
             return
-        turn.phase = TurnPhase.SOUNDING
+        turn.phase = SOUNDING
         if next(iter(self._turns.awaiting()), None) is None:
             # the carrier's buffer held nothing of an earlier turn: this one plays now
             turn.play_anchor = (now, 0)
@@ -986,7 +995,7 @@ class CallBridge:
 
     def _on_played(self, turn_id: str) -> None:
         turn = self._turns.get(turn_id)
-        if turn is None or turn.phase is TurnPhase.DONE:
+        if turn is None or turn.phase is DONE:
             return
         if self._marks_leg and turn.final_mark is not None and turn.final_mark in self._marks:
             self._turns.await_mark(turn)
@@ -1063,7 +1072,7 @@ class CallBridge:
             head = self._sending  # mostly the head: no lookup (a forgotten turn is DONE)
             if head is None or head.turn_id != head_id:
                 head = self._turns.get(head_id)
-            if head is not None and head.interruptible and head.phase is TurnPhase.SOUNDING:
+            if head is not None and head.interruptible and head.phase is SOUNDING:
                 return True
         return self._turns.any_awaiting(interruptible=True)
 
@@ -1090,7 +1099,7 @@ class CallBridge:
 
     def _sounding_agent_turn(self) -> CallTurn | None:
         head = self._head_turn()
-        if head is not None and head.agent and head.phase is TurnPhase.SOUNDING:
+        if head is not None and head.agent and head.phase is SOUNDING:
             return head
         return next((turn for turn in self._turns.awaiting() if turn.agent), None)
 
