@@ -421,8 +421,9 @@ def time_shell_outbound(conns: int, ticks: int) -> float:
     ``conns`` real loopback TCP connections (a child process reads them)
     under uvloop, each with a talking ``CallBridge``, a Twilio engine and a
     ``WsConnection``. A tick runs, for every connection in turn, what the
-    media ticker runs for it: ``CallBridge.tick`` → ``send_frame`` → the
-    frame's ``write``. Ticks are 5 ms apart (the child keeps up).
+    media ticker runs for it: ``CallBridge.tick`` → the engine's
+    ``frame_message`` (else ``send_frame``) → the frame's ``write``. Ticks
+    are 5 ms apart (the child keeps up).
     """
     import multiprocessing
 
@@ -452,8 +453,13 @@ def time_shell_outbound(conns: int, ticks: int) -> float:
             now = (i + 1) * FRAME_S
             for call, engine, conn in streams:
                 payload = call.tick(now)
-                if payload is not None:
-                    engine.send_frame(payload, now)
+                if payload is not None:  # as _StreamLeg.send_frame: the message, else queued
+                    data = engine.frame_message(payload)
+                    if data is not None:
+                        conn.send_encoded_text_nowait(data)
+                        sent += 1
+                    else:
+                        engine.send_frame(payload, now)
                 for a in call.actions_to_send():
                     if isinstance(a, SendMark):
                         engine.mark(a.name, now)
@@ -480,8 +486,9 @@ def time_shell_outbound(conns: int, ticks: int) -> float:
 def time_leg_inbound(frames: int) -> float:
     """ns per Twilio ``media`` message through the leg: ``_Stream._on_message`` to the call.
 
-    The text message → the engine → the leg's events → ``caller_audio`` of a
-    call that only records the frame (the call's own work is not timed).
+    The text message → the engine (``take_media_text``; else ``receive_text``
+    and the leg's events) → ``caller_audio`` of a call that only records the
+    frame (the call's own work is not timed).
     """
     from bridge.io.streams_leg import _Stream
     from telcodec.framing import FrameCutter
