@@ -1066,7 +1066,7 @@ class CallBridge:
         return None if head is None else self._turns.get(head)
 
     def _interruptible_sounding(self) -> bool:
-        """Whether the detector is armed (asked on every tick: no calls it can avoid)."""
+        """Whether the detector should be armed (``tick`` asks when its frame does not say)."""
         head_id = self._playout.current_turn_id
         if head_id is not None:
             head = self._sending  # mostly the head: no lookup (a forgotten turn is DONE)
