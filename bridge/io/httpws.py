@@ -468,6 +468,8 @@ class _ServeProtocol(asyncio.Protocol):
     def __init__(self, conn: WsConnection, inner: asyncio.BaseProtocol) -> None:
         self._conn = conn
         self._inner = inner
+        # the loop calls the connection's reader itself: no frame of ours per read
+        self.data_received = conn._serve_data  # type: ignore[method-assign]
 
     def data_received(self, data: bytes) -> None:
         self._conn._serve_data(data)
