@@ -131,6 +131,42 @@ class _PendingPrompt:
 class CallRunner:
     """One call, from answer to hang-up."""
 
+    # Slots: 30 attributes fill CPython 3.11's shared-key instance dict to its
+    # limit, and _on_frame and caller_audio read several on every tick.
+    __slots__ = (
+        "__weakref__",
+        "agent",
+        "agent_task",
+        "app",
+        "app_task",
+        "app_timer",
+        "app_ws",
+        "armed",
+        "bridge",
+        "call_id",
+        "clock",
+        "config",
+        "daemon",
+        "end_reason",
+        "finished",
+        "idle",
+        "lead_frames",
+        "leg",
+        "loop",
+        "on_finished",
+        "pacing",
+        "pending_prompts",
+        "pump_unfinished",
+        "route",
+        "runtime",
+        "source",
+        "source_timer",
+        "speakers",
+        "started_at",
+        "started_info",
+        "tail_pending",
+    )
+
     def __init__(
         self,
         daemon: Daemon,

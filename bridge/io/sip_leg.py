@@ -70,6 +70,7 @@ MAX_BIND_ATTEMPTS = 8
 SO_TIMESTAMPNS = 35 if sys.platform == "linux" else None
 """Linux: the kernel stamps each datagram's arrival (``SCM_TIMESTAMPNS``, CLOCK_REALTIME)."""
 _TIMESPEC = struct.Struct("@qq")
+_unpack_timespec = _TIMESPEC.unpack_from
 FRAME_S = 0.02
 MAX_READS_PER_TICK = 32
 """A call's RTP socket is read at its tick; a backlog larger than this waits for the next one."""
@@ -190,6 +191,36 @@ class _SipCall:
     """``LegAdapter`` of one SIP call: its RTP session and sockets."""
 
     kind = "sip"
+    # Slots: the per-frame path (send_frame, _inbound, _process) reads a dozen of
+    # these on every tick; slot reads are the cheapest attribute access in CPython.
+    __slots__ = (
+        "__weakref__",
+        "_inbound_cb",
+        "_process_cb",
+        "_rx",
+        "audio",
+        "call_id",
+        "created_at",
+        "dtmf",
+        "dtmf_active",
+        "ended",
+        "inband",
+        "leg",
+        "loop",
+        "outbound",
+        "outbox",
+        "port_key",
+        "pt",
+        "rtcp_transport",
+        "rtp",
+        "rtp_port",
+        "rtp_sock",
+        "runner",
+        "sending_audio",
+        "silence",
+        "ticker",
+        "ua",
+    )
 
     def __init__(self, leg: SipLeg, ua: _UaRunner, call_id: str, rtp_port: int) -> None:
         self.leg = leg
@@ -354,8 +385,10 @@ class _SipCall:
                 if not anc:
                     rx.append((data, addr, now))  # no kernel stamp: read until the queue is empty
                     continue
-                sec, nsec = _TIMESPEC.unpack_from(anc[0][2])
-                arrival = min(now, sec + nsec * 1e-9 + mono)
+                sec, nsec = _unpack_timespec(anc[0][2])
+                arrival = sec + nsec * 1e-9 + mono
+                if arrival > now:
+                    arrival = now
                 rx.append((data, addr, arrival))
                 if arrival > now - FRAME_S:
                     break

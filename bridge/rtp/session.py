@@ -78,6 +78,7 @@ from __future__ import annotations
 import math
 import random
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -304,7 +305,6 @@ class RtpSession(Outbox):
         "_probation",
         "_received",
         "_received_prior",
-        "_remote_addr",
         "_remote_ssrc",
         "_rng",
         "_rtcp_addr",
@@ -313,7 +313,7 @@ class RtpSession(Outbox):
         "_rtcp_mux",
         "_rtcp_received",
         "_rtcp_wrong_source",
-        "_send_addr",
+        "_sdp_addr",
         "_sending",
         "_sent_since_report",
         "_seq",
@@ -324,6 +324,8 @@ class RtpSession(Outbox):
         "_timed_out",
         "_timer_floor",
         "_transit",
+        "pop_frame",
+        "remote_addr",
         "ssrc",
         "ts0",
     )
@@ -361,9 +363,10 @@ class RtpSession(Outbox):
         self._last_sent_ts = self.ts0
         self._last_sent_at = now
         # Peer.
-        self._remote_addr = remote_addr
+        self._sdp_addr = remote_addr
         self._peer: Address | None = None if config.latch else remote_addr
-        self._send_addr: Address | None = remote_addr
+        self.remote_addr: Address | None = remote_addr
+        """Where RTP is sent: the latched source, else the SDP address (read, never set)."""
         self._rtcp_addr: Address | None = None
         self._direction: Direction = "sendrecv"
         self._sending = True  # direction sends and not closed
@@ -387,6 +390,7 @@ class RtpSession(Outbox):
         self._jitter_buffer = JitterBuffer(
             config.jitter_depth_frames, config.jitter_max_frames, config.frame_s
         )
+        self.pop_frame = self._jitter_buffer.pop
         self._dtmf = DtmfReceiver(config.clock_rate_hz, config.dtmf_end_timeout_s)
         # Counters.
         self._packets_received = 0
@@ -423,8 +427,8 @@ class RtpSession(Outbox):
         """
         data = self.frame_packet(payload, pt, now, frame_index)
         if data is not None:
-            assert self._send_addr is not None  # frame_packet returns None without one
-            self._actions.append(SendDatagram(data, self._send_addr))
+            assert self.remote_addr is not None  # frame_packet returns None without one
+            self._actions.append(SendDatagram(data, self.remote_addr))
 
     def frame_packet(self, payload: bytes, pt: int, now: float, frame_index: int) -> bytes | None:
         """``send_frame`` for the per-tick hot path: the datagram itself, not an action.
@@ -435,7 +439,7 @@ class RtpSession(Outbox):
         object and no outbox round trip per frame. ``None`` when nothing is
         to be sent (hold, or no remote address yet).
         """
-        if self._send_addr is None or not self._sending:
+        if self.remote_addr is None or not self._sending:
             return None
         second = pt
         if self._marker_pending:
@@ -465,7 +469,7 @@ class RtpSession(Outbox):
         """
         if self._te_pt is None:
             raise LocalProtocolError("telephone-event was not negotiated for this session")
-        addr = self._send_addr
+        addr = self.remote_addr
         if addr is None or not self._sending:
             return
         if packet.marker:
@@ -490,9 +494,9 @@ class RtpSession(Outbox):
         Strict mode locks onto it; latching mode re-opens learning (and sends
         to the SDP address until a packet is latched).
         """
-        self._remote_addr = addr
+        self._sdp_addr = addr
         self._rtcp_addr = rtcp_addr
-        self._send_addr = addr
+        self.remote_addr = addr
         self._peer = None if self._config.latch else addr
 
     def set_direction(self, direction: Direction, now: float) -> None:
@@ -599,7 +603,7 @@ class RtpSession(Outbox):
         if config.latch_host is not None and source_addr[0] != config.latch_host:
             return False
         self._peer = source_addr
-        self._send_addr = source_addr
+        self.remote_addr = source_addr
         self._events.append(RemoteLatched(source_addr))
         return True
 
@@ -668,21 +672,20 @@ class RtpSession(Outbox):
 
     # ------------------------------------------------------------ jitter buffer
 
-    def pop_frame(self, now: float) -> RtpFrame | FrameLost | None:
-        """The next inbound 20 ms frame in sequence order; call once per media tick.
+    pop_frame: Callable[[float], RtpFrame | FrameLost | None]
+    """``pop_frame(now)``: the next inbound 20 ms frame in sequence order; call once per tick.
 
-        Returns:
-            ``RtpFrame``; ``FrameLost`` if that frame never arrived; ``None``
-            when there is nothing to play this tick. The consumer plays
-            silence (or conceals) for anything but an ``RtpFrame``.
-        """
-        return self._jitter_buffer.pop(now)
+    Returns ``RtpFrame``; ``FrameLost`` if that frame never arrived; ``None``
+    when there is nothing to play this tick. The consumer plays silence (or
+    conceals) for anything but an ``RtpFrame``. It is the jitter buffer's
+    ``pop`` itself (bound in ``__init__``): one call per tick, not two.
+    """
 
     # ------------------------------------------------------------ RTCP
 
     def receive_rtcp(self, data: bytes, source_addr: Address, now: float) -> None:
         """Handle one RTCP datagram. Accepted only from the peer's host."""
-        peer = self._peer if self._peer is not None else self._remote_addr
+        peer = self._peer if self._peer is not None else self._sdp_addr
         if peer is None or source_addr[0] != peer[0]:
             self._rtcp_wrong_source += 1
             return
@@ -728,12 +731,12 @@ class RtpSession(Outbox):
 
     def _rtcp_destination(self) -> Address | None:
         if self._config.rtcp_mux:
-            return self._send_addr
+            return self.remote_addr
         if self._rtcp_addr is not None:
             return self._rtcp_addr
-        if self._send_addr is None:
+        if self.remote_addr is None:
             return None
-        return (self._send_addr[0], self._send_addr[1] + 1)
+        return (self.remote_addr[0], self.remote_addr[1] + 1)
 
     def _report_packets(self, now: float) -> list[RtcpPacket]:
         blocks: tuple[ReportBlock, ...] = ()
@@ -872,8 +875,3 @@ class RtpSession(Outbox):
             rtcp_malformed=self._rtcp_malformed,
             rtcp_wrong_source=self._rtcp_wrong_source,
         )
-
-    @property
-    def remote_addr(self) -> Address | None:
-        """Where RTP is sent: the latched source, else the SDP address."""
-        return self._send_addr
