@@ -45,6 +45,10 @@ class RtpFrame(NamedTuple):
     marker: bool
 
 
+_NOT_HELD: Final = RtpFrame(b"", -1, -1, -1, False)
+"""``pop``'s sentinel for an entry not in the buffer (held entries are frames or None)."""
+
+
 class FrameLost(NamedTuple):
     """The frame with this sequence number was due and never arrived (conceal it)."""
 
@@ -124,7 +128,8 @@ class JitterBuffer:
         assert ext is not None  # set by _start
         if self._highest - ext >= self._max_frames:
             ext = self._trim(buffer)
-        if ext not in buffer:
+        frame = buffer.pop(ext, _NOT_HELD)  # one dict lookup for the common (held) case
+        if frame is _NOT_HELD:
             if not buffer:
                 self.underruns += 1
                 self._playing = False
@@ -133,7 +138,7 @@ class JitterBuffer:
             self.frames_lost += 1
             return FrameLost(ext & 0xFFFF)
         self._next = ext + 1
-        return buffer.pop(ext)
+        return frame
 
     def flush(self) -> None:
         """Forget everything (new SSRC, sequence resync); the extended numbering may restart."""
