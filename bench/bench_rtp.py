@@ -26,13 +26,15 @@ Shell figures, in **CPU** microseconds (``time.process_time``, median of the
 repetitions) so that other processes on the machine do not enter them:
 
 * ``sip_call_path``: N real ``_SipCall`` shell objects of ``bridge/io/sip_leg.py``
-  under uvloop, each with a real RTP/RTCP socket pair on 127.0.0.1 and its
-  uvloop transports; per 20 ms and per call, one inbound PCMU packet handed to
-  the RTP protocol's ``datagram_received`` exactly as uvloop hands it over
-  (the ``recvfrom`` itself is not counted) and one ``send_frame`` (RTP
-  session, jitter-buffer pop, the real ``sendto`` to a sink socket). The
-  call's runner is a stub: VAD, barge-in and playout belong to the call side
-  (``bench_streams`` measures that path);
+  under uvloop, each with a real RTP/RTCP socket pair on 127.0.0.1
+  (SO_TIMESTAMPNS on, as the leg binds it); per 20 ms a peer socket sends one
+  PCMU packet to every call (not counted), then the ticker's phases run as
+  ``bridge.io.ticker`` runs them: every call's ``send_frame`` (RTP session,
+  packet queued on the outbox), the outbox sent (the real ``sendto``, back to
+  the peer socket, which never reads), every call's read (``recvmsg`` with the
+  kernel arrival time), then every call's work on what it read (RTP engine,
+  jitter-buffer pop). The call's runner is a stub: VAD, barge-in and playout
+  belong to the call side (``bench_call`` measures that path);
 * ``ticker``: the process-wide ``MediaTicker`` driving N streams (no-op frame
   callbacks) on a simulated clock that wakes it when it asked, with a real
   uvloop ``call_at`` per re-arm: CPU per stream per 20 ms tick, the scheduling
@@ -165,28 +167,34 @@ def _cpu_median_us(run: Callable[[], float], repeats: int) -> float:
     return statistics.median(run() for _ in range(repeats))
 
 
-async def _sip_calls(n_calls: int) -> tuple[list[Any], socket.socket]:
-    from bridge.io.sip_leg import _SipCall
+async def _sip_calls(n_calls: int, peer: socket.socket) -> tuple[list[Any], Any]:
+    from bridge.io.sip_leg import SO_TIMESTAMPNS, _SipCall
+    from bridge.io.ticker import MediaTicker
     from bridge.sip.sdp import NegotiatedAudio
 
-    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sink.bind(("127.0.0.1", 0))  # never read: the kernel drops what overflows its buffer
-    sink_addr = sink.getsockname()
+    ticker = MediaTicker(asyncio.get_running_loop())
     leg = SimpleNamespace(
-        daemon=SimpleNamespace(config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=60.0)))
+        daemon=SimpleNamespace(
+            ticker=ticker, config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=60.0))
+        )
     )
     calls = []
     for i in range(n_calls):
         call = _SipCall(leg, None, f"call-{i}", 0)  # type: ignore[arg-type]
         rtp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        rtp.setblocking(False)
         rtp.bind(("127.0.0.1", 0))
+        if SO_TIMESTAMPNS is not None:  # as the leg binds it
+            rtp.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         rtcp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        rtcp.setblocking(False)
         rtcp.bind(("127.0.0.1", 0))
         await call.attach((rtp, rtcp))
-        call.start_media(NegotiatedAudio(0, "PCMU", 0, 101, sink_addr, "sendrecv", 20))
+        # the peer's packets are latched; ours go back to it (never read: the kernel drops them)
+        call.start_media(NegotiatedAudio(0, "PCMU", 0, 101, peer.getsockname(), "sendrecv", 20))
         call.runner = _StubRunner()  # type: ignore[assignment]
         calls.append(call)
-    return calls, sink
+    return calls, ticker
 
 
 def bench_sip_call_path(n_calls: int, frames: int, repeats: int) -> float:
@@ -194,34 +202,42 @@ def bench_sip_call_path(n_calls: int, frames: int, repeats: int) -> float:
     import uvloop
 
     async def main() -> float:
-        calls, sink = await _sip_calls(n_calls)
-        peer = sink.getsockname()
+        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        peer.bind(("127.0.0.1", 0))
+        calls, ticker = await _sip_calls(n_calls, peer)
+        # every arrival counts as within the last frame period: one recvmsg per call per tick,
+        # as in the daemon's common tick (the kernel stamps are real time, the ticks are not)
+        ticker.real_to_mono = 1e9
+        addrs = [c.rtp_sock.getsockname() for c in calls]
         packets = [
             build_rtp(0, s & 0xFFFF, (s * 160) & 0xFFFFFFFF, 0x1234, PAYLOAD, s == 0)
             for s in range(frames * (repeats + 1))
         ]
-        protocols = [c.rtp_transport.get_protocol() for c in calls]
         state = {"frame": 0}
 
         def run() -> float:
             first = state["frame"]
             now = 1.0 + first * 0.02
-            start = time.process_time()
+            elapsed = 0.0
             for k in range(first, first + frames):
                 data = packets[k]
-                for proto in protocols:
-                    proto.datagram_received(data, peer)
-                for call in calls:
-                    call.send_frame(PAYLOAD, k, now)
+                for addr in addrs:
+                    peer.sendto(data, addr)
+                start = time.process_time()
+                seconds = [call.send_frame(PAYLOAD, k, now) for call in calls]
+                ticker.flush()
+                thirds = [second(now) for second in seconds]
+                for third in thirds:
+                    third(now)
+                elapsed += time.process_time() - start
                 now += 0.02
-            elapsed = time.process_time() - start
             state["frame"] = first + frames
             return elapsed / frames / n_calls * 1e6
 
         result = _cpu_median_us(run, repeats - 1)
         for c in calls:
             c.close()
-        sink.close()
+        peer.close()
         await asyncio.sleep(0.05)
         return result
 
