@@ -125,6 +125,10 @@ class _UaRunner:
     def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
         self.ua.receive_datagram(data, addr, self.loop.time())
         self.pump()
+        # the loop hands a socket's queued datagrams over in one pass: a burst
+        # of INVITEs (a few hundred microseconds each) must not hold every
+        # call's frames back (bridge.io.ticker, "run_if_due")
+        self.leg.daemon.ticker.run_if_due()
 
     async def _on_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn_id = self.next_conn_id
@@ -136,6 +140,7 @@ class _UaRunner:
             while data := await reader.read(65536):
                 self.ua.receive_stream(conn_id, data, source, self.loop.time())
                 self.pump()
+                self.leg.daemon.ticker.run_if_due()
         except (ConnectionError, OSError):
             pass
         finally:

@@ -128,3 +128,30 @@ def test_a_closed_call_reads_nothing_and_its_queued_frame_is_dropped_and_counted
             assert call.runner.frames == [call.silence]  # type: ignore[union-attr]
 
     asyncio.run(main())
+
+
+def test_a_sip_message_is_followed_by_a_preemption_point_for_the_ticker() -> None:
+    """The loop hands a socket's queued SIP datagrams over in one pass; after each
+    one is handled (its answer sent) the ticker may run the frames due meanwhile."""
+    from bridge.io.sip_leg import _UaRunner
+    from bridge.sip.settings import SipSettings
+
+    async def main() -> None:
+        order: list[str] = []
+        ticker = SimpleNamespace(run_if_due=lambda: order.append("ticker"))
+        leg: Any = SimpleNamespace(
+            daemon=SimpleNamespace(ticker=ticker),
+            count_response=lambda data: order.append(data.split(b" ", 2)[1].decode()),
+        )
+        runner = _UaRunner(leg, SipSettings())
+        options = (
+            b"OPTIONS sip:x@127.0.0.1 SIP/2.0\r\n"
+            b"Via: SIP/2.0/UDP 127.0.0.1:5070;branch=z9hG4bK1\r\n"
+            b"From: <sip:a@127.0.0.1>;tag=1\r\nTo: <sip:x@127.0.0.1>\r\n"
+            b"Call-ID: c1\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n"
+        )
+        runner._on_datagram(options, ("127.0.0.1", 5070))
+        runner._on_datagram(b"garbage", ("127.0.0.1", 5070))  # dropped: still a point
+        assert order == ["200", "ticker", "ticker"]
+
+    asyncio.run(main())
