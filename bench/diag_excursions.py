@@ -11,7 +11,8 @@ step and marker. Contiguous timestamps with bunched arrivals mean the daemon
 sent late; a timestamp step other than 160, or a grid move without a marker,
 would mean a grid error.
 
-    python bench/diag_excursions.py [--calls 100] [--seconds 90] [--threshold-ms 10]
+    python bench/diag_excursions.py [--calls 100] [--seconds 90] [--threshold-ms 10] \
+        [--daemon-option "gc_thaw_s = 60"]
 """
 
 from __future__ import annotations
@@ -36,11 +37,17 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=90.0)
     ap.add_argument("--threshold-ms", type=float, default=10.0)
     ap.add_argument("--show", type=int, default=12, help="excursion packets printed")
+    ap.add_argument(
+        "--daemon-option",
+        action="append",
+        default=[],
+        help='a [daemon] config line for this run, e.g. "gc_thaw_s = 60" (repeatable)',
+    )
     args = ap.parse_args()
     pin_self()
     with tempfile.TemporaryDirectory() as tmp:
         tts = TtsProcess.start(Path(tmp))
-        d = DaemonUnderTest.start(Path(tmp), tts.port)
+        d = DaemonUnderTest.start(Path(tmp), tts.port, daemon_extra="\n".join(args.daemon_option))
         try:
             load = RtpLoad(("127.0.0.1", d.sip_port), route="talk")
             load.place(args.calls, rate_per_s=150)

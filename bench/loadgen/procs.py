@@ -101,12 +101,14 @@ def config_text(
     rtp_ports: str = "30000-33999",
     lead_ms: int = 60,
     max_loop_lag_ms: float = 0,
+    daemon_extra: str = "",
 ) -> str:
     """The daemon's config for a benchmark.
 
     ``max_loop_lag_ms`` is off (0) by default: the benchmarks look for where
     pacing fails, and a neighbour on the shared machine would otherwise make
     the daemon shed the very calls a step needs (503, overloaded).
+    ``daemon_extra``: more ``[daemon]`` lines (TOML), for diagnostics.
     """
     fmt = 'encoding = "pcm"\nsample_rate = 24000\n' if pcm24k else ""
     return f"""
@@ -117,7 +119,7 @@ event_loop = "uvloop"
 drain_timeout_s = 1
 prompt_cache_bytes = 0
 max_loop_lag_ms = {max_loop_lag_ms}
-
+{daemon_extra}
 [sip]
 listen = ["127.0.0.1:{sip_port}"]
 transports = ["udp"]
@@ -179,10 +181,15 @@ class DaemonUnderTest:
         env: dict[str, str] | None = None,
         core: int = DAEMON_CORE,
         lead_ms: int = 60,
+        daemon_extra: str = "",
     ) -> DaemonUnderTest:
         sip, ms, api = free_port(socket.SOCK_DGRAM), free_port(), free_port()
         cfg = workdir / "callbridge.toml"
-        cfg.write_text(config_text(tts_port, sip, ms, api, pcm24k=pcm24k, lead_ms=lead_ms))
+        cfg.write_text(
+            config_text(
+                tts_port, sip, ms, api, pcm24k=pcm24k, lead_ms=lead_ms, daemon_extra=daemon_extra
+            )
+        )
         proc = subprocess.Popen(
             [str(VENV_BIN / "callbridge"), "serve", "--config", str(cfg)],
             preexec_fn=_pinned(core),
