@@ -221,12 +221,11 @@ class Daemon:
         started = time.perf_counter()
         found = gc_apply(step)
         if step == "thaw":
+            pass_ms = round((time.perf_counter() - started) * 1000, 2)
             self.metrics.gc_thaw_collected_total.inc(found)
+            next_busy_s = self.gc_policy.thawed(found)
             log.info(
-                "gc.thaw",
-                calls=calls,
-                unreachable=found,
-                pass_ms=round((time.perf_counter() - started) * 1000, 2),
+                "gc.thaw", calls=calls, unreachable=found, pass_ms=pass_ms, next_busy_s=next_busy_s
             )
 
     def _export_pool_counters(self) -> None:

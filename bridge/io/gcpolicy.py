@@ -22,6 +22,16 @@ gone) or, with calls up, every ``thaw_every_s`` (one long pass; the objects
 it found are counted, so a cycle that should not exist shows up in the
 metrics).
 
+That long pass is the one pause the daemon still makes on purpose: 20-40 ms
+at 100 calls (``bench/diag_excursions.py --daemon-option "gc_thaw_s = 40"``:
+the only packets over 7 ms in 90 s were at the two thaws). So the interval
+adapts to what the thaws find: a thaw (idle or busy) that found fewer than
+``SMALL_FIND`` unreachable objects doubles the interval of the next busy
+thaw, up to ``MAX_THAW_EVERY_S``; one that found more sets it back to
+``thaw_every_s``. A daemon whose calls leave no cycles (the design, and what
+the benchmarks' thaws find) soon thaws with calls up about once a day; one
+that leaks keeps the safety net at ``thaw_every_s``.
+
 The policy is pure: ``tick(now, active_calls)`` says what to do; the shell
 (``Daemon``) calls it from its status loop and does it.
 """
@@ -32,7 +42,15 @@ import gc
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["GcPolicy", "GcStep", "apply"]
+__all__ = ["MAX_THAW_EVERY_S", "SMALL_FIND", "GcPolicy", "GcStep", "apply"]
+
+SMALL_FIND = 1000
+"""Unreachable objects a thaw may find and still count as "no leak": a stray cycle or
+two (an exception kept with its traceback) is not worth a pass over every call's objects;
+a leaking call type leaves thousands per call."""
+
+MAX_THAW_EVERY_S = 86400.0
+"""The longest the busy-time thaw interval grows to (``GcPolicy.thawed``)."""
 
 GcStep = Literal["freeze", "thaw"]
 
@@ -47,6 +65,8 @@ class GcPolicy:
 
     freeze_every_s: float = 0.1
     thaw_every_s: float = 600.0
+    _thaw_interval_s: float = 0.0
+    """The busy-time interval now (``thawed`` adapts it); 0: ``thaw_every_s``."""
     _last_freeze: float | None = None
     _last_thaw: float | None = None
     _frozen: bool = False
@@ -58,7 +78,8 @@ class GcPolicy:
         if self._last_freeze is None or self._last_thaw is None:
             self._last_freeze = self._last_thaw = now
             return None
-        if self._frozen and (active_calls == 0 or now - self._last_thaw >= self.thaw_every_s):
+        interval = self._thaw_interval_s or self.thaw_every_s
+        if self._frozen and (active_calls == 0 or now - self._last_thaw >= interval):
             # idle: the calls' objects are gone and the pass is cheap; busy: one long pass
             self._last_thaw = self._last_freeze = now
             self._frozen = False
@@ -68,6 +89,19 @@ class GcPolicy:
             self._frozen = True
             return "freeze"
         return None
+
+    def thawed(self, unreachable: int) -> float:
+        """What a thaw's full collection found; returns the next busy-time interval (s).
+
+        Fewer than ``SMALL_FIND`` objects doubles it (up to ``MAX_THAW_EVERY_S``,
+        or ``thaw_every_s`` if that is longer); more sets it back to ``thaw_every_s``.
+        """
+        current = self._thaw_interval_s or self.thaw_every_s
+        if unreachable >= SMALL_FIND:
+            self._thaw_interval_s = self.thaw_every_s
+        else:
+            self._thaw_interval_s = min(2 * current, max(MAX_THAW_EVERY_S, self.thaw_every_s))
+        return self._thaw_interval_s
 
 
 def apply(step: GcStep | None) -> int:

@@ -7,7 +7,7 @@ import gc
 import pytest
 
 from bridge.config import ConfigError, parse_config
-from bridge.io.gcpolicy import GcPolicy, apply
+from bridge.io.gcpolicy import MAX_THAW_EVERY_S, SMALL_FIND, GcPolicy, apply
 
 ROUTE = """
 [providers.p]
@@ -33,6 +33,29 @@ def test_with_calls_up_all_along_a_thaw_comes_every_thaw_period() -> None:
     policy = GcPolicy(freeze_every_s=5.0, thaw_every_s=30.0)
     steps = _steps(policy, [(t, 100) for t in range(0, 65, 5)])
     assert steps == [None] + ["freeze"] * 5 + ["thaw"] + ["freeze"] * 5 + ["thaw"]
+
+
+def test_thaws_that_find_nothing_space_the_busy_thaws_out_and_a_leak_brings_them_back() -> None:
+    policy = GcPolicy(freeze_every_s=5.0, thaw_every_s=30.0)
+    thaws: list[int] = []
+    found = {30: 0, 90: 0, 210: 5000, 240: 0}  # what each thaw's collection finds
+    for t in range(0, 400, 5):
+        if policy.tick(float(t), 100) == "thaw":
+            thaws.append(t)
+            policy.thawed(found.get(t, 0))
+    # 30 s, then 60 (found nothing), 120 (nothing again); a leak: 30 again; then 60
+    assert thaws == [30, 90, 210, 240, 300]
+
+
+def test_an_idle_thaw_that_finds_nothing_counts_too_and_the_interval_is_capped() -> None:
+    policy = GcPolicy(freeze_every_s=5.0, thaw_every_s=600.0)
+    assert policy.thawed(0) == 1200.0
+    assert policy.thawed(SMALL_FIND - 1) == 2400.0  # a stray cycle is not a leak
+    for _ in range(20):
+        interval = policy.thawed(0)
+    assert interval == MAX_THAW_EVERY_S
+    assert policy.thawed(SMALL_FIND) == 600.0
+    assert GcPolicy(5.0, thaw_every_s=2 * MAX_THAW_EVERY_S).thawed(0) == 2 * MAX_THAW_EVERY_S
 
 
 def test_zero_switches_the_policy_off() -> None:
