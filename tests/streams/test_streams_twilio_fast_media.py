@@ -129,17 +129,16 @@ def test_oversized_media_is_refused_as_before() -> None:
 
 _digits = st.text("0123456789", min_size=0, max_size=20)
 _b64ish = st.text("ABCDEFabcdef0189+/=", min_size=0, max_size=12)
+_media_cases = st.lists(
+    st.tuples(_digits, st.sampled_from(["inbound", "outbound", "", "x_y"]), _digits,
+              _digits, _b64ish, st.sampled_from([SID, "", "MZ1"]), st.booleans()),
+    min_size=1,
+    max_size=6,
+)  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    st.lists(
-        st.tuples(_digits, st.sampled_from(["inbound", "outbound", "", "x_y"]), _digits,
-                  _digits, _b64ish, st.sampled_from([SID, "", "MZ1"]), st.booleans()),
-        min_size=1,
-        max_size=6,
-    )
-)  # fmt: skip
+@given(_media_cases)
 def test_fuzzed_media_agree(cases: list[tuple[str, str, str, str, str, str, bool]]) -> None:
     _same([media(s, t, c, ts, p, sid, spaced) for s, t, c, ts, p, sid, spaced in cases])
 
@@ -237,13 +236,6 @@ def test_a_stream_id_json_would_escape_is_never_taken() -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    st.lists(
-        st.tuples(_digits, st.sampled_from(["inbound", "outbound", "", "x_y"]), _digits,
-                  _digits, _b64ish, st.sampled_from([SID, "", "MZ1"]), st.booleans()),
-        min_size=1,
-        max_size=6,
-    )
-)  # fmt: skip
+@given(_media_cases)
 def test_fuzzed_media_taken_agree(cases: list[tuple[str, str, str, str, str, str, bool]]) -> None:
     _same_taken([media(s, t, c, ts, p, sid, spaced) for s, t, c, ts, p, sid, spaced in cases])
