@@ -4,7 +4,11 @@ Same server as ``callbridge tts-server --engine tone``; the engine also notes
 ``time.monotonic()`` when each job's first chunk is produced (the instant
 before the session sends it), and the list is written as JSON on SIGTERM, so
 a benchmark can compare it with when the first ``media`` reached the carrier
-(CLOCK_MONOTONIC is shared by every process on the host).
+(CLOCK_MONOTONIC is shared by every process on the host). For every job that
+ran to its end it also notes how far its production fell behind real time
+(``<RECORD_JSON stem>.jobs.json``: first chunk time, audio seconds, and the
+largest ``(t_k - t_0) - audio before chunk k``): a turn the server produced
+slower than it plays can run dry at the daemon through no fault of the daemon.
 
     python bench/loadgen/ttsd_proc.py PORT_FILE RECORD_JSON
 """
@@ -27,20 +31,33 @@ from bridge.ttsd.synth import SynthChunk, ToneEngine
 class RecordingToneEngine(ToneEngine):
     """``ToneEngine`` that records (text, monotonic time) of every job's first chunk."""
 
-    def __init__(self, native_rate_hz: int = 24000, log: list[tuple[str, float]] | None = None):
+    def __init__(
+        self,
+        native_rate_hz: int = 24000,
+        log: list[tuple[str, float]] | None = None,
+        jobs: list[tuple[float, float, float]] | None = None,
+    ):
         super().__init__(native_rate_hz)
         self.log: list[tuple[str, float]] = [] if log is None else log
+        self.jobs: list[tuple[float, float, float]] = [] if jobs is None else jobs
+        """(first chunk time, audio s, most behind real time s) of every finished job."""
 
     def at_rate(self, sample_rate_hz: int) -> ToneEngine:
-        return RecordingToneEngine(sample_rate_hz, self.log)
+        return RecordingToneEngine(sample_rate_hz, self.log, self.jobs)
 
     def synthesize(self, text: str, voice: str, speed: float = 1.0) -> Iterator[SynthChunk]:
-        first = True
+        t0, audio_s, behind_s = 0.0, 0.0, 0.0
+        bytes_per_s = 2.0 * self.native_rate_hz
         for chunk in super().synthesize(text, voice, speed):
-            if first:
-                self.log.append((text, time.monotonic()))
-                first = False
+            now = time.monotonic()
+            if not audio_s:
+                t0 = now
+                self.log.append((text, now))
+            else:
+                behind_s = max(behind_s, (now - t0) - audio_s)
+            audio_s += len(chunk.pcm) / bytes_per_s
             yield chunk
+        self.jobs.append((t0, audio_s, behind_s))
 
 
 async def main(port_file: Path, record: Path) -> None:
@@ -55,6 +72,7 @@ async def main(port_file: Path, record: Path) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     record.write_text(json.dumps(engine.log))
+    record.with_suffix(".jobs.json").write_text(json.dumps(engine.jobs))
     await server.close()
 
 
