@@ -85,13 +85,16 @@ def _same(texts: list[str], settings: StreamSettings | None = None) -> list[Any]
     return out
 
 
-def test_twilio_media_is_read_without_json_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    fast, _ = _pair()
-
+def _forbid_json_loads(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     def no_json(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("json.loads called on the fast path")
+        raise AssertionError(f"json.loads called on the {path} path")
 
     monkeypatch.setattr(base_module.json, "loads", no_json)
+
+
+def test_twilio_media_is_read_without_json_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    fast, _ = _pair()
+    _forbid_json_loads(monkeypatch, "fast")
     for seq, spaced in ((2, False), (3, True)):
         fast.receive_text(media(seq=str(seq), spaced=spaced), 0.02)
         (event,) = fast.events_received()
@@ -172,11 +175,7 @@ def _same_taken(texts: list[str], settings: StreamSettings | None = None) -> int
 
 def test_plain_media_is_taken_without_events_or_json(monkeypatch: pytest.MonkeyPatch) -> None:
     taking, _ = _pair()
-
-    def no_json(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("json.loads called on the take path")
-
-    monkeypatch.setattr(base_module.json, "loads", no_json)
+    _forbid_json_loads(monkeypatch, "take")
     for seq, spaced, track in ((2, False, "inbound"), (3, True, ""), (4, False, "inbound_track")):
         audio = taking.take_media_text(media(seq=str(seq), spaced=spaced, track=track))
         assert audio == bytes(range(160))
