@@ -101,26 +101,34 @@ def test_twilio_media_is_read_without_json_loads(monkeypatch: pytest.MonkeyPatch
         assert event == AudioReceived(bytes(range(160)), "mulaw", 8000, 20, 1)
 
 
-@pytest.mark.parametrize(
-    "texts",
-    [
-        [media()],
-        [media(seq="2"), media(seq="3"), media(seq="7"), media(seq="5")],  # gaps, repeats
-        [media(track="outbound"), media(track="inbound_track"), media(track="")],
-        [media(payload="")],  # empty audio: nothing emitted
-        [media(payload="AAA")],  # bad padding: 1007
-        [media(payload="AA==AA==")],
-        [media(sid="MZother")],  # another stream: 1002
-        [media(sid="")],
-        [media(seq="1" * 19)],  # too many digits: the full path's error
-        [media(chunk="0" * 18, timestamp="999999999999999999")],
-        [media().replace('"payload"', '"payload2"')],  # no payload: the full path
-        [media().replace("}", "", 1)],  # not JSON
-        [media() + " "],  # trailing whitespace is still JSON
-        [media().replace("inbound", "in\\u0062ound")],  # an escape: the full path
-        [media(), '{"event":"stop","sequenceNumber":"3","streamSid":"' + SID + '"}', media()],
-    ],
-)
+_CASES = [  # messages both fast paths must treat as the full path does
+    [media()],
+    [media(seq="2"), media(seq="3"), media(seq="7"), media(seq="5")],  # gaps, repeats
+    [media(track="outbound"), media(track="inbound_track"), media(track="")],
+    [media(payload="")],  # empty audio: nothing emitted
+    [media(payload="AAA")],  # bad padding: 1007
+    [media(payload="AA==AA==")],
+    [media(sid="MZother")],  # another stream: 1002
+    [media(sid="")],
+    [media(seq="1" * 19)],  # too many digits: the full path's error
+    [media(chunk="0" * 18, timestamp="999999999999999999")],
+    [media().replace('"payload"', '"payload2"')],  # no payload: the full path
+    [media().replace("}", "", 1)],  # not JSON
+    [media() + " "],  # trailing whitespace is still JSON
+    [media().replace("inbound", "in\\u0062ound")],  # an escape: the full path
+    [media(), '{"event":"stop","sequenceNumber":"3","streamSid":"' + SID + '"}', media()],
+]
+_TAKE_CASES = [
+    *_CASES,
+    [media(payload="AA AA")],
+    [media(payload='AAAA\\"')],  # an escaped quote in the payload
+    [media(sid=SID + '", "x": "y')],  # more keys after the stream id
+    [media().replace('"},', '"} ,')],
+    [media(), media(seq="3").replace('"streamSid":"', '"streamSid": "')],  # mixed spacing
+]
+
+
+@pytest.mark.parametrize("texts", _CASES)
 def test_fast_and_full_paths_agree(texts: list[str]) -> None:
     _same(texts)
 
@@ -183,31 +191,7 @@ def test_plain_media_is_taken_without_events_or_json(monkeypatch: pytest.MonkeyP
     assert taking._expected_seq == 5
 
 
-@pytest.mark.parametrize(
-    "texts",
-    [
-        [media()],
-        [media(seq="2"), media(seq="3"), media(seq="7"), media(seq="5")],  # gaps, repeats
-        [media(track="outbound"), media(track="inbound_track"), media(track="")],
-        [media(payload="")],  # empty audio: nothing emitted
-        [media(payload="AAA")],  # bad padding: 1007
-        [media(payload="AA==AA==")],
-        [media(payload="AA AA")],
-        [media(payload='AAAA\\"')],  # an escaped quote in the payload
-        [media(sid="MZother")],  # another stream: 1002
-        [media(sid="")],
-        [media(sid=SID + '", "x": "y')],  # more keys after the stream id
-        [media(seq="1" * 19)],  # too many digits: the full path's error
-        [media(chunk="0" * 18, timestamp="999999999999999999")],
-        [media().replace('"payload"', '"payload2"')],  # no payload: the full path
-        [media().replace("}", "", 1)],  # not JSON
-        [media() + " "],  # trailing whitespace is still JSON
-        [media().replace('"},', '"} ,')],
-        [media().replace("inbound", "in\\u0062ound")],  # an escape: the full path
-        [media(), '{"event":"stop","sequenceNumber":"3","streamSid":"' + SID + '"}', media()],
-        [media(), media(seq="3").replace('"streamSid":"', '"streamSid": "')],  # mixed spacing
-    ],
-)
+@pytest.mark.parametrize("texts", _TAKE_CASES)
 def test_taken_and_full_paths_agree(texts: list[str]) -> None:
     _same_taken(texts)
 
