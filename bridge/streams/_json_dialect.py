@@ -172,21 +172,21 @@ class TwilioShapedProtocol(MediaStreamProtocol):
             or len(frame) != self.frame_bytes
         ):
             return None
-        template = self._media_template
-        if template is None:
-            template = self._media_template = self._render_media_template()
-        wire = frame if self._payload_as_is else self._outbound_payload(frame)
         self._sent_bytes += len(frame)
-        return b"".join((template[0], binascii.b2a_base64(wire, newline=False), template[1]))
+        return self._media_message(frame)
 
     def _send_media(self, audio: bytes) -> None:
         """One outbound ``media`` message carrying ``audio`` (in the leg's codec)."""
+        self._actions.append(SendEncodedText(self._media_message(audio)))
+        self._sent_bytes += len(audio)
+
+    def _media_message(self, audio: bytes) -> bytes:
+        """The UTF-8 bytes of one ``media`` message carrying ``audio``, from the template."""
         template = self._media_template
         if template is None:
             template = self._media_template = self._render_media_template()
-        payload = binascii.b2a_base64(self._outbound_payload(audio), newline=False)
-        self._actions.append(SendEncodedText(b"".join((template[0], payload, template[1]))))
-        self._sent_bytes += len(audio)
+        wire = audio if self._payload_as_is else self._outbound_payload(audio)
+        return b"".join((template[0], binascii.b2a_base64(wire, newline=False), template[1]))
 
     def _render_media_template(self) -> tuple[bytes, bytes]:
         """The bytes before and after the payload of this stream's ``media`` (``json.dumps``)."""
