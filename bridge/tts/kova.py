@@ -381,18 +381,7 @@ class KovaProtocol(Outbox):
             audio = a2b_base64(text[_AUDIO_HEAD_LEN:end], strict_mode=True)
         except ValueError:  # binascii.Error, or a non-ASCII character
             return False
-        if ctx.flush_id is not None:
-            self._set_deadline(ctx, now + self._reply_timeout_s)
-        if ctx.audio_format.bytes_per_sample == 2:
-            if ctx.remainder:
-                audio = ctx.remainder + audio
-            cut = len(audio) - len(audio) % 2
-            if cut != len(audio):
-                audio, ctx.remainder = audio[:cut], audio[cut:]
-            else:
-                ctx.remainder = b""
-        if audio:
-            self._events.append(AudioReceived(ctx.turn_id, audio, ctx.audio_format))
+        self._audio(ctx, audio, now)
         return True
 
     def receive_bytes(self, data: bytes, now: float) -> None:
@@ -451,11 +440,20 @@ class KovaProtocol(Outbox):
             audio = base64.b64decode(payload, validate=True)
         except ValueError as exc:  # binascii.Error, or a non-ASCII character
             raise _KovaFrameError("audio_chunk is not valid base64") from exc
-        self._touch(ctx, now)
+        self._audio(ctx, audio, now)
+
+    def _audio(self, ctx: _Context, audio: bytes, now: float) -> None:
+        """A started context's decoded audio: whole samples out, an odd byte kept for the next."""
+        if ctx.flush_id is not None:
+            self._set_deadline(ctx, now + self._reply_timeout_s)
         if ctx.audio_format.bytes_per_sample == 2:
-            audio = ctx.remainder + audio
+            if ctx.remainder:
+                audio = ctx.remainder + audio
             cut = len(audio) - len(audio) % 2
-            audio, ctx.remainder = audio[:cut], audio[cut:]
+            if cut != len(audio):
+                audio, ctx.remainder = audio[:cut], audio[cut:]
+            else:
+                ctx.remainder = b""
         if audio:
             self._events.append(AudioReceived(ctx.turn_id, audio, ctx.audio_format))
 
