@@ -18,6 +18,21 @@ digest of every event the sinks saw (types, turn ids, audio bytes, formats,
 word timings) shows whether a change altered what reaches the call.
 
     python bench/bench_tts.py [--quick] [--path-only] [--turns N] [--reps R] [--profile]
+
+The same path without the network, repeatable enough for callgrind
+(``--record FILE`` keeps the bytes the server sent in one repetition,
+``--replay FILE`` feeds them again, in their original reads, to a fresh pool
+whose sockets write nowhere): this process's CPU from the first byte fed to
+the last, per provider message, and the event digest, which must equal the
+recorded run's. The replayed pool's ``preempt`` is a stand-in for
+``MediaTicker.run_if_due`` when nothing is due (one clock read and a
+compare), so the figure includes the preemption point the daemon pays.
+``--replay-reps 0`` stops before feeding and ``-1`` feeds once without the
+digest: under callgrind, the difference of the two runs' instructions is the
+feed's.
+
+    python bench/bench_tts.py --record FILE [--turns N] [--format F]
+    python bench/bench_tts.py --replay FILE [--replay-reps R]
 """
 
 from __future__ import annotations
@@ -28,6 +43,7 @@ import cProfile
 import hashlib
 import io
 import math
+import pickle
 import pstats
 import statistics
 import sys
@@ -39,10 +55,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import summary_ms, write
 from loadgen.procs import TALK_TEXT, TtsProcess
+from websockets.client import ClientProtocol
+from websockets.protocol import State
+from websockets.uri import parse_uri
 
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
-from bridge.io.tts_client import ProviderPool, Speaker
+from bridge.io.tts_client import ProviderPool, Speaker, _Connection, _ProviderWebSocket
 from bridge.io.ttsd_server import start_tts_server
 from bridge.tts.base import (
     MULAW_8K,
@@ -138,11 +157,26 @@ class _TurnRecord:
 
 
 async def path_rep(
-    port: int, fmt: AudioFormat, turns: int, prof: cProfile.Profile | None
+    port: int,
+    fmt: AudioFormat,
+    turns: int,
+    prof: cProfile.Profile | None,
+    record: list[tuple[int, bytes]] | None = None,
 ) -> dict[str, object]:
     """One repetition: ``turns`` turns at once through a fresh warm pool; daemon-side CPU."""
     url = f"ws://127.0.0.1:{port}{PROTOCOL_PATHS['kova']}"
     settings = ProviderSettings("b", "kova", url, api_key="k", voice="tone")
+    index: dict[int, int] = {}  # a recorded socket's connection index, once turns open
+    if record is not None:  # patched before the sockets exist (the loop binds the method)
+        original = _ProviderWebSocket.data_received
+
+        def recording(ws: _ProviderWebSocket, data: bytes) -> None:
+            i = index.get(id(ws))
+            if i is not None:
+                record.append((i, bytes(data)))
+            original(ws, data)
+
+        _ProviderWebSocket.data_received = recording  # type: ignore[method-assign]
     pool = ProviderPool(settings, warm=math.ceil(turns / TURNS_PER_CONNECTION))
     if not await pool.start():
         raise RuntimeError("kova: warm connection failed")
@@ -150,6 +184,7 @@ async def path_rep(
         await asyncio.sleep(0.01)
     speaker = Speaker([pool])
     records = [_TurnRecord(asyncio.Event()) for _ in range(turns)]
+    index.update({id(c.ws): i for i, c in enumerate(pool.connections)})  # record from here on
     if prof is not None:
         prof.enable()
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -159,6 +194,8 @@ async def path_rep(
     cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
     if prof is not None:
         prof.disable()
+    if record is not None:
+        _ProviderWebSocket.data_received = original  # type: ignore[method-assign]
     await pool.close()
     audio_s = sum(r.audio_s() for r in records)
     digest = hashlib.sha256(b"".join(r.digest() for r in records)).hexdigest()
@@ -235,6 +272,165 @@ def provider_path(
     return out
 
 
+# ------------------------------------------------------ record and replay
+
+
+def record_path(file: Path, turns: int, fmt_name: str) -> None:
+    """One repetition against the real server, its reads kept in ``file``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ttsd = TtsProcess.start(Path(tmp))
+        try:
+            chunks: list[tuple[int, bytes]] = []
+            loop = _new_loop()
+            try:
+                fig = loop.run_until_complete(
+                    path_rep(ttsd.port, PATH_FORMATS[fmt_name], turns, None, chunks)
+                )
+            finally:
+                loop.close()
+        finally:
+            ttsd.stop()
+    recording = {
+        "format": fmt_name,
+        "turns": turns,
+        "connections": math.ceil(turns / TURNS_PER_CONNECTION),
+        "chunks": chunks,
+        "digest": fig["digest"],
+    }
+    file.write_bytes(pickle.dumps(recording))
+    print(f"recorded {len(chunks)} reads, {_messages(chunks)} messages, digest {fig['digest']}")
+
+
+def _messages(chunks: list[tuple[int, bytes]]) -> int:
+    """How many data frames (text or binary) the reads carry."""
+    streams: dict[int, bytearray] = {}
+    for i, data in chunks:
+        streams.setdefault(i, bytearray()).extend(data)
+    n = 0
+    for buf in streams.values():
+        pos = 0
+        while pos + 2 <= len(buf):
+            length, head = buf[pos + 1] & 0x7F, pos + 2
+            if length >= 126:
+                extra = 2 if length == 126 else 8
+                length, head = int.from_bytes(buf[head : head + extra], "big"), head + extra
+            n += (buf[pos] & 0x0F) in (1, 2)
+            pos = head + length
+    return n
+
+
+class _NullTransport:
+    """A transport that takes every write and has nothing buffered."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def writelines(self, data: object) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+class _NotDue:
+    """``MediaTicker.run_if_due`` when nothing is due: its attribute reads, a clock read."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.now = loop.time
+        self._armed_at: float | None = 1e18
+        self._arm_offset_s = 0.0005
+
+    def run_if_due(self) -> None:
+        armed_at = self._armed_at
+        if armed_at is None or self.now() < armed_at + self._arm_offset_s:
+            return
+        raise AssertionError("never due")
+
+
+async def replay_rep(recording: dict[str, object], feed: bool, check: bool) -> dict[str, object]:
+    """The recorded reads fed to a fresh pool (sockets writing nowhere); CPU of the feed.
+
+    ``check``: compute the digest of what the sinks saw (after the measured feed).
+    """
+    loop = asyncio.get_running_loop()
+    fmt = PATH_FORMATS[str(recording["format"])]
+    turns = int(recording["turns"])  # type: ignore[call-overload]
+    url = f"ws://127.0.0.1:9{PROTOCOL_PATHS['kova']}"
+    settings = ProviderSettings("b", "kova", url, api_key="k", voice="tone")
+    n_conns = int(recording["connections"])  # type: ignore[call-overload]
+    pool = ProviderPool(settings, warm=n_conns, preempt=_NotDue(loop).run_if_due)
+    sockets = []
+    for _ in range(n_conns):
+        conn = _Connection(pool, pool.engine_cls(settings))
+        pool.connections.append(conn)
+        protocol = ClientProtocol(parse_uri(url))
+        protocol.state = State.OPEN
+        ws = _ProviderWebSocket(protocol, on_message=conn._on_message)
+        ws.connection_made(_NullTransport())  # type: ignore[arg-type]
+        ws.response = object()  # type: ignore[assignment]  # the handshake is done
+        ws._own_parsing = True
+        conn.ws = ws
+        conn.early = None
+        conn.engine.connection_made(None, loop.time())
+        conn.pump()
+        sockets.append(ws)
+    speaker = Speaker([pool])
+    records = [_TurnRecord(asyncio.Event()) for _ in range(turns)]
+    for i, rec in enumerate(records):
+        speaker.speak(f"t{i}", TALK_TEXT, TurnSettings("tone", fmt), rec)
+    chunks: list[tuple[int, bytes]] = recording["chunks"]  # type: ignore[assignment]
+    if not feed:
+        return {}
+    cpu0 = time.process_time()
+    for i, data in chunks:
+        sockets[i].data_received(data)
+    cpu_s = time.process_time() - cpu0
+    if not check:
+        return {"cpu_s": cpu_s}
+    digest = hashlib.sha256(b"".join(r.digest() for r in records)).hexdigest()
+    return {"cpu_s": cpu_s, "digest": digest}
+
+
+def replay_path(file: Path, reps: int) -> None:
+    recording = pickle.loads(file.read_bytes())
+    chunks = recording["chunks"]
+    n = _messages(chunks)
+    what = f"{recording['format']}, {recording['turns']} turns"
+    print(f"replay: {what}, {len(chunks)} reads, {n} messages")
+    per_msg = []
+    for _ in range(max(reps, 1)):
+        loop = _new_loop()
+        try:
+            fig = loop.run_until_complete(replay_rep(recording, feed=reps != 0, check=reps > 0))
+        finally:
+            loop.close()
+        if reps <= 0:  # for callgrind: the setup alone (0), or one feed, unchecked (-1)
+            print("setup only" if reps == 0 else "one feed, unchecked")
+            return
+        if fig["digest"] != recording["digest"]:
+            raise RuntimeError(f"digest {fig['digest']} != recorded {recording['digest']}")
+        per_msg.append(1e6 * float(fig["cpu_s"]) / n)  # type: ignore[arg-type]
+    print(
+        f"cpu µs per message: median {statistics.median(per_msg):.3f} "
+        f"(min {min(per_msg):.3f}, max {max(per_msg):.3f}, {len(per_msg)} reps); digest ok"
+    )
+
+
 def _row(protocol: str, engine: str, s: dict[str, float]) -> None:
     print(
         f"{protocol:<12} {engine:<6} {s['n']:>5} {s['p50_ms']:>8} {s['p95_ms']:>8} {s['p99_ms']:>8}"
@@ -251,7 +447,18 @@ def main() -> None:
     ap.add_argument(
         "--format", action="append", choices=sorted(PATH_FORMATS), help="provider path: only these"
     )
+    ap.add_argument("--record", type=Path, help="keep one provider path run's reads in FILE")
+    ap.add_argument("--replay", type=Path, help="feed a recorded run again, no network")
+    ap.add_argument(
+        "--replay-reps", type=int, default=9, help="replay: repetitions (0: setup, -1: one feed)"
+    )
     args = ap.parse_args()
+    if args.record is not None:
+        record_path(args.record, args.turns, (args.format or ["mulaw8k"])[0])
+        return
+    if args.replay is not None:
+        replay_path(args.replay, args.replay_reps)
+        return
     reps = args.reps or (5 if args.quick else 9)
     path_figures = provider_path(args.turns, reps, args.profile, args.format)
     path = write(
