@@ -7,6 +7,12 @@ of its log, ``/proc/<pid>`` (CPU ticks, RSS, fds, threads). ``TtsProcess``
 runs ``bench/loadgen/ttsd_proc.py`` (the reference TTS server with the
 ``tone`` engine, which also records when it produced each job's first chunk)
 pinned to the load generator's core.
+
+Both can run the code of another source tree (a git worktree with local
+changes, e.g. a diagnostic's instrumentation) with this venv: pass ``src``,
+or set ``BENCH_SOURCE_TREE`` for every process a benchmark starts. The tree's
+``bridge`` and ``codecs/telcodec`` then come first on the child's
+``PYTHONPATH``, ahead of the editable install of this checkout.
 """
 
 from __future__ import annotations
@@ -32,6 +38,28 @@ PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 _PANGRAM = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing"
 TALK_TEXT = " ".join([_PANGRAM] * 6)  # about 15 s of tone audio per turn
+
+
+SOURCE_TREE_ENV = "BENCH_SOURCE_TREE"
+
+
+def source_tree_env(src: Path | None = None) -> dict[str, str]:
+    """Environment additions for a child that runs ``src``'s code (default: ``BENCH_SOURCE_TREE``).
+
+    Empty when neither is given: the child imports this checkout (the editable install).
+    """
+    if src is None:
+        named = os.environ.get(SOURCE_TREE_ENV, "")
+        if not named:
+            return {}
+        src = Path(named)
+    src = src.resolve()
+    if not (src / "bridge" / "__init__.py").exists():
+        raise ValueError(f"{src} is not a callbridge source tree (no bridge/__init__.py)")
+    paths = [str(src), str(src / "codecs")]
+    if os.environ.get("PYTHONPATH"):
+        paths.append(os.environ["PYTHONPATH"])
+    return {"PYTHONPATH": os.pathsep.join(paths)}
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
@@ -63,7 +91,14 @@ class TtsProcess:
     record_path: Path
 
     @classmethod
-    def start(cls, workdir: Path, core: int = LOADGEN_CORE) -> TtsProcess:
+    def start(
+        cls,
+        workdir: Path,
+        core: int = LOADGEN_CORE,
+        *,
+        src: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> TtsProcess:
         port_file = workdir / "ttsd.port"
         record = workdir / "ttsd_first_chunks.json"
         port_file.unlink(missing_ok=True)
@@ -73,6 +108,7 @@ class TtsProcess:
             start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=open(workdir / "ttsd.log", "wb"),  # noqa: SIM115 - the child owns it
+            env={**os.environ, **source_tree_env(src), **(env or {})},
         )
         deadline = time.monotonic() + 20
         while not port_file.exists() or not port_file.read_text().strip():
@@ -182,6 +218,7 @@ class DaemonUnderTest:
         core: int = DAEMON_CORE,
         lead_ms: int = 60,
         daemon_extra: str = "",
+        src: Path | None = None,
     ) -> DaemonUnderTest:
         sip, ms, api = free_port(socket.SOCK_DGRAM), free_port(), free_port()
         cfg = workdir / "callbridge.toml"
@@ -196,7 +233,7 @@ class DaemonUnderTest:
             start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=open(workdir / "daemon.log", "wb"),  # noqa: SIM115 - the child owns it
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **source_tree_env(src), **(env or {})},
         )
         d = cls(proc, workdir, sip, ms, api)
         deadline = time.monotonic() + 30

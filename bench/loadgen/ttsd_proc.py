@@ -10,22 +10,43 @@ ran to its end it also notes how far its production fell behind real time
 largest ``(t_k - t_0) - audio before chunk k``): a turn the server produced
 slower than it plays can run dry at the daemon through no fault of the daemon.
 
+With ``TTSD_RECORD_CHUNKS=1`` in its environment it also notes every Kova
+``audio_chunk`` it sends (``<RECORD_JSON stem>.chunks.json``, rows ``[t_produced,
+t_written, "<client port>/<context_id>", samples, write_buffer_bytes,
+kernel_unsent_bytes]``, monotonic seconds; context ids are per connection, the
+client's port names it) and every job's end (samples -1): when
+the server wrote the message a daemon's underrun waited for, and whether its
+own socket was backed up then (the transport's buffer above the kernel's, and
+``TIOCOUTQ``: bytes the kernel holds that the peer has not taken).
+
     python bench/loadgen/ttsd_proc.py PORT_FILE RECORD_JSON
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 import signal
 import sys
+import termios
 import time
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import bridge.io.ttsd_server as ttsd_server
+import bridge.ttsd.kova as kova_server
 from bridge.io.ttsd_server import start_tts_server
+from bridge.tts.base import WordTiming
 from bridge.ttsd.base import ServerOptions
 from bridge.ttsd.synth import SynthChunk, ToneEngine
+
+CHUNKS: list[list[Any]] = []
+"""[t_produced, t_written, "<client port>/<context_id>", samples, write_buffer_bytes,
+kernel_unsent_bytes]"""
 
 
 class RecordingToneEngine(ToneEngine):
@@ -60,8 +81,61 @@ class RecordingToneEngine(ToneEngine):
         self.jobs.append((t0, audio_s, behind_s))
 
 
+class RecordingKovaSession(kova_server.KovaServerSession):
+    """Kova's server session noting each job's audio (``CHUNKS``) before it is sent."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        super().__init__(options)
+        self.unsent: list[list[Any]] = []
+        """Rows of this pump, completed by ``RecordingRunner.pump`` once written."""
+
+    def synthesis_audio(
+        self, job_id: str, pcm: bytes, words: tuple[WordTiming, ...], now: float
+    ) -> None:
+        ctx = self._jobs.get(job_id)
+        if ctx is not None:
+            self.unsent.append([time.monotonic(), 0.0, ctx.context_id, len(pcm) // 2, 0, 0])
+        super().synthesis_audio(job_id, pcm, words, now)
+
+    def synthesis_done(self, job_id: str, now: float) -> None:
+        ctx = self._jobs.get(job_id)
+        if ctx is not None:
+            self.unsent.append([time.monotonic(), 0.0, ctx.context_id, -1, 0, 0])
+        super().synthesis_done(job_id, now)
+
+
+_OUTQ = array("i", [0])
+
+
+class RecordingRunner(ttsd_server._SessionRunner):
+    """The server's session pump, completing ``RecordingKovaSession``'s rows after the write."""
+
+    def pump(self) -> None:
+        super().pump()
+        session = self.session
+        if not isinstance(session, RecordingKovaSession) or not session.unsent:
+            return
+        t = time.monotonic()
+        buffered = self.conn.write_buffer_bytes
+        unsent, port = -1, 0
+        try:
+            transport = self.conn._transport
+            port = transport.get_extra_info("peername")[1]
+            fcntl.ioctl(transport.get_extra_info("socket").fileno(), termios.TIOCOUTQ, _OUTQ, True)
+            unsent = int(_OUTQ[0])
+        except (OSError, AttributeError, TypeError):
+            pass
+        for row in session.unsent:
+            row[1], row[2], row[4], row[5] = t, f"{port}/{row[2]}", buffered, unsent
+        CHUNKS.extend(session.unsent)
+        session.unsent = []
+
+
 async def main(port_file: Path, record: Path) -> None:
     engine = RecordingToneEngine()
+    if os.environ.get("TTSD_RECORD_CHUNKS") == "1":
+        kova_server.SESSION = RecordingKovaSession  # type: ignore[misc]
+        ttsd_server._SessionRunner = RecordingRunner  # type: ignore[misc]
     # the reference server holds 16 contexts per socket; the daemon's Kova client packs up
     # to 64 turns on one (the seed sets no limit): allow what the client uses
     server = await start_tts_server(engine=engine, options=ServerOptions(max_contexts=256))
@@ -73,6 +147,8 @@ async def main(port_file: Path, record: Path) -> None:
     await stop.wait()
     record.write_text(json.dumps(engine.log))
     record.with_suffix(".jobs.json").write_text(json.dumps(engine.jobs))
+    if CHUNKS:
+        record.with_suffix(".chunks.json").write_text(json.dumps(CHUNKS))
     await server.close()
 
 
