@@ -42,6 +42,7 @@ import argparse
 import asyncio
 import hashlib
 import itertools
+import json
 import statistics
 import subprocess
 import sys
@@ -109,6 +110,11 @@ DOUBLE_TALK_ECHO_DB = (20.0, 10.0)
 """Double talk: the onsets again, with the bot's own audio returned this far down."""
 DOUBLE_TALK_DELAY_MS = 40
 NOISES = (("white", -50.0), ("pink", -50.0), ("white", -40.0), ("pink", -40.0))
+QUIET_LINES = (("white", -70.0), ("pink", -60.0), ("silent", 0.0))
+"""Quiet lines (far below the energy floor) and a digital-silence line (every sample
+0): the onsets again over them, and false-set clips of them (with and without the
+bot's echo). Drawn from their own generator (seed + 100) after the other trials,
+so adding them changed none of the others."""
 SIP_LEG = LegProfile(kind="sip", codec="mulaw", sample_rate_hz=RATE_HZ, heard_from="frames")
 
 
@@ -201,6 +207,8 @@ def onset_index(x: Signal) -> int:
 
 
 def noise(kind: str, n: int, level_dbfs: float, rng: np.random.Generator) -> Signal:
+    if kind == "silent":  # a digital-silence line: every sample 0, nothing drawn
+        return np.zeros(n)
     w = rng.standard_normal(n)
     if kind == "pink":
         spectrum = np.fft.rfft(w)
@@ -252,29 +260,47 @@ def onset_set(voices: Voices, quick: bool, seed: int = 1) -> list[Onset]:
         speech.append(("piper", text, voices.piper(text)))
         for v in ESPEAK_VOICES:
             speech.append((f"espeak:{v}", text, voices.espeak(text, v)))
-    out = []
-    for (source, text, clean), level, (kind, noise_dbfs) in itertools.product(
-        speech, LEVELS_DBFS, noises
-    ):
-        x = scale_to(clean, level)
-        start = onset_index(x)
-        onset_s = 1.0 + float(rng.uniform(0, FRAME_S))
-        at = round(onset_s * RATE_HZ) - start
-        total = round((onset_s + 1.6) * RATE_HZ)
-        caller = noise(kind, total, noise_dbfs, rng)
-        seg = x[: total - at]
-        caller[at : at + len(seg)] += seg
-        out.append(
-            Onset(
-                f"{source}|{text}|{level:g}|{kind}{noise_dbfs:g}",
-                source,
-                level,
-                f"{kind}{noise_dbfs:g}",
-                caller,
-                at / RATE_HZ + start / RATE_HZ,
-            )
+    out = [
+        _onset(source, text, clean, level, kind, noise_dbfs, rng)
+        for (source, text, clean), level, (kind, noise_dbfs) in itertools.product(
+            speech, LEVELS_DBFS, noises
         )
+    ]
+    quiet_rng = np.random.default_rng(seed + 100)
+    for (source, text, clean), level, (kind, noise_dbfs) in itertools.product(
+        speech, LEVELS_DBFS, QUIET_LINES
+    ):
+        out.append(_onset(source, text, clean, level, kind, noise_dbfs, quiet_rng))
     return out
+
+
+def _onset(
+    source: str,
+    text: str,
+    clean: Signal,
+    level: float,
+    kind: str,
+    noise_dbfs: float,
+    rng: np.random.Generator,
+) -> Onset:
+    """One trial: ``clean`` at ``level`` over a line of ``kind`` at ``noise_dbfs``."""
+    x = scale_to(clean, level)
+    start = onset_index(x)
+    onset_s = 1.0 + float(rng.uniform(0, FRAME_S))
+    at = round(onset_s * RATE_HZ) - start
+    total = round((onset_s + 1.6) * RATE_HZ)
+    caller = noise(kind, total, noise_dbfs, rng)
+    seg = x[: total - at]
+    caller[at : at + len(seg)] += seg
+    line = "silent" if kind == "silent" else f"{kind}{noise_dbfs:g}"
+    return Onset(
+        f"{source}|{text}|{level:g}|{line}",
+        source,
+        level,
+        line,
+        caller,
+        at / RATE_HZ + start / RATE_HZ,
+    )
 
 
 @dataclass(frozen=True)
@@ -337,6 +363,12 @@ def false_set(voices: Voices, quick: bool, seed: int = 2) -> list[Clip]:
         clips.append(Clip(f"clicks|{per_s:g}/s|{level:g}dBFS", "clicks", caller, "piper"))
     for kind in ("white", "pink"):
         clips.append(Clip(f"noise|{kind}-40", "noise", noise(kind, n, -40, rng), "piper"))
+    quiet_rng = np.random.default_rng(seed + 100)
+    for (kind, level), bot in itertools.product(QUIET_LINES, ("piper", "tone")):
+        line = "silent" if kind == "silent" else f"{kind}{level:g}"
+        quiet = noise(kind, n, level, quiet_rng)
+        clips.append(Clip(f"quiet|{line}|{bot}", "quiet", quiet, bot))
+        clips.append(Clip(f"quiet|{line}|{bot}|echo25dB|40ms", "quiet", quiet, bot, 25.0, 40))
     return clips
 
 
@@ -387,8 +419,12 @@ def run_engine(
     th: Thresholds,
     echo_db: float | None = None,
     echo_delay_ms: int = 0,
+    trace: list[str] | None = None,
 ) -> list[tuple[float, float]]:
     """Drive one ``CallBridge``; return (decision, stop) times of every speech barge-in.
+
+    ``trace`` (if given) gets every event the call emits, with the step's time:
+    the engine's decisions, to diff two versions of the engine trial by trial.
 
     Step n at ``now = n * 20 ms``: caller frame n (samples ``[(n-1)*160, n*160)``,
     plus the echo of what the call sent, delayed and attenuated) goes in, then
@@ -411,13 +447,18 @@ def run_engine(
     pending: float | None = None  # decision awaiting its stop tick
     out: list[tuple[float, float]] = []
 
+    def drain(now: float) -> None:
+        call.actions_to_send()
+        events = call.events_received()
+        if trace is not None:
+            trace.extend(f"{now:.2f} {event!r}" for event in events)
+
     def start_turn(now: float) -> None:
         nonlocal turn
         turn += 1
         call.execute(Say(f"t{turn}", "bot"), now)
         call.provider_event(AudioReceived(f"t{turn}", bot_ulaw[bot_pos * FRAME :], MULAW_8K), now)
-        call.actions_to_send()
-        call.events_received()
+        drain(now)
 
     start_turn(0.0)
     for n in range(steps + 1):
@@ -431,15 +472,13 @@ def run_engine(
                 echo[FRAME - len(src) :] = src
                 frame = frame + gain * echo
             call.caller_audio(ulaw_bytes(frame), now)
-            call.actions_to_send()
-            call.events_received()
+            drain(now)
             timings = call.stats().bargein_timings
             if len(timings) > cuts:
                 cuts = len(timings)
                 pending = timings[-1].decided_s
         payload = call.tick(now)
-        call.actions_to_send()
-        call.events_received()
+        drain(now)
         if payload is not None:
             sent[n * FRAME : (n + 1) * FRAME] = decode_ulaw(payload)
             bot_pos += 1
@@ -476,12 +515,17 @@ def measure_onsets(
     th: Thresholds,
     echo_db: float | None = None,
     echo_delay_ms: int = 0,
+    traces: dict[str, list[str]] | None = None,
 ) -> dict[str, OnsetFigures]:
     """Latency per group ("all", "source=...", "level=...", "noise=..."); with
-    ``echo_db`` the bot's own audio also comes back on the line (double talk)."""
+    ``echo_db`` the bot's own audio also comes back on the line (double talk).
+    ``traces`` gets each trial's events (``run_engine``), by trial name."""
     groups: dict[str, OnsetFigures] = {}
     for o in onsets:
-        stops = run_engine(o.caller, bot[: len(o.caller) + FRAME], th, echo_db, echo_delay_ms)
+        trace = None if traces is None else traces.setdefault(o.name, [])
+        stops = run_engine(
+            o.caller, bot[: len(o.caller) + FRAME], th, echo_db, echo_delay_ms, trace
+        )
         early = sum(1 for d, _ in stops if d < o.onset_s)
         after = [s - o.onset_s for d, s in stops if d >= o.onset_s]
         for key in ("all", f"source={o.source}", f"level={o.level_dbfs:g}", f"noise={o.noise}"):
@@ -495,12 +539,18 @@ def measure_onsets(
     return groups
 
 
-def measure_false(clips: list[Clip], bots: dict[str, Signal], th: Thresholds) -> dict[str, Any]:
+def measure_false(
+    clips: list[Clip],
+    bots: dict[str, Signal],
+    th: Thresholds,
+    traces: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
     per_kind: dict[str, list[int]] = {}
     triggered: list[str] = []
     for c in clips:
+        trace = None if traces is None else traces.setdefault(c.name, [])
         stops = run_engine(
-            c.caller, bots[c.bot][: len(c.caller) + FRAME], th, c.echo_db, c.echo_delay_ms
+            c.caller, bots[c.bot][: len(c.caller) + FRAME], th, c.echo_db, c.echo_delay_ms, trace
         )
         per_kind.setdefault(c.kind, []).append(len(stops))
         if stops:
@@ -659,19 +709,39 @@ def evaluate(
     clips: list[Clip],
     bots: dict[str, Signal],
     double_talk: bool = False,
+    decisions: bool = False,
 ) -> dict[str, Any]:
-    groups = measure_onsets(onsets, bots["piper"], th)
+    """Figures for one set of thresholds; with ``decisions`` also every trial's events
+    (``"decisions"``, by set and trial) and a digest of them all (``"decisions_sha1"``):
+    two engine versions that decide the same give the same digest."""
+    traces: dict[str, dict[str, list[str]]] | None = {} if decisions else None
+
+    def bucket(name: str) -> dict[str, list[str]] | None:
+        return None if traces is None else traces.setdefault(name, {})
+
+    groups = measure_onsets(onsets, bots["piper"], th, traces=bucket("onsets"))
     fig: dict[str, Any] = {
         "thresholds": th.__dict__,
         "onsets": {k: g.summary() for k, g in sorted(groups.items())},
-        "false": measure_false(clips, bots, th),
+        "false": measure_false(clips, bots, th, bucket("false")),
     }
     if double_talk:
         for erl in DOUBLE_TALK_ECHO_DB:
-            dt = measure_onsets(onsets, bots["piper"], th, erl, DOUBLE_TALK_DELAY_MS)
+            dt = measure_onsets(
+                onsets,
+                bots["piper"],
+                th,
+                erl,
+                DOUBLE_TALK_DELAY_MS,
+                bucket(f"onsets_over_echo_{erl:g}dB"),
+            )
             fig[f"onsets_over_echo_{erl:g}dB"] = {
                 k: g.summary() for k, g in sorted(dt.items()) if not k.startswith("source=")
             }
+    if traces is not None:
+        text = json.dumps(traces, sort_keys=True)
+        fig["decisions_sha1"] = hashlib.sha1(text.encode()).hexdigest()
+        fig["decisions"] = traces
     return fig
 
 
@@ -704,6 +774,9 @@ def main() -> None:
     ap.add_argument(
         "--seed", type=int, default=1, help="onset set seed (false set: seed + 1); 1 = the record"
     )
+    ap.add_argument(
+        "--name", default="", help="results file name (default: bargein, bargein-seedN)"
+    )
     args = ap.parse_args()
     voices = Voices()
     onsets = onset_set(voices, args.quick, args.seed)
@@ -714,8 +787,11 @@ def main() -> None:
         f"bot level (active): piper {active_level_dbfs(bots['piper']):.1f} dBFS, "
         f"tone {active_level_dbfs(bots['tone']):.1f} dBFS"
     )
-    defaults = evaluate(Thresholds.defaults(), onsets, clips, bots, double_talk=True)
+    defaults = evaluate(
+        Thresholds.defaults(), onsets, clips, bots, double_talk=True, decisions=True
+    )
     print("engine, defaults:", _line(defaults))
+    print("  decisions sha1:", defaults["decisions_sha1"])
     for k, g in defaults["onsets"].items():
         print(f"  {k:<24} p50 {g['p50_ms']} p95 {g['p95_ms']} missed {g['missed']}/{g['n']}")
     print("  false by kind:", defaults["false"]["by_kind"])
@@ -756,9 +832,10 @@ def main() -> None:
         "false_clips": len(clips),
         "levels_dbfs": LEVELS_DBFS,
         "noises": [f"{k}{lvl:g}" for k, lvl in NOISES[: 2 if args.quick else 4]],
+        "quiet_lines": ["silent" if k == "silent" else f"{k}{lvl:g}" for k, lvl in QUIET_LINES],
         "goals": {"p95_ms": GOAL_P95_MS, "false_pct": GOAL_FALSE_PCT},
     }
-    name = "bargein" if args.seed == 1 else f"bargein-seed{args.seed}"
+    name = args.name or ("bargein" if args.seed == 1 else f"bargein-seed{args.seed}")
     print("wrote", write(name, figures, settings))
 
 
