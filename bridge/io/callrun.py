@@ -264,9 +264,10 @@ class CallRunner:
         if self.finished:
             return
         now = self.loop.time()
+        bridge = self.bridge
         try:
-            self.bridge.caller_audio(frame, now)
-            if self.bridge.has_output() or self.pump_unfinished:
+            bridge.caller_audio(frame, now)
+            if bridge.has_output() or self.pump_unfinished:
                 self.pump(now)
         except Exception:  # one call's bug must end that call only
             log.exception("call.failed", call_id=self.call_id)
@@ -315,19 +316,23 @@ class CallRunner:
     def _on_frame(self, n: int, now: float) -> InboundCallback | None:
         if n % PACING_SAMPLE_EVERY == 0:  # a sample of departures is enough for the histogram
             self.pacing.observe(max(0.0, now - self.clock.deadline(n)))
-        frame = self.bridge.tick(now)
+        bridge = self.bridge
+        frame = bridge.tick(now)
         second = self.leg.send_frame(frame, n, now)
-        if frame is not None and self.idle and self.lead_frames:
-            # a buffering carrier gets a small lead at a turn's start, then one per tick
-            for _ in range(self.lead_frames):
-                if not self.bridge.frame_ready():
-                    break
-                extra = self.bridge.tick(now)
-                if extra is None:
-                    break
-                self.leg.send_frame(extra, n, now)
-        self.idle = frame is None
-        if self.bridge.has_output() or self.pump_unfinished:
+        if frame is None:
+            self.idle = True
+        elif self.idle:
+            if self.lead_frames:
+                # a buffering carrier gets a small lead at a turn's start, then one per tick
+                for _ in range(self.lead_frames):
+                    if not bridge.frame_ready():
+                        break
+                    extra = bridge.tick(now)
+                    if extra is None:
+                        break
+                    self.leg.send_frame(extra, n, now)
+            self.idle = False
+        if bridge.has_output() or self.pump_unfinished:
             # A tick reaches the turn source and the app only through the
             # bridge's actions and events; most ticks have none (no lists).
             self.pump(now)

@@ -203,6 +203,9 @@ class _SipCall:
         "_inbound_cb",
         "_process_cb",
         "_rx",
+        "_rx_addr",
+        "_rx_at",
+        "_rx_data",
         "audio",
         "call_id",
         "created_at",
@@ -249,8 +252,13 @@ class _SipCall:
         self.outbox = self.ticker.outbox
         self._inbound_cb: InboundCallback = self._inbound
         self._process_cb: ProcessCallback = self._process
+        self._rx_data: bytes | None = None
+        """The first datagram this tick's ``_inbound`` read, for its ``_process`` (None: none)."""
+        self._rx_addr: Any = None
+        self._rx_at = 0.0
+        """The first datagram's source and arrival time."""
         self._rx: list[tuple[bytes, Any, float]] = []
-        """(datagram, source, arrival) read by this tick's ``_inbound``, for its ``_process``."""
+        """(datagram, source, arrival) of any further datagrams read by this tick's ``_inbound``."""
         self.runner: CallRunner | None = None
         self.sending_audio = False
         self.ended = False
@@ -345,24 +353,25 @@ class _SipCall:
         lists of the engine. ``_inbound`` runs after that send.
         """
         rtp = self.rtp
-        packet = None
         if self.dtmf_active:
             packet = self.dtmf.next_packet()
             if packet is None and self.dtmf.idle:
                 self.dtmf_active = False
-        if packet is not None:
-            rtp.send_telephone_event(packet, now, n)
-            self._pump_rtp()
-        else:
-            if frame is None:
-                frame = self.silence
-                self.sending_audio = False
-            elif not self.sending_audio:
-                rtp.start_talkspurt()
-                self.sending_audio = True
-            data = rtp.frame_packet(frame, self.pt, now, n)
-            if data is not None and self.rtp_sock is not None:
-                self.outbox.append((self.rtp_sock, data, rtp.remote_addr))
+            if packet is not None:
+                rtp.send_telephone_event(packet, now, n)
+                self._pump_rtp()
+                return self._inbound_cb
+        if frame is None:
+            frame = self.silence
+            self.sending_audio = False
+        elif not self.sending_audio:
+            rtp.start_talkspurt()
+            self.sending_audio = True
+        data = rtp.frame_packet(frame, self.pt, now, n)
+        if data is not None:
+            sock = self.rtp_sock
+            if sock is not None:
+                self.outbox.append((sock, data, rtp.remote_addr))
         return self._inbound_cb
 
     def _inbound(self, now: float) -> ProcessCallback:
@@ -379,39 +388,67 @@ class _SipCall:
         single ``recvmsg``.
         """
         sock = self.rtp_sock
-        if sock is not None:
-            rx = self._rx
-            mono = self.ticker.real_to_mono
-            for _ in range(MAX_READS_PER_TICK):
-                try:
-                    data, anc, _flags, addr = sock.recvmsg(2048, 64)
-                except OSError:  # nothing queued (or the socket was closed)
-                    break
-                if not anc:
-                    rx.append((data, addr, now))  # no kernel stamp: read until the queue is empty
-                    continue
-                sec, nsec = _unpack_timespec(anc[0][2])
-                arrival = sec + nsec * 1e-9 + mono
-                if arrival > now:
-                    arrival = now
-                rx.append((data, addr, arrival))
-                if arrival > now - FRAME_S:
-                    break
+        if sock is None:
+            return self._process_cb
+        # the common tick: one datagram, kept in three slots (no tuple, no list)
+        try:
+            data, anc, _flags, addr = sock.recvmsg(2048, 64)
+        except OSError:  # nothing queued (or the socket was closed)
+            return self._process_cb
+        self._rx_data = data
+        self._rx_addr = addr
+        if anc:
+            sec, nsec = _unpack_timespec(anc[0][2])
+            arrival = sec + nsec * 1e-9 + self.ticker.real_to_mono
+            if arrival > now:
+                arrival = now
+            self._rx_at = arrival
+            if arrival > now - FRAME_S:
+                return self._process_cb
+        else:
+            self._rx_at = now  # no kernel stamp: read until the queue is empty
+        # a backlog: the rest, in order, behind the first
+        rx = self._rx
+        mono = self.ticker.real_to_mono
+        for _ in range(MAX_READS_PER_TICK - 1):
+            try:
+                data, anc, _flags, addr = sock.recvmsg(2048, 64)
+            except OSError:
+                break
+            if not anc:
+                rx.append((data, addr, now))
+                continue
+            sec, nsec = _unpack_timespec(anc[0][2])
+            arrival = sec + nsec * 1e-9 + mono
+            if arrival > now:
+                arrival = now
+            rx.append((data, addr, arrival))
+            if arrival > now - FRAME_S:
+                break
         return self._process_cb
 
     def _process(self, now: float) -> None:
         """The caller's side of the tick: what was read into the RTP engine, one frame on."""
         rtp = self.rtp
         pump = False
-        rx = self._rx
-        if rx:
-            for data, addr, arrival in rx:
-                if len(addr) != 2:  # IPv6 source addresses come as 4-tuples
-                    addr = (addr[0], addr[1])
-                if rtp.receive_datagram(data, addr, arrival):
-                    pump = True  # the engine queued something (latch, DTMF, SSRC, ...)
-            rx.clear()
-        if rtp.poll_timer(now):  # RTCP report, RTP timeout, DTMF end: every few seconds
+        data = self._rx_data
+        if data is not None:
+            self._rx_data = None
+            addr = self._rx_addr
+            if len(addr) != 2:  # IPv6 source addresses come as 4-tuples
+                addr = (addr[0], addr[1])
+            if rtp.receive_datagram(data, addr, self._rx_at):
+                pump = True  # the engine queued something (latch, DTMF, SSRC, ...)
+            rx = self._rx
+            if rx:
+                for data, addr, arrival in rx:
+                    if len(addr) != 2:
+                        addr = (addr[0], addr[1])
+                    if rtp.receive_datagram(data, addr, arrival):
+                        pump = True
+                rx.clear()
+        # RTCP report, RTP timeout, DTMF end: every few seconds (poll_timer's own first test)
+        if now >= rtp.timer_floor and rtp.poll_timer(now):
             pump = True
         inbound = rtp.pop_frame(now)
         if pump:

@@ -91,6 +91,8 @@ class _Stream:
     on_frame: FrameCallback
     on_error: Callable[[BaseException], None]
     clock: MediaClock = field(init=False)
+    tick: Callable[[float], int | None] = field(init=False)
+    """``clock.tick``, bound once: the wake-up calls it for every due stream."""
     live: bool = True
     held_s: float = -math.inf
     """When a talkspurt's first frame, held by the pass for a lighter millisecond, is due."""
@@ -148,6 +150,7 @@ class MediaTicker:
             raise LocalProtocolError(f"stream {key!r} already registered")
         stream = _Stream(key, on_frame, on_error)
         stream.clock = self.ticker.add(stream, self.now(), ts0)
+        stream.tick = stream.clock.tick
         self.streams[key] = stream
         self._arm()
         return stream.clock
@@ -235,7 +238,7 @@ class MediaTicker:
         for stream in self.ticker.due(now):
             if not stream.live:
                 continue  # removed by an earlier stream's callback in this wake-up
-            n = stream.clock.tick(now)
+            n = stream.tick(now)
             if n is None:
                 continue
             try:

@@ -458,6 +458,7 @@ class Ticker(Generic[K]):
         heap = self._bucket_heap
         buckets = self._buckets
         clocks = self._clocks
+        where = self._where
         keys: list[K] = []
         later: list[K] = []
         while heap and heap[0] <= last:
@@ -467,17 +468,14 @@ class Ticker(Generic[K]):
                 continue  # emptied by remove(), or a duplicate heap entry
             del self._bucket_min[b]
             for key in bucket:
+                del where[key]  # out of its bucket: handed out, or queued again below
                 clock = clocks[key]  # next_deadline(), inlined (hot loop)
                 wake_s = clock.origin_s + clock._next_frame * clock._ptime_s - clock._tolerance_s
                 if wake_s <= limit:
                     keys.append(key)
                 else:  # the tail of the current bucket, or ticked outside due()
                     later.append(key)
-        where = self._where
-        for key in keys:
-            del where[key]
         for key in later:
-            del where[key]
             self._push(key, clocks[key])
         self._popped = keys
         return keys

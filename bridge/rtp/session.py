@@ -322,11 +322,11 @@ class RtpSession(Outbox):
         "_ssrc_changes",
         "_te_pt",
         "_timed_out",
-        "_timer_floor",
         "_transit",
         "pop_frame",
         "remote_addr",
         "ssrc",
+        "timer_floor",
         "ts0",
     )
 
@@ -406,8 +406,9 @@ class RtpSession(Outbox):
         self._rtcp_wrong_source = 0
         # RTCP timer: the first interval is halved (RFC 3550 §6.3.2).
         self._rtcp_at = now + self._rtcp_interval() / 2
-        self._timer_floor = -math.inf
-        """A lower bound of ``next_deadline()`` (see ``poll_timer``)."""
+        self.timer_floor = -math.inf
+        """A lower bound of ``next_deadline()`` (read only): ``poll_timer(now)`` does nothing
+        while ``now < timer_floor``, so a per-tick caller may compare first and skip the call."""
 
     # ------------------------------------------------------------ commands
 
@@ -508,7 +509,7 @@ class RtpSession(Outbox):
             self._marker_pending = True
         self._last_rx_at = now
         self._timed_out = False
-        self._timer_floor = -math.inf  # the timeout may apply again: recompute
+        self.timer_floor = -math.inf  # the timeout may apply again: recompute
 
     def close(self, now: float, reason: str = "") -> None:
         """Send a final RTCP report with BYE and stop sending."""
@@ -577,12 +578,12 @@ class RtpSession(Outbox):
         self._last_rx_at = now
         if self._timed_out:
             self._timed_out = False
-            self._timer_floor = -math.inf  # the timeout applies again
+            self.timer_floor = -math.inf  # the timeout applies again
         if pt == self._te_pt:
             self._dtmf.receive(data[start:end], ts, now)
             self._events.extend(self._dtmf.events_received())
             self._jitter_buffer.insert(ext, None, now)
-            self._timer_floor = -math.inf  # an event's end timeout may be armed
+            self.timer_floor = -math.inf  # an event's end timeout may be armed
             return bool(self._events)
         # RFC 3550 A.8 interarrival jitter, in timestamp units.
         transit = (round(now * self._clock_rate_hz) - ts) & _TS_MASK
@@ -809,18 +810,18 @@ class RtpSession(Outbox):
         Received packets only move the RTP timeout later, so they leave the
         bound valid.
         """
-        if now < self._timer_floor:
+        if now < self.timer_floor:
             return False
         deadline = self.next_deadline()
         if deadline is None or now < deadline:
-            self._timer_floor = math.inf if deadline is None else deadline
+            self.timer_floor = math.inf if deadline is None else deadline
             return False
         self.handle_timer(now)
         return True
 
     def handle_timer(self, now: float) -> None:
         """Send a due RTCP report, report an RTP timeout, close a DTMF event."""
-        self._timer_floor = -math.inf  # recomputed by the next poll_timer()
+        self.timer_floor = -math.inf  # recomputed by the next poll_timer()
         if self._closed:
             return
         if now >= self._rtcp_at:

@@ -155,3 +155,60 @@ def test_a_sip_message_is_followed_by_a_preemption_point_for_the_ticker() -> Non
         assert order == ["200", "ticker", "ticker"]
 
     asyncio.run(main())
+
+
+def test_without_kernel_stamps_every_queued_datagram_is_read_in_order_in_one_tick() -> None:
+    from bridge.io.sip_leg import SO_TIMESTAMPNS
+
+    async def main() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.bind(("127.0.0.1", 0))
+            call = await _call(peer)
+            assert call.rtp_sock is not None
+            if SO_TIMESTAMPNS is not None:
+                call.rtp_sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 0)
+            for seq in range(1, 5):
+                _send(peer, call, seq)
+            _tick(call, time.monotonic())  # no arrival times: the queue is read to its end
+            assert _received(call) == 4
+            assert call.rtp.counters().dropped_late == 0  # in sequence order
+            _tick(call, time.monotonic() + 0.02)  # nothing queued: nothing read, nothing kept
+            assert _received(call) == 4
+            call.close()
+
+    asyncio.run(main())
+
+
+def test_ipv6_sources_are_latched_and_read_as_host_and_port() -> None:
+    if not socket.has_ipv6:
+        return
+    try:
+        peer = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        peer.bind(("::1", 0))
+    except OSError:  # no IPv6 loopback here
+        return
+
+    async def main() -> None:
+        with peer:
+            ticker = MediaTicker(asyncio.get_running_loop())
+            daemon = SimpleNamespace(
+                ticker=ticker, config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=30.0))
+            )
+            leg: Any = SimpleNamespace(daemon=daemon)
+            call = _SipCall(leg, None, "call-6", _free_port() & ~1)  # type: ignore[arg-type]
+            await call.attach(call.bind_sockets("::1"))
+            call.start_media(
+                NegotiatedAudio(0, "PCMU", 0, 101, ("::1", peer.getsockname()[1]), "sendrecv", 20)
+            )
+            call.runner = _Runner()  # type: ignore[assignment]
+            port = call.rtp_port
+            for seq in range(1, 4):  # the first read alone, the others as a backlog
+                peer.sendto(
+                    _HDR.pack(0x80, 0, seq, 1000 + seq * 160, 0x1234) + bytes(160), ("::1", port)
+                )
+            _tick(call, time.monotonic() + 0.1)
+            assert _received(call) == 3
+            assert call.rtp.remote_addr == ("::1", peer.getsockname()[1])
+            call.close()
+
+    asyncio.run(main())
