@@ -37,6 +37,8 @@ from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes,
 from bridge.logs import get_logger
 from bridge.tts.base import (
     MULAW_8K,
+    AudioFormat,
+    AudioPiece,
     AudioReceived,
     ConnectionReady,
     HttpRequest,
@@ -54,6 +56,8 @@ __all__ = ["Backoff", "PromptCache", "ProviderPool", "Speaker", "engine_class"]
 log = get_logger("callbridge.tts")
 
 Sink = Callable[[Event], None]
+AudioSink = Callable[[bytes, AudioFormat], None]
+"""A turn's audio, straight from the engine (``receive_*_fast``): no event object, no drain."""
 
 SEND_BUFFER_LIMIT_BYTES = 65_536
 """Above this much unsent data on a provider socket, messages wait for it to drain."""
@@ -245,6 +249,9 @@ class _Connection:
         self.loop = asyncio.get_running_loop()
         self.ws: ClientConnection | None = None
         self.sinks: dict[str, Sink] = {}
+        self.audio_sinks: dict[str, AudioSink] = {}
+        """Where a turn's audio goes when the engine returns it (``_on_message``); a
+        turn without one (a voice agent's) gets ``AudioReceived`` through ``_dispatch``."""
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0  # when ``timer`` fires (it may be before the engine's deadline)
         self.task: asyncio.Task[None] | None = None
@@ -296,20 +303,43 @@ class _Connection:
         self.pool._connection_ended(self)
 
     def _on_message(self, msg: str | bytes) -> None:
-        """One provider message, as websockets parsed it (``_ProviderWebSocket``)."""
+        """One provider message, as websockets parsed it (``_ProviderWebSocket``).
+
+        The bulk of a turn, a plain audio message, comes back from the engine
+        as ``(turn_id, audio, format)`` and goes straight to the turn's audio
+        sink: no event object, no drain, no timer (its reply deadline only
+        moved later: the timer fires early and re-arms). Anything else is
+        pumped the engine-contract way.
+        """
         if self.early is not None:
             self.early.append(msg)
             return
         if self.closed:
             return
         if isinstance(msg, str):
-            self.engine.receive_text(msg, self.loop.time())
+            piece = self.engine.receive_text_fast(msg, self.loop.time())
         else:
-            self.engine.receive_bytes(msg, self.loop.time())
-        self.pump()
+            piece = self.engine.receive_bytes_fast(msg, self.loop.time())
+        if piece is None:
+            self.pump()
+        else:
+            self._audio(piece)
         # a burst (many turns' audio at once) is read in one data_received, without
         # a return to the loop: let frames due meanwhile leave on time
         self.pool.preempt()
+
+    def _audio(self, piece: AudioPiece) -> None:
+        turn_id, audio, audio_format = piece
+        audio_sink = self.audio_sinks.get(turn_id)
+        if audio_sink is not None:
+            audio_sink(audio, audio_format)
+        else:
+            self._dispatch(AudioReceived(turn_id, audio, audio_format))
+
+    def drop_turn(self, wire_id: str) -> Sink | None:
+        """Forget a turn's sinks (it ended, failed or was cancelled); its event sink."""
+        self.audio_sinks.pop(wire_id, None)
+        return self.sinks.pop(wire_id, None)
 
     async def _connect(self) -> None:
         req = self.engine.session_request()
@@ -428,7 +458,7 @@ class _Connection:
             if self.catch_all is not None:
                 self.catch_all(event)
             for failed_id in event.turn_ids or tuple(self.sinks):
-                failed_sink = self.sinks.pop(failed_id, None)
+                failed_sink = self.drop_turn(failed_id)
                 if failed_sink is not None:
                     failed_sink(replace(event, turn_ids=(failed_id,)))
             return
@@ -441,7 +471,7 @@ class _Connection:
         if isinstance(event, TurnFailed):
             self.pool.note_error(event.kind)
         if isinstance(event, TurnDone | TurnFailed):
-            del self.sinks[event.turn_id]
+            self.drop_turn(event.turn_id)
         sink(event)
 
 
@@ -530,22 +560,33 @@ class ProviderPool:
             return candidates[0]  # busy finishing a cancelled turn: the turn waits for it
         return self._open(key)
 
-    def open_turn(self, turn_id: str, settings: TurnSettings, sink: Sink) -> _TurnHandle:
+    def open_turn(
+        self, turn_id: str, settings: TurnSettings, sink: Sink, audio_sink: AudioSink | None = None
+    ) -> _TurnHandle:
         """Open ``turn_id`` on a connection with room; its events go to ``sink``.
 
         Calls share connections and every call numbers its own turns
         (``greeting``, ``flow-talk-1``...), so on the wire the turn gets an id
         unique in this pool; events come back to ``sink`` under ``turn_id``.
+        Its audio goes to ``audio_sink`` when one is given (as ``(audio,
+        format)``, the bulk of a turn without an event object), else to
+        ``sink`` as ``AudioReceived`` like every other event.
         """
         conn = self._connection_for_turn(settings)
         self._turn_serial += 1
         wire_id = f"{turn_id}~{self._turn_serial}"
         conn.sinks[wire_id] = lambda e: sink(_retag(e, turn_id))
+        if audio_sink is None:
+
+            def audio_sink(audio: bytes, audio_format: AudioFormat) -> None:
+                sink(AudioReceived(turn_id, audio, audio_format))
+
+        conn.audio_sinks[wire_id] = audio_sink
         handle = _TurnHandle(conn, wire_id)
         try:
             handle.call(lambda e, now: e.open_turn(wire_id, settings, now))
         except LocalProtocolError:
-            conn.sinks.pop(wire_id, None)  # refused: the turn holds no room
+            conn.drop_turn(wire_id)  # refused: the turn holds no room
             raise
         return handle
 
@@ -632,7 +673,7 @@ class _TurnHandle:
             self.conn.changed.clear()
             await self.conn.changed.wait()  # e.g. a one-turn protocol finishing its last turn
         if not self.conn.engine.ready:
-            sink = self.conn.sinks.pop(self.turn_id, None)
+            sink = self.conn.drop_turn(self.turn_id)
             if sink is not None:
                 sink(ProviderFailed("connect_failed", "provider unreachable", (self.turn_id,)))
             return
@@ -645,7 +686,7 @@ class _TurnHandle:
         self.call(lambda e, now: e.end_turn(self.turn_id, now))
 
     def cancel(self) -> None:
-        self.conn.sinks.pop(self.turn_id, None)
+        self.conn.drop_turn(self.turn_id)
         self.call(lambda e, now: e.cancel(self.turn_id, now))
 
 
@@ -838,7 +879,9 @@ class Speaker:
         if not settings.voice and pool.settings.voice:
             settings = replace(settings, voice=pool.settings.voice)
         try:
-            turn.handle = pool.open_turn(turn.turn_id, settings, lambda e: self._on_event(turn, e))
+            turn.handle = pool.open_turn(
+                turn.turn_id, settings, lambda e: self._on_event(turn, e), self._audio_sink(turn)
+            )
             text = "".join(turn.text)
             if text:
                 turn.handle.send_text(text)
@@ -853,6 +896,20 @@ class Speaker:
                 turn.handle.cancel()
                 turn.handle = None
             self._on_event(turn, TurnFailed(turn.turn_id, "open_refused", str(e), retryable=True))
+
+    def _audio_sink(self, turn: _SpokenTurn) -> AudioSink | None:
+        """The turn's audio straight to its sink (what ``_on_event`` does with it), or
+        ``None`` for a cacheable turn, whose audio ``_on_event`` records."""
+        if turn.cacheable:
+            return None
+        turns, turn_id, sink = self.turns, turn.turn_id, turn.sink
+
+        def audio_sink(audio: bytes, audio_format: AudioFormat) -> None:
+            if turns.get(turn_id) is turn:  # else cancelled: late audio is dropped here too
+                turn.got_audio = True
+                sink(AudioReceived(turn_id, audio, audio_format))
+
+        return audio_sink
 
     def _on_event(self, turn: _SpokenTurn, event: Event) -> None:
         if self.turns.get(turn.turn_id) is not turn:

@@ -12,7 +12,15 @@ One engine instance is one WebSocket connection to one provider. The shell
 3. ``connection_made(subprotocol, now)`` once the upgrade completed (the
    engine checks the negotiated subprotocol and may queue a close).
 4. ``receive_text`` / ``receive_bytes`` for every message, ``handle_timer``
-   at ``next_deadline()``, ``connection_lost`` when the socket is gone.
+   at ``next_deadline()``, ``connection_lost`` when the socket is gone. The
+   shell's hot path calls ``receive_text_fast`` / ``receive_bytes_fast``
+   instead: the same, except that a plain audio message (audio for a live
+   turn, and nothing else: no other event, no action, no deadline earlier
+   than before) may come back as an ``AudioPiece`` ``(turn_id, audio,
+   audio_format)`` instead of being queued as ``AudioReceived``. The shell
+   hands it to the turn at once, without an event object or a drain; on
+   ``None`` it drains as in step 5. An engine that has no such message
+   handles everything as ``receive_*`` does and returns ``None``.
 5. After each call: ``actions_to_send()`` (``SendText``, ``SendBytes``,
    ``CloseConnection``, ``HttpRequest``) and ``events_received()``.
 
@@ -37,6 +45,7 @@ from bridge.engine import Action, Event
 __all__ = [
     "AudioEncoding",
     "AudioFormat",
+    "AudioPiece",
     "AudioReceived",
     "ConnectParams",
     "ConnectionReady",
@@ -175,6 +184,10 @@ class AudioReceived(Event):
     audio_format: AudioFormat
 
 
+AudioPiece = tuple[str, bytes, AudioFormat]
+"""``(turn_id, audio, audio_format)``: an ``AudioReceived`` not built (``receive_*_fast``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class WordsTimed(Event):
     """Word timings for a turn, in seconds from the start of the turn's audio."""
@@ -262,6 +275,17 @@ class TtsProtocol(Protocol):
     def receive_text(self, text: str, now: float) -> None: ...
 
     def receive_bytes(self, data: bytes, now: float) -> None: ...
+
+    def receive_text_fast(self, text: str, now: float) -> AudioPiece | None:
+        """``receive_text``, but a plain audio message's audio may be returned, not queued.
+
+        For the shell's hot path (see the module docstring, step 4).
+        """
+        ...
+
+    def receive_bytes_fast(self, data: bytes, now: float) -> AudioPiece | None:
+        """``receive_bytes``, but a plain audio message's audio may be returned, not queued."""
+        ...
 
     @property
     def ready(self) -> bool:

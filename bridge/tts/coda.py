@@ -74,6 +74,7 @@ from typing import Any, ClassVar
 from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, SendText
 from bridge.tts.base import (
     AudioFormat,
+    AudioPiece,
     AudioReceived,
     ConnectionReady,
     ConnectParams,
@@ -463,6 +464,16 @@ class CodaProtocol(Outbox):
             self._on_error(context_id, message["error"], now)
         else:
             self._on_context_frame(context_id, message, now)
+
+    def receive_text_fast(self, text: str, now: float) -> AudioPiece | None:
+        """``receive_text`` (no audio is returned instead of queued yet)."""
+        self.receive_text(text, now)
+        return None
+
+    def receive_bytes_fast(self, data: bytes, now: float) -> AudioPiece | None:
+        """``receive_bytes`` (no audio is returned instead of queued yet)."""
+        self.receive_bytes(data, now)
+        return None
 
     def receive_bytes(self, data: bytes, now: float) -> None:
         if self._phase in (_Phase.CONNECTING, _Phase.CLOSING, _Phase.CLOSED):

@@ -77,6 +77,7 @@ from bridge.engine import (
 )
 from bridge.tts.base import (
     AudioFormat,
+    AudioPiece,
     AudioReceived,
     ConnectionReady,
     ConnectParams,
@@ -503,6 +504,16 @@ class KletsoProtocol(Outbox):
             handler(msg, now)
         except _Malformed as exc:
             self._fail_protocol(f"{frame_type}: {exc}")
+
+    def receive_text_fast(self, text: str, now: float) -> AudioPiece | None:
+        """``receive_text`` (no audio is returned instead of queued yet)."""
+        self.receive_text(text, now)
+        return None
+
+    def receive_bytes_fast(self, data: bytes, now: float) -> AudioPiece | None:
+        """``receive_bytes`` (no audio is returned instead of queued yet)."""
+        self.receive_bytes(data, now)
+        return None
 
     def receive_bytes(self, data: bytes, now: float) -> None:
         """Assistant audio (kind 0x02) becomes ``AudioReceived`` for the reply's turn."""

@@ -69,6 +69,7 @@ from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, Se
 from bridge.tts.base import (
     AudioEncoding,
     AudioFormat,
+    AudioPiece,
     AudioReceived,
     ConnectionReady,
     ConnectParams,
@@ -134,6 +135,8 @@ class _Context:
     cancelled: bool = False
     deadline_at: float | None = None
     remainder: bytes = b""
+    heap_at: float | None = None  # when its live entry in the deadline heap is due
+    heap_serial: int = 0  # which entry that is (older ones of the context are stale)
 
 
 Handler = Callable[[_Context, dict[str, object], float], None]
@@ -164,8 +167,10 @@ class KovaProtocol(Outbox):
         self._contexts: dict[str, _Context] = {}
         self._turns: dict[str, _Context] = {}
         self._deadlines: list[tuple[float, int, _Context]] = []
-        """A heap of (deadline, serial, context) as set; entries a context has since
-        moved away from, or of a forgotten context, are dropped when they reach the top."""
+        """A heap of (deadline, serial, context): each context's live entry is at or
+        before its deadline (a deadline that moves later leaves its entry where it
+        is, to be moved when it reaches the top); superseded entries and those of
+        forgotten contexts are dropped when they reach the top."""
         self._deadline_serial = 0
         self._handlers: dict[str, Handler] = {
             "context_started": self._on_context_started,
@@ -293,26 +298,46 @@ class KovaProtocol(Outbox):
     def next_deadline(self) -> float | None:
         heap, contexts = self._deadlines, self._contexts
         while heap:
-            at, _, ctx = heap[0]
-            if ctx.deadline_at == at and contexts.get(ctx.context_id) is ctx:
+            at, serial, ctx = heap[0]
+            if serial != ctx.heap_serial or contexts.get(ctx.context_id) is not ctx:
+                heapq.heappop(heap)  # superseded, or the context is forgotten
+                continue
+            due = ctx.deadline_at
+            if due == at:
                 return at
-            heapq.heappop(heap)
+            if due is None:  # cleared since
+                heapq.heappop(heap)
+                ctx.heap_at = None
+                continue
+            # moved later since (a reply timeout re-armed by every frame): the entry follows
+            self._deadline_serial += 1
+            ctx.heap_at, ctx.heap_serial = due, self._deadline_serial
+            heapq.heapreplace(heap, (due, self._deadline_serial, ctx))
         return None
 
     def _set_deadline(self, ctx: _Context, at: float | None) -> None:
-        """Move ``ctx``'s deadline; ``next_deadline()`` finds the earliest in the heap."""
+        """Move ``ctx``'s deadline; ``next_deadline()`` finds the earliest in the heap.
+
+        A deadline at or after the context's entry in the heap touches only
+        the context (the entry moves when it reaches the top): the reply
+        timeout every frame of a flushed turn pushes later costs no heap push.
+        """
         ctx.deadline_at = at
         if at is None:
             return
+        heap_at = ctx.heap_at
+        if heap_at is not None and heap_at <= at:
+            return
         heap, contexts = self._deadlines, self._contexts
-        if len(heap) > 4 * len(contexts) + 64:  # many moved-away entries: rebuild
+        if len(heap) > 4 * len(contexts) + 64:  # many superseded entries: rebuild
             heap[:] = [
                 e
                 for e in heap
-                if e[2].deadline_at == e[0] and contexts.get(e[2].context_id) is e[2]
+                if e[1] == e[2].heap_serial and contexts.get(e[2].context_id) is e[2]
             ]
             heapq.heapify(heap)
         self._deadline_serial += 1
+        ctx.heap_at, ctx.heap_serial = at, self._deadline_serial
         heapq.heappush(heap, (at, self._deadline_serial, ctx))
 
     def handle_timer(self, now: float) -> None:
@@ -335,8 +360,39 @@ class KovaProtocol(Outbox):
         """Parse one server frame; bad input becomes an event, never an exception."""
         if self._failed:
             return
-        if text.startswith(_AUDIO_HEAD) and self._fast_audio_chunk(text, now):
-            return
+        if text.startswith(_AUDIO_HEAD):
+            piece = self._fast_audio_chunk(text, now)
+            if piece is True:
+                return
+            if piece is not False:
+                self._events.append(AudioReceived(*piece))
+                return
+        self._parse(text, now)
+
+    def receive_text_fast(self, text: str, now: float) -> AudioPiece | None:
+        """``receive_text``, but a plain audio chunk's audio is returned, not queued.
+
+        When the frame is an ``audio_chunk`` in the compact shape for a
+        streaming context and nothing is queued (no event, no action), its
+        audio comes back as ``(turn_id, audio, audio_format)``, exactly what
+        ``receive_text`` would have queued as ``AudioReceived``, and nothing
+        else changed but the context's reply deadline, which only moves
+        later (the shell need not drain or re-arm). Anything else is handled
+        as ``receive_text`` handles it, and ``None`` says to drain as usual.
+        """
+        if self._failed:
+            return None
+        if text.startswith(_AUDIO_HEAD) and not self._events and not self._actions:
+            piece = self._fast_audio_chunk(text, now)
+            if piece is True:
+                return None
+            if piece is not False:
+                return piece
+        self._parse(text, now)
+        return None
+
+    def _parse(self, text: str, now: float) -> None:
+        """The full parse of one frame (the compact audio shape did not apply)."""
         try:
             frame = json.loads(text)
         except (ValueError, RecursionError):
@@ -355,13 +411,15 @@ class KovaProtocol(Outbox):
             return
         self._dispatch(kind, frame, now)
 
-    def _fast_audio_chunk(self, text: str, now: float) -> bool:
+    def _fast_audio_chunk(self, text: str, now: float) -> AudioPiece | bool:
         """An ``audio_chunk`` frame in the compact shape, for a streaming context.
 
-        True when it was handled here, with the same outcome as the full
-        parse would give (``AudioReceived``, or a late frame dropped); False
-        sends it through the full parse: another shape, a JSON escape, base64
-        that does not decode strictly, an unknown or unstarted context.
+        Handled here with the same outcome as the full parse would give: the
+        audio to report as ``AudioReceived`` (the caller queues or returns
+        it), or True when there is nothing to report (a late frame dropped, a
+        PCM chunk of one odd byte kept). False sends it through the full
+        parse: another shape, a JSON escape, base64 that does not decode
+        strictly, an unknown or unstarted context.
         """
         end = text.find('"', _AUDIO_HEAD_LEN)
         if end < 0 or not text.startswith(_AUDIO_MID, end):
@@ -381,12 +439,16 @@ class KovaProtocol(Outbox):
             audio = a2b_base64(text[_AUDIO_HEAD_LEN:end], strict_mode=True)
         except ValueError:  # binascii.Error, or a non-ASCII character
             return False
-        self._audio(ctx, audio, now)
-        return True
+        return self._audio(ctx, audio, now) or True
 
     def receive_bytes(self, data: bytes, now: float) -> None:
         """Kova frames are text only; binary messages are ignored."""
         logger.debug("< kova: ignoring %d-byte binary message", len(data))
+
+    def receive_bytes_fast(self, data: bytes, now: float) -> AudioPiece | None:
+        """``receive_bytes``: Kova has no binary audio."""
+        self.receive_bytes(data, now)
+        return None
 
     # ------------------------------------------------------------ handlers
 
@@ -440,10 +502,15 @@ class KovaProtocol(Outbox):
             audio = base64.b64decode(payload, validate=True)
         except ValueError as exc:  # binascii.Error, or a non-ASCII character
             raise _KovaFrameError("audio_chunk is not valid base64") from exc
-        self._audio(ctx, audio, now)
+        piece = self._audio(ctx, audio, now)
+        if piece is not None:
+            self._events.append(AudioReceived(*piece))
 
-    def _audio(self, ctx: _Context, audio: bytes, now: float) -> None:
-        """A started context's decoded audio: whole samples out, an odd byte kept for the next."""
+    def _audio(self, ctx: _Context, audio: bytes, now: float) -> AudioPiece | None:
+        """A started context's decoded audio: whole samples out, an odd byte kept for the next.
+
+        The audio to report (``None``: none this time); the deadline only moves later.
+        """
         if ctx.flush_id is not None:
             self._set_deadline(ctx, now + self._reply_timeout_s)
         if ctx.audio_format.bytes_per_sample == 2:
@@ -455,7 +522,8 @@ class KovaProtocol(Outbox):
             else:
                 ctx.remainder = b""
         if audio:
-            self._events.append(AudioReceived(ctx.turn_id, audio, ctx.audio_format))
+            return ctx.turn_id, audio, ctx.audio_format
+        return None
 
     def _on_timestamps(self, ctx: _Context, frame: dict[str, object], now: float) -> None:
         self._check_started(ctx, "timestamps")

@@ -73,6 +73,7 @@ from bridge.engine import CloseConnection, LocalProtocolError, Outbox, SendText
 from bridge.tts.base import (
     AudioEncoding,
     AudioFormat,
+    AudioPiece,
     AudioReceived,
     ConnectionReady,
     ConnectParams,
@@ -357,6 +358,16 @@ class KugelAudioProtocol(Outbox):
         return None
 
     # ---------------------------------------------------------------- inbound
+
+    def receive_text_fast(self, text: str, now: float) -> AudioPiece | None:
+        """``receive_text`` (no audio is returned instead of queued yet)."""
+        self.receive_text(text, now)
+        return None
+
+    def receive_bytes_fast(self, data: bytes, now: float) -> AudioPiece | None:
+        """``receive_bytes`` (no audio is returned instead of queued yet)."""
+        self.receive_bytes(data, now)
+        return None
 
     def receive_bytes(self, data: bytes, now: float) -> None:
         logger.debug("< binary message (%d bytes) ignored: the protocol is JSON", len(data))

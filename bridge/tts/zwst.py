@@ -81,6 +81,7 @@ from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, Se
 from bridge.tts.base import (
     AudioEncoding,
     AudioFormat,
+    AudioPiece,
     AudioReceived,
     ConnectionReady,
     ConnectParams,
@@ -564,6 +565,16 @@ class ZwstProtocol(Outbox):
             handler(ctx, frame)
         except _FrameError as exc:
             self._fail_connection("protocol_error", f"invalid {kind} frame: {exc}", close=True)
+
+    def receive_text_fast(self, text: str, now: float) -> AudioPiece | None:
+        """``receive_text`` (no audio is returned instead of queued yet)."""
+        self.receive_text(text, now)
+        return None
+
+    def receive_bytes_fast(self, data: bytes, now: float) -> AudioPiece | None:
+        """``receive_bytes`` (no audio is returned instead of queued yet)."""
+        self.receive_bytes(data, now)
+        return None
 
     def receive_bytes(self, data: bytes, now: float) -> None:
         """One binary audio frame: 12-byte header, then PCM s16le."""

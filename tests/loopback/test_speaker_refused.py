@@ -30,7 +30,9 @@ class _Pool:
         self.refuse = refuse
         self.log: list[str] = []
 
-    def open_turn(self, turn_id: str, settings: TurnSettings, sink: Any) -> _Handle:
+    def open_turn(
+        self, turn_id: str, settings: TurnSettings, sink: Any, audio_sink: Any = None
+    ) -> _Handle:
         self.log.append(f"open:{turn_id}")
         if self.refuse:
             raise LocalProtocolError("kova connection has no free context")

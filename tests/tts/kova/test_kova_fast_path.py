@@ -81,25 +81,25 @@ def test_compact_audio_frames_do_not_need_the_json_parser(
     assert engine.next_deadline() == 1.0 + 10.0  # the flushed context's reply timeout moved
 
 
-@pytest.mark.parametrize(
-    "frames",
-    [
-        pytest.param([(1.0, audio(b"\xff\x00\x7f"))], id="mulaw"),
-        pytest.param([(1.0, audio(b""))], id="empty"),
-        pytest.param([(1.0, audio(b"\x01\x02\x03", "c9"))], id="unknown-context"),
-        pytest.param([(1.0, {"audio_chunk": "AAA", "context_id": "c1"})], id="bad-padding"),
-        pytest.param([(1.0, {"audio_chunk": "AA=A", "context_id": "c1"})], id="bad-base64"),
-        pytest.param([(1.0, {"audio_chunk": "AAé=", "context_id": "c1"})], id="non-ascii"),
-        pytest.param([(1.0, {"audio_chunk": 5, "context_id": "c1"})], id="not-a-string"),
-        pytest.param([(1.0, {"context_id": "c1", "audio_chunk": "AAAA"})], id="keys-swapped"),
-        pytest.param([(1.0, '{"audio_chunk":"AA\\/A","context_id":"c1"}')], id="escape"),
-        pytest.param([(1.0, '{"audio_chunk":"AAAA","context_id":"c\\u0031"}')], id="escaped-id"),
-        pytest.param([(1.0, '{"audio_chunk":"AAAA","context_id":"c1"')], id="truncated"),
-        pytest.param([(1.0, '{"audio_chunk":"AAAA","context_id":"c1"}x')], id="trailing"),
-        pytest.param([(1.0, '{"audio_chunk":"AAAA","context_id":"}')], id="no-id"),
-        pytest.param([(1.0, '{"audio_chunk":"AAAA"}')], id="no-context"),
-    ],
-)
+AUDIO_FRAME_CASES = [
+    pytest.param([(1.0, audio(b"\xff\x00\x7f"))], id="mulaw"),
+    pytest.param([(1.0, audio(b""))], id="empty"),
+    pytest.param([(1.0, audio(b"\x01\x02\x03", "c9"))], id="unknown-context"),
+    pytest.param([(1.0, {"audio_chunk": "AAA", "context_id": "c1"})], id="bad-padding"),
+    pytest.param([(1.0, {"audio_chunk": "AA=A", "context_id": "c1"})], id="bad-base64"),
+    pytest.param([(1.0, {"audio_chunk": "AAé=", "context_id": "c1"})], id="non-ascii"),
+    pytest.param([(1.0, {"audio_chunk": 5, "context_id": "c1"})], id="not-a-string"),
+    pytest.param([(1.0, {"context_id": "c1", "audio_chunk": "AAAA"})], id="keys-swapped"),
+    pytest.param([(1.0, '{"audio_chunk":"AA\\/A","context_id":"c1"}')], id="escape"),
+    pytest.param([(1.0, '{"audio_chunk":"AAAA","context_id":"c\\u0031"}')], id="escaped-id"),
+    pytest.param([(1.0, '{"audio_chunk":"AAAA","context_id":"c1"')], id="truncated"),
+    pytest.param([(1.0, '{"audio_chunk":"AAAA","context_id":"c1"}x')], id="trailing"),
+    pytest.param([(1.0, '{"audio_chunk":"AAAA","context_id":"}')], id="no-id"),
+    pytest.param([(1.0, '{"audio_chunk":"AAAA"}')], id="no-context"),
+]
+
+
+@pytest.mark.parametrize("frames", AUDIO_FRAME_CASES)
 def test_compact_and_spaced_frames_give_the_same_outcome(
     kova: Any, frames: list[tuple[float, dict[str, object] | str]]
 ) -> None:
@@ -180,3 +180,73 @@ def test_a_long_burst_on_one_context_keeps_the_deadline_heap_bounded(kova: Any) 
     assert len(engine._deadlines) <= 4 * 2 + 64 + 1
     engine.receive_text(compact({"context_closed": True, "context_id": "c1"}), 6.5)
     assert engine.next_deadline() == brute_force_deadline(engine) == 1.0 + 4999 * 0.001 + 10.0
+
+
+# ----------------------------------------------- receive_text_fast (the shell's hot path)
+
+
+def both_fast(
+    kova: Any, fmt: AudioFormat, frames: list[tuple[float, dict[str, object] | str]]
+) -> None:
+    """``receive_text_fast`` on compact frames against ``receive_text`` on spaced ones:
+    the returned audio and the queued events together are what the full parse queues."""
+    fast, full = streaming(kova, fmt), streaming(kova, fmt)
+    for now, frame in frames:
+        text = frame if isinstance(frame, str) else compact(frame)
+        piece = fast.receive_text_fast(text, now)
+        full.receive_text(frame if isinstance(frame, str) else spaced(frame), now)
+        actions, events, deadline = outcome(fast)
+        if piece is not None:
+            assert events == [] and actions == [], frame  # returned, so nothing queued
+            events = [AudioReceived(*piece)]
+        assert (actions, events, deadline) == outcome(full), frame
+
+
+@pytest.mark.parametrize("frames", AUDIO_FRAME_CASES)
+def test_the_fast_receive_returns_what_the_full_parse_queues(
+    kova: Any, frames: list[tuple[float, dict[str, object] | str]]
+) -> None:
+    both_fast(kova, MULAW_8K, frames)
+
+
+def test_the_fast_receive_cuts_pcm_on_whole_samples_too(kova: Any) -> None:
+    chunks = [b"\x01", b"\x02\x03\x04", b"\x05\x06", b"\x07", b"", b"\x08\x09\x0a"]
+    both_fast(kova, PCM_24K, [(1.0 + i, audio(c)) for i, c in enumerate(chunks)])
+
+
+def test_the_fast_receive_returns_a_plain_chunk_and_queues_nothing(kova: Any) -> None:
+    engine = streaming(kova, MULAW_8K)
+    piece = engine.receive_text_fast(compact(audio(b"\x01\x02\x03")), 1.0)
+    assert piece == ("t1", b"\x01\x02\x03", MULAW_8K)
+    assert engine.events_received() == [] and engine.actions_to_send() == []
+    assert engine.next_deadline() == 1.0 + 10.0  # the reply timeout moved (later) all the same
+
+
+def test_the_fast_receive_queues_a_chunk_behind_an_event_not_yet_drained(kova: Any) -> None:
+    """Order is kept: with an event still queued, the audio is queued behind it."""
+    engine = streaming(kova, MULAW_8K, turns=2)
+    engine.receive_text(compact({"flush_completed": True, "context_id": "c2", "flush_id": "f2"}), 1)
+    assert engine.receive_text_fast(compact(audio(b"\x01")), 1.5) is None
+    events = engine.events_received()
+    assert [type(e).__name__ for e in events] == ["TurnDone", "AudioReceived"]
+    assert events[1] == AudioReceived("t1", b"\x01", MULAW_8K)
+
+
+def test_other_frames_through_the_fast_receive_are_queued_as_usual(kova: Any) -> None:
+    engine = streaming(kova, MULAW_8K)
+    stamps = {"words": ["hi"], "start_seconds": [0.0], "end_seconds": [0.2]}
+    assert engine.receive_text_fast(compact({"timestamps": stamps, "context_id": "c1"}), 1) is None
+    assert [type(e).__name__ for e in engine.events_received()] == ["WordsTimed"]
+    assert engine.receive_bytes_fast(b"\x00", 1.0) is None
+    assert engine.events_received() == []
+
+
+def test_a_reply_deadline_pushed_later_by_every_frame_adds_no_heap_entry(kova: Any) -> None:
+    """The flushed context's entry stays where it is until it reaches the top."""
+    engine = streaming(kova, MULAW_8K)
+    size = len(engine._deadlines)
+    for i in range(200):
+        engine.receive_text_fast(compact(audio(b"\x01")), 1.0 + i * 0.01)
+    assert len(engine._deadlines) == size
+    assert engine.next_deadline() == 1.0 + 199 * 0.01 + 10.0
+    assert len(engine._deadlines) == size  # the entry moved, none added
