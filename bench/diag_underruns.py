@@ -36,7 +36,8 @@ Also per episode: the turn's position (frames played; after how long), how
 much it had queued in the second before, how far ahead of real time the
 server was with that chunk, and the turn's start against the previous turn's
 end (is the underrun at a turn's start or mid-turn?). ``--keep DIR`` keeps the
-raw records; ``--analyze DIR`` re-reads them without running anything.
+raw records (and the daemon's and the server's logs); ``--analyze DIR`` re-reads
+them without running anything.
 
     python bench/diag_underruns.py [--calls 400] [--seconds 25] [--src /work/wt-h4]
 """
@@ -92,6 +93,8 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             tts.stop()
         cdrs = [c for c in d.cdr_lines() if c["call_id"] in ids]
         (out / "cdrs.json").write_text(json.dumps(cdrs))
+        for log in ("daemon.log", "ttsd.log"):
+            shutil.copy(Path(tmp) / log, out / log)
         for suffix in (".jobs.json", ".chunks.json"):
             p = tts.record_path.with_suffix(suffix)
             if p.exists():
@@ -367,6 +370,11 @@ def analyze(data: dict[str, Any]) -> dict[str, Any]:
             "took_ms": _summary([r[3] - r[2] for r in rs], 1000, 2),
             "kernel_left_bytes": _summary([r[5] for r in rs], 1, 0),
             "ticker_ms": _summary([r[7] for r in rs], 1000, 2),
+            "ticker_share_of_reads_over_100_messages": round(
+                sum(r[7] for r in rs if r[6] > 100)
+                / max(1e-9, sum(r[3] - r[2] for r in rs if r[6] > 100)),
+                3,
+            ),
         },
         "ticker_runs": {
             "timer": sum(1 for t in ticks if t[2] == "r"),
