@@ -61,7 +61,13 @@ from websockets.uri import parse_uri
 
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
-from bridge.io.tts_client import ProviderPool, Speaker, _Connection, _ProviderWebSocket
+from bridge.io.tts_client import (
+    ProviderPool,
+    Speaker,
+    _Connection,
+    _ProviderWebSocket,
+    engine_class,
+)
 from bridge.io.ttsd_server import start_tts_server
 from bridge.tts.base import (
     MULAW_8K,
@@ -162,10 +168,13 @@ async def path_rep(
     turns: int,
     prof: cProfile.Profile | None,
     record: list[tuple[int, bytes]] | None = None,
+    protocol: str = "kova",
 ) -> dict[str, object]:
     """One repetition: ``turns`` turns at once through a fresh warm pool; daemon-side CPU."""
-    url = f"ws://127.0.0.1:{port}{PROTOCOL_PATHS['kova']}"
-    settings = ProviderSettings("b", "kova", url, api_key="k", voice="tone")
+    url = f"ws://127.0.0.1:{port}{PROTOCOL_PATHS[protocol]}"
+    if protocol == "zwst":
+        url = f"http://127.0.0.1:{port}"
+    settings = ProviderSettings("b", protocol, url, api_key="k", voice="tone")
     index: dict[int, int] = {}  # a recorded socket's connection index, once turns open
     if record is not None:  # patched before the sockets exist (the loop binds the method)
         original = _ProviderWebSocket.data_received
@@ -177,9 +186,10 @@ async def path_rep(
             original(ws, data)
 
         _ProviderWebSocket.data_received = recording  # type: ignore[method-assign]
-    pool = ProviderPool(settings, warm=math.ceil(turns / TURNS_PER_CONNECTION))
+    per_connection = min(TURNS_PER_CONNECTION, engine_class(protocol).max_turns)
+    pool = ProviderPool(settings, warm=math.ceil(turns / per_connection))
     if not await pool.start():
-        raise RuntimeError("kova: warm connection failed")
+        raise RuntimeError(f"{protocol}: warm connection failed")
     while not all(c.engine.ready for c in pool.connections):
         await asyncio.sleep(0.01)
     speaker = Speaker([pool])
@@ -221,14 +231,14 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 def provider_path(
-    turns: int, reps: int, profile: bool, formats: list[str] | None = None
+    turns: int, reps: int, profile: bool, formats: list[str] | None = None, protocol: str = "kova"
 ) -> dict[str, object]:
     """CPU µs per second of turn audio, per format, medians over ``reps``."""
     out: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         ttsd = TtsProcess.start(Path(tmp))
         try:
-            print(f"\nprovider path: {turns} turns at once, {reps} reps, daemon-side CPU")
+            print(f"\nprovider path: {protocol}, {turns} turns at once, {reps} reps, daemon CPU")
             print(f"{'format':<9} {'cpu µs/audio s':>15} {'spread':>17} {'audio s':>9} digest")
             for name, fmt in PATH_FORMATS.items():
                 if formats and name not in formats:
@@ -237,7 +247,8 @@ def provider_path(
                 for _ in range(reps):
                     loop = _new_loop()
                     try:
-                        runs.append(loop.run_until_complete(path_rep(ttsd.port, fmt, turns, None)))
+                        rep = path_rep(ttsd.port, fmt, turns, None, protocol=protocol)
+                        runs.append(loop.run_until_complete(rep))
                     finally:
                         loop.close()
                 per_s = [float(r["cpu_us_per_audio_s"]) for r in runs]  # type: ignore[arg-type]
@@ -261,7 +272,9 @@ def provider_path(
                     prof = cProfile.Profile()
                     loop = _new_loop()
                     try:
-                        loop.run_until_complete(path_rep(ttsd.port, fmt, turns, prof))
+                        loop.run_until_complete(
+                            path_rep(ttsd.port, fmt, turns, prof, protocol=protocol)
+                        )
                     finally:
                         loop.close()
                     text = io.StringIO()
@@ -452,7 +465,16 @@ def main() -> None:
     ap.add_argument(
         "--replay-reps", type=int, default=9, help="replay: repetitions (0: setup, -1: one feed)"
     )
+    ap.add_argument(
+        "--protocol",
+        default="kova",
+        choices=["kova", "kugelaudio", "coda", "zwst"],
+        help="provider path: the protocol (results are written for kova only)",
+    )
     args = ap.parse_args()
+    if args.protocol != "kova":
+        provider_path(args.turns, args.reps or 5, args.profile, args.format, args.protocol)
+        return
     if args.record is not None:
         record_path(args.record, args.turns, (args.format or ["mulaw8k"])[0])
         return

@@ -74,8 +74,6 @@ from typing import Any, ClassVar
 from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, SendText
 from bridge.tts.base import (
     AudioFormat,
-    AudioPiece,
-    AudioReceived,
     ConnectionReady,
     ConnectParams,
     HttpRequest,
@@ -89,6 +87,7 @@ from bridge.tts.base import (
     WordTiming,
 )
 from bridge.tts.common import (
+    AudioTaking,
     bearer_headers,
     json_object,
     non_negative_seconds,
@@ -256,7 +255,7 @@ class _Turn:
 # ------------------------------------------------------------------ engine
 
 
-class CodaProtocol(Outbox):
+class CodaProtocol(AudioTaking, Outbox):
     """One WebSocket to Coda, carrying up to 16 turns as contexts.
 
     After every call (commands, ``receive_*``, ``handle_timer``,
@@ -465,16 +464,6 @@ class CodaProtocol(Outbox):
         else:
             self._on_context_frame(context_id, message, now)
 
-    def receive_text_fast(self, text: str, now: float) -> AudioPiece | None:
-        """``receive_text`` (no audio is returned instead of queued yet)."""
-        self.receive_text(text, now)
-        return None
-
-    def receive_bytes_fast(self, data: bytes, now: float) -> AudioPiece | None:
-        """``receive_bytes`` (no audio is returned instead of queued yet)."""
-        self.receive_bytes(data, now)
-        return None
-
     def receive_bytes(self, data: bytes, now: float) -> None:
         if self._phase in (_Phase.CONNECTING, _Phase.CLOSING, _Phase.CLOSED):
             return
@@ -522,7 +511,10 @@ class CodaProtocol(Outbox):
         if turn is None:
             logger.debug("= %s for unknown context %r dropped", key, context_id)
             return
-        turn.expect_by = None if turn.state is _State.STREAMING else now + self._response_timeout_s
+        streaming = turn.state is _State.STREAMING
+        if turn.expect_by is None and not streaming:
+            self._taking = False  # a deadline appears: its audio is queued, the shell re-arms
+        turn.expect_by = None if streaming else now + self._response_timeout_s
         self._CONTEXT_HANDLERS[key](self, turn, message[key], now)
 
     def _on_started(self, turn: _Turn, body: object, now: float) -> None:
@@ -550,7 +542,7 @@ class CodaProtocol(Outbox):
         whole = len(data) - len(data) % width
         data, turn.carry = data[:whole], data[whole:]
         if data:
-            self._events.append(AudioReceived(turn.turn_id, data, turn.audio_format))
+            self._report_audio(turn.turn_id, data, turn.audio_format)
 
     def _on_done(self, turn: _Turn, body: object, now: float) -> None:
         if turn.state in _SILENT:

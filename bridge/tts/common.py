@@ -17,6 +17,10 @@ here, so each engine keeps only its own wire format:
   ``words/start/end``) as ``WordTiming``s. Malformed arrays raise the
   caller's own frame-error class with the caller's own wording, so each
   engine reports them exactly as it documents.
+* ``AudioTaking``: the ``receive_text_fast`` / ``receive_bytes_fast`` pair
+  for an engine that reports audio in one place (``_report_audio``): the
+  message is handled by its ``receive_*`` as usual, and the audio it
+  reports is returned instead of queued when nothing else was queued.
 * ``json_text(value)``: a field shown in a message: strings as they are,
   anything else as its JSON text.
 * ``bearer_headers(api_key)`` and ``scrub_secret(text, secret)``: the
@@ -31,11 +35,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
-from bridge.tts.base import WordTiming
+from bridge.engine import Action, Event
+from bridge.tts.base import AudioFormat, AudioPiece, AudioReceived, WordTiming
 
 __all__ = [
+    "AudioTaking",
     "TimingsWording",
     "bearer_headers",
     "json_object",
@@ -52,6 +59,67 @@ class TimingsWording(NamedTuple):
     not_arrays: str
     lengths_differ: str
     bad_entry: str
+
+
+M = TypeVar("M", str, bytes)
+
+
+class AudioTaking:
+    """``receive_text_fast`` / ``receive_bytes_fast`` for an engine (an ``Outbox``)
+    that reports every ``AudioReceived`` through ``_report_audio``.
+
+    The message goes through the engine's own ``receive_text`` /
+    ``receive_bytes``; while it does, the first audio reported is kept aside
+    rather than queued. If the message queued nothing else (no event, no
+    action) that audio is returned as an ``AudioPiece`` for the shell to hand
+    over directly; otherwise it is queued where it would have been, and
+    ``None`` says to drain as usual. With anything already queued, the
+    message is simply handled (its audio must queue behind it). The engine
+    sets ``_taking = False`` while handling a message that creates a
+    deadline (none is returned then: the shell must re-arm its timer).
+    """
+
+    _events: list[Event]
+    _actions: list[Action]
+    _taking: bool = False
+    _taken: tuple[int, AudioPiece] | None = None
+
+    def receive_text(self, text: str, now: float) -> None:
+        raise NotImplementedError
+
+    def receive_bytes(self, data: bytes, now: float) -> None:
+        raise NotImplementedError
+
+    def _report_audio(self, turn_id: str, audio: bytes, audio_format: AudioFormat) -> None:
+        """Report a turn's audio: kept aside while taking, else queued as ``AudioReceived``."""
+        if self._taking and self._taken is None:
+            self._taken = (len(self._events), (turn_id, audio, audio_format))
+        else:
+            self._events.append(AudioReceived(turn_id, audio, audio_format))
+
+    def receive_text_fast(self, text: str, now: float) -> AudioPiece | None:
+        return self._take(self.receive_text, text, now)
+
+    def receive_bytes_fast(self, data: bytes, now: float) -> AudioPiece | None:
+        return self._take(self.receive_bytes, data, now)
+
+    def _take(self, receive: Callable[[M, float], None], msg: M, now: float) -> AudioPiece | None:
+        if self._events or self._actions:
+            receive(msg, now)
+            return None
+        self._taking = True
+        try:
+            receive(msg, now)
+        finally:
+            self._taking = False
+            taken, self._taken = self._taken, None
+        if taken is None:
+            return None
+        at, piece = taken
+        if self._events or self._actions:
+            self._events.insert(at, AudioReceived(*piece))
+            return None
+        return piece
 
 
 def json_object(text: str) -> dict[str, Any] | None:

@@ -77,8 +77,6 @@ from bridge.engine import (
 )
 from bridge.tts.base import (
     AudioFormat,
-    AudioPiece,
-    AudioReceived,
     ConnectionReady,
     ConnectParams,
     HttpRequest,
@@ -90,7 +88,7 @@ from bridge.tts.base import (
     TurnStarted,
     UsageReported,
 )
-from bridge.tts.common import bearer_headers, scrub_secret
+from bridge.tts.common import AudioTaking, bearer_headers, scrub_secret
 
 __all__ = [
     "ENGINE",
@@ -242,7 +240,7 @@ class _Reply:
 Handler = Callable[[JsonObject, float], None]
 
 
-class KletsoProtocol(Outbox):
+class KletsoProtocol(AudioTaking, Outbox):
     """Client side of Kletso's voice frames (see the module docstring).
 
     After every call, drain ``actions_to_send()`` (``SendText``, ``SendBytes``,
@@ -505,16 +503,6 @@ class KletsoProtocol(Outbox):
         except _Malformed as exc:
             self._fail_protocol(f"{frame_type}: {exc}")
 
-    def receive_text_fast(self, text: str, now: float) -> AudioPiece | None:
-        """``receive_text`` (no audio is returned instead of queued yet)."""
-        self.receive_text(text, now)
-        return None
-
-    def receive_bytes_fast(self, data: bytes, now: float) -> AudioPiece | None:
-        """``receive_bytes`` (no audio is returned instead of queued yet)."""
-        self.receive_bytes(data, now)
-        return None
-
     def receive_bytes(self, data: bytes, now: float) -> None:
         """Assistant audio (kind 0x02) becomes ``AudioReceived`` for the reply's turn."""
         if self._failed or not data:
@@ -531,7 +519,7 @@ class KletsoProtocol(Outbox):
             self._start_reply(None, now)
         reply = self._reply
         if reply is not None and reply.live:
-            self._events.append(AudioReceived(reply.turn_id, data[1:], PCM_24K))
+            self._report_audio(reply.turn_id, data[1:], PCM_24K)
 
     # ------------------------------------------------------- frame handlers
 

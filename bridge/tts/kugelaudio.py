@@ -73,8 +73,6 @@ from bridge.engine import CloseConnection, LocalProtocolError, Outbox, SendText
 from bridge.tts.base import (
     AudioEncoding,
     AudioFormat,
-    AudioPiece,
-    AudioReceived,
     ConnectionReady,
     ConnectParams,
     HttpRequest,
@@ -88,7 +86,7 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.common import json_object, scrub_secret
+from bridge.tts.common import AudioTaking, json_object, scrub_secret
 
 __all__ = ["ENGINE", "KugelAudioProtocol", "TurnState"]
 
@@ -182,7 +180,7 @@ class _Turn:
     cancel_deadline: float = 0.0
 
 
-class KugelAudioProtocol(Outbox):
+class KugelAudioProtocol(AudioTaking, Outbox):
     """One ``/ws/tts/stream`` connection, as a sans-I/O engine (see module docstring).
 
     Engine-only options of ``[providers.NAME]`` (never sent): ``idle_flush_s``
@@ -359,16 +357,6 @@ class KugelAudioProtocol(Outbox):
 
     # ---------------------------------------------------------------- inbound
 
-    def receive_text_fast(self, text: str, now: float) -> AudioPiece | None:
-        """``receive_text`` (no audio is returned instead of queued yet)."""
-        self.receive_text(text, now)
-        return None
-
-    def receive_bytes_fast(self, data: bytes, now: float) -> AudioPiece | None:
-        """``receive_bytes`` (no audio is returned instead of queued yet)."""
-        self.receive_bytes(data, now)
-        return None
-
     def receive_bytes(self, data: bytes, now: float) -> None:
         logger.debug("< binary message (%d bytes) ignored: the protocol is JSON", len(data))
 
@@ -411,7 +399,7 @@ class KugelAudioProtocol(Outbox):
         turn.chunk_start_s.setdefault(chunk_id, turn.session_audio_s)
         turn.session_audio_s += len(data) / audio_format.bytes_per_sample / rate_hz
         if data:
-            self._events.append(AudioReceived(turn.turn_id, data, audio_format))
+            self._report_audio(turn.turn_id, data, audio_format)
 
     def _on_word_timestamps(self, frame: dict[str, Any], now: float) -> None:
         turn = self._live_turn(now)

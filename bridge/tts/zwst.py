@@ -81,8 +81,6 @@ from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, Se
 from bridge.tts.base import (
     AudioEncoding,
     AudioFormat,
-    AudioPiece,
-    AudioReceived,
     ConnectionReady,
     ConnectParams,
     HttpRequest,
@@ -97,6 +95,7 @@ from bridge.tts.base import (
     WordTiming,
 )
 from bridge.tts.common import (
+    AudioTaking,
     TimingsWording,
     bearer_headers,
     json_text,
@@ -259,7 +258,7 @@ Handler = Callable[[_Context, dict[str, object]], None]
 _SESSION, _OPEN, _CLOSING, _CLOSED = "SESSION", "OPEN", "CLOSING", "CLOSED"
 
 
-class ZwstProtocol(Outbox):
+class ZwstProtocol(AudioTaking, Outbox):
     """Client side of the zwst gateway (see the module docstring).
 
     After every call into the engine, drain ``actions_to_send()`` and
@@ -566,16 +565,6 @@ class ZwstProtocol(Outbox):
         except _FrameError as exc:
             self._fail_connection("protocol_error", f"invalid {kind} frame: {exc}", close=True)
 
-    def receive_text_fast(self, text: str, now: float) -> AudioPiece | None:
-        """``receive_text`` (no audio is returned instead of queued yet)."""
-        self.receive_text(text, now)
-        return None
-
-    def receive_bytes_fast(self, data: bytes, now: float) -> AudioPiece | None:
-        """``receive_bytes`` (no audio is returned instead of queued yet)."""
-        self.receive_bytes(data, now)
-        return None
-
     def receive_bytes(self, data: bytes, now: float) -> None:
         """One binary audio frame: 12-byte header, then PCM s16le."""
         if self._state not in (_OPEN, _CLOSING):
@@ -598,7 +587,7 @@ class ZwstProtocol(Outbox):
         ctx = self._by_ordinal.get(header.context_ordinal)
         if ctx is None or not payload:
             return  # late frame of a cancelled / finished context, or an empty final frame
-        self._events.append(AudioReceived(ctx.turn_id, payload, self._format))
+        self._report_audio(ctx.turn_id, payload, self._format)
 
     def _read_header(self, data: bytes) -> AudioFrameHeader:
         """Parse the header, verifying the byte order on the first telling frame."""

@@ -15,7 +15,7 @@ import pytest
 
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
-from bridge.io.tts_client import PromptCache, ProviderPool, Speaker
+from bridge.io.tts_client import PromptCache, ProviderPool, Speaker, _Connection
 from bridge.io.ttsd_server import TtsServer, start_tts_server
 from bridge.tts.base import (
     MULAW_8K,
@@ -92,6 +92,37 @@ def test_full_turn(protocol: str, fmt: AudioFormat) -> None:
         words = [w.word for e in sink.events if isinstance(e, WordsTimed) for w in e.words]
         if words:
             assert words == ["Hello", "there.", "How", "are", "you?"]
+
+    _run(body)
+
+
+@pytest.mark.parametrize("protocol", ALL_PROTOCOLS)
+def test_plain_audio_messages_go_straight_to_the_turn(
+    protocol: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every protocol's audio messages come back from the engine (``receive_*_fast``)
+    and reach the turn without an event queue or a drain (``_Connection._audio``)."""
+    direct: list[int] = []
+    route = _Connection._audio
+
+    def counted(conn: _Connection, piece: tuple[str, bytes, AudioFormat]) -> None:
+        direct.append(len(piece[1]))
+        route(conn, piece)
+
+    monkeypatch.setattr(_Connection, "_audio", counted)
+
+    async def body(server: TtsServer) -> None:
+        pool = ProviderPool(_settings(server, protocol))
+        assert await pool.start(), "warm connection not ready"
+        sink = Collector()
+        Speaker([pool]).speak(
+            "t1", "Hello there. How are you?", TurnSettings("tone", MULAW_8K), sink
+        )
+        await sink.done.wait()
+        await pool.close()
+        assert isinstance(sink.events[-1], TurnDone), sink.kinds()
+        audio = [len(e.audio) for e in sink.events if isinstance(e, AudioReceived)]
+        assert audio and direct == audio  # every piece of audio, in order, took the route
 
     _run(body)
 
