@@ -203,10 +203,17 @@ class BargeInDetector(Outbox):
         policy: the thresholds (``None``: the defaults).
         frame_level: level in dBFS of a frame given to ``record_bot_frame``
             (default: ``energy_dbfs`` of s16le; a G.711 leg passes decode-then-level).
+        bot_frames: where outbound frames are kept already (the call's echo
+            correlator, ``EchoCorrelator.bot_frames`` after ``share_window``):
+            ``bot_frames(now)`` gives (push number, time, frame) of those sent
+            within ``echo_window_ms``; the guard reads them, measured with
+            ``frame_level`` once each, besides what was recorded here. The
+            call then records no frame itself (one store per frame, not two).
     """
 
     __slots__ = (
         "_bot_levels",
+        "_bot_source",
         "_bot_speaking",
         "_credit_ms",
         "_echo_window_s",
@@ -221,6 +228,7 @@ class BargeInDetector(Outbox):
         "_onset_s",
         "_policy",
         "_rises",
+        "_source_levels",
         "_speaking",
         "_spread2",
         "_triggered",
@@ -233,6 +241,7 @@ class BargeInDetector(Outbox):
         policy: BargeInPolicy | None = None,
         *,
         frame_level: Callable[[bytes], float] = vad.energy_dbfs,
+        bot_frames: Callable[[float], list[tuple[int, float, bytes]]] | None = None,
     ) -> None:
         super().__init__()
         self._policy = policy or BargeInPolicy()
@@ -244,6 +253,9 @@ class BargeInDetector(Outbox):
         self._bot_levels: deque[tuple[float, float | bytes]] = deque()
         self._echo_window_s = self._policy.echo_window_ms / 1000.0
         self._frame_level = frame_level
+        self._bot_source = bot_frames
+        self._source_levels: dict[int, float] = {}
+        """Levels of ``bot_frames``' frames measured so far, by push number."""
         self._onset_s: float | None = None
         self._last_active_s = 0.0
         self._credit_ms = 0
@@ -264,6 +276,11 @@ class BargeInDetector(Outbox):
     @property
     def policy(self) -> BargeInPolicy:
         return self._policy
+
+    @property
+    def echo_window_s(self) -> float:
+        """How long an outbound frame keeps guarding against its echo (``echo_window_ms``)."""
+        return self._echo_window_s
 
     @property
     def caller_speaking(self) -> bool:
@@ -369,14 +386,44 @@ class BargeInDetector(Outbox):
     def _echo_level_dbfs(self, now: float) -> float | None:
         self._forget_bot_levels(now)
         levels = self._bot_levels
-        if not levels:
+        source = self._bot_source
+        if not levels and source is None:
             return None
+        # frames spilled by ``bot_frames``' ring may be out of time order: with
+        # a source, the window is taken by time, not only by pruning
+        oldest_s = now - self._echo_window_s if source is not None else -math.inf
+        loudest_dbfs: float | None = None
         for i in range(len(levels)):
             at_s, level = levels[i]
             if isinstance(level, bytes):  # a frame not measured yet: measure it once
-                levels[i] = (at_s, self._frame_level(level))
-        loudest_dbfs = max(level for _, level in levels if not isinstance(level, bytes))
+                level = self._frame_level(level)
+                levels[i] = (at_s, level)
+            if at_s >= oldest_s and (loudest_dbfs is None or level > loudest_dbfs):
+                loudest_dbfs = level
+        if source is not None:
+            loudest_dbfs = self._loudest_shared(source, now, loudest_dbfs)
+        if loudest_dbfs is None:
+            return None
         return loudest_dbfs - self._policy.echo_return_loss_db
+
+    def _loudest_shared(
+        self,
+        source: Callable[[float], list[tuple[int, float, bytes]]],
+        now: float,
+        loudest_dbfs: float | None,
+    ) -> float | None:
+        """``loudest_dbfs`` or the loudest frame of ``bot_frames`` in the window, if louder."""
+        known = self._source_levels
+        measured: dict[int, float] = {}
+        for key, _, frame in source(now):
+            level = known.get(key)
+            if level is None:
+                level = self._frame_level(frame)
+            measured[key] = level
+            if loudest_dbfs is None or level > loudest_dbfs:
+                loudest_dbfs = level
+        self._source_levels = measured  # frames that left the window are forgotten
+        return loudest_dbfs
 
     def _forget_bot_levels(self, now: float) -> None:
         oldest_s = now - self._echo_window_s

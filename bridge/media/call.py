@@ -234,8 +234,8 @@ class CallBridge:
         )
         # Outbound frames go to the detector and the correlator as sent: their
         # level is computed, and they are decoded, only when an inbound frame
-        # needs them (caller speech), not on every tick.
-        self._detector = BargeInDetector(policy, frame_level=leg_level(leg.codec))
+        # needs them (caller speech), not on every tick. With the correlator,
+        # its ring is the detector's echo-guard window too (one store per tick).
         threshold = (policy or BargeInPolicy()).echo_correlation
         self._echo = (
             EchoCorrelator(
@@ -247,6 +247,13 @@ class CallBridge:
             if threshold > 0
             else None
         )
+        self._detector = BargeInDetector(
+            policy,
+            frame_level=leg_level(leg.codec),
+            bot_frames=None if self._echo is None else self._echo.bot_frames,
+        )
+        if self._echo is not None:
+            self._echo.share_window(self._detector.echo_window_s, self._detector.record_bot_frame)
         self._echo_frames = 0
         self._vad = Vad(self._options.vad_aggressiveness, leg.sample_rate_hz, 20)
         self._decode = leg_decoder(leg.codec)
@@ -439,9 +446,10 @@ class CallBridge:
                 # it on at once): ``_interruptible_sounding`` without the lookups.
                 if turn.interruptible and turn.phase is SOUNDING:
                     armed = True
-            self._detector.record_bot_frame(payload, now)
+            if self._echo is None:
+                self._detector.record_bot_frame(payload, now)
         if self._echo is not None:
-            self._echo.push_outbound(payload)
+            self._echo.push_outbound(payload, now)  # the detector's window too
         if armed is None:
             armed = self._interruptible_sounding()
         if armed is not self._armed:  # telling it the same again changes nothing

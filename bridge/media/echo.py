@@ -45,11 +45,20 @@ enough for the frame to be its echo (the echo-gain bound rules out the others:
 after the bot stops, the newest part of the history is silence).
 
 ``push_outbound`` runs for every frame the bot sends, whether anything is
-checked or not: it only stores the frame's bytes in a ring (no numpy), as
-sent on the leg (``outbound_codec``: a G.711 leg's frames are not decoded
-for it). The frames pushed since the last check are decoded, converted and
+checked or not: it only stores the frame's bytes and its time in a ring (no
+numpy), as sent on the leg (``outbound_codec``: a G.711 leg's frames are not
+decoded for it). The frames pushed since the last check are decoded, converted and
 pre-emphasised (across frame joins) when a frame is checked, and the per-delay norms of the history
 are updated for the new delays only, when a full search needs them.
+
+The ring is also the barge-in detector's echo-guard window (one store per
+outbound frame for both, not two): ``share_window(window_s, spill)`` makes
+``bot_frames(now)`` give the frames sent within ``window_s`` of ``now``
+(``BargeInDetector(..., bot_frames=...)`` reads them only when its guard
+needs them). The ring holds ``max_delay_ms`` of frames; a frame it overwrites
+while still inside the window (ticks closer than 20 ms: a burst of lead
+frames) and a frame it cannot hold (wrong size) go to ``spill`` (the
+detector's own ``record_bot_frame``), so the window is never short.
 
 Pure: no clock, no I/O; inbound frames are 16-bit little-endian PCM, outbound
 ones the same or G.711, at one rate.
@@ -58,6 +67,7 @@ ones the same or G.711, at one rate.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable
 
 import numpy as np
@@ -65,6 +75,9 @@ import numpy as np
 from telcodec import g711
 
 __all__ = ["EchoCorrelator"]
+
+_NEVER = -math.inf
+"""Time of a ring slot no frame was pushed to with a time."""
 
 _SILENT_RMS = 30.0
 """History quieter than this (about -61 dBFS) holds no echo to find."""
@@ -109,6 +122,7 @@ class EchoCorrelator:
         "_energies",
         "_frame",
         "_frame_bytes",
+        "_guard_s",
         "_last_sample",
         "_len",
         "_loud",
@@ -121,6 +135,8 @@ class EchoCorrelator:
         "_pushed",
         "_ring",
         "_since_search",
+        "_spill",
+        "_times",
         "_track",
         "_zero",
         "refresh_frames",
@@ -155,7 +171,12 @@ class EchoCorrelator:
         # outbound frames as sent, oldest at _pos (pushing is a list store)
         self._zero = bytes(2 * f)
         self._ring: list[bytes] = [self._zero] * n_frames
+        # when each ring frame was sent (plain doubles: no float object kept per frame)
+        self._times = array("d", [_NEVER]) * n_frames
         self._pos = 0
+        # the barge-in detector's window (``share_window``): none until shared
+        self._guard_s = _NEVER
+        self._spill: Callable[[bytes, float], None] | None = None
         self._loud = 0  # ring frames that are not silence
         self._pushed = 0  # frames pushed, ever
         # the history pre-emphasised, brought up to date when a frame is checked
@@ -172,21 +193,66 @@ class EchoCorrelator:
         self._best_delay: int | None = None
         self._since_search = 0
 
-    def push_outbound(self, pcm_s16le: bytes | None) -> None:
-        """The frame just sent (``None``: silence), once per tick, in order.
+    def share_window(self, window_s: float, spill: Callable[[bytes, float], None]) -> None:
+        """Serve a barge-in detector's echo-guard window of ``window_s`` (``bot_frames``).
+
+        ``spill(frame, sent_s)`` gets every frame sent that the window needs
+        and the ring cannot give: a frame overwritten less than ``window_s``
+        after it was sent, a frame of the wrong size.
+        """
+        self._guard_s = window_s
+        self._spill = spill
+
+    def push_outbound(self, pcm_s16le: bytes | None, now: float = _NEVER) -> None:
+        """The frame just sent at ``now`` (``None``: silence), once per tick, in order.
 
         In ``outbound_codec`` (s16le unless the correlator was made for G.711).
+        ``now`` matters only to ``bot_frames`` (``share_window``).
         """
+        zero = self._zero
         if pcm_s16le is None or len(pcm_s16le) != self._frame_bytes:
+            if pcm_s16le is not None and self._spill is not None:
+                self._spill(pcm_s16le, now)  # sent, but not storable here: the guard keeps it
             if self._loud == 0:
                 return  # idle: the history is already all silence
-            pcm_s16le = self._zero
+            pcm_s16le = zero
         ring = self._ring
         pos = self._pos
-        self._loud += (pcm_s16le is not self._zero) - (ring[pos] is not self._zero)
+        old = ring[pos]
+        if old is not zero:
+            self._loud -= 1
+            times = self._times
+            if times[pos] >= now - self._guard_s and self._spill is not None:
+                self._spill(old, times[pos])  # still inside the detector's window
+        if pcm_s16le is not zero:
+            self._loud += 1
         ring[pos] = pcm_s16le
+        self._times[pos] = now
         self._pos = pos + 1 if pos + 1 < len(ring) else 0
         self._pushed += 1
+
+    def bot_frames(self, now: float) -> list[tuple[int, float, bytes]]:
+        """(push number, time, frame) of the frames in the ring sent within the window.
+
+        The window (``share_window``) ends at ``now`` or at the newest frame
+        sent, whichever is later, as a detector pruning on every frame and
+        query would have it. Silence (``None`` pushes) is not a frame sent.
+        """
+        ring, times, zero = self._ring, self._times, self._zero
+        newest = now
+        for slot in range(len(ring)):
+            if ring[slot] is not zero and times[slot] > newest:
+                newest = times[slot]
+        oldest_s = newest - self._guard_s
+        n = len(ring)
+        pos = self._pos
+        out = []
+        for back in range(1, n + 1):
+            slot = (pos - back) % n
+            frame = ring[slot]
+            if frame is not zero and times[slot] >= oldest_s:
+                out.append((self._pushed - back, times[slot], frame))
+        return out
 
     def likelihood(self, pcm_s16le: bytes) -> float:
         """Best normalised correlation of an inbound frame with the outbound history (0..1)."""

@@ -14,7 +14,9 @@ from bridge.media.bargein import (
     SpeechStarted,
     SpeechStopped,
 )
+from bridge.media.echo import EchoCorrelator
 from bridge.media.vad import MIN_DBFS, Vad, ac_energy_dbfs, energy_dbfs, is_click
+from telcodec import g711
 
 FRAME_S = 0.020
 LOUD_DBFS = -20.0
@@ -441,6 +443,55 @@ def test_bot_frames_recorded_as_sent_decide_exactly_as_their_levels() -> None:
         assert by_frame.events_received() == by_level.events_received(), i
     assert 0 < len(measured) < 300  # some frames measured (once each), not every frame
     assert len(measured) == len(set(map(id, measured)))
+
+
+@pytest.mark.parametrize("codec", ["pcm_s16le", "mulaw"])
+def test_a_window_shared_with_the_echo_ring_decides_exactly_as_recording_every_frame(
+    codec: str,
+) -> None:
+    # The call stores each outbound frame once, in the echo correlator's ring,
+    # and the detector reads its window from there (``bot_frames``). Every
+    # decision must be the one a detector recording every frame makes: also
+    # when the ring overwrites frames still inside the window (a burst of lead
+    # frames at one time, more than the ring holds), on silent ticks, and for
+    # a frame the ring cannot hold (the wrong size), which it spills. The loud
+    # frames are the burst's first and the bad-sized ones: caller runs right
+    # after them are blocked by the guard only if it still sees them.
+    rng = np.random.default_rng(41)
+    frame_bytes = 160 if codec == "mulaw" else 320
+
+    def level_of(frame: bytes) -> float:
+        return energy_dbfs(g711.ulaw_decode(frame) if codec == "mulaw" else frame)
+
+    policy = BargeInPolicy(min_speech_ms=60, energy_floor_dbfs=-48.0, echo_return_loss_db=10.0)
+    recording = BargeInDetector(policy, frame_level=level_of)
+    echo = EchoCorrelator(outbound_codec=codec)
+    sharing = BargeInDetector(policy, frame_level=level_of, bot_frames=echo.bot_frames)
+    echo.share_window(sharing.echo_window_s, sharing.record_bot_frame)
+    started = 0
+    for i in range(600):
+        now = round(i * FRAME_S, 6)
+        burst = 25 if i % 100 == 10 else 1  # a turn's lead frames, all at one time
+        for k in range(burst if i % 11 != 3 else 0):  # most ticks send a frame
+            loud = (burst > 1 and k < 10) or i % 100 == 60
+            dbfs = rng.uniform(-14, -10) if loud else rng.uniform(-60, -50)
+            pcm = to_pcm(rng.normal(0.0, 10 ** (dbfs / 20), 160), 1.0)
+            out = g711.ulaw_encode(pcm) if codec == "mulaw" else pcm
+            if i % 100 == 60:
+                out = out[: frame_bytes - 2]  # a bad size: the ring spills it
+            recording.record_bot_frame(out, now)
+            echo.push_outbound(out, now)
+        if i % 11 == 3:
+            echo.push_outbound(None, now)  # a tick with nothing to send
+        speech = i % 25 in range(11, 19)  # caller runs: every other one right after loud frames
+        level = -28.0 + rng.uniform(-1, 1) if speech else -70.0 + rng.uniform(-1, 1)
+        for det in (recording, sharing):
+            det.set_bot_speaking(i % 25 > 5)  # re-armed for every run
+        assert sharing.observe(speech, level, now) == recording.observe(speech, level, now), i
+        events = recording.events_received()
+        assert sharing.events_received() == events, i
+        started += sum(isinstance(e, SpeechStarted) for e in events)
+    assert 0 < started < 24  # the guard blocked some runs, not all
 
 
 def test_has_events_says_when_speech_started_or_stopped() -> None:
