@@ -15,6 +15,8 @@ Script per call (the same for every call, phases offset by nothing):
   PCM 24 kHz (resampled and encoded);
 * every 20 ms: one caller frame of quiet noise (-60 dBFS white noise,
   mu-law; the VAD and the detector run, nothing triggers), then ``tick``;
+  ``--caller silent``: digital silence instead (every sample 0: a muted
+  phone; the VAD is skipped once it is at rest, ``bridge.media.vad``);
 * the script runs until the turn is reported (15 s + a few frames).
 * Twilio-style legs (marks): every ``SendMark`` is echoed back at the next
   step (counted in the tick phase).
@@ -89,7 +91,9 @@ def bot_audio(audio_format: AudioFormat) -> bytes:
     return g711.ulaw_encode(pcm) if audio_format.encoding == "mulaw" else pcm
 
 
-def caller_frames(count: int = 250) -> list[bytes]:
+def caller_frames(count: int = 250, silent: bool = False) -> list[bytes]:
+    if silent:
+        return [g711.ulaw_encode(bytes(320))] * count
     rng = np.random.default_rng(7)
     noise = rng.normal(0.0, 32768 * 10 ** (-60 / 20), count * 160)
     pcm = np.clip(noise, -32768, 32767).astype("<i2").tobytes()
@@ -98,14 +102,19 @@ def caller_frames(count: int = 250) -> list[bytes]:
 
 
 def run_once(
-    leg_name: str, fmt_name: str, calls: int, echo: bool, drain_always: bool = False
+    leg_name: str,
+    fmt_name: str,
+    calls: int,
+    echo: bool,
+    drain_always: bool = False,
+    silent: bool = False,
 ) -> dict[str, float]:
     leg = LEGS[leg_name]
     audio_format = FORMATS[fmt_name]
     audio = bot_audio(audio_format)
     chunk_bytes = audio_format.sample_rate_hz * audio_format.bytes_per_sample * CHUNK_MS // 1000
     chunks = [audio[i : i + chunk_bytes] for i in range(0, len(audio), chunk_bytes)]
-    inbound = caller_frames()
+    inbound = caller_frames(silent=silent)
     policy = BargeInPolicy(echo_correlation=0.7 if echo else 0.0)
     bridges = [CallBridge(f"call-{i}", leg, policy, 0.0) for i in range(calls)]
     echoes: list[list[str]] = [[] for _ in range(calls)]
@@ -175,6 +184,12 @@ def main() -> None:
         default="shell",
         help="drain after a call only when has_output() (as the shell does), or always",
     )
+    parser.add_argument(
+        "--caller",
+        choices=("noise", "silent"),
+        default="noise",
+        help="the caller's frames: -60 dBFS white noise, or digital silence",
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile one run per case")
     parser.add_argument("--name", default="call_cpu", help="results file name (bench/results)")
     parser.add_argument("--quick", action="store_true", help="make bench-quick: 3 repeats")
@@ -183,6 +198,7 @@ def main() -> None:
         args.reps = min(args.reps, 3)
     results: dict[str, Any] = {}
     drain_always = args.drain == "always"
+    silent = args.caller == "silent"
     print(f"CPU µs per call per 20 ms ({args.calls} calls, median of {args.reps})")
     print(f"{'case':28} {'tick':>7} {'caller':>7} {'provider':>8} {'total':>7}")
     for leg_name in args.legs.split(","):
@@ -192,12 +208,14 @@ def main() -> None:
                 case = f"{leg_name}/{fmt_name}/echo-{echo_s}"
                 if args.profile:
                     prof = cProfile.Profile()
-                    prof.runcall(run_once, leg_name, fmt_name, args.calls, echo, drain_always)
+                    prof.runcall(
+                        run_once, leg_name, fmt_name, args.calls, echo, drain_always, silent
+                    )
                     print(f"== {case}")
                     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
                     continue
                 reps = [
-                    run_once(leg_name, fmt_name, args.calls, echo, drain_always)
+                    run_once(leg_name, fmt_name, args.calls, echo, drain_always, silent)
                     for _ in range(args.reps)
                 ]
                 med = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
@@ -216,7 +234,7 @@ def main() -> None:
             "turn_s": TURN_S,
             "chunk_ms": CHUNK_MS,
             "chunk_every_ticks": CHUNK_EVERY_TICKS,
-            "caller": "white noise -60 dBFS, mu-law",
+            "caller": "digital silence" if silent else "white noise -60 dBFS, mu-law",
             "drain": args.drain,
         }
         path = common.write(args.name, results, settings)

@@ -17,6 +17,19 @@ is silent, not a -8 dBFS caller.
 Input is signed 16-bit little-endian mono PCM, the decoder's output. A frame
 of the wrong length is never speech and raises nothing: inbound audio is
 remote input.
+
+Digital silence. A line that sends exact zeros (a muted phone, a media
+stream's idle caller) needs no VAD: once the WebRTC VAD has been given
+``SETTLED_ZERO_FRAMES`` all-zero frames in a row, its state no longer
+changes with another one and it says "not speech" (its filters have decayed,
+its hangover has run out, and it adapts its models only to frames with some
+energy; ``tests/media/test_vad_silence.py`` reads the C state to check this).
+``speech_and_level`` then answers ``(False, MIN_DBFS)`` for further zero
+frames without calling it: the same answer, and the same state for the next
+frame, as calling it. Anything else (``is_speech``, a frame with one non-zero
+sample) starts the count again. Lines with noise, however quiet, run the VAD
+on every frame: it adapts to them, so skipping a frame would change later
+answers.
 """
 
 from __future__ import annotations
@@ -38,6 +51,7 @@ with warnings.catch_warnings():
 __all__ = [
     "CLICK_CREST",
     "MIN_DBFS",
+    "SETTLED_ZERO_FRAMES",
     "FrameAnalysis",
     "Vad",
     "ac_energy_dbfs",
@@ -46,6 +60,9 @@ __all__ = [
 ]
 
 MIN_DBFS = -100.0
+SETTLED_ZERO_FRAMES = 20
+"""All-zero frames after which the WebRTC VAD is at rest on digital silence (it
+takes at most 10 from any state tried, every aggressiveness): twice that."""
 _FULL_SCALE = 32768.0
 _FULL_SCALE_2 = _FULL_SCALE**2
 _NATIVE_IS_LE = sys.byteorder == "little"
@@ -161,6 +178,8 @@ class Vad:
         "_process",
         "_sample_rate_hz",
         "_vad",
+        "_zero",
+        "_zero_run",
     )
 
     def __init__(self, aggressiveness: int = 2, sample_rate_hz: int = 8000, frame_ms: int = 20):
@@ -180,6 +199,9 @@ class Vad:
         # Frames of the right size go straight to the C VAD (decided once, not per frame).
         self._direct = self._handle is not None and _VAD_PROCESS is not None and _NATIVE_IS_LE
         self._process: Callable[[object, int, bytes, int], int] = _VAD_PROCESS or _no_process
+        self._zero = bytes(self._frame_bytes)
+        self._zero_run = 0
+        """All-zero frames the VAD was given in a row (see the module docstring)."""
 
     @property
     def frame_bytes(self) -> int:
@@ -190,6 +212,7 @@ class Vad:
         """Whether the frame sounds like speech; ``False`` for a frame of the wrong size."""
         if len(frame_s16le) != self._frame_bytes:
             return False
+        self._zero_run = 0  # (counted on ``speech_and_level``'s own path only)
         return bool(self._vad.is_speech(frame_s16le, self._sample_rate_hz))
 
     def analyze(self, frame_s16le: bytes) -> FrameAnalysis:
@@ -205,6 +228,12 @@ class Vad:
         click test and the level, no copies.
         """
         if self._direct and len(frame_s16le) == self._frame_bytes:
+            if frame_s16le == self._zero:  # digital silence (a non-zero frame fails at once)
+                if self._zero_run >= SETTLED_ZERO_FRAMES:
+                    return False, MIN_DBFS  # what the VAD at rest says; its state stays
+                self._zero_run += 1
+            elif self._zero_run:
+                self._zero_run = 0
             speech = bool(
                 self._process(self._handle, self._sample_rate_hz, frame_s16le, self._frame_samples)
             )
