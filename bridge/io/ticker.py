@@ -3,8 +3,9 @@
 The schedule is ``bridge.media.clock.Ticker`` (pure data: per-stream clocks
 spread over phases of the 20 ms period, waiting in 1 ms buckets). This shell
 owns the single timer handle: it wakes at ``next_deadline()``, asks
-``due(now)``, ticks each due stream's clock once and calls that stream's
-frame callback with the frame index. A callback that raises ends only its
+``tick_due(now)`` (the due streams, each clock ticked once: ``due(now)``
+and ``tick(now)`` in one pass) and calls each due stream's frame callback
+with its frame index. A callback that raises ends only its
 own stream (its ``on_error`` runs); the others keep their pace.
 
 Time. Deadlines are kept on ``time.monotonic()`` (the clock under both
@@ -91,8 +92,6 @@ class _Stream:
     on_frame: FrameCallback
     on_error: Callable[[BaseException], None]
     clock: MediaClock = field(init=False)
-    tick: Callable[[float], int | None] = field(init=False)
-    """``clock.tick``, bound once: the wake-up calls it for every due stream."""
     live: bool = True
     held_s: float = -math.inf
     """When a talkspurt's first frame, held by the pass for a lighter millisecond, is due."""
@@ -150,7 +149,6 @@ class MediaTicker:
             raise LocalProtocolError(f"stream {key!r} already registered")
         stream = _Stream(key, on_frame, on_error)
         stream.clock = self.ticker.add(stream, self.now(), ts0)
-        stream.tick = stream.clock.tick
         self.streams[key] = stream
         self._arm()
         return stream.clock
@@ -235,14 +233,13 @@ class MediaTicker:
                     stream.held_s = due_s if stream.clock.next_deadline() > now else -math.inf
             self._talkspurts = []
         inbound = self._inbound
-        for stream in self.ticker.due(now):
+        # the due streams, their clocks ticked (Ticker.tick_due: due() and tick() in one pass)
+        streams, frames = self.ticker.tick_due(now)
+        for i, stream in enumerate(streams):
             if not stream.live:
                 continue  # removed by an earlier stream's callback in this wake-up
-            n = stream.tick(now)
-            if n is None:
-                continue
             try:
-                second = stream.on_frame(n, now)
+                second = stream.on_frame(frames[i], now)
             except Exception as e:  # one call's bug ends that call only
                 self._failed(stream, e)
                 continue

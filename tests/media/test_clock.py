@@ -449,3 +449,103 @@ def test_a_stream_whose_own_grid_comes_first_keeps_it() -> None:
 def test_talkspurt_buckets_must_be_positive() -> None:
     with pytest.raises(LocalProtocolError):
         Ticker(TickerConfig(talkspurt_buckets=0))
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "remove", "talkspurt", "wake", "wake", "tick_outside"]),
+            st.integers(0, 5),
+            st.one_of(st.just(0.0), st.floats(0.0, 0.002), st.floats(0.0, 0.065)),
+        ),
+        max_size=120,
+    ),
+    st.integers(0, 2),
+)
+def test_tick_due_is_due_then_tick_of_each_stream(
+    ops: list[tuple[str, int, float]], max_late_frames: int
+) -> None:
+    """``tick_due(now)`` hands out what ``due(now)`` and one ``tick(now)`` per due
+    stream hand out (the way ``MediaTicker`` used them), in the same order, and
+    leaves the same schedule: the same next deadlines, buckets and clocks."""
+    config = TickerConfig(ClockConfig(max_late_frames=max_late_frames), slots=5, epoch_s=0.0005)
+    _check_tick_due_against_due_and_tick(config, ops)
+
+
+def test_tick_due_queues_a_caught_up_stream_behind_the_tail_of_its_bucket() -> None:
+    """A stream caught up by one frame is still due: it goes back into the bucket
+    being served, behind the streams of that bucket that were not due yet (as
+    ``due()`` then the next call queued them)."""
+    config = TickerConfig(
+        ClockConfig(max_late_frames=2), slots=1, epoch_s=0.0005, talkspurt_buckets=1
+    )
+    ops = [("wake", 0, 0.0), ("wake", 0, 0.062285364207011196), ("add", 0, 0.0019603392697842828)]
+    ops += [("talkspurt", 2, 0.02607578524256209), ("wake", 2, 0.057110969579385155)]
+    ops += [("wake", 1, 0.001822514682354495), ("talkspurt", 2, 0.035629902278299506)]
+    ops += [("wake", 2, 0.005848571042312201), ("talkspurt", 1, 0.00013571387342937235)]
+    ops += [("talkspurt", 2, 0.0), ("add", 1, 0.012888230743372623)]
+    ops += [("add", 1, 0.004962022381480836), ("wake", 2, 0.0011956952615211887)]
+    ops += [("wake", 0, 0.0), ("talkspurt", 0, 0.0), ("wake", 2, 0.00047945229369114476)]
+    ops += [("wake", 0, 0.017133448083109404), ("add", 0, 0.04798930154741013)]
+    ops += [("talkspurt", 0, 0.03181219488452285), ("wake", 0, 0.0017954069315511587)]
+    ops += [("talkspurt", 2, 0.0), ("wake", 0, 0.009852344389578702)]
+    ops += [("wake", 2, 0.05370188762698536), ("talkspurt", 2, 8.767909515754169e-05)]
+    ops += [("add", 2, 0.003545440556322976), ("wake", 2, 0.02065369640160298)]
+    ops += [("wake", 0, 0.0018072145829310078), ("wake", 2, 0.0006043338975136607)]
+    ops += [("talkspurt", 2, 0.0), ("wake", 2, 0.0)]
+    _check_tick_due_against_due_and_tick(config, ops)
+
+
+def _check_tick_due_against_due_and_tick(
+    config: TickerConfig, ops: list[tuple[str, int, float]]
+) -> None:
+    reference: Ticker[int] = Ticker(config)
+    fused: Ticker[int] = Ticker(config)
+    live: set[int] = set()
+    now = 0.0
+    for op, key, step in ops:
+        now += step
+        if op == "add":
+            if key not in live:
+                reference.add(key, now)
+                fused.add(key, now)
+                live.add(key)
+        elif op == "remove":
+            reference.remove(key)
+            fused.remove(key)
+            live.discard(key)
+        elif op == "talkspurt":
+            if key in live:
+                assert reference.start_talkspurt(key, now) == fused.start_talkspurt(key, now)
+        elif op == "tick_outside":
+            if key in live:
+                assert reference.clock(key).tick(now) == fused.clock(key).tick(now)
+        else:
+            expected_keys: list[int] = []
+            expected_frames: list[int] = []
+            for k in reference.due(now):
+                n = reference.clock(k).tick(now)
+                if n is not None:
+                    expected_keys.append(k)
+                    expected_frames.append(n)
+            assert fused.tick_due(now) == (expected_keys, expected_frames)
+        assert fused.next_deadline() == reference.next_deadline()
+        assert fused._buckets == reference._buckets
+        assert fused._where == reference._where
+        for k in live:
+            assert fused.clock(k).stats() == reference.clock(k).stats()
+            assert fused.clock(k).next_deadline() == reference.clock(k).next_deadline()
+
+
+def test_tick_due_hands_out_one_frame_per_due_stream_and_skips_after_a_stall() -> None:
+    ticker: Ticker[str] = Ticker(TickerConfig(slots=2, epoch_s=0.0005))
+    ticker.add("a", now=0.0)
+    ticker.add("b", now=0.0)
+    assert ticker.tick_due(0.0) == (["a"], [0])  # b's slot is 10 ms later
+    assert ticker.tick_due(0.0105) == (["b"], [0])
+    assert ticker.tick_due(0.0105) == ([], [])  # nothing handed out twice
+    assert ticker.tick_due(0.1) == (["a", "b"], [5, 4])  # a stall: skip ahead, never burst
+    assert ticker.clock("a").stats().skipped_frames == 4
+    assert ticker.clock("b").stats().skipped_frames == 3
+    assert ticker.next_deadline() == pytest.approx(0.0105 + 5 * 0.02 - TOL_S)  # b's frame 5
