@@ -101,6 +101,32 @@ def core_busy_s(core: int) -> tuple[float, float]:
     return 0.0, 0.0
 
 
+def ttfa_figures(lines: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Time to first audio (``OpenTurn`` to the first provider audio) from CDR lines.
+
+    ``later_turns``: every turn after each call's first. In the capacity workload those
+    are the turns restarted together while the provider streams every other turn's
+    audio at once; a turn's wait before its first frame is silence on the line that
+    the underrun count does not see (docs/benchmarks.md, section 3).
+    """
+
+    def q(values: list[float], at: float) -> float | None:
+        if not values:
+            return None
+        s = sorted(values)
+        return round(s[min(len(s) - 1, int(at * (len(s) - 1) + 0.5))], 1)
+
+    every = [float(v) for c in lines for v in c.get("time_to_first_audio_ms", [])]
+    later = [float(v) for c in lines for v in c.get("time_to_first_audio_ms", [])[1:]]
+    return {
+        "ttfa_ms_p50": q(every, 0.5),
+        "ttfa_ms_p99": q(every, 0.99),
+        "ttfa_later_turns_ms_p50": q(later, 0.5),
+        "ttfa_later_turns_ms_p99": q(later, 0.99),
+        "ttfa_later_turns_ms_max": max(later) if later else None,
+    }
+
+
 def _cdr_figures(d: ServerUnderTest, call_ids: set[str] | None) -> dict[str, Any]:
     lines = [c for c in d.cdr_lines() if call_ids is None or c["call_id"] in call_ids]
     return {
@@ -108,6 +134,7 @@ def _cdr_figures(d: ServerUnderTest, call_ids: set[str] | None) -> dict[str, Any
         "underruns": sum(int(c.get("underruns", 0)) for c in lines),
         "late_wakeups": sum(int(c.get("late_wakeups", 0)) for c in lines),
         "provider_errors": sum(int(c.get("provider_errors", 0)) for c in lines),
+        **ttfa_figures(lines),
     }
 
 
