@@ -48,7 +48,9 @@ from bridge.tts.base import (
     TurnDone,
     TurnFailed,
     TurnSettings,
+    WordsPiece,
     WordsTimed,
+    WordTiming,
 )
 
 __all__ = ["Backoff", "PromptCache", "ProviderPool", "Speaker", "engine_class"]
@@ -58,6 +60,8 @@ log = get_logger("callbridge.tts")
 Sink = Callable[[Event], None]
 AudioSink = Callable[[bytes, AudioFormat], None]
 """A turn's audio, straight from the engine (``receive_*_fast``): no event object, no drain."""
+WordsSink = Callable[[tuple[WordTiming, ...]], None]
+"""A turn's word timings, straight from the engine, likewise."""
 
 SEND_BUFFER_LIMIT_BYTES = 65_536
 """Above this much unsent data on a provider socket, messages wait for it to drain."""
@@ -252,6 +256,8 @@ class _Connection:
         self.audio_sinks: dict[str, AudioSink] = {}
         """Where a turn's audio goes when the engine returns it (``_on_message``); a
         turn without one (a voice agent's) gets ``AudioReceived`` through ``_dispatch``."""
+        self.words_sinks: dict[str, WordsSink] = {}
+        """Where a turn's word timings go when the engine returns them, likewise."""
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0  # when ``timer`` fires (it may be before the engine's deadline)
         self.task: asyncio.Task[None] | None = None
@@ -322,8 +328,10 @@ class _Connection:
             piece = self.engine.receive_bytes_fast(msg, self.loop.time())
         if piece is None:
             self.pump()
-        else:
+        elif len(piece) == 3:
             self._audio(piece)
+        else:
+            self._words(piece)
         # a burst (many turns' audio at once) is read in one data_received, without
         # a return to the loop: let frames due meanwhile leave on time
         self.pool.preempt()
@@ -336,9 +344,18 @@ class _Connection:
         else:
             self._dispatch(AudioReceived(turn_id, audio, audio_format))
 
+    def _words(self, piece: WordsPiece) -> None:
+        turn_id, words = piece
+        words_sink = self.words_sinks.get(turn_id)
+        if words_sink is not None:
+            words_sink(words)
+        else:
+            self._dispatch(WordsTimed(turn_id, words))
+
     def drop_turn(self, wire_id: str) -> Sink | None:
         """Forget a turn's sinks (it ended, failed or was cancelled); its event sink."""
         self.audio_sinks.pop(wire_id, None)
+        self.words_sinks.pop(wire_id, None)
         return self.sinks.pop(wire_id, None)
 
     async def _connect(self) -> None:
@@ -561,7 +578,12 @@ class ProviderPool:
         return self._open(key)
 
     def open_turn(
-        self, turn_id: str, settings: TurnSettings, sink: Sink, audio_sink: AudioSink | None = None
+        self,
+        turn_id: str,
+        settings: TurnSettings,
+        sink: Sink,
+        audio_sink: AudioSink | None = None,
+        words_sink: WordsSink | None = None,
     ) -> _TurnHandle:
         """Open ``turn_id`` on a connection with room; its events go to ``sink``.
 
@@ -570,7 +592,8 @@ class ProviderPool:
         unique in this pool; events come back to ``sink`` under ``turn_id``.
         Its audio goes to ``audio_sink`` when one is given (as ``(audio,
         format)``, the bulk of a turn without an event object), else to
-        ``sink`` as ``AudioReceived`` like every other event.
+        ``sink`` as ``AudioReceived`` like every other event; its word
+        timings to ``words_sink`` (as the tuple of words) likewise.
         """
         conn = self._connection_for_turn(settings)
         self._turn_serial += 1
@@ -582,6 +605,12 @@ class ProviderPool:
                 sink(AudioReceived(turn_id, audio, audio_format))
 
         conn.audio_sinks[wire_id] = audio_sink
+        if words_sink is None:
+
+            def words_sink(words: tuple[WordTiming, ...]) -> None:
+                sink(WordsTimed(turn_id, words))
+
+        conn.words_sinks[wire_id] = words_sink
         handle = _TurnHandle(conn, wire_id)
         try:
             handle.call(lambda e, now: e.open_turn(wire_id, settings, now))
@@ -879,8 +908,9 @@ class Speaker:
         if not settings.voice and pool.settings.voice:
             settings = replace(settings, voice=pool.settings.voice)
         try:
+            direct = self._direct_sinks(turn)
             turn.handle = pool.open_turn(
-                turn.turn_id, settings, lambda e: self._on_event(turn, e), self._audio_sink(turn)
+                turn.turn_id, settings, lambda e: self._on_event(turn, e), *direct
             )
             text = "".join(turn.text)
             if text:
@@ -897,11 +927,11 @@ class Speaker:
                 turn.handle = None
             self._on_event(turn, TurnFailed(turn.turn_id, "open_refused", str(e), retryable=True))
 
-    def _audio_sink(self, turn: _SpokenTurn) -> AudioSink | None:
-        """The turn's audio straight to its sink (what ``_on_event`` does with it), or
-        ``None`` for a cacheable turn, whose audio ``_on_event`` records."""
+    def _direct_sinks(self, turn: _SpokenTurn) -> tuple[AudioSink | None, WordsSink | None]:
+        """The turn's audio and word timings straight to its sink (what ``_on_event``
+        does with them), or none for a cacheable turn, whose events ``_on_event`` records."""
         if turn.cacheable:
-            return None
+            return None, None
         turns, turn_id, sink = self.turns, turn.turn_id, turn.sink
 
         def audio_sink(audio: bytes, audio_format: AudioFormat) -> None:
@@ -909,7 +939,11 @@ class Speaker:
                 turn.got_audio = True
                 sink(AudioReceived(turn_id, audio, audio_format))
 
-        return audio_sink
+        def words_sink(words: tuple[WordTiming, ...]) -> None:
+            if turns.get(turn_id) is turn:
+                sink(WordsTimed(turn_id, words))
+
+        return audio_sink, words_sink
 
     def _on_event(self, turn: _SpokenTurn, event: Event) -> None:
         if self.turns.get(turn.turn_id) is not turn:

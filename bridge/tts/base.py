@@ -17,9 +17,10 @@ One engine instance is one WebSocket connection to one provider. The shell
    instead: the same, except that a plain audio message (audio for a live
    turn, and nothing else: no other event, no action, no deadline earlier
    than before) may come back as an ``AudioPiece`` ``(turn_id, audio,
-   audio_format)`` instead of being queued as ``AudioReceived``. The shell
-   hands it to the turn at once, without an event object or a drain; on
-   ``None`` it drains as in step 5. An engine that has no such message
+   audio_format)`` instead of being queued as ``AudioReceived``, and a plain
+   word-timings message as a ``WordsPiece`` ``(turn_id, words)`` instead of
+   ``WordsTimed``. The shell hands it to the turn at once, without a drain;
+   on ``None`` it drains as in step 5. An engine that has no such message
    handles everything as ``receive_*`` does and returns ``None``.
 5. After each call: ``actions_to_send()`` (``SendText``, ``SendBytes``,
    ``CloseConnection``, ``HttpRequest``) and ``events_received()``.
@@ -56,10 +57,12 @@ __all__ = [
     "TtsProtocol",
     "TurnDone",
     "TurnFailed",
+    "TurnPiece",
     "TurnSettings",
     "TurnStarted",
     "UsageReported",
     "WordTiming",
+    "WordsPiece",
     "WordsTimed",
 ]
 
@@ -184,16 +187,22 @@ class AudioReceived(Event):
     audio_format: AudioFormat
 
 
-AudioPiece = tuple[str, bytes, AudioFormat]
-"""``(turn_id, audio, audio_format)``: an ``AudioReceived`` not built (``receive_*_fast``)."""
-
-
 @dataclass(frozen=True, slots=True)
 class WordsTimed(Event):
     """Word timings for a turn, in seconds from the start of the turn's audio."""
 
     turn_id: str
     words: tuple[WordTiming, ...]
+
+
+AudioPiece = tuple[str, bytes, AudioFormat]
+"""``(turn_id, audio, audio_format)``: an ``AudioReceived`` not built (``receive_*_fast``)."""
+
+WordsPiece = tuple[str, tuple[WordTiming, ...]]
+"""``(turn_id, words)``: a ``WordsTimed`` handed over without a drain (``receive_*_fast``)."""
+
+TurnPiece = AudioPiece | WordsPiece
+"""What ``receive_*_fast`` may return: one message's whole outcome for one turn."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,15 +285,15 @@ class TtsProtocol(Protocol):
 
     def receive_bytes(self, data: bytes, now: float) -> None: ...
 
-    def receive_text_fast(self, text: str, now: float) -> AudioPiece | None:
-        """``receive_text``, but a plain audio message's audio may be returned, not queued.
+    def receive_text_fast(self, text: str, now: float) -> TurnPiece | None:
+        """``receive_text``, but a plain audio or timings message may be returned, not queued.
 
         For the shell's hot path (see the module docstring, step 4).
         """
         ...
 
-    def receive_bytes_fast(self, data: bytes, now: float) -> AudioPiece | None:
-        """``receive_bytes``, but a plain audio message's audio may be returned, not queued."""
+    def receive_bytes_fast(self, data: bytes, now: float) -> TurnPiece | None:
+        """``receive_bytes``, but a plain audio or timings message may be returned, not queued."""
         ...
 
     @property

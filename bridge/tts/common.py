@@ -20,7 +20,8 @@ here, so each engine keeps only its own wire format:
 * ``AudioTaking``: the ``receive_text_fast`` / ``receive_bytes_fast`` pair
   for an engine that reports audio in one place (``_report_audio``): the
   message is handled by its ``receive_*`` as usual, and the audio it
-  reports is returned instead of queued when nothing else was queued.
+  reports (or the one ``WordsTimed`` it queued) is returned instead of
+  queued when nothing else was queued.
 * ``json_text(value)``: a field shown in a message: strings as they are,
   anything else as its JSON text.
 * ``bearer_headers(api_key)`` and ``scrub_secret(text, secret)``: the
@@ -39,7 +40,14 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 from bridge.engine import Action, Event
-from bridge.tts.base import AudioFormat, AudioPiece, AudioReceived, WordTiming
+from bridge.tts.base import (
+    AudioFormat,
+    AudioPiece,
+    AudioReceived,
+    TurnPiece,
+    WordsTimed,
+    WordTiming,
+)
 
 __all__ = [
     "AudioTaking",
@@ -73,7 +81,8 @@ class AudioTaking:
     rather than queued. If the message queued nothing else (no event, no
     action) that audio is returned as an ``AudioPiece`` for the shell to hand
     over directly; otherwise it is queued where it would have been, and
-    ``None`` says to drain as usual. With anything already queued, the
+    ``None`` says to drain as usual. A message with no audio whose whole
+    outcome is one ``WordsTimed`` is returned as a ``WordsPiece``. With anything already queued, the
     message is simply handled (its audio must queue behind it). The engine
     sets ``_taking = False`` while handling a message that creates a
     deadline (none is returned then: the shell must re-arm its timer).
@@ -97,23 +106,28 @@ class AudioTaking:
         else:
             self._events.append(AudioReceived(turn_id, audio, audio_format))
 
-    def receive_text_fast(self, text: str, now: float) -> AudioPiece | None:
+    def receive_text_fast(self, text: str, now: float) -> TurnPiece | None:
         return self._take(self.receive_text, text, now)
 
-    def receive_bytes_fast(self, data: bytes, now: float) -> AudioPiece | None:
+    def receive_bytes_fast(self, data: bytes, now: float) -> TurnPiece | None:
         return self._take(self.receive_bytes, data, now)
 
-    def _take(self, receive: Callable[[M, float], None], msg: M, now: float) -> AudioPiece | None:
-        if self._events or self._actions:
+    def _take(self, receive: Callable[[M, float], None], msg: M, now: float) -> TurnPiece | None:
+        events = self._events
+        if events or self._actions:
             receive(msg, now)
             return None
         self._taking = True
         try:
             receive(msg, now)
         finally:
+            clean = self._taking  # not turned off by a deadline the message created
             self._taking = False
             taken, self._taken = self._taken, None
         if taken is None:
+            if clean and len(events) == 1 and not self._actions and type(events[0]) is WordsTimed:
+                timed: WordsTimed = events.pop()  # type: ignore[assignment]
+                return timed.turn_id, timed.words
             return None
         at, piece = taken
         if self._events or self._actions:

@@ -78,6 +78,7 @@ from bridge.tts.base import (
     ProviderSettings,
     TurnDone,
     TurnFailed,
+    TurnPiece,
     TurnSettings,
     TurnStarted,
     WordsTimed,
@@ -369,26 +370,35 @@ class KovaProtocol(Outbox):
                 return
         self._parse(text, now)
 
-    def receive_text_fast(self, text: str, now: float) -> AudioPiece | None:
-        """``receive_text``, but a plain audio chunk's audio is returned, not queued.
+    def receive_text_fast(self, text: str, now: float) -> TurnPiece | None:
+        """``receive_text``, but a plain audio chunk or timestamps frame is returned, not queued.
 
-        When the frame is an ``audio_chunk`` in the compact shape for a
-        streaming context and nothing is queued (no event, no action), its
-        audio comes back as ``(turn_id, audio, audio_format)``, exactly what
-        ``receive_text`` would have queued as ``AudioReceived``, and nothing
-        else changed but the context's reply deadline, which only moves
-        later (the shell need not drain or re-arm). Anything else is handled
-        as ``receive_text`` handles it, and ``None`` says to drain as usual.
+        With nothing queued (no event, no action): an ``audio_chunk`` in the
+        compact shape for a streaming context comes back as ``(turn_id,
+        audio, audio_format)``, exactly what ``receive_text`` would have
+        queued as ``AudioReceived``; a frame whose whole outcome is one
+        ``WordsTimed`` (``timestamps``) comes back as ``(turn_id, words)``.
+        Nothing else changed then but the context's reply deadline, which
+        only moves later (the shell need not drain or re-arm). Anything else
+        is handled as ``receive_text`` handles it, and ``None`` says to drain
+        as usual.
         """
         if self._failed:
             return None
-        if text.startswith(_AUDIO_HEAD) and not self._events and not self._actions:
+        events = self._events
+        if events or self._actions:
+            self.receive_text(text, now)
+            return None
+        if text.startswith(_AUDIO_HEAD):
             piece = self._fast_audio_chunk(text, now)
             if piece is True:
                 return None
             if piece is not False:
                 return piece
         self._parse(text, now)
+        if len(events) == 1 and not self._actions and type(events[0]) is WordsTimed:
+            timed: WordsTimed = events.pop()  # type: ignore[assignment]
+            return timed.turn_id, timed.words
         return None
 
     def _parse(self, text: str, now: float) -> None:

@@ -31,7 +31,7 @@ class _Pool:
         self.log: list[str] = []
 
     def open_turn(
-        self, turn_id: str, settings: TurnSettings, sink: Any, audio_sink: Any = None
+        self, turn_id: str, settings: TurnSettings, sink: Any, *direct_sinks: Any
     ) -> _Handle:
         self.log.append(f"open:{turn_id}")
         if self.refuse:

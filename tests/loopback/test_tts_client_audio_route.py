@@ -30,6 +30,7 @@ from bridge.tts.base import (
     TurnDone,
     TurnSettings,
     WordsTimed,
+    WordTiming,
 )
 
 URL = "ws://127.0.0.1:9/v1/kova"
@@ -112,10 +113,11 @@ def test_plain_audio_reaches_the_turn_without_a_drain_and_in_order() -> None:
         pumps = count_pumps(conn)
         conn._on_message(chunk(b"\x01\x02"))
         conn._on_message(chunk(b"\x03"))
-        assert pumps == [0]  # audio only: nothing drained
         conn._on_message(frame(STAMPS))
         conn._on_message(chunk(b"\x04"))
+        assert pumps == [0]  # audio and timings only: nothing drained
         conn._on_message(frame({"flush_completed": True, "flush_id": "f1"}))
+        assert pumps == [1]
         kinds = [type(e).__name__ for e in events]
         assert kinds == [
             "TurnStarted",
@@ -158,7 +160,7 @@ def test_a_cancelled_turn_gets_no_more_audio() -> None:
 
 
 def test_audio_of_a_turn_the_speaker_dropped_is_not_delivered() -> None:
-    """The turn's audio sink checks the Speaker still holds the turn (as ``_on_event`` does)."""
+    """The turn's direct sinks check the Speaker still holds the turn (as ``_on_event`` does)."""
 
     def body() -> None:
         pool, conn = kova_pool()
@@ -168,6 +170,7 @@ def test_audio_of_a_turn_the_speaker_dropped_is_not_delivered() -> None:
         conn._on_message(frame({"context_started": {}}))
         speaker.turns.clear()
         conn._on_message(chunk(b"\x01"))
+        conn._on_message(frame(STAMPS))
         assert [type(e).__name__ for e in events] == ["TurnStarted"]
 
     run(body)
@@ -182,14 +185,17 @@ def test_a_cacheable_turn_records_its_audio_for_the_cache() -> None:
         speaker.speak("menu", "press one", TurnSettings("v", MULAW_8K), events.append, True)
         conn._on_message(frame({"context_started": {}}))
         conn._on_message(chunk(b"\x01\x02"))
+        conn._on_message(frame(STAMPS))
         conn._on_message(frame({"flush_completed": True, "flush_id": "f1"}))
-        assert [type(e).__name__ for e in events] == ["TurnStarted", "AudioReceived", "TurnDone"]
+        kinds = [type(e).__name__ for e in events]
+        assert kinds == ["TurnStarted", "AudioReceived", "WordsTimed", "TurnDone"]
         replayed: list[Event] = []
         speaker.speak("menu2", "press one", TurnSettings("v", MULAW_8K), replayed.append, True)
         assert cache.hits == 1
         assert [e for e in replayed if isinstance(e, AudioReceived)] == [
             AudioReceived("menu2", b"\x01\x02", MULAW_8K)
         ]
+        assert [type(e).__name__ for e in replayed] == kinds[1:]
 
     run(body)
 
@@ -203,5 +209,7 @@ def test_a_turn_opened_on_the_pool_without_an_audio_sink_gets_audio_as_events() 
         conn._on_message(frame({"context_started": {}}))
         conn._on_message(chunk(b"\x07"))
         assert events[-1] == AudioReceived("t1", b"\x07", MULAW_8K)
+        conn._on_message(frame(STAMPS))
+        assert events[-1] == WordsTimed("t1", (WordTiming("hi", 0.0, 0.2),))
 
     run(body)

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from bridge.engine import Action, CloseConnection, Event, SendBytes, SendText
-from bridge.tts.base import AudioReceived, WordTiming
+from bridge.tts.base import AudioReceived, WordsTimed, WordTiming
 from bridge.ttsd.base import Synthesize
 
 Line = dict[str, Any]
@@ -100,9 +100,10 @@ def feed(
     """Hand one ``in`` message to the engine (see the module docstring).
 
     Messages go through ``receive_text_fast`` / ``receive_bytes_fast`` (the
-    shell's path) when the engine has them; audio one returns is queued back
-    as ``AudioReceived``, so every recorded session also checks that the
-    fast receive gives exactly what the fixture expects.
+    shell's path) when the engine has them; audio or timings one returns are
+    queued back as ``AudioReceived`` / ``WordsTimed``, so every recorded
+    session also checks that the fast receive gives exactly what the
+    fixture expects.
     """
     keys = set(msg) if isinstance(msg, dict) else set()
     if isinstance(msg, str):
@@ -123,8 +124,9 @@ def _receive(engine: Any, kind: str, data: str | bytes, now: float) -> None:
         getattr(engine, f"receive_{kind}")(data, now)
         return
     piece = fast(data, now)
-    if piece is not None:
-        engine._events.append(AudioReceived(*piece))
+    if piece is not None:  # returned instead of queued: queue it back, as the shell sees it
+        event = AudioReceived(*piece) if len(piece) == 3 else WordsTimed(*piece)
+        engine._events.append(event)
 
 
 # ---------------------------------------------------------- replay by time

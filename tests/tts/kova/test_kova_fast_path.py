@@ -19,7 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.engine import Action, Event
-from bridge.tts.base import MULAW_8K, AudioFormat, AudioReceived, ProviderSettings, TurnSettings
+from bridge.tts.base import (
+    MULAW_8K,
+    AudioFormat,
+    AudioReceived,
+    ProviderSettings,
+    TurnSettings,
+    WordTiming,
+)
 from bridge.tts.kova import KovaProtocol
 
 PCM_24K = AudioFormat("pcm_s16le", 24000)
@@ -232,11 +239,24 @@ def test_the_fast_receive_queues_a_chunk_behind_an_event_not_yet_drained(kova: A
     assert events[1] == AudioReceived("t1", b"\x01", MULAW_8K)
 
 
-def test_other_frames_through_the_fast_receive_are_queued_as_usual(kova: Any) -> None:
+def test_a_timestamps_frame_through_the_fast_receive_is_returned(kova: Any) -> None:
     engine = streaming(kova, MULAW_8K)
     stamps = {"words": ["hi"], "start_seconds": [0.0], "end_seconds": [0.2]}
-    assert engine.receive_text_fast(compact({"timestamps": stamps, "context_id": "c1"}), 1) is None
-    assert [type(e).__name__ for e in engine.events_received()] == ["WordsTimed"]
+    piece = engine.receive_text_fast(compact({"timestamps": stamps, "context_id": "c1"}), 1)
+    assert piece == ("t1", (WordTiming("hi", 0.0, 0.2),))
+    assert engine.events_received() == [] and engine.actions_to_send() == []
+    assert engine.next_deadline() == 1 + 10.0
+
+
+def test_other_frames_through_the_fast_receive_are_queued_as_usual(kova: Any) -> None:
+    engine = streaming(kova, MULAW_8K, turns=2)
+    done = {"flush_completed": True, "context_id": "c1", "flush_id": "f1"}
+    assert engine.receive_text_fast(compact(done), 1) is None
+    assert [type(e).__name__ for e in engine.events_received()] == ["TurnDone"]
+    assert engine.actions_to_send()  # close_context
+    bad = {"timestamps": {"words": ["hi"]}, "context_id": "c2"}
+    assert engine.receive_text_fast(compact(bad), 1) is None
+    assert [type(e).__name__ for e in engine.events_received()] == ["TurnFailed"]
     assert engine.receive_bytes_fast(b"\x00", 1.0) is None
     assert engine.events_received() == []
 
