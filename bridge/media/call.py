@@ -209,6 +209,52 @@ class CallBridge:
         ValueError: bad options (a config error, not remote input).
     """
 
+    # Slots, the per-frame ones first (they share the object's first cache
+    # lines: a call's tick and caller frame find it cold among many calls).
+    __slots__ = (  # noqa: RUF023 (in the order of use, not sorted)
+        "_ended",
+        "_frame_bytes",
+        "_decode_native",
+        "_decode",
+        "_vad",
+        "_echo",
+        "_detector",
+        "_uplink",
+        "_playout",
+        "_backlog",
+        "_decode_ahead",
+        "_frames_sent",
+        "_sending",
+        "_armed",
+        "_agent_played_at",
+        "_actions",
+        "_events",
+        # the rest
+        "_added_s",
+        "_agent",
+        "_bad_inbound",
+        "_barge_ins",
+        "_echo_frames",
+        "_finished",
+        "_hangup_reason",
+        "_interrupted",
+        "_last_agent_turn",
+        "_late_chunks",
+        "_leg",
+        "_mark_every_frames",
+        "_mark_seq",
+        "_marks",
+        "_marks_leg",
+        "_options",
+        "_provider_errors",
+        "_started_s",
+        "_timings",
+        "_ttfa_s",
+        "_turn_count",
+        "_turns",
+        "call_id",
+    )
+
     def __init__(
         self,
         call_id: str,
