@@ -362,11 +362,16 @@ class CallRunner:
             log.info(
                 "provider.usage", call_id=self.call_id, turn_id=event.turn_id, usage=event.usage
             )
+        bridge = self.bridge
         try:
-            self.bridge.provider_event(event, now)
-            if self.idle and self.bridge.frame_ready():
+            bridge.provider_event(event, now)
+            if self.idle and bridge.frame_ready():
                 self.daemon.ticker.start_talkspurt(self.call_id)
-            self.pump(now)
+            # most audio chunks only queue frames: pump (two drains, the app, the turn
+            # source, the source timer) only when the bridge has something for them,
+            # as caller_audio and _on_frame do
+            if bridge.has_output() or self.pump_unfinished:
+                self.pump(now)
         except Exception:  # see _guard
             log.exception("call.failed", call_id=self.call_id)
             self._fail()
