@@ -53,7 +53,9 @@ Instructions (repeatable whatever else runs on the machine): ``--callgrind``
 runs this script twice under ``valgrind --tool=callgrind`` with
 ``--frames F`` and ``2F`` (one rep, no warm-up beyond the set-up) and prints
 the difference of the two totals per call per 20 ms: set-up and start-up
-cancel out.
+cancel out (``PYTHONHASHSEED=0``: repeat runs agree within ~1%). With
+``--cache-sim`` it also counts simulated L1 and L2 misses (the L2 as the
+last level: see ``CACHE_SIM``).
 
     .venv/bin/python bench/bench_chain.py                  # 100 and 400 calls
     .venv/bin/python bench/bench_chain.py --calls 400 --profile
@@ -388,12 +390,20 @@ def measure(n_calls: int, frames: int, reps: int, warmup: int, profile: str = ""
     return uvloop.run(main())
 
 
-_TOTALS = re.compile(r"^(?:summary|totals):\s*(\d+)", re.M)
+_EVENTS = re.compile(r"^events:\s*(.+)$", re.M)
+_TOTALS = re.compile(r"^(?:summary|totals):\s*([\d ]+)$", re.M)
+CACHE_SIM = ("--cache-sim=yes", "--LL=2097152,16,64")
+"""``--cache-sim``: simulate L1 and, as the last level, this machine's 2 MiB L2 (the L3 of
+32 MiB holds every call at 400 calls: the misses that cost are the L2's)."""
 
 
-def callgrind(n_calls: int, frames: int) -> float:
-    """Instructions per call per 20 ms: two runs under callgrind, ``frames`` and ``2 x frames``."""
-    irs = []
+def callgrind(n_calls: int, frames: int, cache_sim: bool = False) -> dict[str, float]:
+    """Events per call per 20 ms: two runs under callgrind, ``frames`` and ``2 x frames``.
+
+    ``Ir`` (instructions), and with ``cache_sim`` the simulated misses too
+    (``D1mr``/``D1mw``: L1 data; ``DLmr``/``DLmw``: the last level, here the L2).
+    """
+    totals: list[dict[str, int]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for f in (frames, 2 * frames):
             out = Path(tmp) / f"cg.{f}"
@@ -402,6 +412,7 @@ def callgrind(n_calls: int, frames: int) -> float:
                     "valgrind",
                     "--tool=callgrind",
                     f"--callgrind-out-file={out}",
+                    *(CACHE_SIM if cache_sim else ()),
                     sys.executable,
                     __file__,
                     "--calls",
@@ -418,11 +429,14 @@ def callgrind(n_calls: int, frames: int) -> float:
                 capture_output=True,
                 env={**os.environ, "PYTHONHASHSEED": "0"},  # the same dict and set layouts
             )
-            m = _TOTALS.search(out.read_text())
-            if m is None:
+            text = out.read_text()
+            events, values = _EVENTS.search(text), _TOTALS.search(text)
+            if events is None or values is None:
                 raise RuntimeError("no totals in the callgrind output")
-            irs.append(int(m.group(1)))
-    return (irs[1] - irs[0]) / (n_calls * frames)
+            totals.append(
+                dict(zip(events.group(1).split(), map(int, values.group(1).split()), strict=True))
+            )
+    return {k: (totals[1][k] - totals[0][k]) / (n_calls * frames) for k in totals[0]}
 
 
 def main() -> None:
@@ -433,14 +447,17 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=250, help="periods before measuring")
     parser.add_argument("--profile", default="", help="cProfile the reps, sorted by this key")
     parser.add_argument("--callgrind", action="store_true", help="instructions, under valgrind")
+    parser.add_argument("--cache-sim", action="store_true", help="with --callgrind: cache misses")
     parser.add_argument("--no-write", action="store_true", help="do not write chain.json")
     parser.add_argument("--name", default="chain", help="results file name (bench/results)")
     args = parser.parse_args()
     counts = [int(c) for c in args.calls.split(",")]
     if args.callgrind:
         for n in counts:
-            ir = callgrind(n, args.frames)
-            print(f"{n} calls: {ir:,.0f} instructions per call per 20 ms (callgrind)")
+            per = callgrind(n, args.frames, args.cache_sim)
+            print(f"{n} calls: {per['Ir']:,.0f} instructions per call per 20 ms (callgrind)")
+            if len(per) > 1:
+                print("  per call per 20 ms: " + ", ".join(f"{k} {v:,.0f}" for k, v in per.items()))
         return
     results: dict[str, Any] = {}
     print(f"CPU µs per call per 20 ms (median of {args.reps} x {args.frames} periods)")
