@@ -88,6 +88,7 @@ from bridge.tts.base import (
 )
 from bridge.tts.common import (
     AudioTaking,
+    b64decode_fast,
     bearer_headers,
     json_object,
     non_negative_seconds,
@@ -533,7 +534,8 @@ class CodaProtocol(AudioTaking, Outbox):
         try:
             if not isinstance(body, str):
                 raise ValueError("audio is not a string")
-            data = base64.b64decode(body, validate=True)
+            fast = b64decode_fast(body)
+            data = fast if fast is not None else base64.b64decode(body, validate=True)
         except (ValueError, binascii.Error):
             self._abandon(turn, "malformed", "audio payload is not valid base64", now)
             return

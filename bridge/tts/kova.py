@@ -60,7 +60,6 @@ import base64
 import heapq
 import json
 import logging
-from binascii import a2b_base64
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -86,6 +85,7 @@ from bridge.tts.base import (
 )
 from bridge.tts.common import (
     TimingsWording,
+    b64decode_fast,
     bearer_headers,
     json_text,
     parallel_word_timings,
@@ -443,11 +443,10 @@ class KovaProtocol(Outbox):
             return False
         if ctx.closing:
             return True  # late frame of a cancelled / finished turn: dropped here
-        try:
-            # strict: only the base64 alphabet with correct padding, so the JSON
-            # string had no escape and b64decode(validate=True) would agree
-            audio = a2b_base64(text[_AUDIO_HEAD_LEN:end], strict_mode=True)
-        except ValueError:  # binascii.Error, or a non-ASCII character
+        # strict: only the base64 alphabet with correct padding, so the JSON
+        # string had no escape and b64decode(validate=True) would agree
+        audio = b64decode_fast(text[_AUDIO_HEAD_LEN:end])
+        if audio is None:
             return False
         return self._audio(ctx, audio, now) or True
 

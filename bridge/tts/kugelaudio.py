@@ -86,7 +86,7 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.common import AudioTaking, json_object, scrub_secret
+from bridge.tts.common import AudioTaking, b64decode_fast, json_object, scrub_secret
 
 __all__ = ["ENGINE", "KugelAudioProtocol", "TurnState"]
 
@@ -617,6 +617,9 @@ def _optional_int(frame: dict[str, Any], key: str, default: int) -> int:
 def _b64(value: object) -> bytes:
     if not isinstance(value, str):
         raise _MalformedFrame("'audio' must be a base64 string")
+    fast = b64decode_fast(value)
+    if fast is not None:
+        return fast
     try:
         return base64.b64decode(value, validate=True)
     except ValueError as exc:  # binascii.Error, or non-ASCII characters

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import importlib
 import math
 
@@ -21,6 +23,7 @@ from bridge.tts.base import (
 from bridge.tts.common import (
     AudioTaking,
     TimingsWording,
+    b64decode_fast,
     bearer_headers,
     json_object,
     json_text,
@@ -235,3 +238,38 @@ def test_audio_taking_queues_behind_what_is_already_queued() -> None:
     engine.receive_text("e", 0.0)
     assert engine.receive_text_fast("a:1", 0.0) is None
     assert [type(e).__name__ for e in engine.events_received()] == ["TurnStarted", "AudioReceived"]
+
+
+# b64decode_fast: pybase64 where it is strictly valid, the engine's own decode otherwise
+
+_B64_TEXT = st.text(
+    alphabet=st.sampled_from(
+        list("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+        + list('=\\\n -_"é')
+    ),
+    max_size=24,
+)
+
+
+@given(st.binary(max_size=200))
+def test_b64decode_fast_decodes_what_the_standard_library_encodes(raw: bytes) -> None:
+    assert b64decode_fast(base64.b64encode(raw).decode("ascii")) == raw
+
+
+@settings(max_examples=3000)
+@given(_B64_TEXT)
+def test_b64decode_fast_accepts_only_what_the_standard_library_decodes_the_same(text: str) -> None:
+    got = b64decode_fast(text)
+    if got is not None:
+        assert binascii.a2b_base64(text, strict_mode=True) == got
+        assert base64.b64decode(text, validate=True) == got
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["QUAZ=", "QUFB\nQUFB", "QU FB", "QUFB\\u0041", "QUFBé", "QUF", "QUFB==QUFB", "-_-_"],
+)
+def test_b64decode_fast_leaves_odd_base64_to_the_engine(text: str) -> None:
+    # excess padding (which binascii's strict mode tolerates), whitespace, JSON escapes,
+    # non-ASCII, bad length, padding inside, the URL-safe alphabet: None, never other bytes
+    assert b64decode_fast(text) is None
