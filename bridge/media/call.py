@@ -253,6 +253,7 @@ class CallBridge:
         "_turn_count",
         "_turns",
         "call_id",
+        "__weakref__",  # a call is watched by weak reference (tests/e2e/test_call_release.py)
     )
 
     def __init__(
