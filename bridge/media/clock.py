@@ -454,19 +454,11 @@ class Ticker(Generic[K]):
         """The streams whose next frame is due at ``now``, earliest bucket first."""
         self._requeue_popped()
         limit = now + _EPSILON_S
-        last = _floor(limit / self._bucket_s)
-        heap = self._bucket_heap
-        buckets = self._buckets
         clocks = self._clocks
         where = self._where
         keys: list[K] = []
         later: list[K] = []
-        while heap and heap[0] <= last:
-            b = heapq.heappop(heap)
-            bucket = buckets.pop(b, None)
-            if bucket is None:
-                continue  # emptied by remove(), or a duplicate heap entry
-            del self._bucket_min[b]
+        for bucket in self._pop_buckets(_floor(limit / self._bucket_s)):
             for key in bucket:
                 del where[key]  # out of its bucket: handed out, or queued again below
                 clock = clocks[key]  # next_deadline(), inlined (hot loop)
@@ -479,6 +471,21 @@ class Ticker(Generic[K]):
             self._push(key, clocks[key])
         self._popped = keys
         return keys
+
+    def _pop_buckets(self, last: int) -> list[list[K]]:
+        """Take every bucket numbered ``last`` or earlier out of the schedule, earliest first."""
+        heap = self._bucket_heap
+        buckets = self._buckets
+        bucket_min = self._bucket_min
+        taken: list[list[K]] = []
+        while heap and heap[0] <= last:
+            b = heapq.heappop(heap)
+            bucket = buckets.pop(b, None)
+            if bucket is None:
+                continue  # emptied by remove(), or a duplicate heap entry
+            del bucket_min[b]
+            taken.append(bucket)
+        return taken
 
     def tick_due(self, now: float) -> tuple[list[K], list[int]]:
         """``due(now)`` and each due stream's ``tick(now)`` in one pass: the streams and frames.
@@ -504,12 +511,7 @@ class Ticker(Generic[K]):
         frames: list[int] = []
         later: list[K] = []
         popped: list[K] = []
-        while heap and heap[0] <= last:
-            b = heapq.heappop(heap)
-            bucket = buckets.pop(b, None)
-            if bucket is None:
-                continue  # emptied by remove(), or a duplicate heap entry
-            del bucket_min[b]
+        for bucket in self._pop_buckets(last):
             for key in bucket:
                 clock = clocks[key]
                 next_frame = clock._next_frame
@@ -540,13 +542,13 @@ class Ticker(Generic[K]):
             clock = clocks[key]
             wake_s = clock.origin_s + clock._next_frame * clock._ptime_s - clock._tolerance_s
             b = _floor(wake_s / width_s)
-            bucket = buckets.get(b)
-            if bucket is None:
+            queued = buckets.get(b)
+            if queued is None:
                 buckets[b] = [key]
                 bucket_min[b] = wake_s
                 heapq.heappush(heap, b)
             else:
-                bucket.append(key)
+                queued.append(key)
                 if wake_s < bucket_min[b]:
                     bucket_min[b] = wake_s
             where[key] = b
