@@ -500,13 +500,8 @@ class Ticker(Generic[K]):
         """
         self._requeue_popped()
         limit = now + _EPSILON_S
-        width_s = self._bucket_s
-        last = _floor(limit / width_s)
-        heap = self._bucket_heap
-        buckets = self._buckets
-        bucket_min = self._bucket_min
+        last = _floor(limit / self._bucket_s)
         clocks = self._clocks
-        where = self._where
         keys: list[K] = []
         frames: list[int] = []
         later: list[K] = []
@@ -538,20 +533,7 @@ class Ticker(Generic[K]):
         # queued again after the walk (a wake-up still due goes to a bucket <= last), in
         # due()'s order: the streams not due first, then the due ones
         later += popped
-        for key in later:
-            clock = clocks[key]
-            wake_s = clock.origin_s + clock._next_frame * clock._ptime_s - clock._tolerance_s
-            b = _floor(wake_s / width_s)
-            queued = buckets.get(b)
-            if queued is None:
-                buckets[b] = [key]
-                bucket_min[b] = wake_s
-                heapq.heappush(heap, b)
-            else:
-                queued.append(key)
-                if wake_s < bucket_min[b]:
-                    bucket_min[b] = wake_s
-            where[key] = b
+        self._queue(later)
         return keys, frames
 
     def _first_origin(self, slot: int, now: float) -> float:
@@ -591,25 +573,32 @@ class Ticker(Generic[K]):
         popped = self._popped
         if not popped:
             return
+        self._popped = []
+        clocks = self._clocks
+        where = self._where
+        # not the ones removed (or removed and added again) since due()
+        self._queue([key for key in popped if key in clocks and key not in where])
+
+    def _queue(self, keys: list[K]) -> None:
+        """``_push`` for each of ``keys``, in order, inlined: this runs for every stream on
+        every tick."""
         clocks = self._clocks
         where = self._where
         buckets = self._buckets
         bucket_min = self._bucket_min
+        heap = self._bucket_heap
         width_s = self._bucket_s
-        for key in popped:  # _push() inlined: this runs for every stream on every tick
-            clock = clocks.get(key)
-            if clock is None or key in where:
-                continue  # removed (or removed and added again) since due()
+        for key in keys:
+            clock = clocks[key]
             wake_s = clock.origin_s + clock._next_frame * clock._ptime_s - clock._tolerance_s
             b = _floor(wake_s / width_s)
             bucket = buckets.get(b)
             if bucket is None:
                 buckets[b] = [key]
                 bucket_min[b] = wake_s
-                heapq.heappush(self._bucket_heap, b)
+                heapq.heappush(heap, b)
             else:
                 bucket.append(key)
                 if wake_s < bucket_min[b]:
                     bucket_min[b] = wake_s
             where[key] = b
-        self._popped = []
