@@ -17,12 +17,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from websockets.client import ClientProtocol
-from websockets.protocol import State
-from websockets.uri import parse_uri
+from provider_socket import open_provider_socket
 
 from bridge.engine import Event
-from bridge.io.tts_client import PromptCache, ProviderPool, Speaker, _Connection, _ProviderWebSocket
+from bridge.io.tts_client import PromptCache, ProviderPool, Speaker, _Connection
 from bridge.tts.base import (
     MULAW_8K,
     AudioReceived,
@@ -36,38 +34,13 @@ from bridge.tts.base import (
 URL = "ws://127.0.0.1:9/v1/kova"
 
 
-class NullTransport:
-    def write(self, data: bytes) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return False
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
 def kova_pool() -> tuple[ProviderPool, _Connection]:
     """A pool with one ready Kova connection whose socket writes nowhere."""
     settings = ProviderSettings("p", "kova", URL, api_key="k", voice="v")
     pool = ProviderPool(settings)
     conn = _Connection(pool, pool.engine_cls(settings))
     pool.connections.append(conn)
-    protocol = ClientProtocol(parse_uri(URL))
-    protocol.state = State.OPEN
-    ws = _ProviderWebSocket(protocol, on_message=conn._on_message)
-    ws.connection_made(NullTransport())  # type: ignore[arg-type]
-    ws.response = object()  # type: ignore[assignment]
-    conn.ws = ws
+    conn.ws = open_provider_socket(conn._on_message, URL)
     conn.early = None
     conn.engine.connection_made(None, conn.now())
     conn.pump()

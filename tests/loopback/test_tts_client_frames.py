@@ -14,6 +14,7 @@ import contextlib
 from types import SimpleNamespace
 from typing import Any
 
+from provider_socket import FakeTransport, open_provider_socket
 from websockets.client import ClientProtocol
 from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import State
@@ -25,36 +26,8 @@ from bridge.io.tts_client import _Connection, _ProviderWebSocket
 from bridge.tts.base import ConnectParams
 
 
-class FakeTransport:
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
-
-    def is_closing(self) -> bool:
-        return False
-
-    def set_write_buffer_limits(self, high: int, low: int) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
 def open_socket(messages: list[str | bytes]) -> _ProviderWebSocket:
-    protocol = ClientProtocol(parse_uri("ws://127.0.0.1:9/v1/ws"))
-    protocol.state = State.OPEN
-    ws = _ProviderWebSocket(protocol, on_message=messages.append)
-    ws.connection_made(FakeTransport())  # type: ignore[arg-type]
-    ws.response = object()  # type: ignore[assignment]  # the handshake is done
-    return ws
+    return open_provider_socket(messages.append)
 
 
 def run(fn: Any) -> None:
