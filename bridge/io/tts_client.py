@@ -66,6 +66,18 @@ WordsSink = Callable[[tuple[WordTiming, ...]], None]
 SEND_BUFFER_LIMIT_BYTES = 65_536
 """Above this much unsent data on a provider socket, messages wait for it to drain."""
 
+FLOW_HIGH_S = 4.0
+"""A connection stops reading while every turn on it has more than this many seconds of
+audio received and not yet due to play (``ProviderPool(flow_high_s=...)``; None: never)."""
+FLOW_LOW_S = 2.0
+"""It reads again once one of its turns is down to this many seconds ahead."""
+FLOW_PAUSE_MAX_S = 1.0
+"""And at the latest after this long (a server close, a ping or a control message waits
+behind the paused bytes; each resumed read is judged afresh)."""
+NO_FLOW_CONTROL = frozenset({"zwst"})
+"""Protocols whose servers punish a client that lets their send queue grow (zwst drops
+audio over ~2 s of backlog and closes a slow reader with 1008): never paused."""
+
 
 def engine_class(protocol: str) -> type[TtsProtocol]:
     mod = importlib.import_module(f"bridge.tts.{protocol}")
@@ -158,8 +170,16 @@ class _ProviderWebSocket(ClientConnection):
         self._fragmented_text = False
         self._pending = b""  # the start of a frame not yet complete (own parsing only)
         self._own_parsing: bool | None = None  # None until the handshake response is in
+        self.after_read: Callable[[], None] | None = None
+        """Called once a read's messages are all handed over (``_Connection._after_read``)."""
 
     def data_received(self, data: bytes) -> None:
+        self._data_received(data)
+        after_read = self.after_read
+        if after_read is not None:
+            after_read()
+
+    def _data_received(self, data: bytes) -> None:
         if self._own_parsing is None:
             super().data_received(data)
             if self.response is not None and self._own_parsing is None:
@@ -242,8 +262,48 @@ class _ProviderWebSocket(ClientConnection):
         self.on_message(decoded)
 
 
+class _TurnClock:
+    """How far ahead of its playout one turn's audio is, by the clock.
+
+    ``due_at`` is when the audio received so far runs out if it plays from
+    its arrival on without a break: each piece of audio starts at the later of
+    ``due_at`` and its arrival and adds its duration. The true queue can only
+    be longer (playout starts at a tick, after a previous turn, or is held),
+    never shorter, so a turn this counts as needing audio may not, but one it
+    counts as well ahead is.
+    """
+
+    __slots__ = ("due_at", "fmt", "s_per_byte")
+
+    def __init__(self) -> None:
+        self.due_at = 0.0
+        self.fmt: AudioFormat | None = None
+        self.s_per_byte = 0.0
+
+    def set_format(self, audio_format: AudioFormat) -> None:
+        self.fmt = audio_format
+        self.s_per_byte = 1.0 / (audio_format.sample_rate_hz * audio_format.bytes_per_sample)
+
+    def add(self, n_bytes: int, audio_format: AudioFormat, now: float) -> None:
+        if audio_format is not self.fmt:
+            self.set_format(audio_format)
+        due_at = self.due_at
+        self.due_at = (due_at if due_at > now else now) + n_bytes * self.s_per_byte
+
+
 class _Connection:
-    """One WebSocket to the provider and the engine that speaks its protocol."""
+    """One WebSocket to the provider and the engine that speaks its protocol.
+
+    Flow control: a read that leaves every turn on the connection more than
+    ``pool.flow_high_s`` of audio ahead of its playout (``_TurnClock``) stops
+    the reading (``transport.pause_reading``), so what the provider sends
+    beyond that waits in its socket buffers, not in ours, and a connection
+    whose turns need audio gets the loop. Reading resumes when a turn is
+    opened on it, when its neediest turn is down to ``pool.flow_low_s`` ahead,
+    and in any case after ``FLOW_PAUSE_MAX_S``; it never pauses while a turn
+    has no audio yet, while a keepalive ping awaits its pong, or once the
+    connection is not open.
+    """
 
     def __init__(self, pool: ProviderPool, engine: TtsProtocol, key: PoolKey = None) -> None:
         self.pool = pool
@@ -268,6 +328,10 @@ class _Connection:
         self.writer: asyncio.Task[None] | None = None
         self.early: list[str | bytes] | None = []
         """Messages that came with the handshake, before the engine heard of the connection."""
+        self.clocks: dict[str, _TurnClock] = {}
+        """Each turn's audio ahead of its playout (flow control, placement)."""
+        self.paused = False
+        self.flow_timer: asyncio.TimerHandle | None = None
 
     def now(self) -> float:
         return self.loop.time()
@@ -283,6 +347,43 @@ class _Connection:
             and len(self.sinks) < limit
             and self.engine.open_turns() < limit
         )
+
+    def load(self) -> int:
+        """Turns open on it (a cancelled one counts until the server releases it): what a
+        new turn's first audio may wait behind on this one FIFO connection."""
+        n = len(self.sinks)
+        held = self.engine.open_turns()
+        return held if held > n else n
+
+    def _after_read(self) -> None:
+        """A read's messages are handed over: stop reading while every turn is well ahead."""
+        high = self.pool.flow_high_s
+        clocks = self.clocks
+        if high is None or self.paused or self.closed or not clocks:
+            return
+        if len(clocks) < len(self.sinks):
+            return  # a turn without a clock (an agent's): counted as needing audio
+        ws = self.ws
+        if ws is None or ws.protocol.state is not State.OPEN or ws.pending_pings:
+            return
+        neediest = min(c.due_at for c in clocks.values())
+        now = self.loop.time()
+        if neediest - now <= high:
+            return
+        self.paused = True
+        ws.transport.pause_reading()
+        resume_at = min(neediest - self.pool.flow_low_s, now + FLOW_PAUSE_MAX_S)
+        self.flow_timer = self.loop.call_at(resume_at, self.resume)
+
+    def resume(self) -> None:
+        """Read again (a turn needs audio, or the pause has lasted long enough)."""
+        if self.flow_timer is not None:
+            self.flow_timer.cancel()
+            self.flow_timer = None
+        if self.paused:
+            self.paused = False
+            if self.ws is not None:
+                self.ws.transport.resume_reading()
 
     async def run(self) -> None:
         try:
@@ -303,6 +404,7 @@ class _Connection:
             self.closed = True
             if self.timer is not None:
                 self.timer.cancel()
+            self.resume()
         self.engine.connection_lost(code, reason, self.now())
         self.pump()
         self.ready_event.set()
@@ -322,10 +424,11 @@ class _Connection:
             return
         if self.closed:
             return
+        now = self.loop.time()
         if isinstance(msg, str):
-            piece = self.engine.receive_text_fast(msg, self.loop.time())
+            piece = self.engine.receive_text_fast(msg, now)
         else:
-            piece = self.engine.receive_bytes_fast(msg, self.loop.time())
+            piece = self.engine.receive_bytes_fast(msg, now)
         if piece is None:
             self.pump()
         elif len(piece) == 3:
@@ -340,8 +443,14 @@ class _Connection:
         turn_id, audio, audio_format = piece
         audio_sink = self.audio_sinks.get(turn_id)
         if audio_sink is not None:
+            clock = self.clocks.get(turn_id)
+            if clock is not None:  # clock.add(...), inlined: this is every audio message
+                if audio_format is not clock.fmt:
+                    clock.set_format(audio_format)
+                now, due_at = self.loop.time(), clock.due_at
+                clock.due_at = (due_at if due_at > now else now) + len(audio) * clock.s_per_byte
             audio_sink(audio, audio_format)
-        else:
+        else:  # counted by _dispatch
             self._dispatch(AudioReceived(turn_id, audio, audio_format))
 
     def _words(self, piece: WordsPiece) -> None:
@@ -356,6 +465,7 @@ class _Connection:
         """Forget a turn's sinks (it ended, failed or was cancelled); its event sink."""
         self.audio_sinks.pop(wire_id, None)
         self.words_sinks.pop(wire_id, None)
+        self.clocks.pop(wire_id, None)
         return self.sinks.pop(wire_id, None)
 
     async def _connect(self) -> None:
@@ -378,6 +488,8 @@ class _Connection:
                 _ProviderWebSocket, on_message=self._on_message
             ),
         )
+        assert isinstance(self.ws, _ProviderWebSocket)
+        self.ws.after_read = self._after_read
         self.engine.connection_made(self.ws.subprotocol, self.now())
         self.pump()
 
@@ -462,6 +574,11 @@ class _Connection:
     def _dispatch(self, event: Event) -> None:
         cls = type(event)
         if cls is AudioReceived or cls is WordsTimed:  # the bulk of a turn: straight to its sink
+            if cls is AudioReceived:
+                clock = self.clocks.get(event.turn_id)  # type: ignore[attr-defined]
+                if clock is not None:
+                    audio: AudioReceived = event  # type: ignore[assignment]
+                    clock.add(len(audio.audio), audio.audio_format, self.loop.time())
             sink = self.sinks.get(event.turn_id)  # type: ignore[attr-defined]
             if sink is not None:
                 sink(event)
@@ -500,10 +617,19 @@ class ProviderPool:
         settings: ProviderSettings,
         warm: int = 1,
         preempt: Callable[[], None] = lambda: None,
+        turns_per_connection: int | None = None,
+        flow_high_s: float | None = FLOW_HIGH_S,
+        flow_low_s: float = FLOW_LOW_S,
     ) -> None:
         self.settings = settings
         self.preempt = preempt
         """Called between two provider messages (``MediaTicker.run_if_due``)."""
+        self.turns_per_connection = turns_per_connection
+        """Above this many turns on every connection a new turn opens another connection
+        (None: only when every one is at the protocol's ``max_turns``)."""
+        self.flow_high_s = None if settings.protocol in NO_FLOW_CONTROL else flow_high_s
+        self.flow_low_s = flow_low_s
+        """Flow control (``_Connection``); ``flow_high_s=None`` turns it off."""
         self.engine_cls = engine_class(settings.protocol)
         self.pooling = _pooling(settings.protocol)
         self.warm = warm
@@ -568,14 +694,41 @@ class ProviderPool:
             self._open()
 
     def _connection_for_turn(self, turn: TurnSettings) -> _Connection:
+        """The connection a new turn's first audio waits least on.
+
+        A connection is one FIFO: a turn's first audio comes after whatever
+        the provider has queued on it for the turns already open there. So the
+        turn goes to the ready connection with the fewest turns open, else to
+        one still handshaking, else to one busy finishing a cancelled turn
+        (one-turn protocols); another connection is opened when every one is
+        full, or holds ``turns_per_connection`` turns or more.
+        """
         key = self._key(turn)
-        candidates = [c for c in self.connections if c.key == key and c.has_room()]
-        for conn in candidates:
-            if conn.engine.ready or not conn.ready_event.is_set():
-                return conn
-        if candidates:
-            return candidates[0]  # busy finishing a cancelled turn: the turn waits for it
-        return self._open(key)
+        soft = self.turns_per_connection
+        best: _Connection | None = None
+        best_load = 0
+        connecting: _Connection | None = None
+        busy: _Connection | None = None
+        for conn in self.connections:
+            if conn.key != key or not conn.has_room():
+                continue
+            if conn.engine.ready:
+                load = conn.load()
+                if best is None or load < best_load:
+                    best, best_load = conn, load
+            elif not conn.ready_event.is_set():
+                if connecting is None or conn.load() < connecting.load():
+                    connecting = conn
+            elif busy is None:
+                busy = conn
+        if soft is not None:
+            if best is not None and best_load >= soft:
+                best = None
+            if connecting is not None and connecting.load() >= soft:
+                connecting = None
+            if best is None and connecting is None:
+                return self._open(key)
+        return best or connecting or busy or self._open(key)
 
     def open_turn(
         self,
@@ -611,6 +764,8 @@ class ProviderPool:
                 sink(WordsTimed(turn_id, words))
 
         conn.words_sinks[wire_id] = words_sink
+        conn.clocks[wire_id] = _TurnClock()
+        conn.resume()  # the new turn needs its first audio
         handle = _TurnHandle(conn, wire_id)
         try:
             handle.call(lambda e, now: e.open_turn(wire_id, settings, now))
