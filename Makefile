@@ -9,15 +9,25 @@ CONFIG ?= config/callbridge.toml
 PEERS := sip-tester baresip kamailio haproxy tshark sox espeak-ng iproute2
 PEER_BINS := sipp baresip kamailio haproxy tshark sox espeak-ng ip
 
-.PHONY: run test venv peers lint typecheck unit bench bench-quick install clean
+.PHONY: run test venv native peers lint typecheck unit bench bench-quick install clean
 
-$(VENV)/.installed: pyproject.toml
+# The install compiles the media hot path with mypyc (setup.py, docs/native.md):
+# a C compiler and the Python headers are needed; CALLBRIDGE_PURE_PYTHON=1 skips it.
+$(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -e '.[local-tts,test]'
 	touch $@
 
-venv: $(VENV)/.installed
+## The compiled modules rebuilt if a source changed since they were built (bridge/native.py).
+native: $(VENV)/.installed
+ifeq ($(CALLBRIDGE_PURE_PYTHON),1)
+	@$(PY) -m bridge.native --clean
+else
+	@$(PY) -m bridge.native --check >/dev/null || $(PIP) install --quiet --no-deps -e .
+endif
+
+venv: native
 
 ## make run: set up and run the daemon with the embedded Piper voice and the demo flow.
 run: venv
@@ -69,3 +79,4 @@ bench-quick: venv peers $(VENV)/.bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	find bridge -name '*.so' -delete; rm -f callbridge_native__mypyc*.so

@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from mypy_extensions import mypyc_attr
+
 __all__ = [
     "Action",
     "CloseConnection",
@@ -47,12 +49,14 @@ __all__ = [
 Address = tuple[str, int]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Action:
     """Base class of everything an engine asks the shell to do."""
 
     __slots__ = ()
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Event:
     """Base class of everything an engine tells the layer above."""
 
@@ -89,6 +93,7 @@ class CloseConnection(Action):
     reason: str = ""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ProtocolError(Exception):
     """A protocol rule was broken.
 
@@ -101,10 +106,12 @@ class ProtocolError(Exception):
         self.status = status
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LocalProtocolError(ProtocolError):
     """We misused an engine (a programming error on our side)."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RemoteProtocolError(ProtocolError):
     """The peer sent something the protocol does not allow."""
 
@@ -124,6 +131,7 @@ class Engine(Protocol):
 A = TypeVar("A", bound=Action)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Outbox:
     """The two queues an engine fills: actions for the shell, events for the layer above.
 

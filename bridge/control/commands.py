@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mypy_extensions import mypyc_attr
+
 __all__ = [
     "CallEnded",
     "CallEvent",
@@ -96,6 +98,7 @@ class HandOver(Command):
 # ------------------------------------------------------------------ events
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the shell's and tests' own events
 class CallEvent:
     """Base of everything a call tells its turn source."""
 

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from bridge import __version__
+from bridge import __version__, native
 from bridge.config import Config, ConfigError, ProviderConfig, load_config, split_hostport
 from bridge.io.embedded import EmbeddedTts
 from bridge.io.gcpolicy import GcPolicy
@@ -201,9 +201,13 @@ class Daemon:
         self.ready = embedded_ok
         self.notifier.ready(self.status_line())
         self.notifier.start_watchdog()
+        stale = native.stale()
+        if stale:  # a source tree edited since the last build: those edits are not running
+            log.warning("daemon.native_stale", modules=stale)
         log.info(
             "daemon.ready",
             version=__version__,
+            native_modules=len(native.compiled()),
             legs=[leg.name for leg in self.legs],
             api=self.config.api.listen if self.api else None,
             embedded_ok=embedded_ok,

@@ -15,7 +15,16 @@ import pytest
 from bridge import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
-TREE = ["pyproject.toml", "README.md", "bridge", "codecs", "config", "systemd", "scripts"]
+TREE = [
+    "pyproject.toml",
+    "setup.py",
+    "README.md",
+    "bridge",
+    "codecs",
+    "config",
+    "systemd",
+    "scripts",
+]
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +33,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("install")
     src = base / "src"
     src.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "*.so")
     for name in TREE:
         p = ROOT / name
         if p.is_dir():
