@@ -68,7 +68,12 @@ SEND_BUFFER_LIMIT_BYTES = 65_536
 
 FLOW_HIGH_S = 4.0
 """A connection stops reading while every turn on it has more than this many seconds of
-audio received and not yet due to play (``ProviderPool(flow_high_s=...)``; None: never)."""
+audio received and not yet due to play, when flow control is on (``ProviderPool(flow_high_s=
+FLOW_HIGH_S)``). It is off by default: a provider that queues a connection's audio first in,
+first out on its side (the reference server writes every turn's audio at once) then holds
+the other turns' audio in front of a restarted turn's first audio, where reading it at
+once would have moved it into the calls' queues; flow control pays only with a provider
+that interleaves its turns as the socket drains."""
 FLOW_LOW_S = 2.0
 """It reads again once one of its turns is down to this many seconds ahead."""
 FLOW_PAUSE_MAX_S = 1.0
@@ -294,7 +299,8 @@ class _TurnClock:
 class _Connection:
     """One WebSocket to the provider and the engine that speaks its protocol.
 
-    Flow control: a read that leaves every turn on the connection more than
+    Flow control (off unless the pool sets ``flow_high_s``: see ``FLOW_HIGH_S``):
+    a read that leaves every turn on the connection more than
     ``pool.flow_high_s`` of audio ahead of its playout (``_TurnClock``) stops
     the reading (``transport.pause_reading``), so what the provider sends
     beyond that waits in its socket buffers, not in ours, and a connection
@@ -618,7 +624,7 @@ class ProviderPool:
         warm: int = 1,
         preempt: Callable[[], None] = lambda: None,
         turns_per_connection: int | None = None,
-        flow_high_s: float | None = FLOW_HIGH_S,
+        flow_high_s: float | None = None,
         flow_low_s: float = FLOW_LOW_S,
     ) -> None:
         self.settings = settings
@@ -629,7 +635,7 @@ class ProviderPool:
         (None: only when every one is at the protocol's ``max_turns``)."""
         self.flow_high_s = None if settings.protocol in NO_FLOW_CONTROL else flow_high_s
         self.flow_low_s = flow_low_s
-        """Flow control (``_Connection``); ``flow_high_s=None`` turns it off."""
+        """Flow control (``_Connection``): off while ``flow_high_s`` is None (the default)."""
         self.engine_cls = engine_class(settings.protocol)
         self.pooling = _pooling(settings.protocol)
         self.warm = warm

@@ -1,10 +1,11 @@
 """Flow control and turn placement on provider connections (``_Connection``, ``ProviderPool``).
 
 A connection is one FIFO: a turn's audio waits behind whatever the provider
-queued before it for the other turns on it. So a connection stops reading
-while every turn on it is well ahead of its playout (what the provider sends
-beyond that stays in its socket buffers), reads again as soon as one needs
-audio, and a new turn goes to the connection with the fewest turns open.
+queued before it for the other turns on it. So a new turn goes to the
+connection with the fewest turns open; and with flow control on (off by
+default), a connection stops reading while every turn on it is well ahead of
+its playout (what the provider sends beyond that stays in its socket
+buffers) and reads again as soon as one needs audio.
 
 These drive real Kova engines over fake provider sockets whose transport
 delivers bytes only while it is reading, on a fake clock (the event loop's
@@ -23,7 +24,7 @@ from typing import Any
 from provider_socket import FakeTransport, open_provider_socket
 
 from bridge.engine import Event
-from bridge.io.tts_client import FLOW_PAUSE_MAX_S, ProviderPool, _Connection
+from bridge.io.tts_client import FLOW_HIGH_S, FLOW_PAUSE_MAX_S, ProviderPool, _Connection
 from bridge.tts.base import MULAW_8K, AudioReceived, ProviderSettings, TurnSettings
 
 URL = "ws://127.0.0.1:9/v1/kova"
@@ -130,6 +131,8 @@ class Rig:
 
 
 def run(body: Callable[[Rig], Awaitable[None]], **pool_kwargs: Any) -> None:
+    pool_kwargs.setdefault("flow_high_s", FLOW_HIGH_S)
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         clock = [1000.0]
@@ -380,5 +383,9 @@ def test_every_byte_reaches_its_turn_in_order_through_pauses() -> None:
 def test_a_zwst_pool_never_pauses() -> None:
     """zwst servers drop audio over ~2 s of send backlog and close a slow reader."""
     zwst = ProviderSettings("z", "zwst", "http://127.0.0.1:9/v1/sessions", api_key="k")
-    assert ProviderPool(zwst).flow_high_s is None
-    assert ProviderPool(SETTINGS).flow_high_s is not None
+    assert ProviderPool(zwst, flow_high_s=FLOW_HIGH_S).flow_high_s is None
+    assert ProviderPool(SETTINGS, flow_high_s=FLOW_HIGH_S).flow_high_s == FLOW_HIGH_S
+
+
+def test_flow_control_is_off_by_default() -> None:
+    assert ProviderPool(SETTINGS).flow_high_s is None
