@@ -79,6 +79,8 @@ FLOW_LOW_S = 2.0
 FLOW_PAUSE_MAX_S = 1.0
 """And at the latest after this long (a server close, a ping or a control message waits
 behind the paused bytes; each resumed read is judged afresh)."""
+PAUSED_LOAD = 1 << 20
+"""Placement: what a paused connection adds to its count of turns (more than any has)."""
 NO_FLOW_CONTROL = frozenset({"zwst"})
 """Protocols whose servers punish a client that lets their send queue grow (zwst drops
 audio over ~2 s of backlog and closes a slow reader with 1008): never paused."""
@@ -704,7 +706,8 @@ class ProviderPool:
 
         A connection is one FIFO: a turn's first audio comes after whatever
         the provider has queued on it for the turns already open there. So the
-        turn goes to the ready connection with the fewest turns open, else to
+        turn goes to the ready connection with the fewest turns open (one that
+        flow control paused only if every one is paused), else to
         one still handshaking, else to one busy finishing a cancelled turn
         (one-turn protocols); another connection is opened when every one is
         full, or holds ``turns_per_connection`` turns or more.
@@ -719,7 +722,9 @@ class ProviderPool:
             if conn.key != key or not conn.has_room():
                 continue
             if conn.engine.ready:
-                load = conn.load()
+                # a paused connection (flow control) holds its turns' audio in front of a
+                # new turn's: it goes after every reading one
+                load = conn.load() + (PAUSED_LOAD if conn.paused else 0)
                 if best is None or load < best_load:
                     best, best_load = conn, load
             elif not conn.ready_event.is_set():
@@ -728,7 +733,7 @@ class ProviderPool:
             elif busy is None:
                 busy = conn
         if soft is not None:
-            if best is not None and best_load >= soft:
+            if best is not None and best_load % PAUSED_LOAD >= soft:
                 best = None
             if connecting is not None and connecting.load() >= soft:
                 connecting = None

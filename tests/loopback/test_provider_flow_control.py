@@ -348,6 +348,23 @@ def test_a_restarting_turn_goes_to_the_connection_without_a_backlog() -> None:
     run(body)
 
 
+def test_a_new_turn_goes_to_a_reading_connection_before_a_paused_one() -> None:
+    """A paused connection's turns have audio queued in front of a new turn's first audio."""
+
+    async def body(rig: Rig) -> None:
+        conn, transport = await _two_turns_ahead(rig, (10.0, 10.0))
+        assert conn.paused
+        other, _ = rig.connect()
+        for i in range(3):
+            rig.open(f"x{i}")
+        assert len(other.sinks) == 3 and len(conn.sinks) == 2  # more turns, but reading
+        other.paused = True
+        assert rig.open("y") is conn  # both paused: the fewest turns
+        assert not conn.paused and transport.resumes == 1
+
+    run(body)
+
+
 def test_every_byte_reaches_its_turn_in_order_through_pauses() -> None:
     """Three turns, 30 s of audio each sent at once in small chunks, read 4 KB at a time
     while the connection reads; the clock moves 20 ms a step."""
