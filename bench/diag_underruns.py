@@ -40,6 +40,10 @@ raw records (and the daemon's and the server's logs); ``--analyze DIR`` re-reads
 them without running anything.
 
     python bench/diag_underruns.py [--calls 400] [--seconds 25] [--src /work/wt-h4]
+
+``--restart-demo TURNS`` runs nothing of the above: it shows, in-process, what
+a turn restarted on a busy provider connection waits behind, with the
+connection's flow control off and on (``restart_demo``).
 """
 
 from __future__ import annotations
@@ -447,6 +451,79 @@ def report(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def restart_demo(turns: int, wait_s: float = 2.0, reps: int = 3) -> None:
+    """Whose audio comes before a restarted turn's first audio on a busy connection.
+
+    The reference server (tone engine) and one ``ProviderPool`` in this
+    process: ``turns`` turns of the capacity text open at once on one Kova
+    connection, and ``wait_s`` later one more turn opens on it. Printed: the
+    other turns' audio handed over between its open and its first audio (the
+    provider's FIFO in front of it: a count, repeatable), and that wait's wall
+    time (an idle loop: indicative only), with flow control off (the pool's
+    default) and on (``flow_high_s=FLOW_HIGH_S``). ``turns`` below the
+    protocol's 64, or the new turn gets a connection of its own.
+    """
+    import asyncio
+
+    from loadgen.procs import TALK_TEXT
+
+    from bridge.io.embedded import PROTOCOL_PATHS
+    from bridge.io.tts_client import FLOW_HIGH_S, ProviderPool
+    from bridge.io.ttsd_server import start_tts_server
+    from bridge.tts.base import MULAW_8K, AudioReceived, ProviderSettings, TurnSettings
+
+    bytes_per_s = 8000  # mu-law 8 kHz
+    turn = TurnSettings("tone", MULAW_8K)
+
+    async def one(flow_high_s: float | None) -> str:
+        server = await start_tts_server(engine="tone")
+        url = f"ws://127.0.0.1:{server.port}{PROTOCOL_PATHS['kova']}"
+        settings = ProviderSettings("p", "kova", url, api_key="k", voice="tone")
+        pool = ProviderPool(settings, flow_high_s=flow_high_s)
+        assert await pool.start()
+        seen: dict[str, Any] = {"opened": None, "first": None, "before": 0}
+
+        def sink_for(name: str) -> Any:
+            def sink(e: Any) -> None:
+                if not isinstance(e, AudioReceived) or seen["opened"] is None:
+                    return
+                if name == "restart":
+                    seen["first"] = seen["first"] or time.monotonic()
+                elif seen["first"] is None:
+                    seen["before"] += len(e.audio)
+
+            return sink
+
+        for i in range(turns):
+            h = pool.open_turn(f"t{i}", turn, sink_for(f"t{i}"))
+            h.send_text(TALK_TEXT)
+            h.end()
+        await asyncio.sleep(wait_s)
+        paused = any(c.paused for c in pool.connections)
+        seen["opened"] = time.monotonic()
+        h = pool.open_turn("restart", turn, sink_for("restart"))
+        h.send_text("hello there")
+        h.end()
+        while seen["first"] is None:
+            await asyncio.sleep(0.005)
+        wait_ms = (seen["first"] - seen["opened"]) * 1000
+        await pool.close()
+        await server.close()
+        before_s = seen["before"] / bytes_per_s
+        return (
+            f"flow_high_s={flow_high_s} paused at the open: {paused}; before its first audio:"
+            f" {before_s:.1f} s of the others' audio ({seen['before'] / 1e6:.2f} MB),"
+            f" {wait_ms:.0f} ms"
+        )
+
+    async def all_runs() -> None:
+        for _ in range(reps):
+            for flow in (None, FLOW_HIGH_S):
+                print(await one(flow), flush=True)
+
+    asyncio.run(all_runs())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=400)
@@ -455,7 +532,17 @@ def main() -> None:
     ap.add_argument("--keep", default="", help="keep the raw records in this directory")
     ap.add_argument("--analyze", default="", help="only analyse the records kept in this directory")
     ap.add_argument("--json", default="", help="write the report (with every episode) here")
+    ap.add_argument(
+        "--restart-demo",
+        type=int,
+        default=0,
+        metavar="TURNS",
+        help="only show what a restarted turn waits behind on a connection of TURNS turns",
+    )
     args = ap.parse_args()
+    if args.restart_demo:
+        restart_demo(args.restart_demo)
+        return
     if args.analyze:
         result = report(_load(Path(args.analyze)))
     else:
