@@ -142,6 +142,10 @@ class ProviderConfig:
     model: str = ""
     engine: str = "piper"
     options: tuple[tuple[str, str | int | float | bool], ...] = ()
+    turns_per_connection: int = 0
+    """Open another connection once every one carries this many turns (0: the protocol's limit)."""
+    flow_control_ahead_s: float = 0.0
+    """Stop reading a connection while every turn on it is this far ahead of playout (0: off)."""
 
     @property
     def embedded(self) -> bool:
@@ -630,7 +634,10 @@ def _read_providers(r: _Reader, d: dict[str, Any]) -> tuple[ProviderConfig, ...]
         elif url != "embedded" and not url.startswith(("ws://", "wss://", "http://", "https://")):
             r.err(f"{p}.url", f'expected a ws(s):// URL or "embedded", got {url!r}')
         engine = r.choice(t, "engine", p, "piper", ("piper", "tone"))
-        known = {"protocol", "url", "api_key", "voice", "model", "engine"}
+        known = {
+            *("protocol", "url", "api_key", "voice", "model", "engine"),
+            *("turns_per_connection", "flow_control_ahead_s"),
+        }
         options: list[tuple[str, str | int | float | bool]] = []
         for k, v in t.items():
             base = k.removesuffix("_file").removesuffix("_env")
@@ -650,6 +657,8 @@ def _read_providers(r: _Reader, d: dict[str, Any]) -> tuple[ProviderConfig, ...]
                 model=r.str_(t, "model", p, ""),
                 engine=engine,
                 options=tuple(options),
+                turns_per_connection=r.int_(t, "turns_per_connection", p, 0, 0, 1024),
+                flow_control_ahead_s=r.num(t, "flow_control_ahead_s", p, 0.0, 0.0, 600.0),
             )
         )
     return tuple(out)

@@ -165,7 +165,14 @@ class Daemon:
         await self._ensure_embedded(cfg)
         preempt = self.ticker.run_if_due
         pools = {
-            p.name: ProviderPool(provider_settings(p, self.embedded), preempt=preempt)
+            p.name: ProviderPool(
+                provider_settings(p, self.embedded),
+                preempt=preempt,
+                turns_per_connection=p.turns_per_connection or None,
+                # off unless configured: see FLOW_HIGH_S (it costs a FIFO provider's restarts)
+                flow_high_s=p.flow_control_ahead_s or None,
+                flow_low_s=p.flow_control_ahead_s / 2,
+            )
             for p in cfg.providers
         }
         results = await asyncio.gather(*(pool.start() for pool in pools.values()))
