@@ -568,7 +568,11 @@ async def serve_http_ws(
         try:
             await _serve_one(reader, writer)
         except asyncio.CancelledError:
-            raise
+            # the server's close cancels its connections: their end, not an error. This
+            # task is the top of its own stack (start_server's), awaited by nothing that
+            # needs the cancellation, and Python 3.11's stream callback would log it as an
+            # "Exception in callback" with a traceback at every stop
+            return
         except Exception:  # safety net: one connection's bug must not touch the others
             log.exception("http.connection_failed")
         finally:

@@ -215,3 +215,30 @@ def test_sending_while_serving_and_drain_still_work(loop_kind: str) -> None:
         await server.close()
 
     _run(loop_kind, main)
+
+
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_closing_the_server_with_a_connection_open_reports_no_error(loop_kind: str) -> None:
+    """A server's close cancels its open connections: that is their end, not an error.
+
+    Python 3.11's ``start_server`` callback logged the cancelled handler task as
+    "Exception in callback ... CancelledError", with a traceback, at every stop
+    of the embedded TTS server with a daemon connected.
+    """
+
+    async def main() -> list[dict[str, Any]]:
+        reported: list[dict[str, Any]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: reported.append(ctx))
+        srv = _Server()
+        port, server = await srv.start()
+        reader, writer = await _connect(port)
+        writer.write(_upgrade() + _client_text("m0"))
+        await _read_101(reader)
+        await asyncio.wait_for(srv.received.wait(), 5)
+        await server.close()
+        assert not server.connections
+        await asyncio.sleep(0)  # the tasks' done callbacks run here
+        writer.close()
+        return reported
+
+    assert _run(loop_kind, main) == []
