@@ -51,6 +51,7 @@ def _cmd_tts_server(args: argparse.Namespace) -> int:
         engine=args.engine,
         api_keys=tuple(args.api_key or ()),
         port_file=args.port_file,
+        exit_with_stdin=args.exit_with_stdin,
     )
 
 
@@ -78,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--engine", choices=("piper", "tone"), default="piper")
     t.add_argument("--api-key", action="append", help="accepted key (repeatable; none: any)")
     t.add_argument("--port-file", help="write the bound port here once listening")
+    t.add_argument(
+        "--exit-with-stdin",
+        action="store_true",
+        help="also stop when standard input ends (a parent holding a pipe there has gone)",
+    )
     t.set_defaults(func=_cmd_tts_server)
 
     k = sub.add_parser("call", help="place a test call against a deployment")

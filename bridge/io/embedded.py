@@ -69,8 +69,11 @@ class EmbeddedTts:
                 self.engine,
                 "--port-file",
                 str(port_file),
+                # our end of its stdin pipe closes when this process ends, however it
+                # ends (SIGKILL included): the child stops then, never an orphan
+                "--exit-with-stdin",
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE,
             )
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.startup_timeout_s

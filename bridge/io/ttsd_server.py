@@ -15,6 +15,7 @@ import contextlib
 import importlib
 import json
 import signal
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,10 +234,30 @@ async def start_tts_server(
     return server
 
 
+class _UntilEof(asyncio.Protocol):
+    """Sets ``stop`` when the pipe it reads closes (its writer has gone, however it went)."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self.stop = stop
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.stop.set()
+
+
 def run_tts_server(
-    listen: str, engine: str, api_keys: tuple[str, ...] = (), port_file: str | None = None
+    listen: str,
+    engine: str,
+    api_keys: tuple[str, ...] = (),
+    port_file: str | None = None,
+    exit_with_stdin: bool = False,
 ) -> int:
-    """The ``callbridge tts-server`` command: serve until SIGTERM/SIGINT."""
+    """The ``callbridge tts-server`` command: serve until SIGTERM/SIGINT.
+
+    ``exit_with_stdin``: also stop when standard input reaches its end. The
+    daemon starts its embedded server with a pipe there and keeps the other
+    end: if the daemon dies, even by SIGKILL, the pipe closes and its child
+    stops instead of living on as an orphan holding the port.
+    """
     configure("info", "auto")
     host, port = split_hostport(listen)
 
@@ -249,6 +270,8 @@ def run_tts_server(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if exit_with_stdin:
+            await loop.connect_read_pipe(lambda: _UntilEof(stop), sys.stdin)
         await stop.wait()
         await server.close()
 

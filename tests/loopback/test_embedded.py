@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 from bridge.io.embedded import EmbeddedTts
 from bridge.io.tts_client import ProviderPool, Speaker
 from bridge.tts.base import MULAW_8K, AudioReceived, ProviderSettings, TurnDone, TurnSettings
 
 FACTOR = float(os.environ.get("CALLBRIDGE_TEST_TIME_FACTOR", "1"))
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 async def _speak(pool: ProviderPool, turn_id: str) -> list[object]:
@@ -55,3 +67,78 @@ def test_embedded_child_serves_and_is_restarted_on_the_same_port_after_it_dies()
         assert child.proc is not None and child.proc.returncode is not None
 
     asyncio.run(main())
+
+
+def test_tts_server_with_exit_with_stdin_stops_when_its_stdin_ends(tmp_path: Path) -> None:
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "bridge.cli", "tts-server", "--engine", "tone"),
+            *("--listen", "127.0.0.1:0", "--port-file", str(port_file), "--exit-with-stdin"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30 * FACTOR
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "did not start"
+            time.sleep(0.05)
+        assert proc.poll() is None  # serving while the pipe is open
+        assert proc.stdin is not None
+        proc.stdin.close()  # what the parent's death does to the pipe
+        assert proc.wait(10 * FACTOR) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_embedded_child_stops_when_the_daemon_is_killed(tmp_path: Path) -> None:
+    """A daemon killed outright (SIGKILL: no drain, no stop) leaves no tts-server behind."""
+    sip = free_port(socket.SOCK_DGRAM)
+    api = free_port()
+    cfg = tmp_path / "callbridge.toml"
+    cfg.write_text(
+        f'[sip]\nlisten = ["127.0.0.1:{sip}"]\n[media_streams]\nlisten = "127.0.0.1:0"\n'
+        f'[api]\nlisten = "127.0.0.1:{api}"\n'
+        '[providers.local]\nprotocol = "kova"\nurl = "embedded"\nengine = "tone"\n'
+        '[[routes]]\nmatch = "*"\nprovider = "local"\n'
+    )
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "bridge.cli", "serve", "--config", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    child_pid = None
+    try:
+        assert daemon.stdout is not None
+        for line in daemon.stdout:
+            if '"embedded.started"' in line:
+                child_pid = int(line.split('"pid": ')[1].split(",")[0].split("}")[0])
+            if '"daemon.ready"' in line:
+                break
+        assert child_pid is not None, "the daemon did not start its embedded server"
+        daemon.kill()
+        daemon.wait()
+        deadline = time.monotonic() + 10 * FACTOR
+        while Path(f"/proc/{child_pid}").exists() and _state(child_pid) != "Z":
+            assert time.monotonic() < deadline, "the embedded tts-server outlived the daemon"
+            time.sleep(0.05)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        if child_pid is not None and Path(f"/proc/{child_pid}").exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child_pid, signal.SIGKILL)
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (``Z``: exited, not yet reaped), or ``""`` if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
