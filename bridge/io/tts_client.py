@@ -337,7 +337,7 @@ class _Connection:
         self.early: list[str | bytes] | None = []
         """Messages that came with the handshake, before the engine heard of the connection."""
         self.clocks: dict[str, _TurnClock] = {}
-        """Each turn's audio ahead of its playout (flow control, placement)."""
+        """Each turn's audio ahead of its playout (only with flow control on)."""
         self.paused = False
         self.flow_timer: asyncio.TimerHandle | None = None
 
@@ -451,12 +451,11 @@ class _Connection:
         turn_id, audio, audio_format = piece
         audio_sink = self.audio_sinks.get(turn_id)
         if audio_sink is not None:
-            clock = self.clocks.get(turn_id)
-            if clock is not None:  # clock.add(...), inlined: this is every audio message
-                if audio_format is not clock.fmt:
-                    clock.set_format(audio_format)
-                now, due_at = self.loop.time(), clock.due_at
-                clock.due_at = (due_at if due_at > now else now) + len(audio) * clock.s_per_byte
+            clocks = self.clocks
+            if clocks:  # turns have clocks only with flow control on
+                clock = clocks.get(turn_id)
+                if clock is not None:
+                    clock.add(len(audio), audio_format, self.loop.time())
             audio_sink(audio, audio_format)
         else:  # counted by _dispatch
             self._dispatch(AudioReceived(turn_id, audio, audio_format))
@@ -582,7 +581,7 @@ class _Connection:
     def _dispatch(self, event: Event) -> None:
         cls = type(event)
         if cls is AudioReceived or cls is WordsTimed:  # the bulk of a turn: straight to its sink
-            if cls is AudioReceived:
+            if cls is AudioReceived and self.clocks:  # flow control on
                 clock = self.clocks.get(event.turn_id)  # type: ignore[attr-defined]
                 if clock is not None:
                     audio: AudioReceived = event  # type: ignore[assignment]
@@ -775,8 +774,9 @@ class ProviderPool:
                 sink(WordsTimed(turn_id, words))
 
         conn.words_sinks[wire_id] = words_sink
-        conn.clocks[wire_id] = _TurnClock()
-        conn.resume()  # the new turn needs its first audio
+        if self.flow_high_s is not None:
+            conn.clocks[wire_id] = _TurnClock()
+            conn.resume()  # the new turn needs its first audio
         handle = _TurnHandle(conn, wire_id)
         try:
             handle.call(lambda e, now: e.open_turn(wire_id, settings, now))
