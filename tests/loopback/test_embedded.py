@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,12 +15,6 @@ from bridge.io.tts_client import ProviderPool, Speaker
 from bridge.tts.base import MULAW_8K, AudioReceived, ProviderSettings, TurnDone, TurnSettings
 
 FACTOR = float(os.environ.get("CALLBRIDGE_TEST_TIME_FACTOR", "1"))
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _speak(pool: ProviderPool, turn_id: str) -> list[object]:
@@ -93,52 +85,3 @@ def test_tts_server_with_exit_with_stdin_stops_when_its_stdin_ends(tmp_path: Pat
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-def test_embedded_child_stops_when_the_daemon_is_killed(tmp_path: Path) -> None:
-    """A daemon killed outright (SIGKILL: no drain, no stop) leaves no tts-server behind."""
-    sip = free_port(socket.SOCK_DGRAM)
-    api = free_port()
-    cfg = tmp_path / "callbridge.toml"
-    cfg.write_text(
-        f'[sip]\nlisten = ["127.0.0.1:{sip}"]\n[media_streams]\nlisten = "127.0.0.1:0"\n'
-        f'[api]\nlisten = "127.0.0.1:{api}"\n'
-        '[providers.local]\nprotocol = "kova"\nurl = "embedded"\nengine = "tone"\n'
-        '[[routes]]\nmatch = "*"\nprovider = "local"\n'
-    )
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "bridge.cli", "serve", "--config", str(cfg)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    child_pid = None
-    try:
-        assert daemon.stdout is not None
-        for line in daemon.stdout:
-            if '"embedded.started"' in line:
-                child_pid = int(line.split('"pid": ')[1].split(",")[0].split("}")[0])
-            if '"daemon.ready"' in line:
-                break
-        assert child_pid is not None, "the daemon did not start its embedded server"
-        daemon.kill()
-        daemon.wait()
-        deadline = time.monotonic() + 10 * FACTOR
-        while Path(f"/proc/{child_pid}").exists() and _state(child_pid) != "Z":
-            assert time.monotonic() < deadline, "the embedded tts-server outlived the daemon"
-            time.sleep(0.05)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
-        if child_pid is not None and Path(f"/proc/{child_pid}").exists():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child_pid, signal.SIGKILL)
-
-
-def _state(pid: int) -> str:
-    """The process's state letter (``Z``: exited, not yet reaped), or ``""`` if it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
