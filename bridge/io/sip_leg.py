@@ -388,7 +388,9 @@ class _SipCall:
         single ``recvmsg``.
         """
         sock = self.rtp_sock
-        if sock is None:
+        if sock is None or self._rx_data is not None:
+            # (not yet processed: a talkspurt start moved this tick ahead of the last
+            # one's third phase, which the ticker had put off; the socket keeps the rest)
             return self._process_cb
         # the common tick: one datagram, kept in three slots (no tuple, no list)
         try:

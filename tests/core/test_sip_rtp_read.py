@@ -212,3 +212,26 @@ def test_ipv6_sources_are_latched_and_read_as_host_and_port() -> None:
             call.close()
 
     asyncio.run(main())
+
+
+def test_a_read_before_the_last_one_was_processed_keeps_it_and_loses_nothing() -> None:
+    """The ticker may put a tick's third phase off behind the next wake-up's
+    frames; a talkspurt start can then bring the call's next read first."""
+
+    async def main() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.bind(("127.0.0.1", 0))
+            call = await _call(peer)
+            now = time.monotonic() + 0.1
+            _send(peer, call, 1)
+            first = call._inbound(now)
+            _send(peer, call, 2)
+            second = call._inbound(now + 0.004)  # before ``first`` ran
+            first(now + 0.004)
+            second(now + 0.005)
+            assert _received(call) == 1  # seq 1, once; seq 2 still queued in the socket
+            _tick(call, now + 0.02)
+            assert _received(call) == 2
+            call.close()
+
+    asyncio.run(main())

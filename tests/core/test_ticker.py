@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from bridge.io.ticker import ARM_BEFORE_S, MediaTicker
+from bridge.io.ticker import ARM_BEFORE_S, MAX_PASSES, MediaTicker
 from bridge.media.clock import ClockConfig, Ticker, TickerConfig
 
 
@@ -266,3 +266,64 @@ def test_a_failing_inbound_phase_ends_its_stream_only_and_a_refused_send_is_coun
     assert [str(e) for e in errors] == ["inbound bug"] and "bad" not in ticker.streams
     assert log.count("send bad bad0") == 1 and "build bad" not in log[1:]  # ended after tick 0
     assert ticker.send_errors == 3 and not any(e.startswith("send full") for e in log)
+
+
+def _slow_stream(
+    ticker: MediaTicker, log: list[str], key: str, now: list[float], work_s: float
+) -> Callable[[int, float], Callable[[float], Callable[[float], None]]]:
+    """A stream whose third phase takes ``work_s`` of the (simulated) clock."""
+
+    def process(t: float) -> None:
+        log.append(f"inbound {key}")
+        now[0] += work_s
+        ticker.run_if_due()  # a preemption point reached from inside a wake-up: no effect
+
+    def inbound(t: float) -> Callable[[float], None]:
+        log.append(f"read {key}")
+        return process
+
+    def on_frame(n: int, t: float) -> Callable[[float], Callable[[float], None]]:
+        log.append(f"build {key}{n} at {round((t - 100.0) * 1e4)}")
+        return inbound
+
+    return on_frame
+
+
+def test_the_next_wake_up_s_frames_leave_before_the_rest_of_this_one_s_inbound_work() -> None:
+    now = [100.0]
+    ticker, loop = _ticker(now)
+    log: list[str] = []
+    for key in ("a", "b", "c"):  # slots 0, 1 and 2: frames due at 0.5, 1.5 and 2.5 ms
+        ticker.add(key, _slow_stream(ticker, log, key, now, 0.0012), lambda e: None)
+    a = ticker.streams["a"].clock
+    now[0] = a.deadline(0) - ARM_BEFORE_S + 0.0002
+    loop.fire()
+    # a's inbound work ran past b's timer: b's frame left there, then b's inbound work,
+    # which ran past c's: c's frame, and its inbound work last
+    assert log == [
+        "build a0 at 2", "read a", "inbound a",
+        "build b0 at 14", "read b", "inbound b",
+        "build c0 at 26", "read c", "inbound c",
+    ]  # fmt: skip
+    assert ticker.preempted == 2
+    assert ticker.streams["b"].clock.stats().late_wakeups == 0
+    # one return to the loop: the next timer is a's next frame
+    assert [h.when for h in loop.handles] == [pytest.approx(a.deadline(1) - ARM_BEFORE_S)]
+
+
+def test_a_core_that_cannot_keep_up_returns_to_the_loop_after_a_few_wake_ups() -> None:
+    now = [100.0]
+    ticker, loop = _ticker(now)
+    log: list[str] = []
+    for i in range(20):  # one stream per slot, each one's inbound work longer than 1 ms
+        ticker.add(f"s{i}", _slow_stream(ticker, log, f"s{i}", now, 0.0015), lambda e: None)
+    now[0] = loop.handles[0].when + 0.0002
+    loop.fire()
+    built = [e for e in log if e.startswith("build")]
+    assert len({e.split()[-1] for e in built}) == MAX_PASSES  # wake-up instants
+    assert ticker.preempted == MAX_PASSES - 1
+    # every read it queued was worked on before it returned
+    assert log.count(f"inbound {built[-1].split()[1][:-1]}") == 1 and log[-1].startswith("inbound")
+    assert len(loop.handles) == 1 and loop.handles[0].when < now[0]  # overdue: the loop runs it
+    loop.fire()
+    assert len([e for e in log if e.startswith("build")]) > len(built)
