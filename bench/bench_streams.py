@@ -511,7 +511,7 @@ def time_leg_inbound(frames: int) -> float:
     stream = object.__new__(_Stream)  # what the per-message path reads
     call = _Call()
     stream.engine, stream.call, stream.cutter = engine, call, FrameCutter(engine.frame_bytes)  # type: ignore[assignment]
-    stream.timer, stream.loop = None, _Loop()  # type: ignore[assignment]
+    stream.timer, stream.loop, stream.preempt = None, _Loop(), lambda: None  # type: ignore[assignment]
     t0 = time.process_time_ns()
     for m in msgs:
         stream._on_message(m)

@@ -27,6 +27,7 @@ def _stream() -> tuple[_Stream, _Call]:
     call = _Call()
     stream.call = call  # type: ignore[assignment]
     stream.cutter = FrameCutter(160)
+    stream.preempt = lambda: None
     return stream, call
 
 
@@ -105,3 +106,8 @@ def test_messages_reach_the_call_taken_or_through_the_engine_events() -> None:
     assert call.frames == frames[:3] and pumped == [1]
     stream._on_message(media(6, frames[3]))  # back in sequence: taken again
     assert call.frames == frames and pumped == [1]
+    # every message, taken or through the engine, first gives the ticker a preemption point
+    stream.preempt = lambda: call.frames.append(b"preempt")  # type: ignore[method-assign]
+    stream._on_message(media(7, frames[0]))
+    stream._on_message(media(9, frames[1]))
+    assert call.frames[4:] == [b"preempt", frames[0], b"preempt", frames[1]] and pumped == [1, 1]
