@@ -83,6 +83,8 @@ class RtpCall:
     arrival_ns: array[int] = field(default_factory=lambda: array("q"))
     rtp_ts: array[int] = field(default_factory=lambda: array("Q"))
     marker: array[int] = field(default_factory=lambda: array("B"))
+    strays: int = 0
+    """PCMU packets from another source than the daemon's answer named (not recorded)."""
 
 
 class RtpLoad:
@@ -282,13 +284,18 @@ class RtpLoad:
         sock, rec = call.sock, self.recording
         while True:
             try:
-                data, anc, _, _ = sock.recvmsg(512, 64)
+                data, anc, _, source = sock.recvmsg(512, 64)
             except BlockingIOError:
                 return
             if not rec or len(data) < 12:
                 continue
             _b0, b1, _seq, ts, _ssrc = _HDR.unpack_from(data)
-            if b1 & 0x7F != 0:  # PCMU only: skip telephone-event and anything else
+            if b1 & 0x7F != 0:  # PCMU only: skip telephone-event, RTCP and anything else
+                continue
+            if source != call.remote:
+                # not this call's stream: a call of an earlier step whose daemon port still
+                # sent to this (reused) port would put timestamps of another stream on its grid
+                call.strays += 1
                 continue
             arrival = time.monotonic_ns()
             for level, kind, raw in anc:

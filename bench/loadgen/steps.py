@@ -223,6 +223,7 @@ def sip_step(
     k1 = core_busy_s(DAEMON_CORE)
     per = [rtp_deviations_ns(c.arrival_ns, c.rtp_ts, c.marker) for c in load.calls]
     ids = {c.call_id for c in load.calls}
+    strays = sum(c.strays for c in load.calls)
     load.hangup_all(settle_s=1.5)
     load.close()
     if spy is not None:
@@ -231,6 +232,7 @@ def sip_step(
         "loadgen_cpu_pct": round(100 * (g1.user + g1.system - g0.user - g0.system) / (t1 - t0), 1),
         "ttsd_cpu_pct": round(100 * (s1 - s0) / (t1 - t0), 1),
         "rss_mb_at_end": round(d.rss_bytes() / 1e6, 1),
+        "stray_packets": strays,
         **_core0(k0, k1, c1 - c0, t1 - t0),
     }
     time.sleep(0.5)

@@ -143,6 +143,15 @@ def test_the_load_generator_answers_an_offered_call_and_timestamps_its_rtp() -> 
         assert list(call.rtp_ts) == [0, 160, 320]
         assert list(call.marker) == [1, 0, 0]
         assert all(before <= a <= time.monotonic_ns() for a in call.arrival_ns)
+        # another stream sent to this port (an earlier call's, on a reused port) is not this
+        # call's: it is counted, not put on this call's grid
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stray:
+            stray.bind(("127.0.0.1", 0))
+            to = audio.remote_addr
+            stray.sendto(struct.pack("!BBHII", 0x80, 0, 9, 99_000, 8) + bytes(160), to)
+            peer.sendto(struct.pack("!BBHII", 0x80, 0, 3, 480, 7) + bytes(160), to)
+            load.run_for(0.1)
+        assert list(call.rtp_ts) == [0, 160, 320, 480] and call.strays == 1
     finally:
         load.close()
         peer.close()
