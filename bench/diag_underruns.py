@@ -39,7 +39,7 @@ end (is the underrun at a turn's start or mid-turn?). ``--keep DIR`` keeps the
 raw records (and the daemon's and the server's logs); ``--analyze DIR`` re-reads
 them without running anything.
 
-    python bench/diag_underruns.py [--calls 400] [--seconds 25] [--src /work/wt-h4]
+    python bench/diag_underruns.py [--calls 400] [--seconds 25] [--pcm24k] [--src /work/wt-h4]
 
 ``--restart-demo TURNS`` runs nothing of the above: it shows, in-process, what
 a turn restarted on a busy provider connection waits behind, with the
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         tts = TtsProcess.start(Path(tmp), src=src, env={"TTSD_RECORD_CHUNKS": "1"})
         env = {"CB_H4_TRACE": str(trace)} if traced else {}
-        d = DaemonUnderTest.start(Path(tmp), tts.port, src=src, env=env)
+        d = DaemonUnderTest.start(Path(tmp), tts.port, src=src, env=env, pcm24k=args.pcm24k)
         try:
             load = RtpLoad(("127.0.0.1", d.sip_port), route="talk")
             t_place = time.monotonic()
@@ -529,6 +529,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--seconds", type=float, default=25.0)
     ap.add_argument("--src", default=os.environ.get("BENCH_SOURCE_TREE", ""))
+    ap.add_argument("--pcm24k", action="store_true", help="the provider sends 24 kHz PCM")
     ap.add_argument("--keep", default="", help="keep the raw records in this directory")
     ap.add_argument("--analyze", default="", help="only analyse the records kept in this directory")
     ap.add_argument("--json", default="", help="write the report (with every episode) here")
