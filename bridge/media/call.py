@@ -61,7 +61,9 @@ time at arrival, and the call holds its compact audio, not frames; beyond
 ``max_undecoded_ms`` per turn the oldest is transcoded at arrival. The
 output is the same however the work is split (streaming resampler, frame
 cutter). ``TurnDone`` flushes the framer (last frame padded with silence)
-once the pending audio is transcoded and ends the turn; ``TurnFailed`` (or a
+once the pending audio is transcoded and ends the turn. A turn about to run
+dry while its audio is inside the resampler (soxr releases output in
+blocks) gets it at once (``_release_head``). ``TurnFailed`` (or a
 ``ProviderFailed`` naming the turn) emits ``ProviderErrored`` and ends the
 turn with what it had. A voice agent's replies are turns too: they open on
 ``TurnStarted`` while the agent is active (Kletso sends it before any audio).
@@ -475,6 +477,8 @@ class CallBridge:
         playout = self._playout
         if self._backlog and playout.head_frames() < self._decode_ahead:
             self._feed()  # (its own first test, made here: no call on most ticks)
+        if not playout.head_frames() and playout.current_turn_id is not None:
+            self._release_head()
 
         payload = playout.pop_payload(now)
         if playout.has_events():
@@ -865,6 +869,24 @@ class CallBridge:
             need -= have
             if need <= 0 or turn.pending or turn.audio_open:
                 return
+
+    def _release_head(self) -> None:
+        """The head turn would run dry now: the frames its resampler holds back, if any.
+
+        soxr releases its output in blocks (up to ~70 ms of 24 kHz input held
+        back), so a turn whose provider is only a little ahead of real time
+        (every turn starting at once on a busy provider) would otherwise play
+        silence while its audio sits in the filter: at a turn's start its
+        first chunk gives about half its length. ``release`` hands that audio
+        out and the filter goes on as if it had not (``telcodec.resample``).
+        """
+        turn_id = self._playout.current_turn_id
+        turn = self._turns.get(turn_id) if turn_id is not None else None
+        if turn is None or turn.framer is None or not turn.audio_open or turn.pending:
+            return
+        frames = turn.framer.release()
+        if frames:
+            self._push_frames(turn, frames)
 
     def _drain_pending(self, turn: CallTurn) -> None:
         """Transcode all the turn's pending audio now (before a truncation by position)."""

@@ -63,6 +63,8 @@ class Framer(Protocol):
 
     def flush(self) -> list[bytes]: ...
 
+    def release(self) -> list[bytes]: ...
+
     def reset(self) -> None: ...
 
 
@@ -96,6 +98,12 @@ class TurnFramer:
         if last is not None:
             frames.append(last)
         return frames
+
+    def release(self) -> list[bytes]:
+        """Whole frames of what the resampler holds back (``StreamResampler.release``)."""
+        if self._resampler is None:
+            return []
+        return self._cutter.push(self._resampler.release())
 
     def reset(self) -> None:
         self._cutter.clear()

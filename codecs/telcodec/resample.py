@@ -23,6 +23,18 @@ not filter and is banned for that reason.
   and re-arms the resampler for the next utterance. A dangling odd byte at
   that point cannot be a sample and is dropped.
 * ``reset()`` drops all state without output (barge-in).
+* ``release()`` hands out what the filter holds back *without* ending the
+  stream, for a caller about to run dry (a turn's audio is played as it
+  arrives, and soxr's ``HQ`` filter releases output in blocks: it holds
+  between 17 and 73 ms of 24 kHz input, so the first 120 ms chunk of a turn
+  gives 61 ms). It drains the filter, keeps back the last ``_HOLD_S`` of that
+  output (computed with zeros where the next input will be), and restarts the
+  filter on the output grid, primed with the input of the last ``_HOLD_S`` +
+  ``_PRIME_S``, whose output up to the kept-back point is dropped. The stream
+  then goes on as if never released: the output equals the unreleased
+  stream's within float rounding (a sample may round 1 LSB apart), with the
+  same length. ``_HOLD_S`` is longer than half the filter (``HQ`` for
+  24 -> 8 kHz is ~16 ms long).
 
 With equal rates the resampler is a pass-through (only the odd-byte rule
 applies). The numbers of samples out and in agree, after ``flush()``, to
@@ -31,6 +43,7 @@ applies). The numbers of samples out and in agree, after ``flush()``, to
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 import numpy as np
@@ -45,6 +58,11 @@ QUALITIES: Final = frozenset({"QQ", "LQ", "MQ", "HQ", "VHQ"})
 _EMPTY: Final = np.zeros(0, dtype=np.float32)
 _S16LE: Final = np.dtype("<i2")
 
+_HOLD_S: Final = {"QQ": 0.012, "LQ": 0.012, "MQ": 0.012, "HQ": 0.012, "VHQ": 0.024}
+"""Output ``release()`` keeps back, by quality: more than the filter's half length."""
+_PRIME_S: Final = 0.03
+"""Input history a restarted filter is primed with, beyond the kept-back output."""
+
 
 class StreamResampler:
     """Resample a stream of s16le mono audio chunk by chunk.
@@ -58,7 +76,21 @@ class StreamResampler:
         ValueError: a rate is not positive or the quality is unknown.
     """
 
-    __slots__ = ("_dangling", "_in_rate_hz", "_out_rate_hz", "_quality", "_stream")
+    __slots__ = (
+        "_dangling",
+        "_grid_in",
+        "_grid_out",
+        "_history",
+        "_hold",
+        "_in_rate_hz",
+        "_in_total",
+        "_keep",
+        "_out_rate_hz",
+        "_out_total",
+        "_quality",
+        "_skip",
+        "_stream",
+    )
 
     def __init__(self, in_rate_hz: int, out_rate_hz: int, quality: str = "HQ") -> None:
         if in_rate_hz <= 0 or out_rate_hz <= 0:
@@ -70,6 +102,20 @@ class StreamResampler:
         self._quality = quality.upper()
         self._dangling = b""
         self._stream: soxr.ResampleStream | None = None
+        grid = math.gcd(in_rate_hz, out_rate_hz)
+        self._grid_in = in_rate_hz // grid
+        self._grid_out = out_rate_hz // grid
+        """Every ``_grid_in`` input samples an output sample falls on an input one."""
+        hold_s = _HOLD_S[self._quality]
+        self._hold = round(hold_s * out_rate_hz)
+        self._keep = round((hold_s + _PRIME_S) * in_rate_hz) + 2 * self._grid_in
+        """Input samples of history kept for ``release`` (its priming, and a grid step)."""
+        self._history = _EMPTY
+        self._in_total = 0
+        self._out_total = 0
+        """Samples fed and handed out since the utterance began."""
+        self._skip = 0
+        """Output of a restarted filter still to drop (handed out before ``release``)."""
         if in_rate_hz != out_rate_hz:
             self._stream = soxr.ResampleStream(
                 in_rate_hz, out_rate_hz, 1, dtype="float32", quality=self._quality
@@ -104,7 +150,44 @@ class StreamResampler:
         if not pcm_s16le:
             return b""
         samples = np.frombuffer(pcm_s16le, dtype=_S16LE).astype(np.float32)
-        return _to_s16le(self._stream.resample_chunk(samples))
+        self._in_total += len(samples)
+        history = np.concatenate((self._history, samples))
+        self._history = history[-self._keep :] if len(history) > self._keep else history
+        return _to_s16le(self._counted(self._stream.resample_chunk(samples)))
+
+    def release(self) -> bytes:
+        """What the filter holds back but the last ``_HOLD_S``; the stream goes on (see above).
+
+        Returns nothing and changes nothing when it holds less than 20 ms
+        beyond that, or for a pass-through.
+        """
+        stream = self._stream
+        if stream is None:
+            return b""
+        expected = self._in_total * self._grid_out // self._grid_in
+        if expected - self._out_total - self._hold < self._out_rate_hz // 50:
+            return b""
+        tail = self._counted(stream.resample_chunk(_EMPTY, last=True), self._hold)
+        # restart on the output grid, primed with the history from ``start`` on
+        first = self._in_total - len(self._history)
+        start = max(first, self._in_total - self._keep + 2 * self._grid_in)
+        start += -start % self._grid_in
+        stream.clear()
+        self._skip = self._out_total - start // self._grid_in * self._grid_out
+        out = self._counted(stream.resample_chunk(self._history[start - first :]))
+        return _to_s16le(np.concatenate((tail, out)) if len(out) else tail)
+
+    def _counted(self, out: npt.NDArray[np.float32], hold: int = 0) -> npt.NDArray[np.float32]:
+        """Drop what a restarted filter repeats, keep back ``hold`` samples, count the rest."""
+        skip = self._skip
+        if skip:
+            taken = min(skip, len(out))
+            out = out[taken:]
+            self._skip = skip - taken
+        if hold:
+            out = out[: max(0, len(out) - hold)]
+        self._out_total += len(out)
+        return out
 
     def flush(self) -> bytes:
         """End the utterance: return the filter's remaining output and re-arm.
@@ -114,8 +197,9 @@ class StreamResampler:
         self._dangling = b""
         if self._stream is None:
             return b""
-        tail = self._stream.resample_chunk(_EMPTY, last=True)
+        tail = self._counted(self._stream.resample_chunk(_EMPTY, last=True))
         self._stream.clear()
+        self._rearm()
         return _to_s16le(tail)
 
     def reset(self) -> None:
@@ -123,6 +207,11 @@ class StreamResampler:
         self._dangling = b""
         if self._stream is not None:
             self._stream.clear()
+        self._rearm()
+
+    def _rearm(self) -> None:
+        self._history = _EMPTY
+        self._in_total = self._out_total = self._skip = 0
 
 
 def _to_s16le(samples: npt.NDArray[np.float32]) -> bytes:

@@ -133,6 +133,17 @@ class ToTelephony:
             frames.append(last)
         return frames
 
+    def release(self) -> list[bytes]:
+        """Whole frames of what the resampler holds back; the stream goes on.
+
+        ``StreamResampler.release``, for a turn about to run dry while its audio is
+        inside the filter. Nothing for a pass-through or a plain translation
+        (they hold nothing).
+        """
+        if self._resampler is None:
+            return []
+        return self._cutter.push(self._encoded(self._resampler.release()))
+
     def reset(self) -> None:
         """Drop everything buffered without output (barge-in)."""
         self._cutter.clear()

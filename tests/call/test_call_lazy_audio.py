@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from call_harness import PCM_24K, SIP, TWILIO, Harness, at, of_type, tone_s16le, tone_ulaw_frames
 
 from bridge.control.commands import TurnFinished, TurnInterrupted
@@ -272,3 +274,33 @@ def test_a_tick_that_changes_nothing_leaves_nothing_to_drain() -> None:
     h.drain()
     assert h.call.tick(at(9)) is None
     assert not h.call.has_output()
+
+
+def test_a_turn_about_to_run_dry_gets_the_audio_inside_the_resampler() -> None:
+    """A provider a little ahead of real time: a 120 ms word every 100 ms. soxr
+    holds about half of a first chunk back (block latency): without a release
+    the turn would play 3 frames and then silence. The call hands that audio
+    out instead, and the frames are the unreleased stream's, within rounding."""
+    h = Harness()
+    h.say("t1")
+    pcm = tone_s16le(440.0, 1.2, 24000, peak=0.5)
+    word = 24000 * 2 * 120 // 1000  # bytes of a 120 ms chunk
+    out: list[bytes] = []
+    n = 1
+    for k in range(0, len(pcm), word):
+        h.audio("t1", pcm[k : k + word], at(n - 1) + 0.001, audio_format=PCM_24K)
+        for _ in range(5):  # 100 ms of ticks before the next word
+            out.append(h.tick(n) or b"")
+            n += 1
+    h.done("t1", at(n - 1) + 0.001)
+    while (frame := h.tick(n)) is not None:
+        out.append(frame)
+        n += 1
+    assert h.call.stats().underruns == 0 and all(out)
+    reference = ToTelephony("pcm_s16le", 24000, "mulaw")
+    expected = reference.push(pcm) + reference.flush()
+    played = [f for f in out if f]
+    assert len(played) == len(expected)
+    got = np.frombuffer(g711.ulaw_decode(b"".join(played)), "<i2").astype(int)
+    want = np.frombuffer(g711.ulaw_decode(b"".join(expected)), "<i2").astype(int)
+    assert np.max(np.abs(got - want)) <= 64  # one mu-law step at this level, at most

@@ -133,3 +133,66 @@ def test_invalid_arguments() -> None:
     with pytest.raises(ValueError):
         StreamResampler(24000, 8000, quality="best")
     assert StreamResampler(24000, 8000, quality="qq").out_rate_hz == 8000
+
+
+def _noise(rate_hz: int, seconds: float, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    return (
+        np.clip(rng.normal(0, 4000, round(rate_hz * seconds)), -32768, 32767)
+        .astype("<i2")
+        .tobytes()
+    )
+
+
+@pytest.mark.parametrize("quality", ["LQ", "MQ", "HQ", "VHQ"])
+@pytest.mark.parametrize(
+    ("in_rate_hz", "out_rate_hz"), [(24000, 8000), (44100, 8000), (48000, 16000), (16000, 8000)]
+)
+def test_release_hands_out_held_audio_and_the_stream_goes_on_unchanged(
+    in_rate_hz: int, out_rate_hz: int, quality: str
+) -> None:
+    """A turn about to run dry gets what the filter holds back; the rest of the
+    stream is the unreleased stream's output, within rounding, and as long."""
+    pcm = _noise(in_rate_hz, 1.0, seed=in_rate_hz + len(quality))
+    chunk = in_rate_hz // 50 * 6  # 120 ms pieces, as a provider sends words
+    whole = StreamResampler(in_rate_hz, out_rate_hz, quality)
+    reference = b"".join(whole.process(pcm[i : i + chunk]) for i in range(0, len(pcm), chunk))
+    reference += whole.flush()
+    rs = StreamResampler(in_rate_hz, out_rate_hz, quality)
+    out, released = [], 0
+    for i in range(0, len(pcm), chunk):
+        out.append(rs.process(pcm[i : i + chunk]))
+        got = rs.release()
+        released += len(got)
+        out.append(got)
+    out.append(rs.flush())
+    joined = samples(b"".join(out))
+    # (48 -> 16 kHz releases its blocks sooner: there it may hold no more than the 12 ms)
+    assert released > 0 or out_rate_hz != 8000
+    assert len(joined) == len(samples(reference))
+    assert np.max(np.abs(joined - samples(reference))) <= 1.0
+
+
+def test_release_gives_a_first_chunk_all_but_the_last_12_ms() -> None:
+    rs = StreamResampler(24000, 8000, "HQ")
+    first = rs.process(_noise(24000, 0.12, seed=1))  # a turn's first word, 120 ms
+    assert len(first) // 2 < 8 * 80  # soxr's block latency: about half of it comes out
+    more = rs.release()
+    assert (len(first) + len(more)) // 2 == 8 * (120 - 12)
+    assert rs.release() == b""  # nothing more held beyond the kept-back 12 ms
+    assert StreamResampler(8000, 8000).release() == b""  # pass-through: nothing held
+
+
+def test_flush_and_reset_forget_a_release() -> None:
+    pcm = _noise(24000, 0.3, seed=2)
+    fresh = StreamResampler(24000, 8000)
+    expected = fresh.process(pcm) + fresh.flush()
+    rs = StreamResampler(24000, 8000)
+    rs.process(_noise(24000, 0.2, seed=3))
+    rs.release()
+    rs.flush()  # a new utterance: nothing of the release is left to drop or count
+    assert rs.process(pcm) + rs.flush() == expected
+    rs.process(_noise(24000, 0.2, seed=4))
+    rs.release()
+    rs.reset()
+    assert rs.process(pcm) + rs.flush() == expected
