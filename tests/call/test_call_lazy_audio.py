@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
 from call_harness import PCM_24K, SIP, TWILIO, Harness, at, of_type, tone_s16le, tone_ulaw_frames
 
 from bridge.control.commands import TurnFinished, TurnInterrupted
