@@ -4,7 +4,9 @@ Pipelines compared in the same run, on the same provider audio fed in the same
 (realistic, irregular) chunks:
 
 * **ours**: ``telcodec.transcode.ToTelephony(pcm_s16le @ rate -> mulaw)`` at
-  the call's default soxr quality (HQ), decoded back to linear;
+  the call's default soxr quality (HQ), decoded back to linear; **ours,
+  released**: the same with ``release()`` after every chunk (what a call does
+  when a turn would run dry with audio inside the resampler), the worst case;
 * **baseline**: what many bridges do, ``audioop.ratecv`` (state carried
   between chunks) + ``audioop.lin2ulaw``, decoded;
 * **baseline, stateless**: the same with ``ratecv`` state dropped at every
@@ -70,11 +72,18 @@ Pipeline = Callable[[list[bytes], int], bytes]
 # ------------------------------------------------------------------ pipelines
 
 
-def ours(out_encoding: str) -> Pipeline:
+def ours(out_encoding: str, release: bool = False) -> Pipeline:
+    """``release``: ``ToTelephony.release()`` after every chunk, as a call whose
+    provider is never ahead (every chunk comes as the last one runs dry) does."""
+
     def run(chunks: list[bytes], rate_hz: int) -> bytes:
         tx = ToTelephony("pcm_s16le", rate_hz, out_encoding)  # type: ignore[arg-type]
-        frames = [f for c in chunks for f in tx.push(c)] + tx.flush()
-        data = b"".join(frames)
+        frames: list[bytes] = []
+        for c in chunks:
+            frames += tx.push(c)
+            if release:
+                frames += tx.release()
+        data = b"".join(frames + tx.flush())
         return g711.ulaw_decode(data) if out_encoding == "mulaw" else data
 
     return run
@@ -99,6 +108,7 @@ def ratecv_baseline(keep_state: bool, encode: bool = True) -> Pipeline:
 
 PIPELINES: dict[str, Pipeline] = {
     "ours_hq_mulaw": ours("mulaw"),
+    "ours_hq_mulaw_released": ours("mulaw", release=True),
     "baseline_ratecv_lin2ulaw": ratecv_baseline(True),
     "baseline_ratecv_stateless": ratecv_baseline(False),
 }
@@ -113,6 +123,7 @@ def g711_ceiling(chunks: list[bytes], rate_hz: int) -> bytes:
 
 LINEAR: dict[str, Pipeline] = {
     "ours_hq_linear": ours("pcm_s16le"),
+    "ours_hq_linear_released": ours("pcm_s16le", release=True),
     "baseline_ratecv_linear": ratecv_baseline(True, encode=False),
 }
 
