@@ -477,8 +477,9 @@ class CallBridge:
         playout = self._playout
         if self._backlog and playout.head_frames() < self._decode_ahead:
             self._feed()  # (its own first test, made here: no call on most ticks)
-        if not playout.head_frames() and playout.current_turn_id is not None:
-            self._release_head()
+        head_id = playout.current_turn_id
+        if head_id is not None and not playout.head_frames():
+            self._release_head(head_id)
 
         payload = playout.pop_payload(now)
         if playout.has_events():
@@ -870,7 +871,7 @@ class CallBridge:
             if need <= 0 or turn.pending or turn.audio_open:
                 return
 
-    def _release_head(self) -> None:
+    def _release_head(self, turn_id: str) -> None:
         """The head turn would run dry now: the frames its resampler holds back, if any.
 
         soxr releases its output in blocks (up to ~70 ms of 24 kHz input held
@@ -880,8 +881,7 @@ class CallBridge:
         first chunk gives about half its length. ``release`` hands that audio
         out and the filter goes on as if it had not (``telcodec.resample``).
         """
-        turn_id = self._playout.current_turn_id
-        turn = self._turns.get(turn_id) if turn_id is not None else None
+        turn = self._turns.get(turn_id)
         if turn is None or turn.framer is None or not turn.audio_open or turn.pending:
             return
         frames = turn.framer.release()

@@ -151,8 +151,9 @@ class StreamResampler:
             return b""
         samples = np.frombuffer(pcm_s16le, dtype=_S16LE).astype(np.float32)
         self._in_total += len(samples)
-        history = np.concatenate((self._history, samples))
-        self._history = history[-self._keep :] if len(history) > self._keep else history
+        keep = self._keep
+        history = np.concatenate((self._history, samples[-keep:]))  # copies at most 2 x keep
+        self._history = history[-keep:] if len(history) > keep else history
         return _to_s16le(self._counted(self._stream.resample_chunk(samples)))
 
     def release(self) -> bytes:
