@@ -63,7 +63,13 @@ def main() -> None:
                         u1, s1 = _user_sys_s(d.pid)  # includes set-up and hang-up: shares only
                     finally:
                         d.stop()
-                    keep = ("daemon_cpu_pct", "cpu_us_per_call_s", "underruns", "late_wakeups")
+                    keep = (
+                        "daemon_cpu_pct",
+                        "cpu_us_per_call_s",
+                        "underruns",
+                        "underruns_daemon",
+                        "late_wakeups",
+                    )
                     run = {k: row.get(k) for k in (*keep, "core0_other_pct")}
                     run["pacing"] = {
                         k: row["pacing"].get(k) for k in ("p99_ms", "max_ms", "worst_call_p99_ms")
@@ -79,6 +85,7 @@ def main() -> None:
             "cpu_us_per_call_s_median": statistics.median(x["cpu_us_per_call_s"] for x in rs),
             "worst_call_p99_ms": [x["pacing"]["worst_call_p99_ms"] for x in rs],
             "underruns": [x["underruns"] for x in rs],
+            "underruns_daemon": [x.get("underruns_daemon") for x in rs],
         }
         for t, rs in results.items()
     }

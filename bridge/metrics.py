@@ -69,6 +69,11 @@ class Metrics:
         self.underruns_total = Counter(
             "callbridge_underruns_total", "Frames sent as silence inside a turn", registry=r
         )
+        self.underruns_provider_total = Counter(
+            "callbridge_underruns_provider_total",
+            "Of the underruns, frames whose audio the provider had not sent yet",
+            registry=r,
+        )
         self.bargeins_total = Counter(
             "callbridge_bargeins_total", "Turns interrupted", ["reason"], registry=r
         )

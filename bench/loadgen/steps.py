@@ -131,7 +131,11 @@ def _cdr_figures(d: ServerUnderTest, call_ids: set[str] | None) -> dict[str, Any
     lines = [c for c in d.cdr_lines() if call_ids is None or c["call_id"] in call_ids]
     return {
         "cdr_calls": len(lines),
-        "underruns": sum(int(c.get("underruns", 0)) for c in lines),
+        "underruns": (underruns := sum(int(c.get("underruns", 0)) for c in lines)),
+        # of those, frames whose audio the provider had not sent yet (the daemon held
+        # none of it and none waited unread on its provider sockets: CallStats)
+        "underruns_provider": (provider := sum(int(c.get("underruns_provider", 0)) for c in lines)),
+        "underruns_daemon": underruns - provider,
         "late_wakeups": sum(int(c.get("late_wakeups", 0)) for c in lines),
         "provider_errors": sum(int(c.get("provider_errors", 0)) for c in lines),
         **ttfa_figures(lines),
@@ -348,5 +352,5 @@ def meets_bar(step: dict[str, Any], p99_ms: float = 2.0) -> bool:
         step["answered"] == step["calls"]
         and pacing.get("packets", 0) > 0
         and pacing.get("worst_call_p99_ms", 1e9) <= p99_ms
-        and step.get("underruns", 1) == 0
+        and step.get("underruns_daemon", step.get("underruns", 1)) == 0
     )

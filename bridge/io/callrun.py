@@ -321,6 +321,10 @@ class CallRunner:
         second = self.leg.send_frame(frame, n, now)
         if frame is None:
             self.idle = True
+            if bridge.provider_dry:  # an underrun the provider looks to blame for
+                bridge.provider_dry = False
+                if self._provider_unread():
+                    bridge.dry_was_unread()
         elif self.idle:
             if self.lead_frames:
                 # a buffering carrier gets a small lead at a turn's start, then one per tick
@@ -337,6 +341,14 @@ class CallRunner:
             # bridge's actions and events; most ticks have none (no lists).
             self.pump(now)
         return second
+
+    def _provider_unread(self) -> bool:
+        """Whether any provider socket has bytes the daemon has not read yet.
+
+        Any: which connection carries the dry turn is not looked up, so an
+        underrun is the provider's only when nothing at all waits unread.
+        """
+        return any(pool.unread_bytes() for pool in self.runtime.pools.values())
 
     def _on_tick_error(self, exc: BaseException) -> None:
         log.error("call.tick_failed", call_id=self.call_id, error=str(exc))
@@ -670,6 +682,7 @@ class CallRunner:
             if t.last_frame_s is not None:
                 m.bargein_latency_seconds.observe(max(0.0, t.last_frame_s - t.decided_s))
         m.underruns_total.inc(s.underruns)
+        m.underruns_provider_total.inc(s.underruns_provider)
         clock = self.clock.stats()
         log.info(
             "call.ended",
@@ -682,6 +695,7 @@ class CallRunner:
             time_to_first_audio_ms=[round(v * 1000, 1) for v in s.time_to_first_audio_s],
             added_latency_ms=[round(v * 1000, 2) for v in s.added_latency_s],
             underruns=s.underruns,
+            underruns_provider=s.underruns_provider,
             provider_errors=s.provider_errors,
             frames_sent=s.frames_sent,
             late_wakeups=clock.late_wakeups,

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import importlib
 import random
+import termios
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -56,6 +59,8 @@ from bridge.tts.base import (
 __all__ = ["Backoff", "PromptCache", "ProviderPool", "Speaker", "engine_class"]
 
 log = get_logger("callbridge.tts")
+_INQ = array("i", [0])
+"""``FIONREAD``'s answer (``_Connection.unread_bytes``)."""
 
 Sink = Callable[[Event], None]
 AudioSink = Callable[[bytes, AudioFormat], None]
@@ -343,6 +348,19 @@ class _Connection:
 
     def now(self) -> float:
         return self.loop.time()
+
+    def unread_bytes(self) -> int:
+        """Bytes the kernel holds for this connection that the daemon has not read."""
+        ws = self.ws
+        transport = None if ws is None else ws.transport
+        sock = None if transport is None else transport.get_extra_info("socket")
+        if sock is None:
+            return 0
+        try:
+            fcntl.ioctl(sock.fileno(), termios.FIONREAD, _INQ, True)
+        except (OSError, ValueError):
+            return 0
+        return int(_INQ[0])
 
     def has_room(self) -> bool:
         """Whether one more turn fits: by our sinks (turns handed out, some perhaps not yet
@@ -651,6 +669,10 @@ class ProviderPool:
     @property
     def name(self) -> str:
         return self.settings.name
+
+    def unread_bytes(self) -> int:
+        """Bytes waiting unread on the pool's connections (an underrun's cause)."""
+        return sum(conn.unread_bytes() for conn in self.connections)
 
     def note_error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1

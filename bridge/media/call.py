@@ -226,6 +226,7 @@ class CallBridge:
         "_backlog",
         "_decode_ahead",
         "_frames_sent",
+        "_provider_dry",
         "_sending",
         "_armed",
         "_agent_played_at",
@@ -255,6 +256,7 @@ class CallBridge:
         "_turn_count",
         "_turns",
         "call_id",
+        "provider_dry",
         "__weakref__",  # a call is watched by weak reference (tests/e2e/test_call_release.py)
     )
 
@@ -330,6 +332,10 @@ class CallBridge:
         self._late_chunks = 0
         self._provider_errors = 0
         self._frames_sent = 0
+        self._provider_dry = 0
+        self.provider_dry = False
+        """The last tick ran dry for want of the provider's audio (see ``tick``); the
+        shell clears it, and calls ``dry_was_unread`` if that audio was waiting unread."""
         self._bad_inbound = 0
         self._backlog: dict[str, CallTurn] = {}
         """Turns holding provider audio not transcoded yet (see ``_feed``)."""
@@ -387,6 +393,7 @@ class CallBridge:
             turns_finished=self._finished,
             turns_interrupted=self._interrupted,
             underruns=playout.underruns,
+            underruns_provider=self._provider_dry,
             barge_ins=dict(self._barge_ins),
             bargein_timings=tuple(self._timings),
             time_to_first_audio_s=tuple(self._ttfa_s),
@@ -478,10 +485,15 @@ class CallBridge:
         if self._backlog and playout.head_frames() < self._decode_ahead:
             self._feed()  # (its own first test, made here: no call on most ticks)
         head_id = playout.current_turn_id
+        dry = -1
         if head_id is not None and not playout.head_frames():
             self._release_head(head_id)
+            if not playout.head_frames():
+                dry = playout.underruns
 
         payload = playout.pop_payload(now)
+        if dry >= 0 and playout.underruns != dry and head_id is not None:
+            self._dry(head_id)
         if playout.has_events():
             self._pump(now)
         armed: bool | None = None
@@ -766,6 +778,9 @@ class CallBridge:
             if not turn.agent:
                 self._ttfa_s.append(now - turn.opened_s)
         audio, audio_format = event.audio, event.audio_format
+        byte_rate = audio_format.sample_rate_hz * audio_format.bytes_per_sample
+        if byte_rate > 0:  # (a bad format fails the turn below)
+            turn.received_s += len(audio) / byte_rate
         if turn.framer is None and not turn.pending:
             # The first chunk (or the first after a drained backlog while the
             # framer is fresh) is transcoded at once: added latency.
@@ -788,7 +803,6 @@ class CallBridge:
         turn.pending.append((audio, audio_format))
         turn.pending_bytes += len(audio)
         self._backlog[turn.turn_id] = turn
-        byte_rate = audio_format.sample_rate_hz * audio_format.bytes_per_sample
         limit = self._options.max_undecoded_ms * byte_rate // 1000
         while turn.pending_bytes > limit and turn.pending:
             self._convert_piece(turn, turn.pending_bytes - limit)
@@ -887,6 +901,29 @@ class CallBridge:
         frames = turn.framer.release()
         if frames:
             self._push_frames(turn, frames)
+
+    def _dry(self, turn_id: str) -> None:
+        """The head turn played silence this tick (an underrun): whose doing was it?
+
+        The provider's, when it had handed over less audio than the turn's
+        played position plus one frame; then ``provider_dry`` tells the shell,
+        which knows whether that audio was already waiting, unread, on a
+        provider socket (``dry_was_unread``: the daemon's doing after all).
+        Otherwise the daemon held audio it had (in a filter or a backlog).
+        """
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            return
+        played = self._playout.played_samples(turn_id)
+        rate = self._leg.sample_rate_hz
+        if turn.received_s * rate < played + self._leg.samples_per_frame - 0.5:
+            self._provider_dry += 1
+            self.provider_dry = True
+
+    def dry_was_unread(self) -> None:
+        """The last ``provider_dry`` tick's audio was waiting unread: the daemon's underrun."""
+        if self._provider_dry:
+            self._provider_dry -= 1
 
     def _drain_pending(self, turn: CallTurn) -> None:
         """Transcode all the turn's pending audio now (before a truncation by position)."""

@@ -100,10 +100,12 @@ class TurnFramer:
         return frames
 
     def release(self) -> list[bytes]:
-        """Whole frames of what the resampler holds back (``StreamResampler.release``)."""
+        """Whole frames of what the resampler holds back (``ToTelephony.release``)."""
         if self._resampler is None:
             return []
-        return self._cutter.push(self._resampler.release())
+        cutter = self._cutter
+        least = (cutter.frame_bytes - cutter.pending_bytes) // 2
+        return cutter.push(self._resampler.release(least))
 
     def reset(self) -> None:
         self._cutter.clear()

@@ -83,6 +83,8 @@ class CallTurn:
     """Untranscoded bytes in ``pending`` (after ``pending_offset``)."""
     audio_ending: bool = False
     """The provider ended the turn while audio was still pending: end it once transcoded."""
+    received_s: float = 0.0
+    """Seconds of provider audio handed to the call for the turn (an underrun's cause)."""
     words: list[WordTiming] = field(default_factory=list)
     first_audio_s: float | None = None
     head_at_first_audio: bool = False

@@ -284,6 +284,10 @@ class CallStats:
     turns_interrupted: int
     underruns: int
     """Ticks inside a started turn with no frame ready (silence was sent)."""
+    underruns_provider: int
+    """Of ``underruns``: ticks the provider had not yet sent the frame's audio (it had
+    handed over less than the turn's played position + one frame, and the shell found
+    none of it waiting unread; ``CallBridge.provider_dry``). The rest the daemon held."""
     barge_ins: dict[str, int]
     """Barge-ins that cut audio, by reason."""
     bargein_timings: tuple[BargeInTiming, ...]

@@ -251,6 +251,11 @@ class PlayoutQueue(Outbox):
         """Position of the turn's last carrier-acknowledged mark."""
         return self._turn(turn_id).heard_samples
 
+    @property
+    def underruns(self) -> int:
+        """Ticks a started, unfinished head turn had no frame (``stats().underruns``)."""
+        return self._underruns
+
     def stats(self) -> PlayoutStats:
         return PlayoutStats(
             underruns=self._underruns,

@@ -137,12 +137,16 @@ class ToTelephony:
         """Whole frames of what the resampler holds back; the stream goes on.
 
         ``StreamResampler.release``, for a turn about to run dry while its audio is
-        inside the filter. Nothing for a pass-through or a plain translation
-        (they hold nothing).
+        inside the filter: it hands out at least what completes the frame the
+        cutter has begun, keeping back less than usual if it must. Nothing for
+        a pass-through or a plain translation (they hold nothing).
         """
         if self._resampler is None:
             return []
-        return self._cutter.push(self._encoded(self._resampler.release()))
+        cutter = self._cutter
+        width = _BYTES_PER_SAMPLE[self._out_encoding]
+        least = (cutter.frame_bytes - cutter.pending_bytes) // width
+        return cutter.push(self._encoded(self._resampler.release(least)))
 
     def reset(self) -> None:
         """Drop everything buffered without output (barge-in)."""

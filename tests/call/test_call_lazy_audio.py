@@ -17,6 +17,7 @@ import numpy as np
 from call_harness import PCM_24K, SIP, TWILIO, Harness, at, of_type, tone_s16le, tone_ulaw_frames
 
 from bridge.control.commands import TurnFinished, TurnInterrupted
+from bridge.media.call_audio import Framer
 from bridge.media.call_types import CallOptions, SendMark
 from bridge.tts.base import MULAW_8K, AudioFormat, AudioReceived, TurnFailed, WordsTimed, WordTiming
 from bridge.tts.kletso import VoiceInterrupted
@@ -303,3 +304,87 @@ def test_a_turn_about_to_run_dry_gets_the_audio_inside_the_resampler() -> None:
     got = np.frombuffer(g711.ulaw_decode(b"".join(played)), "<i2").astype(int)
     want = np.frombuffer(g711.ulaw_decode(b"".join(expected)), "<i2").astype(int)
     assert np.max(np.abs(got - want)) <= 64  # one mu-law step at this level, at most
+
+
+def test_a_provider_one_frame_and_5_ms_ahead_never_runs_dry() -> None:
+    """Each tick the provider has sent the frame's audio and 5 ms more: less than the
+    resampler keeps back for an exact join (12 ms). The release keeps back less then,
+    so every frame plays; the audio is the unreleased stream's within a few percent
+    of its peak at the joins (``tests/codecs``: the shorter tail's error)."""
+    h = Harness()
+    h.say("t1")
+    pcm = tone_s16le(440.0, 1.0, 24000, peak=0.5)
+    ms = 48  # bytes of 1 ms at 24 kHz
+    h.audio("t1", pcm[: 25 * ms], at(0) - 0.001, audio_format=PCM_24K)
+    out: list[bytes] = []
+    n, sent = 0, 25 * ms
+    while sent < len(pcm):
+        out.append(h.tick(n) or b"")
+        n += 1
+        h.audio("t1", pcm[sent : sent + 20 * ms], at(n) - 0.001, audio_format=PCM_24K)
+        sent += 20 * ms
+    h.done("t1", at(n) - 0.001)
+    while (frame := h.tick(n)) is not None:
+        out.append(frame)
+        n += 1
+    assert h.call.stats().underruns == 0 and all(out)
+    reference = ToTelephony("pcm_s16le", 24000, "mulaw")
+    expected = reference.push(pcm) + reference.flush()
+    assert len(out) == len(expected)
+    got = np.frombuffer(g711.ulaw_decode(b"".join(out)), "<i2").astype(int)
+    want = np.frombuffer(g711.ulaw_decode(b"".join(expected)), "<i2").astype(int)
+    assert np.max(np.abs(got - want)) <= 0.03 * 0.5 * 32767
+
+
+class _NoRelease:
+    """A framer that never hands out what its resampler holds (a call holding audio)."""
+
+    def __init__(self, inner: Framer) -> None:
+        self.inner = inner
+        self.is_pass_through = inner.is_pass_through
+
+    def push(self, chunk: bytes) -> list[bytes]:
+        return self.inner.push(chunk)
+
+    def flush(self) -> list[bytes]:
+        return self.inner.flush()
+
+    def release(self) -> list[bytes]:
+        return []
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+
+def test_an_underrun_the_provider_caused_is_told_apart_from_one_the_call_held() -> None:
+    """A provider slower than real time: every dry tick is the provider's
+    (``underruns_provider``), flagged for the shell, which can hand one back
+    (``dry_was_unread``: its audio was waiting unread on a socket). A call that holds
+    audio it has (here a framer that releases nothing) counts its own."""
+    h = Harness()
+    h.say("t1")
+    frames = tone_ulaw_frames(20)
+    h.frames("t1", frames[:3], at(0))
+    for n in range(5):
+        h.tick(n)
+    stats = h.call.stats()
+    assert stats.underruns == 2 and stats.underruns_provider == 2
+    assert h.call.provider_dry
+    h.call.provider_dry = False
+    h.call.dry_was_unread()
+    assert h.call.stats().underruns_provider == 1
+
+    held = Harness()
+    held.say("t1")
+    pcm = tone_s16le(440.0, 0.2, 24000, peak=0.5)
+    held.audio("t1", pcm, at(0), audio_format=PCM_24K)  # 200 ms, of which soxr holds some
+    turn = held.call._turns.get("t1")
+    assert turn is not None and turn.framer is not None
+    turn.framer = _NoRelease(turn.framer)
+    n = 0
+    while held.call.stats().underruns == 0 and n < 10:
+        held.tick(n)
+        n += 1
+    stats = held.call.stats()
+    assert stats.underruns == 1 and stats.underruns_provider == 0
+    assert not held.call.provider_dry
