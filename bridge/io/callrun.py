@@ -321,9 +321,10 @@ class CallRunner:
         second = self.leg.send_frame(frame, n, now)
         if frame is None:
             self.idle = True
-            if bridge.provider_dry:  # an underrun the provider looks to blame for
-                bridge.provider_dry = False
-                if self._provider_unread():
+            dry = bridge.provider_dry
+            if dry is not None:  # an underrun the provider looks to blame for
+                bridge.provider_dry = None
+                if self._provider_unread(dry):
                     bridge.dry_was_unread()
         elif self.idle:
             if self.lead_frames:
@@ -342,12 +343,18 @@ class CallRunner:
             self.pump(now)
         return second
 
-    def _provider_unread(self) -> bool:
-        """Whether any provider socket has bytes the daemon has not read yet.
+    def _provider_unread(self, turn_id: str) -> bool:
+        """Whether the turn's provider connection has bytes the daemon has not read yet.
 
-        Any: which connection carries the dry turn is not looked up, so an
-        underrun is the provider's only when nothing at all waits unread.
+        They may be other turns' audio (a connection carries many), but reading
+        sooner would have found this turn's, if it was there: such an underrun
+        counts as the daemon's. A turn no speaker knows (a voice agent's) looks
+        at every provider connection.
         """
+        for speaker in self.speakers.values():
+            unread = speaker.unread_bytes(turn_id)
+            if unread is not None:
+                return unread > 0
         return any(pool.unread_bytes() for pool in self.runtime.pools.values())
 
     def _on_tick_error(self, exc: BaseException) -> None:

@@ -1073,6 +1073,13 @@ class Speaker:
         self.turns[turn_id] = turn
         self._start(turn)
 
+    def unread_bytes(self, turn_id: str) -> int | None:
+        """Bytes unread on the connection carrying the turn (``None``: not on one here)."""
+        turn = self.turns.get(turn_id)
+        if turn is None or turn.handle is None:
+            return None
+        return turn.handle.conn.unread_bytes()
+
     def send_text(self, turn_id: str, text: str) -> None:
         turn = self.turns.get(turn_id)
         if turn is not None and turn.handle is not None:

@@ -333,9 +333,9 @@ class CallBridge:
         self._provider_errors = 0
         self._frames_sent = 0
         self._provider_dry = 0
-        self.provider_dry = False
-        """The last tick ran dry for want of the provider's audio (see ``tick``); the
-        shell clears it, and calls ``dry_was_unread`` if that audio was waiting unread."""
+        self.provider_dry: str | None = None
+        """The turn whose tick last ran dry for want of the provider's audio (``_dry``);
+        the shell clears it, and calls ``dry_was_unread`` if that audio was waiting unread."""
         self._bad_inbound = 0
         self._backlog: dict[str, CallTurn] = {}
         """Turns holding provider audio not transcoded yet (see ``_feed``)."""
@@ -918,7 +918,7 @@ class CallBridge:
         rate = self._leg.sample_rate_hz
         if turn.received_s * rate < played + self._leg.samples_per_frame - 0.5:
             self._provider_dry += 1
-            self.provider_dry = True
+            self.provider_dry = turn_id
 
     def dry_was_unread(self) -> None:
         """The last ``provider_dry`` tick's audio was waiting unread: the daemon's underrun."""

@@ -369,8 +369,8 @@ def test_an_underrun_the_provider_caused_is_told_apart_from_one_the_call_held() 
         h.tick(n)
     stats = h.call.stats()
     assert stats.underruns == 2 and stats.underruns_provider == 2
-    assert h.call.provider_dry
-    h.call.provider_dry = False
+    assert h.call.provider_dry == "t1"
+    h.call.provider_dry = None
     h.call.dry_was_unread()
     assert h.call.stats().underruns_provider == 1
 
@@ -387,4 +387,4 @@ def test_an_underrun_the_provider_caused_is_told_apart_from_one_the_call_held() 
         n += 1
     stats = held.call.stats()
     assert stats.underruns == 1 and stats.underruns_provider == 0
-    assert not held.call.provider_dry
+    assert held.call.provider_dry is None
