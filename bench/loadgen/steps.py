@@ -133,7 +133,7 @@ def _cdr_figures(d: ServerUnderTest, call_ids: set[str] | None) -> dict[str, Any
         "cdr_calls": len(lines),
         "underruns": (underruns := sum(int(c.get("underruns", 0)) for c in lines)),
         # of those, frames whose audio the provider had not sent yet (the daemon held
-        # none of it and none waited unread on its provider sockets: CallStats)
+        # none of it, nothing waited unread on the turn's connection: CallStats)
         "underruns_provider": (provider := sum(int(c.get("underruns_provider", 0)) for c in lines)),
         "underruns_daemon": underruns - provider,
         "late_wakeups": sum(int(c.get("late_wakeups", 0)) for c in lines),
