@@ -7,6 +7,10 @@ Pipelines compared in the same run, on the same provider audio fed in the same
   the call's default soxr quality (HQ), decoded back to linear; **ours,
   released**: the same with ``release()`` after every chunk (what a call does
   when a turn would run dry with audio inside the resampler), the worst case;
+  **ours, drained**: ``StreamResampler.release(least)`` after every chunk asking
+  for all it holds, so nothing is kept back for an exact join (a call does this
+  when the provider is less than a frame and the 12 ms tail ahead), the worst
+  case of the shortened tail;
 * **baseline**: what many bridges do, ``audioop.ratecv`` (state carried
   between chunks) + ``audioop.lin2ulaw``, decoded;
 * **baseline, stateless**: the same with ``ratecv`` state dropped at every
@@ -36,6 +40,7 @@ Figures:
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import warnings
@@ -54,6 +59,7 @@ from bench_bargein import BOT_TEXT, TEXTS, Voices, _cached, _read_wav, _write_wa
 from common import write  # noqa: E402
 
 from telcodec import g711  # noqa: E402
+from telcodec.resample import StreamResampler  # noqa: E402
 from telcodec.transcode import ToTelephony  # noqa: E402
 
 with warnings.catch_warnings():
@@ -89,6 +95,32 @@ def ours(out_encoding: str, release: bool = False) -> Pipeline:
     return run
 
 
+def drained(out_encoding: str) -> Pipeline:
+    """``StreamResampler.release(least)`` after every chunk with ``least`` all it holds:
+    nothing kept back for an exact join (a call whose provider is exactly one frame
+    ahead at every chunk gets this), the worst case of the shortened tail."""
+
+    def run(chunks: list[bytes], rate_hz: int) -> bytes:
+        rs = StreamResampler(rate_hz, OUT_HZ)
+        grid = math.gcd(rate_hz, OUT_HZ)
+        out: list[bytes] = []
+        fed = got = 0
+        for c in chunks:
+            fed += len(c)
+            out.append(rs.process(c))
+            got += len(out[-1]) // 2
+            held = fed // 2 * (OUT_HZ // grid) // (rate_hz // grid) - got
+            if held > 0:
+                out.append(rs.release(held))
+                got += len(out[-1]) // 2
+        data = b"".join(out) + rs.flush()
+        if out_encoding == "mulaw":
+            return g711.ulaw_decode(g711.ulaw_encode(data))
+        return data
+
+    return run
+
+
 def ratecv_baseline(keep_state: bool, encode: bool = True) -> Pipeline:
     def run(chunks: list[bytes], rate_hz: int) -> bytes:
         state: Any = None
@@ -109,6 +141,7 @@ def ratecv_baseline(keep_state: bool, encode: bool = True) -> Pipeline:
 PIPELINES: dict[str, Pipeline] = {
     "ours_hq_mulaw": ours("mulaw"),
     "ours_hq_mulaw_released": ours("mulaw", release=True),
+    "ours_hq_mulaw_drained": drained("mulaw"),
     "baseline_ratecv_lin2ulaw": ratecv_baseline(True),
     "baseline_ratecv_stateless": ratecv_baseline(False),
 }
@@ -124,6 +157,7 @@ def g711_ceiling(chunks: list[bytes], rate_hz: int) -> bytes:
 LINEAR: dict[str, Pipeline] = {
     "ours_hq_linear": ours("pcm_s16le"),
     "ours_hq_linear_released": ours("pcm_s16le", release=True),
+    "ours_hq_linear_drained": drained("pcm_s16le"),
     "baseline_ratecv_linear": ratecv_baseline(True, encode=False),
 }
 
