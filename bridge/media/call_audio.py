@@ -103,9 +103,7 @@ class TurnFramer:
         """Whole frames of what the resampler holds back (``ToTelephony.release``)."""
         if self._resampler is None:
             return []
-        cutter = self._cutter
-        least = (cutter.frame_bytes - cutter.pending_bytes) // 2
-        return cutter.push(self._resampler.release(least))
+        return self._cutter.push(self._resampler.release(self._cutter.missing_bytes // 2))
 
     def reset(self) -> None:
         self._cutter.clear()

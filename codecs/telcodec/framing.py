@@ -54,6 +54,11 @@ class FrameCutter:
         """Bytes held back because they do not yet make a whole frame."""
         return len(self._buffer)
 
+    @property
+    def missing_bytes(self) -> int:
+        """Bytes that would complete the partial frame (a whole frame when none is begun)."""
+        return self._frame_bytes - len(self._buffer)
+
     def push(self, data: bytes) -> list[bytes]:
         """Append ``data`` and return every frame it completes, oldest first."""
         size = self._frame_bytes

@@ -143,10 +143,8 @@ class ToTelephony:
         """
         if self._resampler is None:
             return []
-        cutter = self._cutter
-        width = _BYTES_PER_SAMPLE[self._out_encoding]
-        least = (cutter.frame_bytes - cutter.pending_bytes) // width
-        return cutter.push(self._encoded(self._resampler.release(least)))
+        least = self._cutter.missing_bytes // _BYTES_PER_SAMPLE[self._out_encoding]
+        return self._cutter.push(self._encoded(self._resampler.release(least)))
 
     def reset(self) -> None:
         """Drop everything buffered without output (barge-in)."""

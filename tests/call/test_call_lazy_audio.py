@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from call_harness import PCM_24K, SIP, TWILIO, Harness, at, of_type, tone_s16le, tone_ulaw_frames
 
 from bridge.control.commands import TurnFinished, TurnInterrupted
@@ -276,6 +277,19 @@ def test_a_tick_that_changes_nothing_leaves_nothing_to_drain() -> None:
     assert not h.call.has_output()
 
 
+def _against_unreleased(
+    played: list[bytes], pcm: bytes
+) -> tuple[npt.NDArray[np.int_], npt.NDArray[np.int_]]:
+    """The played mu-law frames and 24 kHz ``pcm`` framed without a release, both decoded
+    (as many frames each: asserted)."""
+    reference = ToTelephony("pcm_s16le", 24000, "mulaw")
+    expected = reference.push(pcm) + reference.flush()
+    assert len(played) == len(expected)
+    got = np.frombuffer(g711.ulaw_decode(b"".join(played)), "<i2").astype(int)
+    want = np.frombuffer(g711.ulaw_decode(b"".join(expected)), "<i2").astype(int)
+    return got, want
+
+
 def test_a_turn_about_to_run_dry_gets_the_audio_inside_the_resampler() -> None:
     """A provider a little ahead of real time: a 120 ms word every 100 ms. soxr
     holds about half of a first chunk back (block latency): without a release
@@ -297,12 +311,7 @@ def test_a_turn_about_to_run_dry_gets_the_audio_inside_the_resampler() -> None:
         out.append(frame)
         n += 1
     assert h.call.stats().underruns == 0 and all(out)
-    reference = ToTelephony("pcm_s16le", 24000, "mulaw")
-    expected = reference.push(pcm) + reference.flush()
-    played = [f for f in out if f]
-    assert len(played) == len(expected)
-    got = np.frombuffer(g711.ulaw_decode(b"".join(played)), "<i2").astype(int)
-    want = np.frombuffer(g711.ulaw_decode(b"".join(expected)), "<i2").astype(int)
+    got, want = _against_unreleased([f for f in out if f], pcm)
     assert np.max(np.abs(got - want)) <= 64  # one mu-law step at this level, at most
 
 
@@ -328,11 +337,7 @@ def test_a_provider_one_frame_and_5_ms_ahead_never_runs_dry() -> None:
         out.append(frame)
         n += 1
     assert h.call.stats().underruns == 0 and all(out)
-    reference = ToTelephony("pcm_s16le", 24000, "mulaw")
-    expected = reference.push(pcm) + reference.flush()
-    assert len(out) == len(expected)
-    got = np.frombuffer(g711.ulaw_decode(b"".join(out)), "<i2").astype(int)
-    want = np.frombuffer(g711.ulaw_decode(b"".join(expected)), "<i2").astype(int)
+    got, want = _against_unreleased(out, pcm)
     assert np.max(np.abs(got - want)) <= 0.03 * 0.5 * 32767
 
 

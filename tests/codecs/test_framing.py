@@ -102,3 +102,10 @@ def test_accepts_bytearray_and_memoryview_and_returns_bytes() -> None:
 def test_invalid_frame_size() -> None:
     with pytest.raises(ValueError):
         FrameCutter(0)
+
+
+def test_missing_bytes_is_what_completes_the_partial_frame() -> None:
+    cutter = FrameCutter(160)
+    assert cutter.missing_bytes == 160
+    cutter.push(b"\x00" * 200)
+    assert cutter.missing_bytes == 120
