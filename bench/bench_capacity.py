@@ -9,9 +9,9 @@ server share core 1. The call count steps up; a step meets the bar when every
 call was answered, every call's p99 departure deviation (seen by the
 receiver, kernel timestamps) is <= 2 ms and the calls' CDRs count zero
 underruns caused by the daemon (``underruns`` less ``underruns_provider``:
-a frame is the provider's when it had not sent the frame's audio yet, the
-daemon holding none of it and nothing waiting unread on the turn's provider
-connection;
+a frame is the provider's when it had not sent the frame's audio yet: the
+daemon held none of it, and none of it was among the bytes waiting unread on
+the turn's provider connection at that tick;
 both counts are printed, ``undr`` as ``daemon/provider``). Reported per
 step: daemon CPU, CPU microseconds per call-second
 (``/proc/<pid>/stat``), pacing, late wake-ups, what else used core 0, and a

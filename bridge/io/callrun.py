@@ -165,6 +165,7 @@ class CallRunner:
         "started_at",
         "started_info",
         "tail_pending",
+        "underruns_provider_busy",
     )
 
     def __init__(
@@ -216,6 +217,9 @@ class CallRunner:
         self.pending_prompts: dict[str, _PendingPrompt] = {}
         self.idle = True
         self.pump_unfinished = False
+        self.underruns_provider_busy = 0
+        """The provider's underruns found while its connection held other turns' audio
+        unread (``_provider_unread``): head-of-line on a shared connection."""
         self.tail_pending = False
         self.finished = False
         self.end_reason = ""
@@ -344,17 +348,25 @@ class CallRunner:
         return second
 
     def _provider_unread(self, turn_id: str) -> bool:
-        """Whether the turn's provider connection has bytes the daemon has not read yet.
+        """Whether the turn's provider connection has bytes the daemon has not read yet
+        (in the kernel, or read and not yet handed over).
 
-        They may be other turns' audio (a connection carries many), but reading
-        sooner would have found this turn's, if it was there: such an underrun
-        counts as the daemon's. A turn no speaker knows (a voice agent's) looks
-        at every provider connection.
+        If so, the underrun is the daemon's unless those bytes turn out not to
+        hold the turn's next audio (the connection carries other turns too):
+        the connection then calls back once it has read past them, and the
+        underrun is the provider's after all (``dry_was_provider``). A turn no
+        speaker knows (a voice agent's) looks at every provider connection.
         """
+        bridge = self.bridge
+
+        def providers_after_all() -> None:
+            self.underruns_provider_busy += 1
+            bridge.dry_was_provider()
+
         for speaker in self.speakers.values():
-            unread = speaker.unread_bytes(turn_id)
+            unread = speaker.watch_dry(turn_id, providers_after_all)
             if unread is not None:
-                return unread > 0
+                return unread
         return any(pool.unread_bytes() for pool in self.runtime.pools.values())
 
     def _on_tick_error(self, exc: BaseException) -> None:
@@ -703,6 +715,7 @@ class CallRunner:
             added_latency_ms=[round(v * 1000, 2) for v in s.added_latency_s],
             underruns=s.underruns,
             underruns_provider=s.underruns_provider,
+            underruns_provider_busy=self.underruns_provider_busy,
             provider_errors=s.provider_errors,
             frames_sent=s.frames_sent,
             late_wakeups=clock.late_wakeups,

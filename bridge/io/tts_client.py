@@ -23,6 +23,7 @@ import fcntl
 import functools
 import importlib
 import random
+import socket
 import termios
 from array import array
 from collections import OrderedDict, deque
@@ -184,24 +185,49 @@ class _ProviderWebSocket(ClientConnection):
         self._own_parsing: bool | None = None  # None until the handshake response is in
         self.after_read: Callable[[], None] | None = None
         """Called once a read's messages are all handed over (``_Connection._after_read``)."""
+        # Offsets in the byte stream read from the socket (``_Connection.watch_dry``):
+        self.received = 0
+        """Bytes read so far."""
+        self.consumed = 0
+        """Every message before this offset has been handed over."""
+        self.msg_start = 0
+        """Where the message being handed over begins (or an earlier offset)."""
 
     def data_received(self, data: bytes) -> None:
-        self._data_received(data)
+        start = self.received
+        self.received = start + len(data)
+        self._data_received(data, start)
+        self.consumed = self.received - len(self._pending) - self._parser_holds()
         after_read = self.after_read
         if after_read is not None:
             after_read()
 
-    def _data_received(self, data: bytes) -> None:
+    def _parser_holds(self) -> int:
+        """Bytes websockets' own parser holds, not yet a message (only once it parses)."""
+        if self._own_parsing:
+            return 0
+        reader = getattr(self.protocol, "reader", None)
+        buffer = getattr(reader, "buffer", None)
+        return len(buffer) if buffer is not None else 0
+
+    def _to_protocol(self, data: bytes) -> None:
+        """Bytes for websockets' parser: a message it hands over starts no earlier than
+        the first byte not yet handed over (``msg_start``)."""
+        self.msg_start = self.consumed
+        super().data_received(data)
+
+    def _data_received(self, data: bytes, start: int) -> None:
         if self._own_parsing is None:
-            super().data_received(data)
+            self._to_protocol(data)
             if self.response is not None and self._own_parsing is None:
                 # no frame came with the response and the read ended with it: the
                 # protocol's parser holds nothing and waits for a frame header
                 self._own_parsing = data.endswith(b"\r\n\r\n") and not self.protocol.reader.buffer
             return
         if not self._own_parsing:
-            super().data_received(data)
+            self._to_protocol(data)
             return
+        base = start - len(self._pending)  # the offset of buf[0]
         buf = self._pending + data if self._pending else data
         self._pending = b""
         protocol = self.protocol
@@ -225,11 +251,14 @@ class _ProviderWebSocket(ClientConnection):
                 self._pending = buf[pos:]  # the rest of this frame comes later
                 return
             if (b0 == 0x81 or b0 == 0x82) and not self._fragments:
+                self.msg_start, self.consumed = base + pos, base + end
                 pos = end
                 self._deliver(b0 == 0x81, buf[head:end])
             else:  # control frames, fragments, reserved opcodes: whole, to the protocol
                 frame, pos = buf[pos:end], end
-                super().data_received(frame)
+                self._to_protocol(frame)
+                if not self._fragments:  # (a fragmented message began before it)
+                    self.consumed = base + end
         else:
             if pos < size:
                 self._pending = buf[pos:]  # less than a header
@@ -237,7 +266,7 @@ class _ProviderWebSocket(ClientConnection):
         # not OPEN any more, or a header for the protocol to judge: it takes over
         self._own_parsing = False
         if pos < size:
-            super().data_received(buf[pos:])
+            self._to_protocol(buf[pos:])
 
     def process_event(self, event: Any) -> None:
         if self.response is None or not isinstance(event, Frame):
@@ -303,6 +332,16 @@ class _TurnClock:
         self.due_at = (due_at if due_at > now else now) + n_bytes * self.s_per_byte
 
 
+@dataclass(slots=True)
+class _DryWatch:
+    """An underrun counted as the daemon's while bytes read later may show otherwise."""
+
+    wire_id: str
+    mark: int
+    """The stream offset where the bytes waiting unread at the dry tick end."""
+    on_provider: Callable[[], None]
+
+
 class _Connection:
     """One WebSocket to the provider and the engine that speaks its protocol.
 
@@ -345,9 +384,64 @@ class _Connection:
         """Each turn's audio ahead of its playout (only with flow control on)."""
         self.paused = False
         self.flow_timer: asyncio.TimerHandle | None = None
+        self.dry_watches: list[_DryWatch] = []
+        """Underruns waiting for their verdict (``watch_dry``)."""
 
     def now(self) -> float:
         return self.loop.time()
+
+    def watch_dry(self, wire_id: str, on_provider: Callable[[], None]) -> bool:
+        """A turn on this connection ran dry: did the daemon hold its next audio unread?
+
+        False: nothing waits unread, in the kernel or read and not yet handed
+        over; the provider had not sent it. True: bytes wait, and the underrun
+        is the daemon's unless they turn out not to hold the turn's audio:
+        the connection then remembers where those bytes end and, once it has
+        handed over everything before that point without the turn's audio,
+        calls ``on_provider`` (they were other turns' audio; the provider sent
+        this turn's later). It stays the daemon's without a verdict when so
+        much waits in the kernel that the provider may have been held back by
+        the receive window, on TLS (the kernel counts encrypted bytes) and
+        if the connection closes first.
+        """
+        ws = self.ws
+        if not isinstance(ws, _ProviderWebSocket):
+            return self.unread_bytes() > 0
+        kernel = self.unread_bytes()
+        if not kernel and ws.received == ws.consumed:
+            return False
+        transport = ws.transport
+        if transport.get_extra_info("sslcontext") is not None:
+            return True
+        sock = transport.get_extra_info("socket")
+        try:
+            window = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
+        except (OSError, AttributeError):
+            return True
+        if kernel >= window:
+            return True
+        self.dry_watches.append(_DryWatch(wire_id, ws.received + kernel, on_provider))
+        return True
+
+    def _dry_audio(self, wire_id: str) -> None:
+        """Audio of ``wire_id`` is being handed over: it was waiting unread at its
+        watches' dry ticks, which stay the daemon's. (A watch whose mark an earlier
+        message passed was settled after that message; only where websockets' own
+        parser cuts the frames can a watch outlive its mark until the read ends,
+        and then the verdict errs to the daemon.)"""
+        self.dry_watches = [w for w in self.dry_watches if w.wire_id != wire_id]
+
+    def _dry_settle(self) -> None:
+        """Watches whose unread bytes are all handed over without their turn's audio."""
+        ws = self.ws
+        consumed = ws.consumed if isinstance(ws, _ProviderWebSocket) else 0
+        keep: list[_DryWatch] = []
+        for w in self.dry_watches:
+            if w.mark <= consumed:
+                w.on_provider()
+            else:
+                keep.append(w)
+        self.dry_watches = keep
 
     def unread_bytes(self) -> int:
         """Bytes the kernel holds for this connection that the daemon has not read."""
@@ -383,6 +477,8 @@ class _Connection:
 
     def _after_read(self) -> None:
         """A read's messages are handed over: stop reading while every turn is well ahead."""
+        if self.dry_watches:
+            self._dry_settle()
         high = self.pool.flow_high_s
         clocks = self.clocks
         if high is None or self.paused or self.closed or not clocks:
@@ -461,12 +557,16 @@ class _Connection:
             self._audio(piece)
         else:
             self._words(piece)
+        if self.dry_watches:
+            self._dry_settle()
         # a burst (many turns' audio at once) is read in one data_received, without
         # a return to the loop: let frames due meanwhile leave on time
         self.pool.preempt()
 
     def _audio(self, piece: AudioPiece) -> None:
         turn_id, audio, audio_format = piece
+        if self.dry_watches:
+            self._dry_audio(turn_id)
         audio_sink = self.audio_sinks.get(turn_id)
         if audio_sink is not None:
             clocks = self.clocks
@@ -598,6 +698,8 @@ class _Connection:
 
     def _dispatch(self, event: Event) -> None:
         cls = type(event)
+        if cls is AudioReceived and self.dry_watches:
+            self._dry_audio(event.turn_id)  # type: ignore[attr-defined]
         if cls is AudioReceived or cls is WordsTimed:  # the bulk of a turn: straight to its sink
             if cls is AudioReceived and self.clocks:  # flow control on
                 clock = self.clocks.get(event.turn_id)  # type: ignore[attr-defined]
@@ -1073,12 +1175,13 @@ class Speaker:
         self.turns[turn_id] = turn
         self._start(turn)
 
-    def unread_bytes(self, turn_id: str) -> int | None:
-        """Bytes unread on the connection carrying the turn (``None``: not on one here)."""
+    def watch_dry(self, turn_id: str, on_provider: Callable[[], None]) -> bool | None:
+        """The turn ran dry: whether its connection holds bytes unread (``_Connection.
+        watch_dry``, which may call ``on_provider`` later); ``None``: not a turn here."""
         turn = self.turns.get(turn_id)
         if turn is None or turn.handle is None:
             return None
-        return turn.handle.conn.unread_bytes()
+        return turn.handle.conn.watch_dry(turn.handle.turn_id, on_provider)
 
     def send_text(self, turn_id: str, text: str) -> None:
         turn = self.turns.get(turn_id)

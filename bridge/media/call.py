@@ -925,6 +925,11 @@ class CallBridge:
         if self._provider_dry:
             self._provider_dry -= 1
 
+    def dry_was_provider(self) -> None:
+        """An underrun ``dry_was_unread`` gave the daemon was the provider's after all: the
+        bytes waiting unread at its tick held none of the turn's audio."""
+        self._provider_dry += 1
+
     def _drain_pending(self, turn: CallTurn) -> None:
         """Transcode all the turn's pending audio now (before a truncation by position)."""
         while turn.pending:
