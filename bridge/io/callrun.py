@@ -144,9 +144,11 @@ class CallRunner:
         "armed",
         "bridge",
         "call_id",
+        "carrier_ahead",
         "clock",
         "config",
         "daemon",
+        "dry_seen",
         "end_reason",
         "finished",
         "idle",
@@ -220,6 +222,12 @@ class CallRunner:
         self.underruns_provider_busy = 0
         """The provider's underruns found while its connection held other turns' audio
         unread (``_provider_unread``): head-of-line on a shared connection."""
+        self.carrier_ahead = 0
+        """Frames a buffering carrier (``lead_frames``) holds beyond the one it plays: the
+        lead sent at a talkspurt's start, one less for each tick that sends none. A dry
+        tick while it holds one leaves no gap (``CallBridge.dry_was_covered``)."""
+        self.dry_seen = 0
+        """``CallBridge.dry_ticks`` as of the last tick without a frame."""
         self.tail_pending = False
         self.finished = False
         self.end_reason = ""
@@ -328,18 +336,31 @@ class CallRunner:
             dry = bridge.provider_dry
             if dry is not None:  # an underrun the provider looks to blame for
                 bridge.provider_dry = None
-                if self._provider_unread(dry):
-                    bridge.dry_was_unread()
+            ahead = self.carrier_ahead
+            if ahead:  # the carrier plays a frame it holds
+                self.carrier_ahead = ahead - 1
+                if bridge.dry_ticks != self.dry_seen:  # the caller hears no gap
+                    bridge.dry_was_covered(dry is not None)
+                    dry = None
+            self.dry_seen = bridge.dry_ticks
+            if dry is not None and self._provider_unread(dry):
+                bridge.dry_was_unread()
         elif self.idle:
-            if self.lead_frames:
-                # a buffering carrier gets a small lead at a turn's start, then one per tick
-                for _ in range(self.lead_frames):
+            lead = self.lead_frames - self.carrier_ahead
+            if lead > 0:
+                # a buffering carrier gets a small lead at a turn's start (or back after
+                # a dry tick), then one frame per tick
+                sent = 0
+                for _ in range(lead):
                     if not bridge.frame_ready():
                         break
                     extra = bridge.tick(now)
                     if extra is None:
                         break
                     self.leg.send_frame(extra, n, now)
+                    sent += 1
+                self.carrier_ahead += sent
+                self.dry_seen = bridge.dry_ticks
             self.idle = False
         if bridge.has_output() or self.pump_unfinished:
             # A tick reaches the turn source and the app only through the
@@ -557,6 +578,7 @@ class CallRunner:
             self.leg.send_mark(a.name)
         elif isinstance(a, ClearLeg):
             self.leg.clear()
+            self.carrier_ahead = 0  # the carrier drops what it holds
         elif isinstance(a, HangupLeg):
             if self.leg.kind == "sip" and a.reason not in ("internal_error", "shutdown"):
                 # a frame sent is not yet a frame played: the phone's jitter buffer

@@ -227,6 +227,7 @@ class CallBridge:
         "_decode_ahead",
         "_frames_sent",
         "_provider_dry",
+        "_covered",
         "_sending",
         "_armed",
         "_agent_played_at",
@@ -256,6 +257,7 @@ class CallBridge:
         "_turn_count",
         "_turns",
         "call_id",
+        "dry_ticks",
         "provider_dry",
         "__weakref__",  # a call is watched by weak reference (tests/e2e/test_call_release.py)
     )
@@ -333,6 +335,10 @@ class CallBridge:
         self._provider_errors = 0
         self._frames_sent = 0
         self._provider_dry = 0
+        self._covered = 0
+        self.dry_ticks = 0
+        """Ticks a started, unfinished head turn had no frame (``_dry``), as they happen:
+        the shell compares it to tell an underrun from an idle tick."""
         self.provider_dry: str | None = None
         """The turn whose tick last ran dry for want of the provider's audio (``_dry``);
         the shell clears it, and calls ``dry_was_unread`` if that audio was waiting unread."""
@@ -392,7 +398,7 @@ class CallBridge:
             turns=self._turn_count,
             turns_finished=self._finished,
             turns_interrupted=self._interrupted,
-            underruns=playout.underruns,
+            underruns=playout.underruns - self._covered,
             underruns_provider=self._provider_dry,
             barge_ins=dict(self._barge_ins),
             bargein_timings=tuple(self._timings),
@@ -911,6 +917,7 @@ class CallBridge:
         provider socket (``dry_was_unread``: the daemon's doing after all).
         Otherwise the daemon held audio it had (in a filter or a backlog).
         """
+        self.dry_ticks += 1
         turn = self._turns.get(turn_id)
         if turn is None:
             return
@@ -923,6 +930,14 @@ class CallBridge:
     def dry_was_unread(self) -> None:
         """The last ``provider_dry`` tick's audio was waiting unread: the daemon's underrun."""
         if self._provider_dry:
+            self._provider_dry -= 1
+
+    def dry_was_covered(self, provider: bool) -> None:
+        """The last dry tick left no gap: a buffering carrier played a frame it held (the
+        shell keeps count of what it sent ahead). Not an underrun; ``provider``: it had
+        been counted as the provider's (``provider_dry``)."""
+        self._covered += 1
+        if provider and self._provider_dry:
             self._provider_dry -= 1
 
     def dry_was_provider(self) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from bridge.io.tts_client import _Connection, _ProviderWebSocket
 
-from .harness import FACTOR, TwilioCall, stack
+from .harness import FACTOR, Stack, TwilioCall, stack
 
 TEXT = " ".join(f"word{k}" for k in range(40))
 ROUTE = f"""
@@ -26,8 +26,8 @@ greeting = "{TEXT}"
 HOLD_S = 0.5
 
 
-def _hold_after_first_word(conn: _Connection, in_kernel: bool) -> None:
-    """From the turn's second audio message on, hold every message for ``HOLD_S``."""
+def _hold_after_first_word(conn: _Connection, in_kernel: bool, hold_s: float) -> None:
+    """From the turn's second audio message on, hold every message for ``hold_s``."""
     loop = asyncio.get_running_loop()
     ws = conn.ws
     assert isinstance(ws, _ProviderWebSocket)
@@ -48,7 +48,7 @@ def _hold_after_first_word(conn: _Connection, in_kernel: bool) -> None:
             state["audio"] += 1
             if state["audio"] == 2:
                 state["holding"] = True
-                loop.call_later(HOLD_S, release)
+                loop.call_later(hold_s, release)
                 if in_kernel:  # what follows waits in the kernel, unread
                     ws.transport.pause_reading()
         if state["holding"]:
@@ -59,35 +59,62 @@ def _hold_after_first_word(conn: _Connection, in_kernel: bool) -> None:
     ws.on_message = on_message
 
 
-def _underruns(in_kernel: bool) -> tuple[float, float]:
-    async def body() -> tuple[float, float]:
-        async with stack(ROUTE) as st:
+def _underruns(
+    in_kernel: bool, lead_ms: int = 60, hold_s: float = HOLD_S
+) -> tuple[float, float, float]:
+    """(underruns, the provider's, seconds the carrier's buffer ran dry mid-turn)."""
+
+    async def body() -> tuple[float, float, float]:
+        async with stack(ROUTE, ms_extra=f"lead_ms = {lead_ms}") as st:
             assert st.daemon.runtime is not None
-            _hold_after_first_word(st.daemon.runtime.pools["main"].connections[0], in_kernel)
-            async with TwilioCall(st.ms_port):
+            conn = st.daemon.runtime.pools["main"].connections[0]
+            _hold_after_first_word(conn, in_kernel, hold_s)
+            async with TwilioCall(st.ms_port) as call:
                 await asyncio.sleep(HOLD_S + 1.0)
             m = st.daemon.metrics
 
             async def ended() -> None:  # the call's counters land when it ends
-                while not m.underruns_total._value.get():
+                while not call_ended(st):
                     await asyncio.sleep(0.01)
 
             await asyncio.wait_for(ended(), 10 * FACTOR)
             return (
                 m.underruns_total._value.get(),
                 m.underruns_provider_total._value.get(),
+                sum(d for _, d in call.carrier.playout_gaps()),
             )
 
     return asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
 
 
+def call_ended(st: Stack) -> bool:
+    return sum(leg.active_calls() for leg in st.daemon.legs) == 0
+
+
 def test_audio_the_provider_sent_late_is_the_providers_underrun() -> None:
-    total, provider = _underruns(in_kernel=False)
+    total, provider, gap_s = _underruns(in_kernel=False)
     assert total >= 10  # about HOLD_S of silence, less what the first word covered
     assert provider == total
+    # each underrun is a frame the caller did not hear: the carrier's buffer, once its
+    # lead was spent, ran dry for as long (within a frame either side)
+    assert abs(total * 0.02 - gap_s) <= 0.03
 
 
 def test_audio_waiting_unread_in_the_kernel_is_the_daemons_underrun() -> None:
-    total, provider = _underruns(in_kernel=True)
+    total, provider, gap_s = _underruns(in_kernel=True)
     assert total >= 10
     assert provider == 0
+    assert abs(total * 0.02 - gap_s) <= 0.03
+
+
+def test_a_dry_spell_the_carriers_lead_covers_is_no_underrun() -> None:
+    """The media stream's carrier holds the lead sent at the turn's start (here up to
+    300 ms: the first word, ~190 ms, all goes at once): while it holds some, a tick
+    with nothing to send leaves no gap, and counts as no underrun. Then a spell
+    longer than the lead: only the ticks after the lead is spent count."""
+    total, provider, gap_s = _underruns(in_kernel=False, lead_ms=300, hold_s=0.1)
+    assert gap_s == 0.0  # the caller heard the whole turn without a gap
+    assert total == 0 and provider == 0
+    total, provider, gap_s = _underruns(in_kernel=False, lead_ms=300, hold_s=0.6)
+    assert gap_s > 0.2
+    assert provider == total and abs(total * 0.02 - gap_s) <= 0.03
