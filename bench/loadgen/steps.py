@@ -139,6 +139,8 @@ def _cdr_figures(d: ServerUnderTest, call_ids: set[str] | None) -> dict[str, Any
         # of the provider's, those whose tick found other turns' audio unread on the turn's
         # connection, none of it the turn's (head-of-line on a shared connection)
         "underruns_provider_busy": sum(int(c.get("underruns_provider_busy", 0)) for c in lines),
+        # media streams: ticks with nothing to send that the carrier's lead covered (no gap)
+        "dry_covered": sum(int(c.get("dry_covered", 0)) for c in lines),
         "late_wakeups": sum(int(c.get("late_wakeups", 0)) for c in lines),
         "provider_errors": sum(int(c.get("provider_errors", 0)) for c in lines),
         **ttfa_figures(lines),

@@ -148,6 +148,7 @@ class CallRunner:
         "clock",
         "config",
         "daemon",
+        "dry_covered",
         "dry_seen",
         "end_reason",
         "finished",
@@ -228,6 +229,8 @@ class CallRunner:
         tick while it holds one leaves no gap (``CallBridge.dry_was_covered``)."""
         self.dry_seen = 0
         """``CallBridge.dry_ticks`` as of the last tick without a frame."""
+        self.dry_covered = 0
+        """Ticks with nothing to send that the carrier's lead covered (not underruns)."""
         self.tail_pending = False
         self.finished = False
         self.end_reason = ""
@@ -341,6 +344,7 @@ class CallRunner:
                 self.carrier_ahead = ahead - 1
                 if bridge.dry_ticks != self.dry_seen:  # the caller hears no gap
                     bridge.dry_was_covered(dry is not None)
+                    self.dry_covered += 1
                     dry = None
             self.dry_seen = bridge.dry_ticks
             if dry is not None and self._provider_unread(dry):
@@ -738,6 +742,7 @@ class CallRunner:
             underruns=s.underruns,
             underruns_provider=s.underruns_provider,
             underruns_provider_busy=self.underruns_provider_busy,
+            dry_covered=self.dry_covered,
             provider_errors=s.provider_errors,
             frames_sent=s.frames_sent,
             late_wakeups=clock.late_wakeups,
