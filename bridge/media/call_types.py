@@ -283,11 +283,13 @@ class CallStats:
     turns_finished: int
     turns_interrupted: int
     underruns: int
-    """Ticks inside a started turn with no frame ready (silence was sent)."""
+    """Ticks inside a started turn with no frame ready (silence was sent), less those a
+    buffering carrier covered from the lead it held (``CallBridge.dry_was_covered``)."""
     underruns_provider: int
     """Of ``underruns``: ticks the provider had not yet sent the frame's audio (it had
     handed over less than the turn's played position + one frame, and the shell found
-    none of it waiting unread; ``CallBridge.provider_dry``). The rest the daemon held."""
+    none of it among the bytes waiting unread; ``CallBridge.provider_dry``). The rest
+    the daemon held, or had not read in time."""
     barge_ins: dict[str, int]
     """Barge-ins that cut audio, by reason."""
     bargein_timings: tuple[BargeInTiming, ...]
