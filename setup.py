@@ -4,7 +4,8 @@ Everything else about the package is in pyproject.toml. The modules below are
 the per-frame path of every call (the engines the media ticker drives 50 times
 a second per call); mypyc turns their type-annotated Python into C extension
 modules, which the interpreter imports instead of the ``.py`` files beside
-them. ``CALLBRIDGE_PURE_PYTHON=1`` builds without them: the same package in
+them; the RTP socket's per-packet calls (``bridge/io/_rtpsock.c``) are a
+small hand-written C module. ``CALLBRIDGE_PURE_PYTHON=1`` builds without them: the same package in
 pure Python, slower, and what to use on a machine without a C compiler.
 """
 
@@ -13,21 +14,35 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import Any
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 HERE = Path(__file__).resolve().parent
 
 
-def native_sources() -> list[str]:
-    """The list in ``bridge/native.py``, read without importing the package."""
+def _native() -> Any:
+    """``bridge/native.py``, read without importing the package."""
     spec = importlib.util.spec_from_file_location(
         "_callbridge_native", HERE / "bridge" / "native.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return list(module.native_sources(HERE))
+    return module
+
+
+def native_sources() -> list[str]:
+    """The modules mypyc compiles (the list in ``bridge/native.py``)."""
+    return list(_native().native_sources(HERE))
+
+
+def c_extensions() -> list[Extension]:
+    """The hand-written C modules (``C_EXTENSIONS`` in ``bridge/native.py``)."""
+    return [
+        Extension(source[: -len(".c")].replace("/", "."), [source])
+        for source in _native().C_EXTENSIONS
+    ]
 
 
 def ext_modules() -> list[object]:
@@ -36,8 +51,9 @@ def ext_modules() -> list[object]:
     from mypyc.build import mypycify
 
     os.chdir(HERE)  # mypyc names the modules by their paths from here
-    return list(
-        mypycify(
+    return [
+        *c_extensions(),
+        *mypycify(
             [
                 # the build environment has only the build requirements: the runtime
                 # dependencies are typed as Any here (mypy --strict checks them apart)
@@ -49,8 +65,8 @@ def ext_modules() -> list[object]:
             opt_level="3",
             multi_file=True,  # one C file per module: smaller units, rebuilt apart
             group_name="callbridge_native",  # the shared library: callbridge_native__mypyc
-        )
-    )
+        ),
+    ]
 
 
 setup(ext_modules=ext_modules())

@@ -16,6 +16,7 @@ import importlib.machinery
 from pathlib import Path
 
 __all__ = [
+    "C_EXTENSIONS",
     "NATIVE_MODULES",
     "NATIVE_PACKAGES",
     "clean",
@@ -30,6 +31,10 @@ NATIVE_PACKAGES = ("bridge/media", "bridge/rtp", "bridge/streams")
 
 NATIVE_MODULES = ("bridge/engine.py", "bridge/control/commands.py", "bridge/tts/base.py")
 """And these: the base classes and types the compiled engines are built on."""
+
+C_EXTENSIONS = ("bridge/io/_rtpsock.c",)
+"""Hand-written C modules (``setup.py`` builds them beside their source, like the others):
+the RTP socket's per-packet calls, with a Python fallback in ``bridge/io/rtpsock.py``."""
 
 ROOT = Path(__file__).resolve().parent.parent
 """The directory that holds the ``bridge`` package."""
@@ -55,9 +60,14 @@ def _extension(source: Path) -> Path | None:
     return None
 
 
+def _all_sources(root: Path) -> list[str]:
+    """The mypyc sources and the C modules' sources."""
+    return [*native_sources(root), *C_EXTENSIONS]
+
+
 def compiled(root: Path = ROOT) -> list[str]:
     """The native sources that have an extension module beside them."""
-    return [s for s in native_sources(root) if _extension(root / s) is not None]
+    return [s for s in _all_sources(root) if _extension(root / s) is not None]
 
 
 def stale(root: Path = ROOT) -> list[str]:
@@ -66,7 +76,7 @@ def stale(root: Path = ROOT) -> list[str]:
     Empty when nothing is compiled (a pure-Python install: nothing shadows
     the sources) or when every compiled module was built after its source.
     """
-    sources = native_sources(root)
+    sources = _all_sources(root)
     built = {s: _extension(root / s) for s in sources}
     if not any(built.values()):
         return []
@@ -80,7 +90,7 @@ def stale(root: Path = ROOT) -> list[str]:
 def clean(root: Path = ROOT) -> list[str]:
     """Remove the extension modules built beside the native sources (back to pure Python)."""
     removed = []
-    for source in native_sources(root):
+    for source in _all_sources(root):
         ext = _extension(root / source)
         while ext is not None:
             ext.unlink()
@@ -113,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if not built:
         print("pure Python: no compiled modules")
         return 1 if args.check else 0
-    print(f"{len(built)} modules compiled with mypyc, all current")
+    print(f"{len(built)} modules compiled (mypyc and C), all current")
     return 0
 
 

@@ -23,7 +23,6 @@ import ipaddress
 import os
 import re
 import socket
-import struct
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
@@ -32,6 +31,7 @@ from bridge.config import RouteConfig, split_hostport
 from bridge.control import commands as cmd
 from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
+from bridge.io.rtpsock import recv_stamped
 from bridge.io.ticker import InboundCallback, ProcessCallback
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
@@ -69,8 +69,6 @@ MAX_BIND_ATTEMPTS = 8
 
 SO_TIMESTAMPNS = 35 if sys.platform == "linux" else None
 """Linux: the kernel stamps each datagram's arrival (``SCM_TIMESTAMPNS``, CLOCK_REALTIME)."""
-_TIMESPEC = struct.Struct("@qq")
-_unpack_timespec = _TIMESPEC.unpack_from
 FRAME_S = 0.02
 MAX_READS_PER_TICK = 32
 """A call's RTP socket is read at its tick; a backlog larger than this waits for the next one."""
@@ -206,6 +204,8 @@ class _SipCall:
         "_rx_addr",
         "_rx_at",
         "_rx_data",
+        "_rx_key",
+        "_rx_source",
         "audio",
         "call_id",
         "created_at",
@@ -257,6 +257,9 @@ class _SipCall:
         self._rx_addr: Any = None
         self._rx_at = 0.0
         """The first datagram's source and arrival time."""
+        self._rx_key = -2
+        self._rx_source: tuple[str, int] | None = None
+        """The last datagram's source, and its key from ``rtpsock.recv_stamped`` (-2: none yet)."""
         self._rx: list[tuple[bytes, Any, float]] = []
         """(datagram, source, arrival) of any further datagrams read by this tick's ``_inbound``."""
         self.runner: CallRunner | None = None
@@ -385,7 +388,9 @@ class _SipCall:
         Reading stops at the first datagram that arrived within the last
         frame period (anything queued behind it is younger still and is read
         at the next tick), so a backlog drains and the common tick costs a
-        single ``recvmsg``.
+        single ``recvmsg``. The reads go through ``bridge.io.rtpsock``: the
+        peer's address is formatted once, not per datagram, and an empty
+        socket raises nothing.
         """
         sock = self.rtp_sock
         if sock is None or self._rx_data is not None:
@@ -394,14 +399,19 @@ class _SipCall:
             return self._process_cb
         # the common tick: one datagram, kept in three slots (no tuple, no list)
         try:
-            data, anc, _flags, addr = sock.recvmsg(2048, 64)
-        except OSError:  # nothing queued (or the socket was closed)
+            got = recv_stamped(sock, self._rx_key)
+        except OSError:  # the socket was closed
             return self._process_cb
+        if got is None:  # nothing queued
+            return self._process_cb
+        data, stamp, key, addr = got
+        if addr is not None:  # a source other than the last one (or not IPv4)
+            self._rx_key = key
+            self._rx_source = addr
         self._rx_data = data
-        self._rx_addr = addr
-        if anc:
-            sec, nsec = _unpack_timespec(anc[0][2])
-            arrival = sec + nsec * 1e-9 + self.ticker.real_to_mono
+        self._rx_addr = self._rx_source
+        if stamp >= 0.0:
+            arrival = stamp + self.ticker.real_to_mono
             if arrival > now:
                 arrival = now
             self._rx_at = arrival
@@ -414,17 +424,22 @@ class _SipCall:
         mono = self.ticker.real_to_mono
         for _ in range(MAX_READS_PER_TICK - 1):
             try:
-                data, anc, _flags, addr = sock.recvmsg(2048, 64)
+                got = recv_stamped(sock, self._rx_key)
             except OSError:
                 break
-            if not anc:
-                rx.append((data, addr, now))
+            if got is None:
+                break
+            data, stamp, key, addr = got
+            if addr is not None:
+                self._rx_key = key
+                self._rx_source = addr
+            if stamp < 0.0:
+                rx.append((data, self._rx_source, now))
                 continue
-            sec, nsec = _unpack_timespec(anc[0][2])
-            arrival = sec + nsec * 1e-9 + mono
+            arrival = stamp + mono
             if arrival > now:
                 arrival = now
-            rx.append((data, addr, arrival))
+            rx.append((data, self._rx_source, arrival))
             if arrival > now - FRAME_S:
                 break
         return self._process_cb
@@ -436,16 +451,12 @@ class _SipCall:
         data = self._rx_data
         if data is not None:
             self._rx_data = None
-            addr = self._rx_addr
-            if len(addr) != 2:  # IPv6 source addresses come as 4-tuples
-                addr = (addr[0], addr[1])
-            if rtp.receive_datagram(data, addr, self._rx_at):
+            # (host, port): rtpsock gives IPv6 sources without flow info and scope
+            if rtp.receive_datagram(data, self._rx_addr, self._rx_at):
                 pump = True  # the engine queued something (latch, DTMF, SSRC, ...)
             rx = self._rx
             if rx:
                 for data, addr, arrival in rx:
-                    if len(addr) != 2:
-                        addr = (addr[0], addr[1])
                     if rtp.receive_datagram(data, addr, arrival):
                         pump = True
                 rx.clear()
