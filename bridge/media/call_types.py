@@ -121,8 +121,14 @@ class CallOptions:
     """Security limit on frames queued for the leg (15 000 = 5 minutes)."""
     decode_ahead_frames: int = 3
     """Provider audio is transcoded on demand, this many leg frames ahead of the clock."""
-    decode_piece_ms: int = 200
-    """Provider audio transcoded in one go when the frames ready fall short."""
+    decode_piece_ms: int = 1000
+    """Provider audio transcoded in one go when the frames ready fall short.
+
+    A second: each soxr call has fixed work around it (numpy conversions, the
+    join's history), and at 200 ms that was a fifth of the call side's CPU
+    (``bench/bench_call.py``, SIP with 24 kHz PCM, runs interleaved: 7.2-7.3 µs
+    per call per 20 ms at 200 ms, 5.7-5.9 at 1 000). One piece is ~0.1 ms of
+    work for one call at one tick, and 1 s of frames (8 KB of mu-law) held ahead."""
     max_undecoded_ms: int = 20_000
     """Provider audio one turn may hold untranscoded (by duration); beyond it the oldest
     is transcoded at arrival. 0 transcodes everything at arrival (no look-ahead)."""
