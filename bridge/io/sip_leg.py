@@ -31,7 +31,7 @@ from bridge.config import RouteConfig, split_hostport
 from bridge.control import commands as cmd
 from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
-from bridge.io.rtpsock import recv_stamped
+from bridge.io.rtpsock import SCM_TIMESTAMPNS, recv_stamped
 from bridge.io.ticker import InboundCallback, ProcessCallback
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
@@ -67,7 +67,7 @@ log = get_logger("callbridge.sip")
 _URI_USER = re.compile(r"^sips?:([^@;>]+)@", re.IGNORECASE)
 MAX_BIND_ATTEMPTS = 8
 
-SO_TIMESTAMPNS = 35 if sys.platform == "linux" else None
+SO_TIMESTAMPNS = SCM_TIMESTAMPNS if sys.platform == "linux" else None
 """Linux: the kernel stamps each datagram's arrival (``SCM_TIMESTAMPNS``, CLOCK_REALTIME)."""
 FRAME_S = 0.02
 MAX_READS_PER_TICK = 32
