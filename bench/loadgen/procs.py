@@ -138,13 +138,15 @@ def config_text(
     lead_ms: int = 60,
     max_loop_lag_ms: float = 0,
     daemon_extra: str = "",
+    provider_extra: str = "",
 ) -> str:
     """The daemon's config for a benchmark.
 
     ``max_loop_lag_ms`` is off (0) by default: the benchmarks look for where
     pacing fails, and a neighbour on the shared machine would otherwise make
     the daemon shed the very calls a step needs (503, overloaded).
-    ``daemon_extra``: more ``[daemon]`` lines (TOML), for diagnostics.
+    ``daemon_extra``: more ``[daemon]`` lines (TOML), for diagnostics;
+    ``provider_extra``: more lines for the provider (e.g. ``flow_control_ahead_s``).
     """
     fmt = 'encoding = "pcm"\nsample_rate = 24000\n' if pcm24k else ""
     return f"""
@@ -177,7 +179,7 @@ protocol = "kova"
 url = "ws://127.0.0.1:{tts_port}/v1/ws/kova"
 api_key = "k"
 voice = "tone"
-{fmt}
+{fmt}{provider_extra}
 [flows.talk]
 start = "talk"
 
@@ -218,13 +220,21 @@ class DaemonUnderTest:
         core: int = DAEMON_CORE,
         lead_ms: int = 60,
         daemon_extra: str = "",
+        provider_extra: str = "",
         src: Path | None = None,
     ) -> DaemonUnderTest:
         sip, ms, api = free_port(socket.SOCK_DGRAM), free_port(), free_port()
         cfg = workdir / "callbridge.toml"
         cfg.write_text(
             config_text(
-                tts_port, sip, ms, api, pcm24k=pcm24k, lead_ms=lead_ms, daemon_extra=daemon_extra
+                tts_port,
+                sip,
+                ms,
+                api,
+                pcm24k=pcm24k,
+                lead_ms=lead_ms,
+                daemon_extra=daemon_extra,
+                provider_extra=provider_extra,
             )
         )
         proc = subprocess.Popen(
