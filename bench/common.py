@@ -25,8 +25,21 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
         "commit": commit,
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``): the VM's host can change between runs."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 def pct(values: list[float], q: float) -> float:
