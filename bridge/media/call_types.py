@@ -121,14 +121,19 @@ class CallOptions:
     """Security limit on frames queued for the leg (15 000 = 5 minutes)."""
     decode_ahead_frames: int = 3
     """Provider audio is transcoded on demand, this many leg frames ahead of the clock."""
-    decode_piece_ms: int = 1000
+    decode_piece_ms: int = 500
     """Provider audio transcoded in one go when the frames ready fall short.
 
-    A second: each soxr call has fixed work around it (numpy conversions, the
-    join's history), and at 200 ms that was a fifth of the call side's CPU
-    (``bench/bench_call.py``, SIP with 24 kHz PCM, runs interleaved: 7.2-7.3 µs
-    per call per 20 ms at 200 ms, 5.7-5.9 at 1 000). One piece is ~0.1 ms of
-    work for one call at one tick, and 1 s of frames (8 KB of mu-law) held ahead."""
+    Half a second, a trade-off measured in the daemon (docs/benchmarks.md,
+    section 3, "Twelfth pass"). Each soxr call has fixed work around it (numpy
+    conversions, the join's history): at 200 ms that was a fifth of the call
+    side's CPU (``bench/bench_call.py``, SIP with 24 kHz PCM: 7.2-7.3 µs per call
+    per 20 ms at 200 ms, 5.7-5.9 at 1 000). But 1 s pieces cost the other calls'
+    pacing: at 400 and 500 SIP calls with 24 kHz PCM, runs interleaved, the
+    worst call's p99 was 2.1-3.9 ms at 1 000 and 1.7-2.1 at 500, for 5-7 % more
+    CPU. Why is not traced; the daemon's RSS was also 40-60 MB lower, so each
+    piece touches less memory. 250 ms paced no better than 500 and cost another
+    6 %."""
     max_undecoded_ms: int = 20_000
     """Provider audio one turn may hold untranscoded (by duration); beyond it the oldest
     is transcoded at arrival. 0 transcodes everything at arrival (no look-ahead)."""
