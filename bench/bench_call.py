@@ -157,6 +157,8 @@ def run_once(
                     bridge.mark_echoed(name, False, now)
                 pending.clear()
             bridge.tick(now)
+            if bridge.feed_due():  # as the daemon's shell: the look-ahead after the send
+                bridge.feed(now)
             if drain_always or bridge.has_output():
                 for action in bridge.actions_to_send():
                     if type(action) is SendMark:

@@ -168,6 +168,7 @@ class CallRunner:
         "started_at",
         "started_info",
         "tail_pending",
+        "ticker",
         "underruns_provider_busy",
     )
 
@@ -234,6 +235,7 @@ class CallRunner:
         self.tail_pending = False
         self.finished = False
         self.end_reason = ""
+        self.ticker = daemon.ticker
         self.clock = daemon.ticker.add(
             call_id, self._on_frame, self._on_tick_error, ts0=random.getrandbits(32)
         )
@@ -370,6 +372,8 @@ class CallRunner:
             # A tick reaches the turn source and the app only through the
             # bridge's actions and events; most ticks have none (no lists).
             self.pump(now)
+        if bridge.feed_due():  # the next frames' transcoding, once this wake-up's have left
+            self.ticker.after_send(self.call_id, bridge.feed)
         return second
 
     def _provider_unread(self, turn_id: str) -> bool:

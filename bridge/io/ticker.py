@@ -54,7 +54,9 @@ once the next wake-up's timer would have fired it runs that wake-up's first
 two phases there (frames out, sockets read) and queues its third phase
 behind the rest, up to ``MAX_PASSES`` wake-ups before it returns to the
 loop. A burst (turns starting together, a collection pass) then delays
-inbound work, not departures. A stream's third phase still runs
+inbound work, not departures. A frame callback can queue work of its own
+for that phase too (``after_send``: the call's transcoding of its next
+frames), so it runs once the wake-up's frames have left. A stream's third phase still runs
 before its next frame is built, except where a talkspurt start moves that
 frame into the window: a stream's second phase must then keep whatever the
 first one read (``bridge.io.sip_leg``'s does).
@@ -173,6 +175,13 @@ class MediaTicker:
         self.streams[key] = stream
         self._arm()
         return stream.clock
+
+    def after_send(self, key: str, work: ProcessCallback) -> None:
+        """From a frame callback: run ``work(now)`` with this wake-up's third phases,
+        once every due frame has left (nothing if the stream is gone)."""
+        stream = self.streams.get(key)
+        if stream is not None:
+            self._process.append((stream, work))
 
     def overloaded(self, max_lag_s: float) -> bool:
         """Whether frames leave later than ``max_lag_s`` on average: take no new calls."""

@@ -53,9 +53,12 @@ Speaker. The settings ask for the leg's own format (mu-law/A-law at 8 kHz on
 G.711 legs) so a provider that honours it is passed through untouched; audio
 in any other format is transcoded. A turn's first chunk is transcoded and
 cut into 20 ms frames at once (added latency); later chunks are kept as they
-came and transcoded on demand (``_feed``): before each tick, and when audio
-arrives, pieces of ``decode_piece_ms`` are transcoded until
-``decode_ahead_frames`` frames are ready along the playing order. A
+came and transcoded on demand (``_feed``): when audio arrives, and after
+each tick once its frame has left (``feed``, when ``feed_due``: the shell
+calls it, so the work does not delay other calls' frames), pieces of
+``decode_piece_ms`` are transcoded until ``decode_ahead_frames`` frames are
+ready along the playing order; a tick or ``frame_ready`` finding the head
+turn with no frame at all transcodes at once. A
 provider that sends a turn faster than real time therefore costs no loop
 time at arrival, and the call holds its compact audio, not frames; beyond
 ``max_undecoded_ms`` per turn the oldest is transcoded at arrival. The
@@ -481,15 +484,37 @@ class CallBridge:
         call's media clock so the turn's first frame leaves at once instead of
         at the next grid slot (``MediaClock.start_talkspurt``).
         """
-        return not self._ended and self._playout.has_frame()
+        if self._ended:
+            return False
+        playout = self._playout
+        if self._backlog and not playout.head_frames():
+            self._feed()  # audio waits untranscoded: ready once transcoded
+        return playout.has_frame()
+
+    def feed_due(self) -> bool:
+        """Whether ``feed`` has work: the head turn has fewer than ``decode_ahead_frames``
+        frames ready and provider audio waits untranscoded. Asked after each ``tick``."""
+        return bool(self._backlog) and self._playout.head_frames() < self._decode_ahead
+
+    def feed(self, now: float) -> None:
+        """Transcode waiting provider audio until ``decode_ahead_frames`` frames are ready.
+
+        The look-ahead half of on-demand transcoding. ``tick`` transcodes only
+        when the head turn has no frame at all; the shell calls this once the
+        tick's frame has left (``feed_due``), so a piece's transcoding (about
+        0.1 ms with cold caches) does not hold up the frames of the other calls
+        due in the same wake-up.
+        """
+        if self._backlog and not self._ended:
+            self._feed()
 
     def tick(self, now: float) -> bytes | None:
         """The frame to send at this 20 ms deadline, or ``None`` (silence / nothing)."""
         if self._ended:
             return None
         playout = self._playout
-        if self._backlog and playout.head_frames() < self._decode_ahead:
-            self._feed()  # (its own first test, made here: no call on most ticks)
+        if self._backlog and not playout.head_frames():
+            self._feed()  # a frame is due now; the look-ahead waits for ``feed`` (after the send)
         head_id = playout.current_turn_id
         dry = -1
         if head_id is not None and not playout.head_frames():

@@ -114,7 +114,10 @@ class Harness:
         self.provide(TurnDone(turn_id), now)
 
     def tick(self, n: int) -> bytes | None:
+        """One tick as the shell runs it: the frame, then the look-ahead (``feed``)."""
         frame = self.call.tick(at(n))
+        if self.call.feed_due():
+            self.call.feed(at(n))
         self.drain()
         return frame
 

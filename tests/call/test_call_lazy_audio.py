@@ -72,6 +72,55 @@ def test_a_15_s_turn_in_one_burst_is_transcoded_over_the_ticks_not_at_arrival() 
     assert h.call.stats().underruns == 0
 
 
+def test_the_look_ahead_is_transcoded_by_feed_after_the_tick_not_inside_it() -> None:
+    # The shell calls ``feed`` once the tick's frame has left, so a piece's
+    # transcoding never delays the frames of the other calls in that wake-up.
+    h = Harness()
+    h.say("t1")
+    pcm = tone_s16le(440.0, 4.0, 24000, peak=0.5)
+    burst(h, "t1", pcm, 4800, PCM_24K, now=0.0)
+    h.done("t1", now=0.0)
+    call = h.call
+    n, fed = 1, 0
+    while call.undecoded_bytes:
+        undecoded, queued = call.undecoded_bytes, call.queued_frames
+        assert queued > 0  # the look-ahead kept a frame ready for every tick
+        assert call.tick(at(n)) is not None
+        assert call.undecoded_bytes == undecoded  # the tick itself transcoded nothing
+        if call.feed_due():
+            assert call.queued_frames < AHEAD
+            call.feed(at(n))
+            fed += 1
+            assert call.undecoded_bytes < undecoded
+            assert call.queued_frames >= AHEAD
+        h.drain()
+        n += 1
+    assert fed >= 4000 // CallOptions().decode_piece_ms - 1
+    assert call.stats().underruns == 0
+
+
+def test_a_tick_with_no_frame_ready_transcodes_at_once_rather_than_run_dry() -> None:
+    h = Harness()
+    h.say("t1")
+    pcm = tone_s16le(440.0, 3.0, 24000, peak=0.5)
+    burst(h, "t1", pcm, 4800, PCM_24K, now=0.0)
+    h.done("t1", now=0.0)
+    call = h.call
+    n = 1
+    while call.queued_frames:  # ticks without ``feed``: the look-ahead runs out
+        assert call.tick(at(n)) is not None
+        n += 1
+    undecoded = call.undecoded_bytes
+    assert undecoded > 0
+    assert call.frame_ready()  # transcodes what the next tick needs
+    assert call.undecoded_bytes < undecoded
+    while call.queued_frames:
+        call.tick(at(n))
+        n += 1
+    assert call.tick(at(n)) is not None  # a tick finding nothing ready transcodes too
+    assert call.stats().underruns == 0
+
+
 def test_undecoded_audio_held_per_turn_is_bounded() -> None:
     h = Harness(options=CallOptions(max_undecoded_ms=1000))
     h.say("t1")

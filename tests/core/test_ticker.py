@@ -251,6 +251,33 @@ def test_a_wake_up_sends_every_frame_then_reads_every_socket_then_does_the_inbou
     assert ticker.outbox == []
 
 
+def test_work_a_frame_callback_queues_runs_after_every_frame_of_the_wake_up_has_left() -> None:
+    now = [100.0]
+    ticker, loop = _ticker(now)
+    log: list[str] = []
+    ticker.ticker = Ticker(TickerConfig(ClockConfig(), slots=1, epoch_s=0.0005))  # one phase
+
+    def feeding(key: str) -> Callable[[int, float], None]:
+        sock = _Sock(log, key)
+
+        def on_frame(n: int, t: float) -> None:
+            log.append(f"build {key}")
+            ticker.outbox.append((sock, f"{key}{n}".encode(), ("127.0.0.1", 9)))  # type: ignore[arg-type]
+            ticker.after_send(key, lambda t: log.append(f"feed {key}"))
+            ticker.after_send("gone", lambda t: log.append("never"))  # no such stream
+
+        return on_frame
+
+    for key in ("a", "b"):
+        ticker.add(key, feeding(key), lambda e: None)
+    now[0] = loop.handles[0].when + 0.0003
+    loop.fire()
+    order = [log[0][-1], log[1][-1]]
+    assert log == [f"build {k}" for k in order] + [f"send {k} {k}0" for k in order] + [
+        f"feed {k}" for k in order
+    ]
+
+
 def test_a_failing_inbound_phase_ends_its_stream_only_and_a_refused_send_is_counted() -> None:
     now = [100.0]
     ticker, loop = _ticker(now)
