@@ -43,6 +43,15 @@ def burst(h: Harness, turn_id: str, data: bytes, size: int, fmt: AudioFormat, no
         h.audio(turn_id, piece, now, audio_format=fmt)
 
 
+def pcm_turn_in_one_burst(seconds: float) -> Harness:
+    """A call with one 24 kHz PCM turn, all of it received at once in 100 ms chunks."""
+    h = Harness()
+    h.say("t1")
+    burst(h, "t1", tone_s16le(440.0, seconds, 24000, peak=0.5), 4800, PCM_24K, now=0.0)
+    h.done("t1", now=0.0)
+    return h
+
+
 def test_a_15_s_turn_in_one_burst_is_transcoded_over_the_ticks_not_at_arrival() -> None:
     h = Harness()
     h.say("t1")
@@ -75,12 +84,7 @@ def test_a_15_s_turn_in_one_burst_is_transcoded_over_the_ticks_not_at_arrival() 
 def test_the_look_ahead_is_transcoded_by_feed_after_the_tick_not_inside_it() -> None:
     # The shell calls ``feed`` once the tick's frame has left, so a piece's
     # transcoding never delays the frames of the other calls in that wake-up.
-    h = Harness()
-    h.say("t1")
-    pcm = tone_s16le(440.0, 4.0, 24000, peak=0.5)
-    burst(h, "t1", pcm, 4800, PCM_24K, now=0.0)
-    h.done("t1", now=0.0)
-    call = h.call
+    call = pcm_turn_in_one_burst(4.0).call
     n, fed = 1, 0
     while call.undecoded_bytes:
         undecoded, queued = call.undecoded_bytes, call.queued_frames
@@ -93,19 +97,13 @@ def test_the_look_ahead_is_transcoded_by_feed_after_the_tick_not_inside_it() -> 
             fed += 1
             assert call.undecoded_bytes < undecoded
             assert call.queued_frames >= AHEAD
-        h.drain()
         n += 1
     assert fed >= 4000 // CallOptions().decode_piece_ms - 1
     assert call.stats().underruns == 0
 
 
 def test_a_tick_with_no_frame_ready_transcodes_at_once_rather_than_run_dry() -> None:
-    h = Harness()
-    h.say("t1")
-    pcm = tone_s16le(440.0, 3.0, 24000, peak=0.5)
-    burst(h, "t1", pcm, 4800, PCM_24K, now=0.0)
-    h.done("t1", now=0.0)
-    call = h.call
+    call = pcm_turn_in_one_burst(3.0).call
     n = 1
     while call.queued_frames:  # ticks without ``feed``: the look-ahead runs out
         assert call.tick(at(n)) is not None
