@@ -56,10 +56,10 @@ behind the rest, up to ``MAX_PASSES`` wake-ups before it returns to the
 loop. A burst (turns starting together, a collection pass) then delays
 inbound work, not departures. A frame callback can queue work of its own
 for that phase too (``after_send``: the call's transcoding of its next
-frames), so it runs once the wake-up's frames have left. A stream's third phase still runs
-before its next frame is built, except where a talkspurt start moves that
-frame into the window: a stream's second phase must then keep whatever the
-first one read (``bridge.io.sip_leg``'s does).
+frames), so it runs once the wake-up's frames have left. A stream's third
+phase still runs before its next frame is built, except where a talkspurt
+start moves that frame into the window: a stream's second phase must then
+keep whatever the first one read (``bridge.io.sip_leg``'s does).
 """
 
 from __future__ import annotations

@@ -131,9 +131,9 @@ class CallOptions:
     per 20 ms at 200 ms, 5.7-5.9 at 1 000). But 1 s pieces cost the other calls'
     pacing: at 400 and 500 SIP calls with 24 kHz PCM, runs interleaved, the
     worst call's p99 was 2.1-3.9 ms at 1 000 and 1.7-2.1 at 500, for 5-7 % more
-    CPU. Why is not traced; the daemon's RSS was also 40-60 MB lower, so each
-    piece touches less memory. 250 ms paced no better than 500 and cost another
-    6 %."""
+    CPU. Why is only partly traced: not soxr's buffers, which grow with the
+    piece (the 40-60 MB of RSS 1 s pieces add). 250 ms paced no better than 500
+    and cost another 6 %."""
     max_undecoded_ms: int = 20_000
     """Provider audio one turn may hold untranscoded (by duration); beyond it the oldest
     is transcoded at arrival. 0 transcodes everything at arrival (no look-ahead)."""
