@@ -186,9 +186,18 @@ class WsConnection:
         self._flush()
         await self._writer.drain()
 
+    async def drain(self) -> None:
+        """Wait while the transport holds more than its high-water mark unsent (the
+        peer is not reading); return at once otherwise, or once the connection is lost."""
+        if self.closed or self._transport.is_closing():
+            return
+        with contextlib.suppress(ConnectionError):
+            await self._writer.drain()
+
     def send_text_nowait(self, text: str) -> None:
-        """Queue a text message without waiting for the socket to drain."""
-        if not self.closed:
+        """Queue a text message without waiting for the socket to drain (dropped once the
+        connection is closing: websockets would refuse it)."""
+        if not self.closed and self._proto.state is State.OPEN:
             self._proto.send_text(text.encode())
             self._flush()
 
@@ -222,7 +231,7 @@ class WsConnection:
         self._flush()
 
     def send_bytes_nowait(self, data: bytes) -> None:
-        if not self.closed:
+        if not self.closed and self._proto.state is State.OPEN:
             self._proto.send_binary(data)
             self._flush()
 

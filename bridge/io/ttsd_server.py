@@ -16,7 +16,7 @@ import importlib
 import json
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -94,6 +94,10 @@ class _SessionRunner:
         self.jobs: dict[str, asyncio.Task[None]] = {}
         self.timer: asyncio.TimerHandle | None = None
         self.closing = False
+        self.backlog: Callable[[int, float], None] | None = getattr(
+            session, "transport_backlog", None
+        )
+        """The session's own slow-reader rule, fed the send backlog; None: jobs wait instead."""
 
     def now(self) -> float:
         return self.loop.time()
@@ -113,7 +117,7 @@ class _SessionRunner:
                 task = self.jobs.pop(action.job_id, None)
                 if task is not None:
                     task.cancel()
-        backlog = getattr(self.session, "transport_backlog", None)
+        backlog = self.backlog
         if backlog is not None:
             backlog(self.conn.write_buffer_bytes, self.now())
         self._arm_timer()
@@ -142,6 +146,14 @@ class _SessionRunner:
             while (chunk := await self._next_chunk(it)) is not None:
                 self.session.synthesis_audio(job.job_id, chunk.pcm, chunk.words, self.now())
                 self.pump()
+                # Make no more while the client is not reading what is sent: its audio
+                # waits in its socket, not in our write buffer (which would grow without
+                # bound, and where a new context's first audio would queue behind every
+                # other context's). Jobs blocked here resume together, a chunk each.
+                # A protocol with its own rule for a slow reader (zwst: drop, then 1008)
+                # sees its backlog instead (``transport_backlog``, in ``pump``).
+                if self.backlog is None:
+                    await self.conn.drain()
                 await asyncio.sleep(0)  # let other sessions and readers run between chunks
         except asyncio.CancelledError:
             raise
