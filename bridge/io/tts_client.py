@@ -907,7 +907,20 @@ class ProviderPool:
         except LocalProtocolError:
             conn.drop_turn(wire_id)  # refused: the turn holds no room
             raise
+        self._keep_spare(conn.key)
         return handle
+
+    def _keep_spare(self, key: PoolKey) -> None:
+        """Open a connection in the background if no connection of ``key`` has room for
+        another turn (under ``turns_per_connection`` and the protocol's ``max_turns``),
+        so the next turn goes to one already open instead of waiting for a handshake."""
+        if self._closing:
+            return
+        soft = self.turns_per_connection
+        for conn in self.connections:
+            if conn.key == key and conn.has_room() and (soft is None or conn.load() < soft):
+                return
+        self._open(key)
 
     async def open_agent(self, sink: Sink, timeout_s: float = 10.0) -> AgentSession:
         """A dedicated connection for one call's voice-agent session (Kletso)."""

@@ -519,8 +519,9 @@ def test_reload_keeps_calls_on_their_generation_and_retires_it_when_they_end(
                 assert st.daemon._old_runtimes == [old]  # the call in progress keeps it
             await until(lambda: leg.active_calls() == 0)
             await until(lambda: not st.daemon._old_runtimes)
-            assert old is not None and all(
-                not c.ws or c.closed for p in old.pools.values() for c in p.connections
+            assert old is not None
+            await until(
+                lambda: all(not c.ws or c.closed for p in old.pools.values() for c in p.connections)
             )
 
     run(body())

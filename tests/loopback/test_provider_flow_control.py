@@ -200,6 +200,45 @@ def test_turns_per_connection_opens_another_connection_when_every_one_holds_that
     run(body, turns_per_connection=2)
 
 
+def _cancel_opened(rig: Rig, before: list[_Connection]) -> list[_Connection]:
+    """The connections the pool opened itself since ``before`` (their handshakes stopped)."""
+    opened = [c for c in rig.pool.connections if c not in before]
+    for conn in opened:
+        assert conn.task is not None
+        conn.task.cancel()
+    return opened
+
+
+def test_a_spare_connection_opens_once_no_connection_has_room_for_another_turn() -> None:
+    async def body(rig: Rig) -> None:
+        a, _ = rig.connect()
+        b, _ = rig.connect()
+        assert rig.open("t1") is a
+        assert rig.pool.connections == [a, b]  # b has room: nothing to open
+        assert rig.open("t2") is b
+        # every connection holds as many turns as it may: the next turn would wait for a
+        # whole handshake, so one starts now, in the background
+        (spare,) = _cancel_opened(rig, [a, b])
+        assert spare.sinks == {} and not spare.ready_event.is_set()
+        assert rig.open("t3") is spare  # its handshake began a turn earlier
+        assert len(_cancel_opened(rig, [a, b, spare])) == 1  # and one for the turn after
+
+    run(body, turns_per_connection=1)
+
+
+def test_without_turns_per_connection_a_spare_opens_only_at_the_protocol_limit() -> None:
+    async def body(rig: Rig) -> None:
+        a, _ = rig.connect()
+        limit = a.engine.max_turns
+        for i in range(limit - 1):
+            rig.open(f"t{i}")
+        assert rig.pool.connections == [a]
+        rig.open("last")
+        assert len(_cancel_opened(rig, [a])) == 1
+
+    run(body)
+
+
 def test_without_turns_per_connection_a_connection_fills_to_the_protocol_limit() -> None:
     async def body(rig: Rig) -> None:
         a, _ = rig.connect()
