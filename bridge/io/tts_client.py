@@ -75,11 +75,12 @@ SEND_BUFFER_LIMIT_BYTES = 65_536
 FLOW_HIGH_S = 4.0
 """A connection stops reading while every turn on it has more than this many seconds of
 audio received and not yet due to play, when flow control is on (``ProviderPool(flow_high_s=
-FLOW_HIGH_S)``). It is off by default: a provider that queues a connection's audio first in,
-first out on its side (the reference server writes every turn's audio at once) then holds
-the other turns' audio in front of a restarted turn's first audio, where reading it at
-once would have moved it into the calls' queues; flow control pays only with a provider
-that interleaves its turns as the socket drains."""
+FLOW_HIGH_S)``). It is off by default. Pausing holds back every turn on the connection:
+with several turns on one, the others' audio then waits in the provider's and the kernel's
+buffers in front of a restarted turn's first audio, where reading it at once would have
+moved it into the calls' queues. With one turn per connection (``turns_per_connection``'s
+default) it holds back only its own turn; at 500 calls it did not change pacing or
+underruns there either (docs/benchmarks.md, thirteenth pass)."""
 FLOW_LOW_S = 2.0
 """It reads again once one of its turns is down to this many seconds ahead."""
 FLOW_PAUSE_MAX_S = 1.0
