@@ -387,6 +387,8 @@ class _Connection:
         self.flow_timer: asyncio.TimerHandle | None = None
         self.dry_watches: list[_DryWatch] = []
         """Underruns waiting for their verdict (``watch_dry``)."""
+        self.listed_idle = False
+        """On the pool's ``idle`` list (``ProviderPool._connection_for_turn``)."""
 
     def now(self) -> float:
         return self.loop.time()
@@ -592,7 +594,23 @@ class _Connection:
         self.audio_sinks.pop(wire_id, None)
         self.words_sinks.pop(wire_id, None)
         self.clocks.pop(wire_id, None)
-        return self.sinks.pop(wire_id, None)
+        sink = self.sinks.pop(wire_id, None)
+        if not self.sinks:
+            self.note_idle()
+        return sink
+
+    def note_idle(self) -> None:
+        """Put this connection on the pool's ``idle`` list if it holds no turn (a cancelled
+        turn the engine still holds keeps it off until the server lets go: ``pump``)."""
+        if (
+            not self.listed_idle
+            and not self.closed
+            and self.catch_all is None
+            and not self.sinks
+            and self.engine.open_turns() == 0
+        ):
+            self.listed_idle = True
+            self.pool.idle.append(self)
 
     async def _connect(self) -> None:
         req = self.engine.session_request()
@@ -631,6 +649,8 @@ class _Connection:
                 self.loop.create_task(self.ws.close(action.code, action.reason))
         for event in self.engine.events_received():
             self._dispatch(event)
+        if not self.sinks and not self.listed_idle:
+            self.note_idle()  # e.g. the server let go of a cancelled turn
         self.changed.set()
         # One timer, re-armed only when the deadline comes earlier: a deadline that
         # moves later with every message (a reply timeout) costs no timer churn; the
@@ -762,6 +782,10 @@ class ProviderPool:
         self.pooling = _pooling(settings.protocol)
         self.warm = warm
         self.connections: list[_Connection] = []
+        self.idle: list[_Connection] = []
+        """Connections that held no turn when last seen (oldest first; some may since
+        have closed or taken a turn): where a new turn is placed without a scan of every
+        connection, which at one turn per connection means every call's."""
         self.backoff = Backoff()
         self.errors: dict[str, int] = {}
         self.reconnects = 0
@@ -794,8 +818,33 @@ class ProviderPool:
             settings = self.pooling[1](self.settings, *(key or ()))
         conn = _Connection(self, self.engine_cls(settings), key)
         self.connections.append(conn)
+        conn.note_idle()
         conn.task = asyncio.get_running_loop().create_task(conn.run())
         return conn
+
+    def _idle_connection(self, key: PoolKey) -> _Connection | None:
+        """A connection of ``key`` holding no turn, ready and reading if one is listed, else
+        one still handshaking; None if the list has none (the caller then scans).
+
+        The list is pruned as it is read: a connection that closed or holds a turn
+        leaves it (``note_idle`` lists it again once it holds none).
+        """
+        idle = self.idle
+        handshaking: _Connection | None = None
+        i = 0
+        while i < len(idle):
+            conn = idle[i]
+            if conn.closed or conn.sinks or conn.engine.open_turns() or conn.catch_all:
+                conn.listed_idle = False
+                del idle[i]
+                continue
+            if conn.key == key:
+                if conn.engine.ready and not conn.paused:
+                    return conn
+                if handshaking is None and not conn.ready_event.is_set():
+                    handshaking = conn
+            i += 1
+        return handshaking
 
     async def start(self, timeout_s: float = 10.0) -> bool:
         """Open the warm connection(s); True once one is ready."""
@@ -835,9 +884,17 @@ class ProviderPool:
         one still handshaking, else to one busy finishing a cancelled turn
         (one-turn protocols); another connection is opened when every one is
         full, or holds ``turns_per_connection`` turns or more.
+
+        A connection with no turn, from the ``idle`` list, is taken without
+        looking at the others: none can be better when it is ready, nor when
+        it is still handshaking and a connection carries one turn at most.
+        Only without one are all connections scanned.
         """
         key = self._key(turn)
         soft = self.turns_per_connection
+        conn = self._idle_connection(key)
+        if conn is not None and (conn.engine.ready or soft == 1 or self.engine_cls.max_turns == 1):
+            return conn
         best: _Connection | None = None
         best_load = 0
         connecting: _Connection | None = None
@@ -915,7 +972,7 @@ class ProviderPool:
         """Open a connection in the background if no connection of ``key`` has room for
         another turn (under ``turns_per_connection`` and the protocol's ``max_turns``),
         so the next turn goes to one already open instead of waiting for a handshake."""
-        if self._closing:
+        if self._closing or self._idle_connection(key) is not None:
             return
         soft = self.turns_per_connection
         for conn in self.connections:

@@ -95,7 +95,7 @@ class Rig:
         conn.early = None
         conn.ready_event.set()
         conn.engine.connection_made(None, conn.now())
-        conn.pump()
+        conn.pump()  # (lists it as idle, as the pool's own connections are)
         return conn, transport
 
     def open(self, turn_id: str) -> _Connection:
@@ -222,6 +222,51 @@ def test_a_spare_connection_opens_once_no_connection_has_room_for_another_turn()
         assert spare.sinks == {} and not spare.ready_event.is_set()
         assert rig.open("t3") is spare  # its handshake began a turn earlier
         assert len(_cancel_opened(rig, [a, b, spare])) == 1  # and one for the turn after
+
+    run(body, turns_per_connection=1)
+
+
+def _end_turn(rig: Rig, turn_id: str, transport: ReadingTransport, ctx: str) -> None:
+    """``turn_id`` ends and the server lets go of its context ``ctx``."""
+    conn = rig.handles[turn_id].conn
+    rig.handles[turn_id].end()
+    start(conn, transport, ctx)
+    transport.kernel.append(kova({"flush_completed": True, "flush_id": "f1"}, ctx))
+    transport.kernel.append(kova({"context_closed": True}, ctx))
+    rig.read(conn, transport)
+
+
+def test_a_turn_takes_a_connection_without_one_without_looking_at_the_others(
+    monkeypatch: Any,
+) -> None:
+    async def body(rig: Rig) -> None:
+        links = [rig.connect() for _ in range(50)]
+        for i in range(50):
+            assert rig.open(f"t{i}") is links[i][0]
+        _cancel_opened(rig, [c for c, _ in links])  # (the spare)
+        _end_turn(rig, "t17", links[17][1], "c1")
+        looked: list[_Connection] = []
+        real = _Connection.has_room
+        monkeypatch.setattr(_Connection, "has_room", lambda c: looked.append(c) or real(c))
+        assert rig.open("next") is links[17][0]
+        assert looked == []  # placed from the idle list: no scan of 50 connections
+
+    run(body, turns_per_connection=1)
+
+
+def test_a_connection_whose_cancelled_turn_the_server_still_holds_waits_for_its_release() -> None:
+    async def body(rig: Rig) -> None:
+        a, a_transport = rig.connect()
+        b, _ = rig.connect()
+        rig.open("t1")  # on a
+        start(a, a_transport, "c1")
+        rig.handles["t1"].cancel()  # the call hung up: close_context sent, not yet answered
+        assert a.sinks == {} and a.engine.open_turns() == 1
+        assert rig.open("t2") is b  # a still holds t1's context
+        a_transport.kernel.append(kova({"context_closed": True}, "c1"))
+        rig.read(a, a_transport)  # the server lets go: a is free again
+        assert rig.open("t3") is a
+        _cancel_opened(rig, [a, b])
 
     run(body, turns_per_connection=1)
 
