@@ -70,6 +70,12 @@ MAX_BIND_ATTEMPTS = 8
 SO_TIMESTAMPNS = SCM_TIMESTAMPNS if sys.platform == "linux" else None
 """Linux: the kernel stamps each datagram's arrival (``SCM_TIMESTAMPNS``, CLOCK_REALTIME)."""
 FRAME_S = 0.02
+SIP_UDP_RCVBUF_BYTES = 4 * 1024 * 1024
+"""Receive buffer asked for the SIP UDP socket. The kernel's default (``net.core.rmem_default``,
+about 208 KB) holds only about a hundred datagrams, counted at their in-kernel size: a burst
+of hang-ups or INVITEs beyond that is dropped before the daemon reads it, and a lost BYE
+leaves its call up until the RTP timeout. The kernel caps the request at
+``net.core.rmem_max`` (docs/operations.md)."""
 MAX_READS_PER_TICK = 32
 """A call's RTP socket is read at its tick; a backlog larger than this waits for the next one."""
 
@@ -117,6 +123,14 @@ class _UaRunner:
                 lambda: proto, local_addr=(host, port)
             )
             self.udp = transport  # type: ignore[assignment]
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SIP_UDP_RCVBUF_BYTES)
+                with contextlib.suppress(OSError):
+                    got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+                    # Linux reports twice what it grants (the other half is its bookkeeping)
+                    log.info("sip.udp_receive_buffer", bytes=got, asked=SIP_UDP_RCVBUF_BYTES)
         else:
             self.tcp = await asyncio.start_server(self._on_stream, host, port)
 

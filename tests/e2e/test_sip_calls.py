@@ -134,3 +134,24 @@ def test_sip_over_ipv6_loopback() -> None:
                 assert app.of("turn.finished")
 
     run(body())
+
+
+def test_the_sip_udp_socket_asks_for_a_receive_buffer_that_holds_a_burst() -> None:
+    """A burst of hang-ups beyond the kernel's default buffer (about a hundred datagrams)
+    would be dropped unread, leaving those calls up until the RTP timeout."""
+    from pathlib import Path
+
+    from bridge.io.sip_leg import SipLeg
+
+    default = int(Path("/proc/sys/net/core/rmem_default").read_text())
+
+    async def body() -> None:
+        sip = free_port(socket.SOCK_DGRAM)
+        async with stack(app_route("ws://127.0.0.1:9/app"), sip=str(sip)) as st:
+            leg = next(leg for leg in st.daemon.legs if isinstance(leg, SipLeg))
+            udp = next(r for r in leg.runners if r.kind == "UDP")
+            assert udp.udp is not None
+            sock = udp.udp.get_extra_info("socket")
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) > default
+
+    run(body())
