@@ -275,6 +275,25 @@ class DaemonUnderTest:
                 out[key] = float(value)
         return out
 
+    def active_calls(self) -> int:
+        """Calls in progress (``callbridge_calls_active``, every leg and route)."""
+        return round(sum(self.metric_samples("callbridge_calls_active").values()))
+
+    def wait_calls_ended(self, timeout_s: float = 90.0) -> dict[str, float]:
+        """Wait until no call is in progress: a step must not start while the previous
+        one's calls are still being torn down (their hang-ups wait in the daemon's
+        sockets under load). Returns the calls found at first and the seconds waited."""
+        t0 = time.monotonic()
+        first = left = self.active_calls()
+        while left and time.monotonic() - t0 < timeout_s:
+            time.sleep(0.25)
+            left = self.active_calls()
+        return {
+            "calls_left_from_before": first,
+            "calls_left_wait_s": round(time.monotonic() - t0, 2),
+            "calls_left_at_start": left,
+        }
+
     def cpu_s(self) -> float:
         """utime + stime of the daemon so far, in seconds (``/proc/<pid>/stat``)."""
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -188,6 +188,12 @@ def summarize_profile(raw: Path, top: int = 15) -> dict[str, Any]:
     return {"samples": total, "self_pct": pct(leaf), "inclusive_pct": pct(incl)}
 
 
+def _settle(d: Any) -> dict[str, float]:
+    """Before a step: wait for the previous step's calls to end (a server that can say)."""
+    wait = getattr(d, "wait_calls_ended", None)
+    return wait() if wait is not None else {}
+
+
 def _finish_step(
     d: ServerUnderTest,
     tts: TtsProcess,
@@ -218,6 +224,7 @@ def sip_step(
     warm_s: float = 2.0,
     profile: Path | None = None,
 ) -> dict[str, Any]:
+    settled = _settle(d)
     load = RtpLoad(("127.0.0.1", d.sip_port), route="talk")
     load.place(n, rate_per_s=150)
     answered = load.wait_answered(20)
@@ -243,6 +250,7 @@ def sip_step(
         "rss_mb_at_end": round(d.rss_bytes() / 1e6, 1),
         "stray_packets": strays,
         **_core0(k0, k1, c1 - c0, t1 - t0),
+        **settled,
     }
     time.sleep(0.5)
     return _finish_step(d, tts, n, answered, per, (c1 - c0, t1 - t0, 0), others, ids)
@@ -311,9 +319,11 @@ def ws_step(
             "rss_mb_at_end": round(d.rss_bytes() / 1e6, 1),
             **_core0(k0, k1, c1 - c0, t1 - t0),
             **carrier,
+            **settled,
         }
         return _finish_step(d, tts, n, answered, per, (c1 - c0, t1 - t0, 0), others, None)
 
+    settled = _settle(d)
     before = {c["call_id"] for c in d.cdr_lines()}
     try:
         out = asyncio.run(run())
