@@ -142,11 +142,12 @@ class ProviderConfig:
     model: str = ""
     engine: str = "piper"
     options: tuple[tuple[str, str | int | float | bool], ...] = ()
-    turns_per_connection: int = 1
+    turns_per_connection: int = 0
     """Open another connection once every one carries this many turns (0: the protocol's limit).
 
-    One by default: a connection is first in, first out, so a turn sharing one waits for
-    the audio the provider queued before it for the others (docs/providers.md)."""
+    1 suits a busy node: a connection is first in, first out, so a turn sharing one waits
+    for the audio the provider queued before it for the others (docs/providers.md). It is
+    not the default because the pool keeps every connection it opened."""
     flow_control_ahead_s: float = 0.0
     """Stop reading a connection while every turn on it is this far ahead of playout (0: off)."""
 
@@ -660,7 +661,7 @@ def _read_providers(r: _Reader, d: dict[str, Any]) -> tuple[ProviderConfig, ...]
                 model=r.str_(t, "model", p, ""),
                 engine=engine,
                 options=tuple(options),
-                turns_per_connection=r.int_(t, "turns_per_connection", p, 1, 0, 1024),
+                turns_per_connection=r.int_(t, "turns_per_connection", p, 0, 0, 1024),
                 flow_control_ahead_s=r.num(t, "flow_control_ahead_s", p, 0.0, 0.0, 600.0),
             )
         )

@@ -78,8 +78,8 @@ audio received and not yet due to play, when flow control is on (``ProviderPool(
 FLOW_HIGH_S)``). It is off by default. Pausing holds back every turn on the connection:
 with several turns on one, the others' audio then waits in the provider's and the kernel's
 buffers in front of a restarted turn's first audio, where reading it at once would have
-moved it into the calls' queues. With one turn per connection (``turns_per_connection``'s
-default) it holds back only its own turn; at 500 calls it did not change pacing or
+moved it into the calls' queues. With one turn per connection (``turns_per_connection =
+1``) it holds back only its own turn; at 500 calls it did not change pacing or
 underruns there either (docs/benchmarks.md, thirteenth pass)."""
 FLOW_LOW_S = 2.0
 """It reads again once one of its turns is down to this many seconds ahead."""

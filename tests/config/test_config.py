@@ -143,7 +143,7 @@ def test_defaults_bind_loopback() -> None:
 
 def test_provider_connection_settings_default_off_and_are_checked_by_name() -> None:
     p = parse_config(MINIMAL, env={}).provider("p")
-    assert (p.turns_per_connection, p.flow_control_ahead_s) == (1, 0.0)
+    assert (p.turns_per_connection, p.flow_control_ahead_s) == (0, 0.0)
     assert p.options == ()  # not passed to the engine as protocol options
     text = MINIMAL.replace(
         'api_key = "sk-inline-secret"', "turns_per_connection = 16\nflow_control_ahead_s = 4.5"

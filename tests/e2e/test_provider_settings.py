@@ -25,7 +25,7 @@ def test_turns_per_connection_and_flow_control_reach_the_pool() -> None:
             tuned = plain.replace(
                 'api_key = "k"', 'api_key = "k"\nturns_per_connection = 8\nflow_control_ahead_s = 3'
             )
-            for text, expected in ((plain, (1, None)), (tuned, (8, 3.0))):
+            for text, expected in ((plain, (None, None)), (tuned, (8, 3.0))):
                 daemon = Daemon(parse_config(text, "test.toml"))
                 await daemon.start()
                 try:
