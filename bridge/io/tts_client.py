@@ -834,7 +834,7 @@ class ProviderPool:
         i = 0
         while i < len(idle):
             conn = idle[i]
-            if conn.closed or conn.sinks or conn.engine.open_turns() or conn.catch_all:
+            if conn.closed or conn.sinks or conn.engine.open_turns():
                 conn.listed_idle = False
                 del idle[i]
                 continue

@@ -40,10 +40,10 @@ class CountingTone(ToneEngine):
 
 
 async def _settled(counter: list[int]) -> int:
-    """The count once it has not moved for 0.3 s (the job is held, or done)."""
+    """The count once it has not moved for 0.3 s (scaled: the job is held, or done)."""
     last, still = -1, 0
     while still < 6:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05 * FACTOR)
         still = still + 1 if counter[0] == last else 0
         last = counter[0]
     return last
