@@ -190,6 +190,29 @@ _SPREAD_CAP_DB2 = 400.0
 """One frame moves the spread estimate by at most a 20 dB deviation (a click)."""
 
 
+class _SpillSink:
+    """A detector's ``record_bot_frame`` that holds its window, not the detector.
+
+    The echo correlator keeps this (``share_window``) while the detector keeps
+    the correlator's ``bot_frames``: with the detector's own bound method the
+    two would form a reference cycle, and every ended call would wait for a
+    full collection (``tests/e2e/test_call_release.py``).
+    """
+
+    __slots__ = ("_levels", "_window_s")
+
+    def __init__(self, levels: deque[tuple[float, float | bytes]], window_s: float) -> None:
+        self._levels = levels
+        self._window_s = window_s
+
+    def __call__(self, frame: bytes, now: float) -> None:
+        levels = self._levels
+        levels.append((now, frame))
+        oldest_s = now - self._window_s  # ``_forget_bot_levels``, inline
+        while levels and levels[0][0] < oldest_s:
+            levels.popleft()
+
+
 class BargeInDetector(Outbox):
     """Barge-in policy state for one call.
 
@@ -204,7 +227,8 @@ class BargeInDetector(Outbox):
         frame_level: level in dBFS of a frame given to ``record_bot_frame``
             (default: ``energy_dbfs`` of s16le; a G.711 leg passes decode-then-level).
         bot_frames: where outbound frames are kept already (the call's echo
-            correlator, ``EchoCorrelator.bot_frames`` after ``share_window``):
+            correlator, ``EchoCorrelator.bot_frames`` after
+            ``share_window(echo_window_s, spill_sink())``):
             ``bot_frames(now)`` gives (push number, time, frame) of those sent
             within ``echo_window_ms``; the guard reads them, measured with
             ``frame_level`` once each, besides what was recorded here. The
@@ -318,6 +342,10 @@ class BargeInDetector(Outbox):
         oldest_s = now - self._echo_window_s  # ``_forget_bot_levels``, inline
         while levels and levels[0][0] < oldest_s:
             levels.popleft()
+
+    def spill_sink(self) -> Callable[[bytes, float], None]:
+        """``record_bot_frame`` for ``EchoCorrelator.share_window``, without a reference here."""
+        return _SpillSink(self._bot_levels, self._echo_window_s)
 
     def observe(self, is_speech: bool, energy_dbfs: float, now: float) -> BargeInDecision | None:
         """Feed one inbound frame; returns a trigger when the caller barges in."""

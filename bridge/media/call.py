@@ -309,7 +309,7 @@ class CallBridge:
             bot_frames=None if self._echo is None else self._echo.bot_frames,
         )
         if self._echo is not None:
-            self._echo.share_window(self._detector.echo_window_s, self._detector.record_bot_frame)
+            self._echo.share_window(self._detector.echo_window_s, self._detector.spill_sink())
         self._echo_frames = 0
         self._vad = Vad(self._options.vad_aggressiveness, leg.sample_rate_hz, 20)
         self._decode = leg_decoder(leg.codec)

@@ -58,7 +58,8 @@ outbound frame for both, not two): ``share_window(window_s, spill)`` makes
 needs them). The ring holds ``max_delay_ms`` of frames; a frame it overwrites
 while still inside the window (ticks closer than 20 ms: a burst of lead
 frames) and a frame it cannot hold (wrong size) go to ``spill`` (the
-detector's own ``record_bot_frame``), so the window is never short.
+detector's ``spill_sink()``: its ``record_bot_frame`` without a reference to
+the detector, which holds ``bot_frames``), so the window is never short.
 
 Pure: no clock, no I/O; inbound frames are 16-bit little-endian PCM, outbound
 ones the same or G.711, at one rate.

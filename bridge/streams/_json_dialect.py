@@ -9,7 +9,7 @@ the same in all of them, parametrised by class constants; each dialect module
 keeps only what really differs (its ``start``, its codecs, its extra
 messages) and documents its wire format.
 
-Inbound (the default handler table, ``_handlers``; a dialect may add to it or
+Inbound (the default handler table, ``HANDLERS``; a dialect may add to it or
 replace it)::
 
     connected {<CONNECTED_FIELDS>?}        _on_connected (before start only)
@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import binascii
 import json
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from bridge.streams.base import (
@@ -79,6 +80,14 @@ class TwilioShapedProtocol(MediaStreamProtocol):
     SEND_STREAM_ID: ClassVar[bool] = True
     #: Optional string fields of ``connected`` that must be strings if present.
     CONNECTED_FIELDS: ClassVar[tuple[str, ...]] = ()
+    HANDLERS: ClassVar[Mapping[str, str]] = {
+        "connected": "_on_connected",
+        "start": "_on_start",
+        "media": "_on_media",
+        "dtmf": "_on_dtmf",
+        "mark": "_on_mark",
+        "stop": "_on_stop",
+    }
     #: Tracks whose media is the caller's; ``None``: no ``track`` field is read.
     INBOUND_TRACKS: ClassVar[frozenset[str] | None] = frozenset({"inbound", "inbound_track"})
     #: Key of the key-press duration inside ``dtmf``, or ``None``.
@@ -95,14 +104,6 @@ class TwilioShapedProtocol(MediaStreamProtocol):
             and cls._send_media is TwilioShapedProtocol._send_media
         )
         self._payload_as_is = cls._outbound_payload is TwilioShapedProtocol._outbound_payload
-        self._handlers = {
-            "connected": self._on_connected,
-            "start": self._on_start,
-            "media": self._on_media,
-            "dtmf": self._on_dtmf,
-            "mark": self._on_mark,
-            "stop": self._on_stop,
-        }
 
     # ------------------------------------------------------------- inbound
 

@@ -364,7 +364,24 @@ def _kind(value: Any) -> str:
 
 # -------------------------------------------------------------------- engine
 
-Handler = Callable[[dict[str, Any], float], None]
+Handler = Callable[[Any, dict[str, Any], float], None]
+"""A dialect's handler method from its class: called with the protocol, the message, ``now``."""
+
+_HANDLER_TABLES: dict[type, dict[str, Handler]] = {}
+
+
+def _handler_table(cls: type[MediaStreamProtocol]) -> dict[str, Handler]:
+    """``cls.HANDLERS`` with each method name resolved on ``cls`` (once per class).
+
+    The table holds functions, not an instance's bound methods: a protocol
+    holding its own bound methods would be a reference cycle, and an ended
+    call would wait for a full collection (``tests/e2e/test_call_release.py``).
+    """
+    table = _HANDLER_TABLES.get(cls)
+    if table is None:
+        table = {event: getattr(cls, name) for event, name in cls.HANDLERS.items()}
+        _HANDLER_TABLES[cls] = table
+    return table
 
 
 @dataclass(slots=True)
@@ -376,8 +393,8 @@ class _PendingMark:
 class MediaStreamProtocol(Outbox):
     """The common engine; one subclass per dialect fills in the wire format.
 
-    Subclasses set the class constants, build ``_handlers`` in ``__init__``
-    (event name -> method taking the parsed message and ``now``) and
+    Subclasses set the class constants, among them ``HANDLERS`` (event name
+    -> name of the method taking the parsed message and ``now``), and
     implement the ``_wire_*`` methods that render outbound messages.
     """
 
@@ -391,6 +408,8 @@ class MediaStreamProtocol(Outbox):
     #: Whether binary messages are audio (Vonage) or a violation (the rest).
     BINARY_AUDIO: ClassVar[bool] = False
     supports_send_dtmf: ClassVar[bool] = False
+    #: Inbound event name -> name of the method that handles it (message, ``now``).
+    HANDLERS: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, settings: StreamSettings | None = None, *, route: str | None = None) -> None:
         """Args:
@@ -401,7 +420,7 @@ class MediaStreamProtocol(Outbox):
         super().__init__()
         self.settings = settings or StreamSettings()
         self._route_hint = route
-        self._handlers: dict[str, Handler] = {}
+        self._handlers = _handler_table(type(self))
         self._state = StreamState.AWAITING_START
         self._start_deadline: float | None = None
         self._expected_seq: int | None = None
@@ -468,7 +487,7 @@ class MediaStreamProtocol(Outbox):
             if handler is None:
                 self._report_unknown(event)
                 return
-            handler(msg, now)
+            handler(self, msg, now)
         except _Malformed as exc:
             self._violate(exc.reason, exc.code)
 

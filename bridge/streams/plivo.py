@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from bridge.streams._json_dialect import TwilioShapedProtocol
@@ -75,18 +76,18 @@ class PlivoStreamProtocol(TwilioShapedProtocol):
     SEQUENCE_KEY: ClassVar[str | None] = "sequenceNumber"
     STREAM_ID_KEY: ClassVar[str] = "streamId"
     supports_send_dtmf: ClassVar[bool] = True
+    HANDLERS: ClassVar[Mapping[str, str]] = {
+        "start": "_on_start",
+        "media": "_on_media",
+        "dtmf": "_on_dtmf",
+        "playedStream": "_on_played",
+        "clearedAudio": "_on_cleared",
+        "stop": "_on_stop",
+    }
 
     def __init__(self, settings: StreamSettings | None = None, *, route: str | None = None) -> None:
         super().__init__(settings, route=route)
         self._content_type = "audio/x-mulaw"
-        self._handlers = {
-            "start": self._on_start,
-            "media": self._on_media,
-            "dtmf": self._on_dtmf,
-            "playedStream": self._on_played,
-            "clearedAudio": self._on_cleared,
-            "stop": self._on_stop,
-        }
 
     # ------------------------------------------------------------ from Plivo
 

@@ -44,6 +44,7 @@ on the stream (``send_dtmf`` is Call Control's job).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from bridge.streams._json_dialect import TwilioShapedProtocol
@@ -51,7 +52,6 @@ from bridge.streams.base import (
     CLOSE_UNSUPPORTED_DATA,
     CarrierErrorReceived,
     Codec,
-    StreamSettings,
     int_field,
     malformed,
     obj_field,
@@ -89,10 +89,10 @@ class TelnyxStreamProtocol(TwilioShapedProtocol):
     STREAM_ID_KEY: ClassVar[str] = "stream_id"
     SEND_STREAM_ID: ClassVar[bool] = False
     CONNECTED_FIELDS: ClassVar[tuple[str, ...]] = ("version",)
-
-    def __init__(self, settings: StreamSettings | None = None, *, route: str | None = None) -> None:
-        super().__init__(settings, route=route)
-        self._handlers["error"] = self._on_error
+    HANDLERS: ClassVar[Mapping[str, str]] = {
+        **TwilioShapedProtocol.HANDLERS,
+        "error": "_on_error",
+    }
 
     # ----------------------------------------------------------- from Telnyx
 

@@ -41,6 +41,7 @@ There is no message to send DTMF on the socket.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from bridge.streams.base import (
@@ -66,16 +67,16 @@ class VonageStreamProtocol(MediaStreamProtocol):
     DIALECT: ClassVar[str] = "vonage"
     PATH: ClassVar[str] = "/vonage"
     BINARY_AUDIO: ClassVar[bool] = True
+    HANDLERS: ClassVar[Mapping[str, str]] = {
+        "websocket:connected": "_on_connected",
+        "websocket:dtmf": "_on_dtmf",
+        "websocket:notify": "_on_notify",
+        "websocket:cleared": "_on_cleared",
+    }
 
     def __init__(self, settings: StreamSettings | None = None, *, route: str | None = None) -> None:
         super().__init__(settings, route=route)
         self._frames_received = 0
-        self._handlers = {
-            "websocket:connected": self._on_connected,
-            "websocket:dtmf": self._on_dtmf,
-            "websocket:notify": self._on_notify,
-            "websocket:cleared": self._on_cleared,
-        }
 
     # ----------------------------------------------------------- from Vonage
 

@@ -237,7 +237,7 @@ class _Reply:
     is_text_turn: bool
 
 
-Handler = Callable[[JsonObject, float], None]
+Handler = Callable[["KletsoProtocol", JsonObject, float], None]
 
 
 class KletsoProtocol(AudioTaking, Outbox):
@@ -276,15 +276,6 @@ class KletsoProtocol(AudioTaking, Outbox):
         self._played_ms = 0
         self._played_at: float | None = None
         self._reply_deadline_at: float | None = None
-        self._handlers: dict[str, Handler] = {
-            "voice.started": self._on_started,
-            "voice.state": self._on_state,
-            "voice.transcript": self._on_transcript,
-            "voice.interrupted": self._on_interrupted,
-            "voice.ended": self._on_ended,
-            "message.created": self._on_message_created,
-            "error": self._on_error,
-        }
 
     # ------------------------------------------------------- connection
 
@@ -494,12 +485,12 @@ class KletsoProtocol(AudioTaking, Outbox):
             self._fail_protocol("frame is not an object with a string type")
             return
         frame_type: str = msg["type"]
-        handler = self._handlers.get(frame_type)
+        handler = _HANDLERS.get(frame_type)
         if handler is None:
             logger.debug("< ignored %s", frame_type)
             return
         try:
-            handler(msg, now)
+            handler(self, msg, now)
         except _Malformed as exc:
             self._fail_protocol(f"{frame_type}: {exc}")
 
@@ -768,6 +759,19 @@ class KletsoProtocol(AudioTaking, Outbox):
 
     def _redact(self, text: str) -> str:
         return scrub_secret(text, self._settings.api_key)
+
+
+_HANDLERS: dict[str, Handler] = {
+    "voice.started": KletsoProtocol._on_started,
+    "voice.state": KletsoProtocol._on_state,
+    "voice.transcript": KletsoProtocol._on_transcript,
+    "voice.interrupted": KletsoProtocol._on_interrupted,
+    "voice.ended": KletsoProtocol._on_ended,
+    "message.created": KletsoProtocol._on_message_created,
+    "error": KletsoProtocol._on_error,
+}
+"""Frame type -> handler, as functions: a protocol holding its own bound methods
+would be a reference cycle, freed only by a full collection."""
 
 
 # ---------------------------------------------------------------- helpers

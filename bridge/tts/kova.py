@@ -140,7 +140,7 @@ class _Context:
     heap_serial: int = 0  # which entry that is (older ones of the context are stale)
 
 
-Handler = Callable[[_Context, dict[str, object], float], None]
+Handler = Callable[["KovaProtocol", _Context, dict[str, object], float], None]
 
 
 class KovaProtocol(Outbox):
@@ -173,14 +173,6 @@ class KovaProtocol(Outbox):
         is, to be moved when it reaches the top); superseded entries and those of
         forgotten contexts are dropped when they reach the top."""
         self._deadline_serial = 0
-        self._handlers: dict[str, Handler] = {
-            "context_started": self._on_context_started,
-            "audio_chunk": self._on_audio_chunk,
-            "timestamps": self._on_timestamps,
-            "flush_completed": self._on_flush_completed,
-            "context_closed": self._on_context_closed,
-            "error": self._on_error,
-        }
 
     # ---------------------------------------------------------- connection
 
@@ -412,7 +404,7 @@ class KovaProtocol(Outbox):
             self._fail_connection("malformed_frame", "server frame is not an object", close=True)
             return
         kind = None
-        for k in self._handlers:
+        for k in _HANDLERS:
             if k in frame:
                 kind = k
                 break
@@ -471,7 +463,7 @@ class KovaProtocol(Outbox):
         if ctx.closing and kind not in ("context_closed", "error"):
             return  # late frame of a cancelled / finished turn: dropped here
         try:
-            self._handlers[kind](ctx, frame, now)
+            _HANDLERS[kind](self, ctx, frame, now)
         except _KovaFrameError as exc:
             self._fail_turn(ctx, "malformed_frame", f"{kind}: {exc}", now)
 
@@ -640,6 +632,18 @@ class KovaProtocol(Outbox):
 
     def _scrub(self, message: str) -> str:
         return scrub_secret(message, self._settings.api_key)
+
+
+_HANDLERS: dict[str, Handler] = {
+    "context_started": KovaProtocol._on_context_started,
+    "audio_chunk": KovaProtocol._on_audio_chunk,
+    "timestamps": KovaProtocol._on_timestamps,
+    "flush_completed": KovaProtocol._on_flush_completed,
+    "context_closed": KovaProtocol._on_context_closed,
+    "error": KovaProtocol._on_error,
+}
+"""Frame type -> handler, as functions: a protocol holding its own bound methods
+would be a reference cycle, freed only by a full collection."""
 
 
 # ------------------------------------------------------------ pure helpers

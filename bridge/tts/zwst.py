@@ -253,7 +253,7 @@ class _Context:
     queue_depth: int | None = None
 
 
-Handler = Callable[[_Context, dict[str, object]], None]
+Handler = Callable[["ZwstProtocol", _Context, dict[str, object]], None]
 
 _SESSION, _OPEN, _CLOSING, _CLOSED = "SESSION", "OPEN", "CLOSING", "CLOSED"
 
@@ -297,14 +297,6 @@ class ZwstProtocol(AudioTaking, Outbox):
         self._byte_order_checked = False
         self._ping_at: float | None = None
         self._pong_due_at: float | None = None
-        self._handlers: dict[str, Handler] = {
-            "context_start": self._on_context_start,
-            "segment_start": self._on_segment_start,
-            "timestamps": self._on_timestamps,
-            "segment_done": self._on_segment_done,
-            "context_done": self._on_context_done,
-            "error": self._on_error,
-        }
 
     @property
     def audio_format(self) -> AudioFormat:
@@ -550,7 +542,7 @@ class ZwstProtocol(AudioTaking, Outbox):
         if kind == "resumed":
             self._events.append(ProviderNoticed("resumed", "session rebound to another worker"))
             return
-        handler = self._handlers.get(kind)
+        handler = _HANDLERS.get(kind)
         if handler is None:
             return  # seed: ignore any message type you do not recognise
         try:
@@ -561,7 +553,7 @@ class ZwstProtocol(AudioTaking, Outbox):
                     message = json_text(frame.get("message"))
                     self._events.append(ProviderNoticed("error", self._scrub(message)))
                 return  # a cancelled / failed / finished context: dropped at the boundary
-            handler(ctx, frame)
+            handler(self, ctx, frame)
         except _FrameError as exc:
             self._fail_connection("protocol_error", f"invalid {kind} frame: {exc}", close=True)
 
@@ -685,6 +677,18 @@ class ZwstProtocol(AudioTaking, Outbox):
 
     def _scrub(self, message: str) -> str:
         return scrub_secret(message, self._settings.api_key)
+
+
+_HANDLERS: dict[str, Handler] = {
+    "context_start": ZwstProtocol._on_context_start,
+    "segment_start": ZwstProtocol._on_segment_start,
+    "timestamps": ZwstProtocol._on_timestamps,
+    "segment_done": ZwstProtocol._on_segment_done,
+    "context_done": ZwstProtocol._on_context_done,
+    "error": ZwstProtocol._on_error,
+}
+"""Frame type -> handler, as functions: a protocol holding its own bound methods
+would be a reference cycle, freed only by a full collection."""
 
 
 ENGINE = ZwstProtocol

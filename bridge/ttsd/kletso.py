@@ -188,7 +188,7 @@ class _Heard:
     interrupted: bool = False
 
 
-Handler = Callable[[JsonObject, float], None]
+Handler = Callable[["KletsoServerSession", JsonObject, float], None]
 
 
 class KletsoServerSession(Outbox):
@@ -242,13 +242,6 @@ class KletsoServerSession(Outbox):
         self._item: _Item | None = None
         self._heard: _Heard | None = None
         self._known_items: deque[str] = deque(maxlen=MAX_ITEMS_REMEMBERED)
-        self._handlers: dict[str, Handler] = {
-            "voice.start": self._on_start,
-            "voice.stop": self._on_stop,
-            "voice.commit": self._on_commit,
-            "voice.played": self._on_played,
-            "voice.text": self._on_text,
-        }
 
     # ------------------------------------------------------- connection
 
@@ -278,12 +271,12 @@ class KletsoServerSession(Outbox):
         try:
             msg = _parse(text)
             frame_type = str(msg["type"])
-            handler = self._handlers.get(frame_type)
+            handler = _HANDLERS.get(frame_type)
             if handler is None:
                 raise _BadFrame("invalid_request", f"unknown frame type {frame_type[:64]!r}")
             if self._session_id is None and frame_type != "voice.start":
                 raise _BadFrame("voice_unavailable", f"{frame_type} before voice.start")
-            handler(msg, now)
+            handler(self, msg, now)
         except _BadFrame as exc:
             self._error(exc.code, str(exc))
 
@@ -566,6 +559,17 @@ class KletsoServerSession(Outbox):
         item_id = f"item_{self._items}"
         self._known_items.append(item_id)
         return item_id
+
+
+_HANDLERS: dict[str, Handler] = {
+    "voice.start": KletsoServerSession._on_start,
+    "voice.stop": KletsoServerSession._on_stop,
+    "voice.commit": KletsoServerSession._on_commit,
+    "voice.played": KletsoServerSession._on_played,
+    "voice.text": KletsoServerSession._on_text,
+}
+"""Frame type -> handler, as functions: a session holding its own bound methods
+would be a reference cycle, freed only by a full collection."""
 
 
 # ---------------------------------------------------------------- helpers

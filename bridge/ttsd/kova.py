@@ -122,12 +122,6 @@ class KovaServerSession(Outbox):
         self._job_serial = 0
         self._contexts: dict[ContextKey, _Context] = {}
         self._jobs: dict[str, _Context] = {}
-        self._handlers: dict[str, Callable[[dict[str, object], ContextKey], None]] = {
-            "start_context": self._on_start_context,
-            "send_text": self._on_send_text,
-            "flush": self._on_flush,
-            "close_context": self._on_close_context,
-        }
 
     # ---------------------------------------------------------- connection
 
@@ -182,7 +176,7 @@ class KovaServerSession(Outbox):
                 raise _BadFrame("unknown frame type")
             if len(kinds) > 1:
                 raise _BadFrame(f"ambiguous frame: {', '.join(kinds)}")
-            self._handlers[kinds[0]](frame, key)
+            _HANDLERS[kinds[0]](self, frame, key)
         except _BadFrame as exc:
             self._send_error(str(exc), key, _flush_id_of(frame))
 
@@ -367,6 +361,16 @@ class KovaServerSession(Outbox):
 
     def _send(self, frame: dict[str, object]) -> None:
         self._actions.append(SendText(json.dumps(frame, separators=(",", ":"))))
+
+
+_HANDLERS: dict[str, Callable[[KovaServerSession, dict[str, object], ContextKey], None]] = {
+    "start_context": KovaServerSession._on_start_context,
+    "send_text": KovaServerSession._on_send_text,
+    "flush": KovaServerSession._on_flush,
+    "close_context": KovaServerSession._on_close_context,
+}
+"""Frame type -> handler, as functions: a session holding its own bound methods
+would be a reference cycle, freed only by a full collection."""
 
 
 # ------------------------------------------------------------ pure helpers

@@ -341,7 +341,7 @@ class _Context:
     idle_since: float | None = None
 
 
-Handler = Callable[[dict[str, object], float], None]
+Handler = Callable[["ZwstServerSession", dict[str, object], float], None]
 
 _WAITING, _OPEN, _CLOSED = "WAITING", "OPEN", "CLOSED"
 
@@ -370,13 +370,6 @@ class ZwstServerSession:
         self._job_serial = 0
         self._over_limit_since: float | None = None
         self.frames_dropped = 0
-        self._handlers: dict[str, Handler] = {
-            "synthesize": self._on_synthesize,
-            "end": self._on_end,
-            "cancel": self._on_cancel,
-            "config": self._on_config,
-            "ping": self._on_ping,
-        }
 
     def actions_to_send(self) -> list[Action]:
         actions, self._actions = self._actions, []
@@ -434,11 +427,11 @@ class ZwstServerSession:
             self._send_error(None, "a message must be a JSON object")
             return
         kind = frame.get("type")
-        handler = self._handlers.get(kind) if isinstance(kind, str) else None
+        handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is None:
             self._send_error(_context_id_of(frame), f"unknown message type {kind!r}")
             return
-        handler(frame, now)
+        handler(self, frame, now)
 
     def receive_bytes(self, data: bytes, now: float) -> None:
         """Clients send only JSON text frames (seed "Sending")."""
@@ -723,6 +716,17 @@ class ZwstServerSession:
 
     def _send_error(self, cid: str | None, message: str) -> None:
         self._send({"type": "error", "context_id": cid, "message": message})
+
+
+_HANDLERS: dict[str, Handler] = {
+    "synthesize": ZwstServerSession._on_synthesize,
+    "end": ZwstServerSession._on_end,
+    "cancel": ZwstServerSession._on_cancel,
+    "config": ZwstServerSession._on_config,
+    "ping": ZwstServerSession._on_ping,
+}
+"""Frame type -> handler, as functions: a session holding its own bound methods
+would be a reference cycle, freed only by a full collection."""
 
 
 SESSION = ZwstServerSession

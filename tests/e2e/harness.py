@@ -185,6 +185,7 @@ class TwilioCall:
     async def __aexit__(self, *exc: object) -> None:
         for t in self._tasks:
             t.cancel()
+        self._tasks = []  # a task's coroutine holds this object: no cycle left behind
         if self.ws is not None:
             self.carrier.send_stop(self.now())
             for text in self.carrier.frames_to_send(self.now()):

@@ -467,7 +467,7 @@ def test_a_window_shared_with_the_echo_ring_decides_exactly_as_recording_every_f
     recording = BargeInDetector(policy, frame_level=level_of)
     echo = EchoCorrelator(outbound_codec=codec)
     sharing = BargeInDetector(policy, frame_level=level_of, bot_frames=echo.bot_frames)
-    echo.share_window(sharing.echo_window_s, sharing.record_bot_frame)
+    echo.share_window(sharing.echo_window_s, sharing.spill_sink())
     started = 0
     for i in range(600):
         now = round(i * FRAME_S, 6)
