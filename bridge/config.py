@@ -147,9 +147,11 @@ class ProviderConfig:
 
     1 suits a busy node: a connection is first in, first out, so a turn sharing one waits
     for the audio the provider queued before it for the others (docs/providers.md). It is
-    not the default because the pool keeps every connection it opened."""
+    not the default: a connection per call in progress costs memory (bench_memory)."""
     flow_control_ahead_s: float = 0.0
     """Stop reading a connection while every turn on it is this far ahead of playout (0: off)."""
+    close_idle_after_s: float = 60.0
+    """Close a connection that has held no turn this long, keeping a spare (0: never)."""
 
     @property
     def embedded(self) -> bool:
@@ -640,7 +642,7 @@ def _read_providers(r: _Reader, d: dict[str, Any]) -> tuple[ProviderConfig, ...]
         engine = r.choice(t, "engine", p, "piper", ("piper", "tone"))
         known = {
             *("protocol", "url", "api_key", "voice", "model", "engine"),
-            *("turns_per_connection", "flow_control_ahead_s"),
+            *("turns_per_connection", "flow_control_ahead_s", "close_idle_after_s"),
         }
         options: list[tuple[str, str | int | float | bool]] = []
         for k, v in t.items():
@@ -663,6 +665,7 @@ def _read_providers(r: _Reader, d: dict[str, Any]) -> tuple[ProviderConfig, ...]
                 options=tuple(options),
                 turns_per_connection=r.int_(t, "turns_per_connection", p, 0, 0, 1024),
                 flow_control_ahead_s=r.num(t, "flow_control_ahead_s", p, 0.0, 0.0, 600.0),
+                close_idle_after_s=r.num(t, "close_idle_after_s", p, 60.0, 0.0, 86400.0),
             )
         )
     return tuple(out)

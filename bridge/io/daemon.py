@@ -172,6 +172,7 @@ class Daemon:
                 # off unless configured: see FLOW_HIGH_S (it costs a FIFO provider's restarts)
                 flow_high_s=p.flow_control_ahead_s or None,
                 flow_low_s=p.flow_control_ahead_s / 2,
+                close_idle_after_s=p.close_idle_after_s or None,
             )
             for p in cfg.providers
         }

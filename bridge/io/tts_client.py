@@ -88,6 +88,11 @@ FLOW_PAUSE_MAX_S = 1.0
 behind the paused bytes; each resumed read is judged afresh)."""
 PAUSED_LOAD = 1 << 20
 """Placement: what a paused connection adds to its count of turns (more than any has)."""
+CLOSE_IDLE_AFTER_S = 60.0
+"""A pool closes a connection that has held no turn for this long (``ProviderPool(
+close_idle_after_s=...)``; provider key ``close_idle_after_s``), keeping the newest idle
+one of each kind as the spare and never going below ``warm``. With one turn per
+connection a pool opens one per call in progress; this hands them back after a peak."""
 NO_FLOW_CONTROL = frozenset({"zwst"})
 """Protocols whose servers punish a client that lets their send queue grow (zwst drops
 audio over ~2 s of backlog and closes a slow reader with 1008): never paused."""
@@ -389,6 +394,10 @@ class _Connection:
         """Underruns waiting for their verdict (``watch_dry``)."""
         self.listed_idle = False
         """On the pool's ``idle`` list (``ProviderPool._connection_for_turn``)."""
+        self.idle_since = 0.0
+        """When it last became idle (``note_idle``): what the pool's idle closing reads."""
+        self.retiring = False
+        """Closed by the pool for being idle (``ProviderPool._close_idle``): takes no turn."""
 
     def now(self) -> float:
         return self.loop.time()
@@ -467,6 +476,7 @@ class _Connection:
         return (
             self.catch_all is None
             and not self.closed
+            and not self.retiring
             and len(self.sinks) < limit
             and self.engine.open_turns() < limit
         )
@@ -601,16 +611,20 @@ class _Connection:
 
     def note_idle(self) -> None:
         """Put this connection on the pool's ``idle`` list if it holds no turn (a cancelled
-        turn the engine still holds keeps it off until the server lets go: ``pump``)."""
+        turn the engine still holds keeps it off until the server lets go: ``pump``), and
+        note since when it is idle."""
         if (
-            not self.listed_idle
-            and not self.closed
+            not self.closed
+            and not self.retiring
             and self.catch_all is None
             and not self.sinks
             and self.engine.open_turns() == 0
         ):
-            self.listed_idle = True
-            self.pool.idle.append(self)
+            self.idle_since = self.loop.time()
+            if not self.listed_idle:
+                self.listed_idle = True
+                self.pool.idle.append(self)
+                self.pool.arm_idle_close()
 
     async def _connect(self) -> None:
         req = self.engine.session_request()
@@ -768,6 +782,7 @@ class ProviderPool:
         turns_per_connection: int | None = None,
         flow_high_s: float | None = None,
         flow_low_s: float = FLOW_LOW_S,
+        close_idle_after_s: float | None = CLOSE_IDLE_AFTER_S,
     ) -> None:
         self.settings = settings
         self.preempt = preempt
@@ -778,6 +793,11 @@ class ProviderPool:
         self.flow_high_s = None if settings.protocol in NO_FLOW_CONTROL else flow_high_s
         self.flow_low_s = flow_low_s
         """Flow control (``_Connection``): off while ``flow_high_s`` is None (the default)."""
+        self.close_idle_after_s = close_idle_after_s
+        """Close a connection idle this long (``CLOSE_IDLE_AFTER_S``; None: never)."""
+        self.idle_closed = 0
+        """Connections closed for being idle, ever."""
+        self._idle_timer: asyncio.TimerHandle | None = None
         self.engine_cls = engine_class(settings.protocol)
         self.pooling = _pooling(settings.protocol)
         self.warm = warm
@@ -845,6 +865,71 @@ class ProviderPool:
                     handshaking = conn
             i += 1
         return handshaking
+
+    def arm_idle_close(self, at: float | None = None) -> None:
+        """Look for connections idle too long at ``at`` (default: one timeout from now)."""
+        after = self.close_idle_after_s
+        if after is None or self._closing or self._idle_timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._idle_timer = loop.call_at(loop.time() + after if at is None else at, self._close_idle)
+
+    def _close_idle(self) -> None:
+        """Close the connections idle for ``close_idle_after_s`` or more.
+
+        Kept: the newest idle connection of each kind (the spare the next
+        turn takes: ``_keep_spare`` would only open another), one still
+        handshaking, and as many as it takes to stay at ``warm`` open
+        connections. The engine says goodbye as at shutdown (``close``); a
+        turn placed meanwhile cannot land on it (``has_room``).
+        """
+        self._idle_timer = None
+        after = self.close_idle_after_s
+        if after is None or self._closing:
+            return
+        now = asyncio.get_running_loop().time()
+        listed: list[_Connection] = []
+        for conn in self.idle:
+            if conn.closed or conn.sinks or conn.engine.open_turns():
+                conn.listed_idle = False  # pruned as ``_idle_connection`` would
+            else:
+                listed.append(conn)
+        spares: dict[PoolKey, _Connection] = {}
+        for conn in listed:
+            spare = spares.get(conn.key)
+            if spare is None or conn.idle_since > spare.idle_since:
+                spares[conn.key] = conn
+        open_now = sum(1 for c in self.connections if not c.closed and not c.retiring)
+        kept: list[_Connection] = []
+        closed = 0
+        for conn in listed:
+            if (
+                conn is spares[conn.key]
+                or now - conn.idle_since < after
+                or not conn.engine.ready
+                or open_now <= self.warm
+            ):
+                kept.append(conn)
+                continue
+            conn.listed_idle = False
+            conn.retiring = True
+            open_now -= 1
+            closed += 1
+            conn.engine.close(now)
+            conn.pump()
+        self.idle[:] = kept
+        if closed:
+            self.idle_closed += closed
+            log.info("tts.idle_closed", provider=self.name, connections=closed, open=open_now)
+        # the next look: when the first of the others is due (one kept past its time,
+        # handshaking or for ``warm``, is looked at again one timeout from now)
+        due = [
+            c.idle_since + after if now - c.idle_since < after else now + after
+            for c in kept
+            if c is not spares[c.key]
+        ]
+        if due:
+            self.arm_idle_close(min(due))
 
     async def start(self, timeout_s: float = 10.0) -> bool:
         """Open the warm connection(s); True once one is ready."""
@@ -994,6 +1079,9 @@ class ProviderPool:
         self._closing = True
         if self._reconnect_task is not None:
             self._reconnect_task.cancel()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         for conn in list(self.connections):
             if conn.ws is not None:
                 with contextlib.suppress(Exception):

@@ -144,18 +144,23 @@ def test_defaults_bind_loopback() -> None:
 def test_provider_connection_settings_default_off_and_are_checked_by_name() -> None:
     p = parse_config(MINIMAL, env={}).provider("p")
     assert (p.turns_per_connection, p.flow_control_ahead_s) == (0, 0.0)
+    assert p.close_idle_after_s == 60.0
     assert p.options == ()  # not passed to the engine as protocol options
     text = MINIMAL.replace(
-        'api_key = "sk-inline-secret"', "turns_per_connection = 16\nflow_control_ahead_s = 4.5"
+        'api_key = "sk-inline-secret"',
+        "turns_per_connection = 16\nflow_control_ahead_s = 4.5\nclose_idle_after_s = 0",
     )
     p = parse_config(text, env={}).provider("p")
     assert (p.turns_per_connection, p.flow_control_ahead_s, p.options) == (16, 4.5, ())
+    assert p.close_idle_after_s == 0.0
     text = MINIMAL.replace(
-        'api_key = "sk-inline-secret"', "turns_per_connection = 2.5\nflow_control_ahead_s = -1"
+        'api_key = "sk-inline-secret"',
+        "turns_per_connection = 2.5\nflow_control_ahead_s = -1\nclose_idle_after_s = -5",
     )
     with pytest.raises(ConfigError) as info:
         parse_config(text, env={})
     assert info.value.errors == [
         "providers.p.turns_per_connection: expected an integer, got a number",
         "providers.p.flow_control_ahead_s: -1 is out of range [0.0, 600.0]",
+        "providers.p.close_idle_after_s: -5 is out of range [0.0, 86400.0]",
     ]

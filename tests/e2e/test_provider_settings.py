@@ -17,20 +17,23 @@ provider = "main"
 """
 
 
-def test_turns_per_connection_and_flow_control_reach_the_pool() -> None:
+def test_turns_per_connection_flow_control_and_idle_closing_reach_the_pool() -> None:
     async def body() -> None:
         tts = await start_tts_server(engine="tone")
         try:
             plain = config_text(tts.port, ROUTE)
             tuned = plain.replace(
-                'api_key = "k"', 'api_key = "k"\nturns_per_connection = 8\nflow_control_ahead_s = 3'
+                'api_key = "k"',
+                'api_key = "k"\nturns_per_connection = 8\nflow_control_ahead_s = 3\n'
+                "close_idle_after_s = 0",
             )
-            for text, expected in ((plain, (None, None)), (tuned, (8, 3.0))):
+            for text, expected in ((plain, (None, None, 60.0)), (tuned, (8, 3.0, None))):
                 daemon = Daemon(parse_config(text, "test.toml"))
                 await daemon.start()
                 try:
                     pool = daemon.runtime.pools["main"]
-                    assert (pool.turns_per_connection, pool.flow_high_s) == expected
+                    got = (pool.turns_per_connection, pool.flow_high_s, pool.close_idle_after_s)
+                    assert got == expected
                     if expected[1] is not None:
                         assert pool.flow_low_s == 1.5  # reads again at half the mark
                 finally:

@@ -147,7 +147,12 @@ def test_messages_sent_with_the_handshake_reach_the_engine_after_connection_made
         server = await asyncio.start_server(handshake_and_hello, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         engine = RecordingEngine(f"ws://127.0.0.1:{port}/")
-        pool = SimpleNamespace(preempt=lambda: None, _connection_ended=lambda conn: None, idle=[])
+        pool = SimpleNamespace(
+            preempt=lambda: None,
+            _connection_ended=lambda conn: None,
+            idle=[],
+            arm_idle_close=lambda: None,
+        )
         conn = _Connection(pool, engine)  # type: ignore[arg-type]
         await asyncio.wait_for(conn.run(), 10)
         server.close()

@@ -306,6 +306,73 @@ def test_one_turn_per_session_protocol_opens_more_connections() -> None:
     _run(body)
 
 
+@pytest.mark.parametrize("protocol", ["kova", "kugelaudio"])
+def test_idle_connections_are_closed_down_to_a_spare(protocol: str) -> None:
+    """One turn per connection opens one per turn; once idle they are closed but the spare."""
+
+    async def body(server: TtsServer) -> None:
+        after_s = 0.3 * FACTOR
+        pool = ProviderPool(
+            _settings(server, protocol), turns_per_connection=1, close_idle_after_s=after_s
+        )
+        assert await pool.start()
+        speaker = Speaker([pool])
+        sinks = [Collector() for _ in range(4)]
+        for i, s in enumerate(sinks):
+            speaker.speak(f"t{i}", f"Turn number {i}.", TurnSettings("tone", MULAW_8K), s)
+        await asyncio.gather(*(s.done.wait() for s in sinks))
+        assert all(isinstance(s.events[-1], TurnDone) for s in sinks), [s.kinds() for s in sinks]
+        opened = len(pool.connections)
+        assert opened >= 4  # one per turn in progress, and the spare
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TIMEOUT_S / 2
+        while len(pool.connections) > 1 and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert len(pool.connections) == 1, [c.load() for c in pool.connections]
+        assert pool.idle_closed == opened - 1
+        assert pool.errors == {}  # closed politely: no connection counted as failed
+        assert pool.reconnects == 0
+
+        # the spare left takes the next turn at once, and a second one opens another
+        again = [Collector() for _ in range(2)]
+        for i, s in enumerate(again):
+            speaker.speak(f"u{i}", "Once more.", TurnSettings("tone", MULAW_8K), s)
+        await asyncio.gather(*(s.done.wait() for s in again))
+        assert all(isinstance(s.events[-1], TurnDone) for s in again)
+        await pool.close()
+
+    _run(body)
+
+
+def test_a_connection_with_a_turn_or_recently_idle_is_not_closed() -> None:
+    async def body(server: TtsServer) -> None:
+        after_s = 0.3 * FACTOR
+        pool = ProviderPool(
+            _settings(server, "kova"), turns_per_connection=1, close_idle_after_s=after_s
+        )
+        assert await pool.start()
+        # a long turn holds its connection past the timeout; the others go idle
+        long_turn = Collector()
+        handle = pool.open_turn("long", TurnSettings("tone", MULAW_8K), long_turn)
+        handle.send_text("This is a rather long turn. " * 20)
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(after_s * 3)
+        busy = [c for c in pool.connections if c.sinks]
+        assert len(busy) == 1 and not busy[0].closed and not busy[0].retiring
+        assert not long_turn.done.is_set()
+        handle.cancel()
+        # now idle: the newest idle connection stays as the spare
+        deadline = loop.time() + TIMEOUT_S / 2
+        while len(pool.connections) > 1 and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert len(pool.connections) == 1
+        assert pool.errors == {}
+        await pool.close()
+
+    _run(body)
+
+
 def test_kletso_voice_session_answers_caller_audio_and_is_interrupted() -> None:
     import numpy as np
 
