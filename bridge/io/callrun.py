@@ -192,8 +192,9 @@ class CallRunner:
         self.started_info = started
         self.lead_frames = lead_frames
         self.on_finished = on_finished
-        self.runtime = daemon.runtime  # this call keeps the providers it started with
-        assert self.runtime is not None
+        runtime = daemon.runtime
+        assert runtime is not None
+        self.runtime = runtime  # this call keeps the providers it started with
         self.runtime.calls += 1
         self.config = self.runtime.config
         self.speakers: dict[str | None, Speaker] = {}
@@ -407,7 +408,6 @@ class CallRunner:
     def _speaker(self, provider: str | None) -> Speaker:
         speaker = self.speakers.get(provider)
         if speaker is None:
-            assert self.runtime is not None
             names = [provider] if provider else list(self.route.provider)
             pools = [self.runtime.pools[n] for n in names if n in self.runtime.pools]
             speaker = Speaker(pools, self.runtime.cache)
@@ -536,7 +536,6 @@ class CallRunner:
 
     def _start_agent(self, provider: str) -> None:
         async def run() -> None:
-            assert self.runtime is not None
             pool = self.runtime.pools.get(provider)
             if pool is None:
                 log.error("call.agent_unknown", call_id=self.call_id, provider=provider)
