@@ -157,6 +157,10 @@ async def _http_request(req: HttpRequest) -> tuple[int, bytes]:
     return int(status_line.split()[1]), body
 
 
+def _ignore_message(msg: str | bytes) -> None:
+    """``on_message`` of a connection whose ``_Connection`` has finished."""
+
+
 class _ProviderWebSocket(ClientConnection):
     """websockets' asyncio client connection handing each data message to ``on_message``.
 
@@ -544,6 +548,12 @@ class _Connection:
         self.pump()
         self.ready_event.set()
         self.pool._connection_ended(self)
+        ws = self.ws
+        if isinstance(ws, _ProviderWebSocket):
+            # it holds our bound methods and we hold it: let a closed one go by
+            # reference counting, not at the next full collection
+            ws.on_message = _ignore_message
+            ws.after_read = None
 
     def _on_message(self, msg: str | bytes) -> None:
         """One provider message, as websockets parsed it (``_ProviderWebSocket``).

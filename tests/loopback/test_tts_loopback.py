@@ -7,6 +7,7 @@ Deterministic ``tone`` engine; times are bounded by ``TIMEOUT_S`` (scaled by
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import os
 from collections.abc import Awaitable, Callable
@@ -327,8 +328,20 @@ def test_idle_connections_are_closed_down_to_a_spare(protocol: str) -> None:
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + TIMEOUT_S / 2
-        while len(pool.connections) > 1 and loop.time() < deadline:
-            await asyncio.sleep(0.05)
+        gc.collect()
+        gc.disable()  # a closed connection must go by reference counting (no cycle)
+        try:
+            while len(pool.connections) > 1 and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)  # the closed connections' tasks finish
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            left = [o for o in gc.garbage if isinstance(o, _Connection)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert left == []
         assert len(pool.connections) == 1, [c.load() for c in pool.connections]
         assert pool.idle_closed == opened - 1
         assert pool.errors == {}  # closed politely: no connection counted as failed
