@@ -30,7 +30,11 @@ Against ``callbridge serve`` (uvloop, core 0) over SIP/RTP:
    call whatever the peak; after a twin warm-up that is all that is left.
 3. ``/proc/<pid>/fd`` count, threads and asyncio tasks (the daemon's
    ``callbridge_tasks`` gauge on ``/metrics``): idle before vs idle after,
-   and tasks with the active calls up.
+   and tasks with the active calls up. Provider connections opened for the
+   active calls stay open until idle for ``close_idle_after_s`` (60 s; a
+   churn's turns keep them busy until it ends), so the "after" count that is
+   compared with the baseline is read once that has passed
+   (``after_idle_close``).
 4. With a call always up (``busy_churn``): short calls while one long call
    stays up, RSS before and 2 s after, and what the GC policy's thaw finds
    unreachable once the long call ends (ended calls must be freed by
@@ -77,6 +81,9 @@ def churn(d: DaemonUnderTest, calls: int, batch: int = 50) -> int:
 
 SIP_RETENTION_S = 33.0
 """64 x T1 (32 s) plus a margin: how long a completed call's transactions live."""
+
+CLOSE_IDLE_AFTER_S = 60.0
+"""The providers' default ``close_idle_after_s``: idle connections beyond a spare close then."""
 
 TASKS_REFRESH_S = 5.5
 """The daemon refreshes ``callbridge_tasks`` with its status line, every 5 s."""
@@ -194,6 +201,9 @@ def main() -> None:
             wall = time.monotonic() - t0
             time.sleep(SIP_RETENTION_S)
             after = idle_state(d)
+            # the connections the churn kept busy: closed once idle long enough
+            time.sleep(max(0.0, CLOSE_IDLE_AFTER_S + 3.0 - (time.monotonic() - t0 - wall)))
+            closed = idle_state(d)
             growth = (after["rss_bytes"] - warm["rss_bytes"]) / max(1, n)
             figures["churn"] = {
                 "calls": n,
@@ -208,13 +218,19 @@ def main() -> None:
                 "rss_growth_per_call_bytes": round(growth, 1),
                 "cdr_lines": len(d.cdr_lines()),
             }
-            figures["baseline"] = {"before": before, "after_warmup": warm, "after": after}
-            figures["fds_back_to_baseline"] = after["fds"] <= before["fds"]
-            figures["threads_back_to_baseline"] = after["threads"] <= before["threads"]
-            figures["tasks_back_to_baseline"] = after["tasks"] <= before["tasks"]
+            figures["baseline"] = {
+                "before": before,
+                "after_warmup": warm,
+                "after": after,
+                "after_idle_close": closed,
+            }
+            figures["fds_back_to_baseline"] = closed["fds"] <= before["fds"]
+            figures["threads_back_to_baseline"] = closed["threads"] <= before["threads"]
+            figures["tasks_back_to_baseline"] = closed["tasks"] <= before["tasks"]
             print(f"RSS growth per completed call: {growth:.1f} B over {n} calls")
-            print(f"fds {before['fds']} -> {after['fds']}, threads {before['threads']} -> "
-                  f"{after['threads']}, tasks {before['tasks']} -> {after['tasks']}")  # fmt: skip
+            print(f"fds {before['fds']} -> {after['fds']} -> {closed['fds']} (idle connections"
+                  f" closed), threads {before['threads']} -> {closed['threads']}, tasks"
+                  f" {before['tasks']} -> {after['tasks']} -> {closed['tasks']}")  # fmt: skip
             figures["busy"] = busy_churn(d, 1000 if args.quick else 4000)
             print(f"with a call always up: {figures['busy']}")
         finally:
