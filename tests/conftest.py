@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Callable, Iterator
+
 import pytest
 
 from bridge import native
@@ -23,3 +26,39 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             + ", ".join(old),
             returncode=4,
         )
+
+
+@pytest.fixture
+def no_cyclic_gc() -> Iterator[None]:
+    """The cyclic collector off for the test: what it would free is left for it to find."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()  # the daemon freezes what it has at start-up
+        if was_enabled:
+            gc.enable()
+        gc.collect()
+
+
+def _collect_garbage() -> list[str]:
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        return sorted(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.collect()  # what was saved is still in its cycles: free it now, not next time
+
+
+@pytest.fixture
+def cyclic_garbage() -> Callable[[], list[str]]:
+    """A full collection's unreachable objects, by type (``module.qualname``), sorted.
+
+    With ``no_cyclic_gc`` on, that is everything left in reference cycles since
+    the last call: what reference counting alone could not free.
+    """
+    return _collect_garbage

@@ -10,9 +10,8 @@ busy churn. The call as a whole: ``tests/e2e/test_call_release.py``.
 
 from __future__ import annotations
 
-import gc
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -23,36 +22,17 @@ from bridge.ttsd.base import ServerOptions
 PROVIDERS = ["coda", "kletso", "kova", "kugelaudio", "zwst"]
 
 
-@pytest.fixture
-def collector_off() -> Iterator[None]:
-    was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def unreachable_after(make: Callable[[], object]) -> list[str]:
+def unreachable_after(make: Callable[[], object], garbage: Callable[[], list[str]]) -> list[str]:
     """Types of what a full collection finds unreachable once ``make()``'s result is dropped.
 
     The second of two: a first use may build and drop things of its own (an
     import, a typing cache).
     """
     make()
-    gc.collect()
+    garbage()
     obj = make()
     del obj
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-        found = sorted(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage)
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-    return found
+    return garbage()
 
 
 def _client(protocol: str) -> object:
@@ -77,21 +57,27 @@ def _server(protocol: str) -> object:
     return session
 
 
-@pytest.mark.usefixtures("collector_off")
+@pytest.mark.usefixtures("no_cyclic_gc")
 @pytest.mark.parametrize("protocol", PROVIDERS)
-def test_provider_client_engine_leaves_no_cycle(protocol: str) -> None:
-    assert unreachable_after(lambda: _client(protocol)) == []
+def test_provider_client_engine_leaves_no_cycle(
+    protocol: str, cyclic_garbage: Callable[[], list[str]]
+) -> None:
+    assert unreachable_after(lambda: _client(protocol), cyclic_garbage) == []
 
 
-@pytest.mark.usefixtures("collector_off")
+@pytest.mark.usefixtures("no_cyclic_gc")
 @pytest.mark.parametrize("protocol", PROVIDERS)
-def test_reference_server_session_leaves_no_cycle(protocol: str) -> None:
-    assert unreachable_after(lambda: _server(protocol)) == []
+def test_reference_server_session_leaves_no_cycle(
+    protocol: str, cyclic_garbage: Callable[[], list[str]]
+) -> None:
+    assert unreachable_after(lambda: _server(protocol), cyclic_garbage) == []
 
 
-@pytest.mark.usefixtures("collector_off")
+@pytest.mark.usefixtures("no_cyclic_gc")
 @pytest.mark.parametrize("path", sorted(DIALECTS))
-def test_media_stream_engine_leaves_no_cycle(path: str) -> None:
+def test_media_stream_engine_leaves_no_cycle(
+    path: str, cyclic_garbage: Callable[[], list[str]]
+) -> None:
     def make() -> object:
         engine = DIALECTS[path]()
         engine.connection_made(0.0)
@@ -99,4 +85,4 @@ def test_media_stream_engine_leaves_no_cycle(path: str) -> None:
         engine.events_received()
         return engine
 
-    assert unreachable_after(make) == []
+    assert unreachable_after(make, cyclic_garbage) == []

@@ -15,11 +15,10 @@ that the call is gone once it has ended.
 from __future__ import annotations
 
 import asyncio
-import gc
 import socket
 import sys
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -33,20 +32,6 @@ match = "*"
 provider = "main"
 greeting = "Hello from the bridge."
 """
-
-
-@pytest.fixture
-def no_cyclic_gc() -> Iterator[None]:
-    was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.unfreeze()  # the daemon freezes what it has at start-up
-        if was_enabled:
-            gc.enable()
-        gc.collect()
 
 
 async def _until(cond: object, timeout_s: float) -> bool:
@@ -85,31 +70,20 @@ class _Watch:
         return alive
 
 
-def _cyclic_garbage() -> list[str]:
-    """Run a full collection; what it finds unreachable of callbridge's own types.
+def _ours(found: list[str]) -> list[str]:
+    """callbridge's own types among a collection's garbage (``cyclic_garbage``).
 
     A call's objects can be freed while some of them still form a cycle of
     their own (two parts holding each other's bound methods): that cycle and
-    what hangs off it then wait for a full collection, as above. With the
-    collector off since the last call of this, everything unreachable here was
-    left since then.
+    what hangs off it then wait for a full collection, as above.
     """
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-        found = [
-            f"{type(o).__module__}.{type(o).__qualname__}"
-            for o in gc.garbage
-            if type(o).__module__.startswith(("bridge", "telcodec"))
-        ]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-    return sorted(found)
+    return [name for name in found if name.startswith(("bridge.", "telcodec."))]
 
 
 @pytest.mark.usefixtures("no_cyclic_gc")
-def test_ended_sip_call_is_freed_without_the_cyclic_gc() -> None:
+def test_ended_sip_call_is_freed_without_the_cyclic_gc(
+    cyclic_garbage: Callable[[], list[str]],
+) -> None:
     async def body() -> None:
         sip = free_port(socket.SOCK_DGRAM)
         async with stack(GREETING_ROUTE, sip=str(sip)) as s:
@@ -117,7 +91,7 @@ def test_ended_sip_call_is_freed_without_the_cyclic_gc() -> None:
             leg = next(leg for leg in s.daemon.legs if leg.name == "sip")
             calls: dict[str, object] = leg.calls  # type: ignore[attr-defined]
             opts = CallerOptions(target=f"sip:demo@127.0.0.1:{sip}", duration_s=1.0)
-            _cyclic_garbage()  # what start-up left
+            cyclic_garbage()  # what start-up left
             caller = asyncio.ensure_future(place_call(opts))
             assert await _until(lambda: bool(calls), 10 * FACTOR)
             (call,) = calls.values()
@@ -134,20 +108,22 @@ def test_ended_sip_call_is_freed_without_the_cyclic_gc() -> None:
             freed = await _until(lambda: not watch.alive(), 2 * FACTOR)
             alive = watch.alive()
             assert freed, f"still alive after the call ended, with the cyclic GC off: {alive}"
-            garbage = _cyclic_garbage()
+            garbage = _ours(cyclic_garbage())
             assert not garbage, f"left in reference cycles: {garbage}"
 
     asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
 
 
 @pytest.mark.usefixtures("no_cyclic_gc")
-def test_ended_media_stream_call_is_freed_without_the_cyclic_gc() -> None:
+def test_ended_media_stream_call_is_freed_without_the_cyclic_gc(
+    cyclic_garbage: Callable[[], list[str]],
+) -> None:
     async def body() -> None:
         async with stack(GREETING_ROUTE) as s:
             s.daemon.gc_policy.freeze_every_s = 0  # no thaw (a full collection) mid-test
             leg = next(leg for leg in s.daemon.legs if leg.name == "media_streams")
             calls: dict[str, object] = leg.calls  # type: ignore[attr-defined]
-            _cyclic_garbage()  # what start-up left
+            cyclic_garbage()  # what start-up left
             async with TwilioCall(s.ms_port):
                 assert await _until(lambda: bool(calls), 10 * FACTOR)
                 (runner,) = calls.values()
@@ -161,7 +137,7 @@ def test_ended_media_stream_call_is_freed_without_the_cyclic_gc() -> None:
             freed = await _until(lambda: not watch.alive(), 2 * FACTOR)
             alive = watch.alive()
             assert freed, f"still alive after the call ended, with the cyclic GC off: {alive}"
-            garbage = _cyclic_garbage()
+            garbage = _ours(cyclic_garbage())
             assert not garbage, f"left in reference cycles: {garbage}"
 
     asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
