@@ -909,7 +909,9 @@ class ProviderPool:
             spare = spares.get(conn.key)
             if spare is None or conn.idle_since > spare.idle_since:
                 spares[conn.key] = conn
-        open_now = sum(1 for c in self.connections if not c.closed and not c.retiring)
+        open_now = sum(
+            1 for c in self.connections if not c.closed and not c.retiring and c.catch_all is None
+        )
         kept: list[_Connection] = []
         closed = 0
         for conn in listed:

@@ -318,6 +318,18 @@ class CodaProtocol(AudioTaking, Outbox):
         self._ready_by = now + self._ready_timeout_s
 
     def connection_lost(self, code: int | None, reason: str, now: float) -> None:
+        """The socket is gone: every unfinished turn fails with it.
+
+        After our own ``close()`` with no turn left unfinished this is silent
+        (an idle connection the pool closed is no provider error).
+        """
+        if self._phase is _Phase.CLOSING and all(
+            t.state is _State.ABANDONED for t in self._turns.values()
+        ):
+            self._turns.clear()
+            self._by_context.clear()
+            self._phase = _Phase.CLOSED
+            return
         detail = f"connection closed (code {code}{', ' + reason if reason else ''})"
         if code == _CLOSE_CREDENTIALS:
             kind, retryable = "unauthenticated", False

@@ -307,7 +307,7 @@ def test_one_turn_per_session_protocol_opens_more_connections() -> None:
     _run(body)
 
 
-@pytest.mark.parametrize("protocol", ["kova", "kugelaudio"])
+@pytest.mark.parametrize("protocol", TTS_PROTOCOLS)
 def test_idle_connections_are_closed_down_to_a_spare(
     protocol: str, cyclic_garbage: Callable[[], list[str]]
 ) -> None:

@@ -567,6 +567,21 @@ def test_local_close_reports_closed_once(coda: Any) -> None:
     assert engine.events_received() == []
 
 
+def test_local_close_with_no_turn_left_is_silent(coda: Any) -> None:
+    engine = ready_client(coda)
+    engine.open_turn("t1", coda.turn(PCM_24K), 0.0)
+    engine.send_text("t1", "Hi.", 0.0)
+    engine.end_turn("t1", 0.0)
+    context_id = sent(engine)[0]["contextId"]
+    engine.receive_text(json.dumps({"contextId": context_id, "done": {}}), 0.5)
+    assert any(isinstance(e, TurnDone) for e in engine.events_received())
+    engine.close(1.0)
+    assert engine.actions_to_send()[-1] == CloseConnection(1000, "")
+    engine.connection_lost(1000, "", 1.2)
+    assert engine.events_received() == []
+    assert not engine.ready
+
+
 def test_close_1008_means_bad_credentials(coda: Any) -> None:
     engine = ready_client(coda)
     engine.connection_lost(1008, "conflicting credentials", 1.0)
