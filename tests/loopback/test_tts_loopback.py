@@ -335,7 +335,7 @@ def test_idle_connections_are_closed_down_to_a_spare(
         try:
             while len(pool.connections) > 1 and loop.time() < deadline:
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(0.1)  # the closed connections' tasks finish
+            await asyncio.sleep(0.1 * FACTOR)  # the closed connections' tasks finish
             left = [name for name in cyclic_garbage() if name.endswith("._Connection")]
         finally:
             gc.enable()
