@@ -619,17 +619,21 @@ class _Connection:
             self.note_idle()
         return sink
 
-    def note_idle(self) -> None:
-        """Put this connection on the pool's ``idle`` list if it holds no turn (a cancelled
-        turn the engine still holds keeps it off until the server lets go: ``pump``), and
-        note since when it is idle."""
-        if (
+    def is_idle(self) -> bool:
+        """Open, the pool's to place turns on, and holding no turn (a cancelled turn the
+        engine still holds counts until the server lets go: ``pump``)."""
+        return (
             not self.closed
             and not self.retiring
             and self.catch_all is None
             and not self.sinks
             and self.engine.open_turns() == 0
-        ):
+        )
+
+    def note_idle(self) -> None:
+        """Put this connection on the pool's ``idle`` list if it ``is_idle()``, and note
+        since when it is."""
+        if self.is_idle():
             self.idle_since = self.loop.time()
             if not self.listed_idle:
                 self.listed_idle = True
@@ -864,7 +868,7 @@ class ProviderPool:
         i = 0
         while i < len(idle):
             conn = idle[i]
-            if conn.closed or conn.sinks or conn.engine.open_turns():
+            if not conn.is_idle():
                 conn.listed_idle = False
                 del idle[i]
                 continue
@@ -900,7 +904,7 @@ class ProviderPool:
         now = asyncio.get_running_loop().time()
         listed: list[_Connection] = []
         for conn in self.idle:
-            if conn.closed or conn.sinks or conn.engine.open_turns():
+            if not conn.is_idle():
                 conn.listed_idle = False  # pruned as ``_idle_connection`` would
             else:
                 listed.append(conn)
