@@ -445,3 +445,21 @@ def test_unknown_job_results_are_ignored() -> None:
     s.synthesis_done("nope", 0.0)
     s.synthesis_failed("nope", "x", 0.0)
     assert s.actions_to_send() == []
+
+
+@pytest.mark.parametrize("context_id", [None, "c1", 'q"uo\\te', "naïve ✓", "tab\tnl\n"])
+def test_audio_frame_text_is_what_the_json_encoder_writes(context_id: str | None) -> None:
+    """``audio_chunk`` frames are built without the JSON encoder: the same text, byte for byte."""
+    s = session()
+    started(s, context_id)
+    frame: dict[str, object] = {"send_text": "Hi. There"}
+    if context_id is not None:
+        frame["context_id"] = context_id
+    (job,) = jobs(send(s, frame))
+    pcm = pcm_of(800)
+    s.synthesis_audio(job.job_id, pcm, (), 0.1)
+    texts = [a.text for a in s.actions_to_send() if isinstance(a, SendText)]
+    want: dict[str, object] = {"audio_chunk": base64.b64encode(pcm).decode("ascii")}
+    if context_id is not None:
+        want["context_id"] = context_id
+    assert texts == [json.dumps(want, separators=(",", ":"))]
