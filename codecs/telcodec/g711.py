@@ -46,7 +46,9 @@ with warnings.catch_warnings():
     import audioop
 
 __all__ = [
+    "ALAW_ENCODE_TABLE",
     "ALAW_SILENCE",
+    "ULAW_ENCODE_TABLE",
     "ULAW_SILENCE",
     "alaw_decode",
     "alaw_decode_array",
@@ -152,6 +154,10 @@ _EVERY_SAMPLE_S16LE = np.arange(65536, dtype="<u2").tobytes()
 _ULAW_ENCODE = _encode_table(ulaw_encode(_EVERY_SAMPLE_S16LE))
 _ALAW_ENCODE = _encode_table(alaw_encode(_EVERY_SAMPLE_S16LE))
 del _EVERY_SAMPLE_S16LE
+ULAW_ENCODE_TABLE: npt.NDArray[np.uint8] = _ULAW_ENCODE
+"""Read-only: the mu-law code of every int16 sample, indexed by its bit pattern (uint16)."""
+ALAW_ENCODE_TABLE: npt.NDArray[np.uint8] = _ALAW_ENCODE
+"""Read-only: the A-law code of every int16 sample, indexed by its bit pattern (uint16)."""
 
 # One-byte-to-one-byte transcoding tables for bytes.translate.
 _ULAW_TO_ALAW = bytes(_ALAW_ENCODE[_ULAW_DECODE.view(np.uint16)])

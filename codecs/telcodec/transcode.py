@@ -36,7 +36,7 @@ from typing import Final, Literal
 
 from telcodec import g711
 from telcodec.framing import FrameCutter
-from telcodec.resample import StreamResampler
+from telcodec.resample import EncodeTable, StreamResampler
 
 __all__ = ["TELEPHONY_RATE_HZ", "Encoding", "FromTelephony", "ToTelephony"]
 
@@ -55,9 +55,9 @@ _DECODE: Final[dict[str, Callable[[bytes], bytes]]] = {
     "mulaw": g711.ulaw_decode,
     "alaw": g711.alaw_decode,
 }
-_ENCODE: Final[dict[str, Callable[[bytes], bytes]]] = {
-    "mulaw": g711.ulaw_encode,
-    "alaw": g711.alaw_encode,
+_ENCODE_TABLE: Final[dict[str, EncodeTable]] = {
+    "mulaw": g711.ULAW_ENCODE_TABLE,
+    "alaw": g711.ALAW_ENCODE_TABLE,
 }
 _TRANSLATE: Final[dict[tuple[str, str], Callable[[bytes], bytes]]] = {
     ("mulaw", "alaw"): g711.ulaw_to_alaw,
@@ -83,7 +83,14 @@ class ToTelephony:
         ValueError: unknown encoding or non-positive rate.
     """
 
-    __slots__ = ("_cutter", "_decode", "_encode", "_out_encoding", "_resampler", "_translate")
+    __slots__ = (
+        "_cutter",
+        "_decode",
+        "_out_encoding",
+        "_resampler",
+        "_table",
+        "_translate",
+    )
 
     def __init__(
         self,
@@ -98,16 +105,17 @@ class ToTelephony:
         self._cutter = FrameCutter(FRAME_SAMPLES * _BYTES_PER_SAMPLE[out_encoding])
         self._translate: Callable[[bytes], bytes] | None = None
         self._decode: Callable[[bytes], bytes] | None = None
-        self._encode: Callable[[bytes], bytes] | None = None
         self._resampler: StreamResampler | None = None
+        self._table: EncodeTable | None = None
+        """G.711 out of the resampler: encoded by it, from its float output (no s16le)."""
         if in_rate_hz == TELEPHONY_RATE_HZ and in_encoding == out_encoding:
             return  # pass-through: the cutter alone (it also copes with odd bytes)
         if in_rate_hz == TELEPHONY_RATE_HZ and (in_encoding, out_encoding) in _TRANSLATE:
             self._translate = _TRANSLATE[(in_encoding, out_encoding)]
             return
         self._decode = _DECODE.get(in_encoding)
-        self._encode = _ENCODE.get(out_encoding)
         self._resampler = StreamResampler(in_rate_hz, TELEPHONY_RATE_HZ, quality)
+        self._table = _ENCODE_TABLE.get(out_encoding)
 
     @property
     def is_pass_through(self) -> bool:
@@ -127,7 +135,7 @@ class ToTelephony:
         """End the utterance: return the remaining frames, the last one padded."""
         frames = []
         if self._resampler is not None:
-            frames = self._cutter.push(self._encoded(self._resampler.flush()))
+            frames = self._cutter.push(self._resampler.flush(self._table))
         last = self._cutter.flush(_SILENCE[self._out_encoding])
         if last is not None:
             frames.append(last)
@@ -144,7 +152,7 @@ class ToTelephony:
         if self._resampler is None:
             return []
         least = self._cutter.missing_bytes // _BYTES_PER_SAMPLE[self._out_encoding]
-        return self._cutter.push(self._encoded(self._resampler.release(least)))
+        return self._cutter.push(self._resampler.release(least, self._table))
 
     def reset(self) -> None:
         """Drop everything buffered without output (barge-in)."""
@@ -157,10 +165,7 @@ class ToTelephony:
             return chunk if self._translate is None else self._translate(chunk)
         if self._decode is not None:
             chunk = self._decode(chunk)
-        return self._encoded(self._resampler.process(chunk))
-
-    def _encoded(self, pcm_s16le: bytes) -> bytes:
-        return pcm_s16le if self._encode is None else self._encode(pcm_s16le)
+        return self._resampler.process(chunk, self._table)
 
 
 class FromTelephony:
