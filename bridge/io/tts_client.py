@@ -79,13 +79,19 @@ FLOW_HIGH_S)``). It is off by default. Pausing holds back every turn on the conn
 with several turns on one, the others' audio then waits in the provider's and the kernel's
 buffers in front of a restarted turn's first audio, where reading it at once would have
 moved it into the calls' queues. With one turn per connection (``turns_per_connection =
-1``) it holds back only its own turn; at 500 calls it did not change pacing or
-underruns there either (docs/benchmarks.md, thirteenth pass)."""
+1``) it holds back only its own turn. There, with a provider that sends faster than real
+time, it keeps a restarted turn's first audio from waiting behind the other calls' bulk:
+at 400 SIP calls of 24 kHz PCM, restarted turns' first audio took 38-143 ms (p50) with 4 s
+ahead and 0.7-0.9 s without (docs/benchmarks.md, fifteenth pass)."""
 FLOW_LOW_S = 2.0
 """It reads again once one of its turns is down to this many seconds ahead."""
-FLOW_PAUSE_MAX_S = 1.0
+FLOW_PAUSE_MAX_S = 5.0
 """And at the latest after this long (a server close, a ping or a control message waits
-behind the paused bytes; each resumed read is judged afresh)."""
+behind the paused bytes; each resumed read is judged afresh). Under the keepalive's
+``ping_timeout`` (20 s), so a pong behind paused bytes is read in time. Not much
+shorter: one read takes up to 256 KB (uvloop's buffer), 2.7 s of 24 kHz audio in
+base64, so at 1 s (the value before) a paused turn was still read about 2.7 times
+faster than it played, and its read-ahead was not bounded at all."""
 PAUSED_LOAD = 1 << 20
 """Placement: what a paused connection adds to its count of turns (more than any has)."""
 CLOSE_IDLE_AFTER_S = 60.0
@@ -615,6 +621,10 @@ class _Connection:
         self.words_sinks.pop(wire_id, None)
         self.clocks.pop(wire_id, None)
         sink = self.sinks.pop(wire_id, None)
+        if self.paused and not self.clocks:
+            # no turn left to hold back: read what is left of the dropped one (a
+            # cancelled turn's audio, the server's release of it) now, not at the timer
+            self.resume()
         if not self.sinks:
             self.note_idle()
         return sink

@@ -311,7 +311,7 @@ async def _two_turns_ahead(rig: Rig, seconds: tuple[float, float]) -> tuple[_Con
 
 def test_a_connection_stops_reading_when_every_turn_is_well_ahead() -> None:
     async def body(rig: Rig) -> None:
-        conn, transport = await _two_turns_ahead(rig, (10.0, 6.0))
+        conn, transport = await _two_turns_ahead(rig, (10.0, 9.0))
         assert transport.pauses == 1 and conn.paused
         assert conn.flow_timer is not None
         assert conn.flow_timer.when() == 1000.0 + FLOW_PAUSE_MAX_S  # at the latest
@@ -384,6 +384,41 @@ def test_a_pause_ends_after_the_longest_pause_even_if_every_turn_is_still_ahead(
         transport.kernel.append(chunk(b"\x55" * 80, "c1"))
         rig.read(conn, transport)
         assert transport.pauses == 2
+
+    run(body)
+
+
+def test_a_pause_outlasts_a_read_of_a_fast_provider() -> None:
+    """One read can take 256 KB (uvloop's buffer): 4 s of 24 kHz PCM, 2.7 s once in base64.
+    A pause shorter than that let a paused turn be read faster than it plays, with no
+    bound on its read-ahead."""
+    assert FLOW_PAUSE_MAX_S >= 256 * 1024 * 3 / 4 / 48000
+    assert FLOW_PAUSE_MAX_S < 20.0  # the keepalive's ping_timeout: a pong waits behind a pause
+
+
+def test_cancelling_the_last_turn_of_a_paused_connection_resumes_it_at_once() -> None:
+    """What is left of the cancelled turn (and the server's release of it) is read now,
+    not when the pause would have ended: until then the connection takes no turn."""
+
+    async def body(rig: Rig) -> None:
+        conn, transport = rig.connect()
+        rig.open("a")
+        start(conn, transport, "c1")
+        transport.kernel.append(chunk(b"\x55" * 10 * BYTES_PER_S, "c1"))
+        assert rig.read(conn, transport)
+        assert conn.paused and transport.pauses == 1
+        rig.handles["a"].cancel()
+        assert transport.reading and not conn.paused and conn.flow_timer is None
+
+    run(body)
+
+
+def test_ending_one_of_two_turns_leaves_a_paused_connection_paused() -> None:
+    async def body(rig: Rig) -> None:
+        conn, transport = await _two_turns_ahead(rig, (10.0, 10.0))
+        assert conn.paused
+        rig.handles["a"].cancel()
+        assert conn.paused and not transport.reading
 
     run(body)
 
