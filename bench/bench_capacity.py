@@ -53,16 +53,17 @@ def underruns_cell(step: dict[str, Any]) -> str:
     return f"{daemon}/{step.get('underruns_provider', '-')}"
 
 
-CAPACITY_PROVIDER_SETTINGS = "turns_per_connection = 1\n"
-"""Provider settings of the capacity runs (recorded in each result's settings)."""
+CAPACITY_PROVIDER_SETTINGS = "turns_per_connection = 1\nflow_control_ahead_s = 4\n"
+"""Provider settings of the capacity runs (recorded in each result's settings): what
+docs/providers.md recommends for a busy node, one turn per connection (thirteenth pass)
+and flow control (fifteenth pass: with a provider faster than real time, a restarted
+turn's first audio otherwise waits behind the bulk of every other call's turn)."""
 
 
 def run_config(
     workdir: Path, leg: str, pcm24k: bool, steps: list[int], measure_s: float, reps: int
 ) -> dict[str, Any]:
     tts = TtsProcess.start(workdir)
-    # one provider turn per connection, as docs/providers.md recommends for a busy node
-    # (thirteenth pass): a shared connection is first in, first out
     d = DaemonUnderTest.start(
         workdir, tts.port, pcm24k=pcm24k, provider_extra=CAPACITY_PROVIDER_SETTINGS
     )
