@@ -89,8 +89,8 @@ FLOW_PAUSE_MAX_S = 5.0
 """And at the latest after this long (a server close, a ping or a control message waits
 behind the paused bytes; each resumed read is judged afresh). Under the keepalive's
 ``ping_timeout`` (20 s), so a pong behind paused bytes is read in time. Not much
-shorter: one read takes up to 256 KB (uvloop's buffer), 2.7 s of 24 kHz audio in
-base64, so at 1 s (the value before) a paused turn was still read about 2.7 times
+shorter: one read takes up to 256 KB (uvloop's buffer), about 4 s of 24 kHz audio in
+base64, so at 1 s (the value before) a paused turn was still read about 4 times
 faster than it played, and its read-ahead was not bounded at all."""
 PAUSED_LOAD = 1 << 20
 """Placement: what a paused connection adds to its count of turns (more than any has)."""

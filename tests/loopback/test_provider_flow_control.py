@@ -389,7 +389,7 @@ def test_a_pause_ends_after_the_longest_pause_even_if_every_turn_is_still_ahead(
 
 
 def test_a_pause_outlasts_a_read_of_a_fast_provider() -> None:
-    """One read can take 256 KB (uvloop's buffer): 4 s of 24 kHz PCM, 2.7 s once in base64.
+    """One read can take 256 KB (uvloop's buffer): about 4 s of 24 kHz PCM in base64.
     A pause shorter than that let a paused turn be read faster than it plays, with no
     bound on its read-ahead."""
     assert FLOW_PAUSE_MAX_S >= 256 * 1024 * 3 / 4 / 48000
