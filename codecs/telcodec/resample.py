@@ -154,7 +154,8 @@ class StreamResampler:
         if self._stream is None:
             if table is None:
                 return bytes(pcm_s16le)
-            return table[np.frombuffer(pcm_s16le, dtype="<u2")].tobytes()
+            codes: npt.NDArray[np.uint8] = table[np.frombuffer(pcm_s16le, dtype="<u2")]
+            return codes.tobytes()
         if not pcm_s16le:
             return b""
         ints = np.frombuffer(pcm_s16le, dtype=_S16LE)
