@@ -154,8 +154,7 @@ class StreamResampler:
         if self._stream is None:
             if table is None:
                 return bytes(pcm_s16le)
-            codes: npt.NDArray[np.uint8] = table[np.frombuffer(pcm_s16le, dtype="<u2")]
-            return codes.tobytes()
+            return _encode(np.frombuffer(pcm_s16le, dtype="<u2"), table)
         if not pcm_s16le:
             return b""
         ints = np.frombuffer(pcm_s16le, dtype=_S16LE)
@@ -165,7 +164,7 @@ class StreamResampler:
         keep = self._keep
         history = np.concatenate((self._history, samples[-keep:]))  # copies at most 2 x keep
         self._history = history[-keep:] if len(history) > keep else history
-        return _to_s16le(self._counted(self._stream.resample_chunk(samples)), table)
+        return _to_output(self._counted(self._stream.resample_chunk(samples)), table)
 
     def release(self, least: int = 0, table: EncodeTable | None = None) -> bytes:
         """What the filter holds back but the last ``_HOLD_S``; the stream goes on (see above).
@@ -198,7 +197,7 @@ class StreamResampler:
         stream.clear()
         self._skip = self._out_total - start // self._grid_in * self._grid_out
         out = self._counted(stream.resample_chunk(self._history[start - first :]))
-        return _to_s16le(np.concatenate((tail, out)) if len(out) else tail, table)
+        return _to_output(np.concatenate((tail, out)) if len(out) else tail, table)
 
     def _counted(
         self, out: npt.NDArray[np.float32], hold: int = 0, least: int = 0
@@ -228,7 +227,7 @@ class StreamResampler:
         tail = self._counted(self._stream.resample_chunk(_EMPTY, last=True))
         self._stream.clear()
         self._rearm()
-        return _to_s16le(tail, table)
+        return _to_output(tail, table)
 
     def reset(self) -> None:
         """Drop all buffered input and filter state without output (barge-in)."""
@@ -242,18 +241,22 @@ class StreamResampler:
         self._in_total = self._out_total = self._skip = 0
 
 
-def _to_s16le(samples: npt.NDArray[np.float32], table: EncodeTable | None = None) -> bytes:
+def _to_output(samples: npt.NDArray[np.float32], table: EncodeTable | None = None) -> bytes:
     """Round and clip soxr's output (in place) to int16: s16le bytes, or encoded with
-    ``table`` through scratch arrays (one new object, the bytes returned)."""
+    ``table`` through scratch arrays (one new object: the bytes returned)."""
     np.rint(samples, out=samples)
     np.clip(samples, -32768.0, 32767.0, out=samples)
     if table is None:
         return samples.astype(_S16LE).tobytes()
-    n = len(samples)
-    ints = _scratch("i16", np.int16, n)
+    ints = _scratch("i16", np.int16, len(samples))
     np.copyto(ints, samples, casting="unsafe")  # what astype does, into the scratch
-    codes = _scratch("u8", np.uint8, n)
-    np.take(table, ints.view(np.uint16), out=codes)
+    return _encode(ints.view(np.uint16), table)
+
+
+def _encode(patterns: npt.NDArray[np.uint16], table: EncodeTable) -> bytes:
+    """The code bytes of samples given as their bit patterns, through a scratch array."""
+    codes = _scratch("u8", np.uint8, len(patterns))
+    np.take(table, patterns, out=codes)
     return codes.tobytes()
 
 
