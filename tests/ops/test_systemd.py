@@ -113,6 +113,14 @@ def _get(url: str) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
+def _not_ready(proc: subprocess.Popen[bytes], rx: NotifyReceiver) -> str:
+    """What to say when the daemon never notified READY: its messages, exit and output."""
+    if proc.poll() is None:
+        proc.kill()
+    out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+    return f"messages {rx.messages}, exit {proc.wait()}, output:\n{out[-4000:]}"
+
+
 def test_notify_sequence_reload_and_stop(
     tmp_path: Path, run_daemon: Callable[..., subprocess.Popen[bytes]]
 ) -> None:
@@ -122,8 +130,8 @@ def test_notify_sequence_reload_and_stop(
     env = {"NOTIFY_SOCKET": str(rx.path), "WATCHDOG_USEC": "400000"}
     proc = run_daemon(cfg, env)
     try:
-        rx.poll(lambda: rx.seen("READY") >= 1, 60)
-        assert rx.seen("READY") == 1, rx.messages
+        rx.poll(lambda: rx.seen("READY") >= 1 or proc.poll() is not None, 60)
+        assert rx.seen("READY") == 1, _not_ready(proc, rx)
         first = rx.messages[0][1]
         assert first.get("READY") == "1" and "STATUS" in first
         assert _get(f"http://127.0.0.1:{api}/readyz")[0] == 200
