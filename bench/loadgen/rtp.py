@@ -8,6 +8,14 @@ measures. Every 20 ms each call also sends one inbound PCMU packet (low-level
 noise below the barge-in energy floor, so the VAD runs on every frame but
 never interrupts the turn). Calls are spread over 20 one-millisecond phases.
 
+The RTP sockets are not in the ``epoll`` set: each call's socket is read
+right after its own packet is sent, once every 20 ms (``read_by_slot``).
+A socket something waits on costs its *sender* a wake-up per datagram: on
+loopback the daemon's ``sendto`` runs the receive path to the end and
+wakes this process, about 5 % of the daemon's core at 500 calls (perf,
+docs/benchmarks.md), a cost a receiver on another host never puts on the
+daemon. The kernel stamps arrivals, so a packet read later is timed the same.
+
 The same object is also a minimal UAS (``accept_incoming = True``): a call
 offered to its SIP port (e.g. by baresip) is answered at once with SDP that
 names a fresh RTP socket, and that call's packets are measured the same way
@@ -90,6 +98,9 @@ class RtpCall:
 class RtpLoad:
     """Places ``n`` calls at the daemon's SIP port and runs their media."""
 
+    read_by_slot = True
+    """Read each RTP socket after its call's send slot; False: wait on them in ``epoll``."""
+
     def __init__(self, daemon_sip: tuple[str, int], route: str = "talk") -> None:
         self.daemon = daemon_sip
         self.route = route
@@ -106,13 +117,25 @@ class RtpLoad:
         self.by_fd: dict[int, RtpCall] = {}
         self.by_call_id: dict[str, RtpCall] = {}
         self.failed = 0
-        self.recording = False
+        self._recording = False
         self.accept_incoming = False
         self.payload = noise_payload()
         self.offset_ns = realtime_to_monotonic_offset_ns()
         self._ua_deadline: float | None = None
         self._origin = time.monotonic()
         self._slot = 0
+
+    @property
+    def recording(self) -> bool:
+        """Whether arrivals are kept; turning it off first reads what arrived until now."""
+        return self._recording
+
+    @recording.setter
+    def recording(self, on: bool) -> None:
+        if self._recording and not on and self.read_by_slot:
+            for call in self.calls:  # up to a slot's worth not read yet
+                self._read_rtp(call)
+        self._recording = on
 
     # ------------------------------------------------------------ SIP
 
@@ -156,7 +179,8 @@ class RtpLoad:
         self.calls.append(call)
         self.by_fd[call.sock.fileno()] = call
         self.by_call_id[call.call_id] = call
-        self.ep.register(call.sock.fileno(), select.EPOLLIN)
+        if not self.read_by_slot:
+            self.ep.register(call.sock.fileno(), select.EPOLLIN)
 
     def _answer(self, event: CallOffered) -> None:
         """The UAS side: answer an offered call (PCMU) with a fresh measured RTP socket."""
@@ -281,7 +305,7 @@ class RtpLoad:
     def _read_rtp(self, call: RtpCall | None) -> None:
         if call is None:
             return
-        sock, rec = call.sock, self.recording
+        sock, rec = call.sock, self._recording
         while True:
             try:
                 data, anc, _, source = sock.recvmsg(512, 64)
@@ -307,12 +331,13 @@ class RtpLoad:
             call.marker.append(1 if b1 & 0x80 else 0)
 
     def _send_slot(self, slot: int) -> None:
-        payload = self.payload
+        payload, read = self.payload, self.read_by_slot
         for call in self.calls[slot::20]:
-            if call.remote is None or call.ended:
-                continue
-            call.seq = (call.seq + 1) & 0xFFFF
-            call.ts = (call.ts + 160) & 0xFFFFFFFF
-            header = _HDR.pack(0x80, 0, call.seq, call.ts, call.ssrc)
-            with contextlib.suppress(OSError):
-                call.sock.sendto(header + payload, call.remote)
+            if call.remote is not None and not call.ended:
+                call.seq = (call.seq + 1) & 0xFFFF
+                call.ts = (call.ts + 160) & 0xFFFFFFFF
+                header = _HDR.pack(0x80, 0, call.seq, call.ts, call.ssrc)
+                with contextlib.suppress(OSError):
+                    call.sock.sendto(header + payload, call.remote)
+            if read:
+                self._read_rtp(call)

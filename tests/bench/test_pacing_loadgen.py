@@ -152,6 +152,11 @@ def test_the_load_generator_answers_an_offered_call_and_timestamps_its_rtp() -> 
             peer.sendto(struct.pack("!BBHII", 0x80, 0, 3, 480, 7) + bytes(160), to)
             load.run_for(0.1)
         assert list(call.rtp_ts) == [0, 160, 320, 480] and call.strays == 1
+        # RTP sockets are read after each call's send slot, not waited on (no wake-up
+        # charged to the sender): what arrived since is read when recording stops
+        peer.sendto(struct.pack("!BBHII", 0x80, 0, 4, 640, 7) + bytes(160), to)
+        load.recording = False
+        assert list(call.rtp_ts) == [0, 160, 320, 480, 640]
     finally:
         load.close()
         peer.close()
