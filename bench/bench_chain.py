@@ -194,7 +194,7 @@ class _Chain:
     async def setup(self) -> None:
         from bridge.io import ticker as ticker_module
         from bridge.io.callrun import CallRunner
-        from bridge.io.sip_leg import SO_TIMESTAMPNS, _SipCall
+        from bridge.io.sip_call import SO_TIMESTAMPNS, _SipCall
         from bridge.io.ticker import MediaTicker
         from bridge.media.call_types import LegProfile
         from bridge.metrics import Metrics

@@ -168,7 +168,7 @@ def _cpu_median_us(run: Callable[[], float], repeats: int) -> float:
 
 
 async def _sip_calls(n_calls: int, peer: socket.socket) -> tuple[list[Any], Any]:
-    from bridge.io.sip_leg import SO_TIMESTAMPNS, _SipCall
+    from bridge.io.sip_call import SO_TIMESTAMPNS, _SipCall
     from bridge.io.ticker import MediaTicker
     from bridge.sip.sdp import NegotiatedAudio
 

@@ -29,8 +29,16 @@ __all__ = [
 NATIVE_PACKAGES = ("bridge/media", "bridge/rtp", "bridge/streams")
 """Every module of these packages is compiled (their ``__init__`` stays Python)."""
 
-NATIVE_MODULES = ("bridge/engine.py", "bridge/control/commands.py", "bridge/tts/base.py")
-"""And these: the base classes and types the compiled engines are built on."""
+NATIVE_MODULES = (
+    "bridge/engine.py",
+    "bridge/control/commands.py",
+    "bridge/tts/base.py",
+    "bridge/io/ticker.py",
+    "bridge/io/callrun.py",
+    "bridge/io/sip_call.py",
+)
+"""And these: the base classes and types the compiled engines are built on, and the
+per-frame part of the I/O shell (the media ticker, the call runner, a SIP call's RTP)."""
 
 C_EXTENSIONS = ("bridge/io/_rtpsock.c",)
 """Hand-written C modules (``setup.py`` builds them beside their source, like the others):

@@ -374,7 +374,7 @@ def run_daemon(cfg: Config) -> int:
         try:
             import uvloop
 
-            return uvloop.run(Daemon(cfg).run())  # type: ignore[no-any-return]
+            return uvloop.run(Daemon(cfg).run())
         except ImportError:
             log.warning("daemon.uvloop_unavailable", fallback="asyncio")
     return asyncio.run(Daemon(cfg).run())

@@ -14,7 +14,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from bridge.io.sip_leg import _SipCall
+from bridge.io.sip_call import _SipCall
 from bridge.io.ticker import MediaTicker
 from bridge.sip.sdp import NegotiatedAudio
 
@@ -158,7 +158,7 @@ def test_a_sip_message_is_followed_by_a_preemption_point_for_the_ticker() -> Non
 
 
 def test_without_kernel_stamps_every_queued_datagram_is_read_in_order_in_one_tick() -> None:
-    from bridge.io.sip_leg import SO_TIMESTAMPNS
+    from bridge.io.sip_call import SO_TIMESTAMPNS
 
     async def main() -> None:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:

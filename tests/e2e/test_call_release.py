@@ -15,8 +15,8 @@ that the call is gone once it has ended.
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
-import sys
 import weakref
 from collections.abc import Callable
 
@@ -45,28 +45,33 @@ async def _until(cond: object, timeout_s: float) -> bool:
 
 
 class _Watch:
-    """Which of some objects are still alive, without keeping them alive where possible.
+    """Which of some objects are still alive, without keeping them alive.
 
     A weak reference where the type takes one. A class compiled with mypyc
-    (``bridge/native.py``: the call's ``CallBridge``) takes none: it is held
-    here, and counted as alive while anything but this holds it (its
-    reference count), i.e. until reference counting alone would free it.
+    (``bridge/native.py``: the call's ``CallBridge`` and ``CallRunner``) takes
+    none: it is remembered by type and address, and is alive while the
+    collector still tracks an object of that type there (every compiled
+    instance is tracked). Holding those strongly instead would keep alive
+    whatever they hold (the runner its bridge and leg), and the test could no
+    longer tell what reference counting alone frees.
     """
 
     def __init__(self) -> None:
         self._weak: dict[str, weakref.ref[object]] = {}
-        self._strong: dict[str, object] = {}
+        self._tracked: dict[str, tuple[type, int]] = {}
 
     def add(self, name: str, obj: object) -> None:
         try:
             self._weak[name] = weakref.ref(obj)
         except TypeError:
-            self._strong[name] = obj
+            assert gc.is_tracked(obj), f"{name}: {type(obj).__name__} is not tracked"
+            self._tracked[name] = (type(obj), id(obj))
 
     def alive(self) -> list[str]:
         alive = [name for name, ref in self._weak.items() if ref() is not None]
-        # getrefcount sees this dict's reference and its own argument's: 2 is "ours only"
-        alive += [name for name in self._strong if sys.getrefcount(self._strong[name]) > 2]
+        if self._tracked:
+            live = {(type(o), id(o)) for o in gc.get_objects()}
+            alive += [name for name, key in self._tracked.items() if key in live]
         return alive
 
 

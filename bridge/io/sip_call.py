@@ -1,0 +1,406 @@
+"""One SIP call's media: its RTP session and sockets, driven by the media ticker.
+
+The per-frame half of the SIP leg (``bridge.io.sip_leg`` has the rest: the
+listeners, the user agents, routing and answering). Each 20 ms tick of the
+call's media clock sends one RTP packet (the turn's frame, comfort silence
+between turns, or an RFC 4733 event while DTMF is being sent), reads the
+call's RTP socket and takes one inbound frame from the jitter buffer for the
+VAD/barge-in path. This module is compiled with mypyc (``bridge/native.py``):
+it runs 50 times a second for every call, and the signalling half, which
+runs once per SIP message, stays interpreted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from bridge.engine import SendDatagram
+from bridge.io.rtpsock import SCM_TIMESTAMPNS, recv_stamped
+from bridge.io.ticker import InboundCallback, ProcessCallback
+from bridge.logs import get_logger
+from bridge.rtp.dtmf import DtmfReceived, DtmfSender, InbandDtmf
+from bridge.rtp.jitter import FrameLost
+from bridge.rtp.packet import is_rtcp
+from bridge.rtp.session import RtpSession, RtpSessionConfig, RtpTimedOut, silence_frame
+from bridge.sip.sdp import NegotiatedAudio
+
+if TYPE_CHECKING:
+    from bridge.io.sip_leg import SipLeg, _UaRunner
+
+__all__ = ["SO_TIMESTAMPNS", "CallerSide", "_DatagramProtocol", "_SipCall"]
+
+log = get_logger("callbridge.sip")
+
+SO_TIMESTAMPNS = SCM_TIMESTAMPNS if sys.platform == "linux" else None
+"""Linux: the kernel stamps each datagram's arrival (``SCM_TIMESTAMPNS``, CLOCK_REALTIME)."""
+FRAME_S = 0.02
+MAX_READS_PER_TICK = 32
+"""A call's RTP socket is read at its tick; a backlog larger than this waits for the next one."""
+
+
+class CallerSide(Protocol):
+    """What a SIP call hands the caller's audio, digits and hang-up to: its ``CallRunner``."""
+
+    def caller_audio(self, frame: bytes) -> None: ...
+
+    def caller_dtmf(self, digit: str) -> None: ...
+
+    def hangup(self, reason: str) -> None: ...
+
+    def leg_ended(self, reason: str) -> None: ...
+
+
+class _DatagramProtocol(asyncio.DatagramProtocol):
+    def __init__(self, on_datagram: Callable[[bytes, tuple[str, int]], None]) -> None:
+        self.on_datagram = on_datagram
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        self.on_datagram(data, (addr[0], addr[1]))
+
+    def error_received(self, exc: Exception) -> None:  # ICMP unreachable and the like
+        log.debug("udp.error", error=str(exc))
+
+
+class _SipCall:
+    """``LegAdapter`` of one SIP call: its RTP session and sockets."""
+
+    kind = "sip"
+    # Slots: the per-frame path (send_frame, _inbound, _process) reads a dozen of
+    # these on every tick; slot reads are the cheapest attribute access in CPython.
+    __slots__ = (
+        "__weakref__",
+        "_inbound_cb",
+        "_process_cb",
+        "_rx",
+        "_rx_addr",
+        "_rx_at",
+        "_rx_data",
+        "_rx_key",
+        "_rx_source",
+        "audio",
+        "call_id",
+        "created_at",
+        "dtmf",
+        "dtmf_active",
+        "ended",
+        "inband",
+        "leg",
+        "loop",
+        "outbound",
+        "outbox",
+        "port_key",
+        "pt",
+        "rtcp_transport",
+        "rtp",
+        "rtp_port",
+        "rtp_sock",
+        "runner",
+        "sending_audio",
+        "silence",
+        "ticker",
+        "ua",
+    )
+
+    def __init__(self, leg: SipLeg, ua: _UaRunner, call_id: str, rtp_port: int) -> None:
+        self.leg = leg
+        self.ua = ua
+        self.call_id = call_id
+        self.port_key = call_id
+        self.rtp_port = rtp_port
+        self.loop = asyncio.get_running_loop()
+        self.audio: NegotiatedAudio | None = None
+        self.rtp = RtpSession(RtpSessionConfig(), None, self.loop.time())  # until negotiated
+        self.pt = 0
+        self.silence = silence_frame(0)
+        self.dtmf = DtmfSender()
+        self.dtmf_active = False
+        """Digits queued on ``dtmf``: ticks ask it for a packet only then."""
+        self.inband: InbandDtmf | None = None
+        self.rtp_sock: socket.socket | None = None
+        """The RTP socket: read at the call's tick (``_inbound``), not by the loop."""
+        self.rtcp_transport: asyncio.DatagramTransport | None = None
+        self.ticker = leg.daemon.ticker
+        self.outbox = self.ticker.outbox
+        self._inbound_cb: InboundCallback = self._inbound
+        self._process_cb: ProcessCallback = self._process
+        self._rx_data: bytes | None = None
+        """The first datagram this tick's ``_inbound`` read, for its ``_process`` (None: none)."""
+        self._rx_addr: Any = None
+        self._rx_at = 0.0
+        """The first datagram's source and arrival time."""
+        self._rx_key = -2
+        self._rx_source: tuple[str, int] | None = None
+        """The last datagram's source, and its key from ``rtpsock.recv_stamped`` (-2: none yet)."""
+        self._rx: list[tuple[bytes, Any, float]] = []
+        """(datagram, source, arrival) of any further datagrams read by this tick's ``_inbound``."""
+        self.runner: CallerSide | None = None
+        self.sending_audio = False
+        self.ended = False
+        self.outbound = False
+        self.created_at = self.loop.time()
+
+    def start_media(self, audio: NegotiatedAudio) -> None:
+        """Offer/answer is done: the RTP session for the negotiated stream."""
+        self.audio = audio
+        host = audio.remote_addr[0] if audio.remote_addr else None
+        self.rtp = RtpSession(
+            RtpSessionConfig(
+                payload_types=frozenset({audio.payload_type}),
+                telephone_event_pt=audio.telephone_event_pt,
+                latch=True,
+                latch_host=host,
+                timeout_s=self.leg.daemon.config.sip.rtp_timeout_s,
+            ),
+            audio.remote_addr,
+            self.loop.time(),
+        )
+        self.pt = audio.payload_type
+        self.silence = silence_frame(self.pt)
+        # no telephone-event negotiated: listen for in-band tones instead
+        law: Literal["ulaw", "alaw"] = "alaw" if audio.codec == "PCMA" else "ulaw"
+        self.inband = InbandDtmf(law) if audio.telephone_event_pt is None else None
+
+    @property
+    def codec(self) -> str:
+        return "alaw" if self.audio is not None and self.audio.codec == "PCMA" else "mulaw"
+
+    def bind_sockets(self, host: str) -> tuple[socket.socket, socket.socket]:
+        """Bind the RTP/RTCP port pair now (raises OSError if either is taken)."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        pair: list[socket.socket] = []
+        try:
+            for port in (self.rtp_port, self.rtp_port + 1):
+                sock = socket.socket(family, socket.SOCK_DGRAM)
+                pair.append(sock)
+                sock.setblocking(False)
+                sock.bind((host, port))
+            if SO_TIMESTAMPNS is not None:
+                with contextlib.suppress(OSError):
+                    pair[0].setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        except OSError:
+            for sock in pair:
+                sock.close()
+            raise
+        return pair[0], pair[1]
+
+    async def attach(self, socks: tuple[socket.socket, socket.socket]) -> None:
+        """Take the bound port pair: RTCP is read by the loop, RTP at each tick."""
+        self.rtp_sock = socks[0]
+        rtcp = _DatagramProtocol(self._on_rtcp)
+        t2, _ = await self.loop.create_datagram_endpoint(lambda: rtcp, sock=socks[1])
+        self.rtcp_transport = t2
+        if self.ended:
+            self.close()
+
+    def _on_rtcp(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.rtp.receive_rtcp(data, addr, self.loop.time())
+        self._pump_rtp()
+
+    def _pump_rtp(self) -> None:
+        for action in self.rtp.actions_to_send():
+            if isinstance(action, SendDatagram) and self.rtp_sock is not None:
+                # by content, not by the destination's parity: RTP must leave from the RTP
+                # port (symmetric RTP, RFC 4961) even when the peer's port is odd (NAT)
+                if is_rtcp(action.data) and self.rtcp_transport is not None:
+                    self.rtcp_transport.sendto(action.data, action.addr)
+                else:
+                    try:
+                        self.rtp_sock.sendto(action.data, action.addr)
+                    except OSError:  # full buffer or closed: RTP does not queue
+                        self.ticker.send_errors += 1
+        for event in self.rtp.events_received():
+            if isinstance(event, DtmfReceived) and self.runner is not None:
+                self.runner.caller_dtmf(event.digit)
+            elif isinstance(event, RtpTimedOut):
+                log.info("sip.rtp_timeout", call_id=self.call_id)
+                if self.runner is not None:
+                    self.runner.hangup("rtp_timeout")
+
+    # --- LegAdapter ---------------------------------------------------------
+
+    def send_frame(self, frame: bytes | None, n: int, now: float) -> InboundCallback:
+        """This tick's RTP packet out (the per-call hot path); returns the tick's inbound work.
+
+        The common tick builds one datagram (``RtpSession.frame_packet``) and
+        queues it on the ticker's outbox, which sends every due call's packet
+        back to back (``bridge.io.ticker``): no action object, no outbox
+        lists of the engine. ``_inbound`` runs after that send.
+        """
+        rtp = self.rtp
+        if self.dtmf_active:
+            packet = self.dtmf.next_packet()
+            if packet is None and self.dtmf.idle:
+                self.dtmf_active = False
+            if packet is not None:
+                rtp.send_telephone_event(packet, now, n)
+                self._pump_rtp()
+                return self._inbound_cb
+        if frame is None:
+            frame = self.silence
+            self.sending_audio = False
+        elif not self.sending_audio:
+            rtp.start_talkspurt()
+            self.sending_audio = True
+        data = rtp.frame_packet(frame, self.pt, now, n)
+        if data is not None:
+            sock = self.rtp_sock
+            if sock is not None:
+                self.outbox.append((sock, data, rtp.remote_addr))
+        return self._inbound_cb
+
+    def _inbound(self, now: float) -> ProcessCallback:
+        """The tick's read of the RTP socket; returns the work on what was read (``_process``).
+
+        The socket is read here rather than by the loop: one ``recvmsg`` per
+        call per tick instead of a loop wake-up and a callback per datagram,
+        and the ticker runs every due call's read back to back (the kernel's
+        receive path stays warm). Each datagram keeps its kernel arrival time
+        (``SO_TIMESTAMPNS``) for the jitter buffer and the RFC 3550 jitter.
+        Reading stops at the first datagram that arrived within the last
+        frame period (anything queued behind it is younger still and is read
+        at the next tick), so a backlog drains and the common tick costs a
+        single ``recvmsg``. The reads go through ``bridge.io.rtpsock``: the
+        peer's address is formatted once, not per datagram, and an empty
+        socket raises nothing.
+        """
+        sock = self.rtp_sock
+        if sock is None or self._rx_data is not None:
+            # (not yet processed: a talkspurt start moved this tick ahead of the last
+            # one's third phase, which the ticker had put off; the socket keeps the rest)
+            return self._process_cb
+        # the common tick: one datagram, kept in three slots (no tuple, no list)
+        try:
+            got = recv_stamped(sock, self._rx_key)
+        except OSError:  # the socket was closed
+            return self._process_cb
+        if got is None:  # nothing queued
+            return self._process_cb
+        data, stamp, key, addr = got
+        if addr is not None:  # a source other than the last one (or not IPv4)
+            self._rx_key = key
+            self._rx_source = addr
+        self._rx_data = data
+        self._rx_addr = self._rx_source
+        if stamp >= 0.0:
+            arrival = stamp + self.ticker.real_to_mono
+            if arrival > now:
+                arrival = now
+            self._rx_at = arrival
+            if arrival > now - FRAME_S:
+                return self._process_cb
+        else:
+            self._rx_at = now  # no kernel stamp: read until the queue is empty
+        # a backlog: the rest, in order, behind the first
+        rx = self._rx
+        mono = self.ticker.real_to_mono
+        for _ in range(MAX_READS_PER_TICK - 1):
+            try:
+                got = recv_stamped(sock, self._rx_key)
+            except OSError:
+                break
+            if got is None:
+                break
+            data, stamp, key, addr = got
+            if addr is not None:
+                self._rx_key = key
+                self._rx_source = addr
+            if stamp < 0.0:
+                rx.append((data, self._rx_source, now))
+                continue
+            arrival = stamp + mono
+            if arrival > now:
+                arrival = now
+            rx.append((data, self._rx_source, arrival))
+            if arrival > now - FRAME_S:
+                break
+        return self._process_cb
+
+    def _process(self, now: float) -> None:
+        """The caller's side of the tick: what was read into the RTP engine, one frame on."""
+        rtp = self.rtp
+        pump = False
+        data = self._rx_data
+        if data is not None:
+            self._rx_data = None
+            # (host, port): rtpsock gives IPv6 sources without flow info and scope
+            if rtp.receive_datagram(data, self._rx_addr, self._rx_at):
+                pump = True  # the engine queued something (latch, DTMF, SSRC, ...)
+            rx = self._rx
+            if rx:
+                for data, addr, arrival in rx:
+                    if rtp.receive_datagram(data, addr, arrival):
+                        pump = True
+                rx.clear()
+        # RTCP report, RTP timeout, DTMF end: every few seconds (poll_timer's own first test)
+        if now >= rtp.timer_floor and rtp.poll_timer(now):
+            pump = True
+        inbound = rtp.pop_frame(now)
+        if pump:
+            self._pump_rtp()
+        runner = self.runner
+        if runner is None:
+            return
+        if inbound is None or isinstance(inbound, FrameLost):
+            runner.caller_audio(self.silence)
+        elif len(payload := inbound.payload) == 160:
+            runner.caller_audio(payload)
+            if self.inband is not None:
+                for digit in self.inband.process(payload):
+                    runner.caller_dtmf(digit)
+
+    def send_mark(self, name: str) -> None:
+        """RTP has no marks: a frame sent is a frame heard."""
+
+    def clear(self) -> None:
+        """RTP has no far-end buffer to clear: not sending is enough."""
+
+    def hangup(self, reason: str) -> None:
+        if not self.ended:
+            self.ended = True
+            with contextlib.suppress(Exception):  # the dialog may already be gone
+                self.ua.ua.hangup(self.call_id, self.loop.time())
+            self.ua.pump()
+
+    def transfer(self, target: str) -> None:
+        self.ua.ua.refer(self.call_id, target, self.loop.time())
+        self.ua.pump()
+
+    def send_dtmf(self, digits: str) -> None:
+        if self.audio is not None and self.audio.telephone_event_pt is not None:
+            self.dtmf.send_digits(digits)
+            self.dtmf_active = True
+        else:
+            log.warning("sip.dtmf_unsupported", call_id=self.call_id)
+
+    def close(self) -> None:
+        self.rtp.close(self.loop.time())
+        self._pump_rtp()
+        if self.rtcp_transport is not None:
+            self.rtcp_transport.close()
+        if self.rtp_sock is not None:
+            self.rtp_sock.close()
+
+    def drop_cycles(self) -> None:
+        """The call is over: break the reference cycles through it.
+
+        Its runner holds it as its leg, and the bound methods cached for the
+        ticker hold it too; left alone the ended call (tens of KB with its
+        bridge) waits for a full GC pass, or with the GC policy for the next
+        thaw (``tests/e2e/test_call_release.py``). A tick already under way
+        reads nothing more.
+        """
+        self.runner = None
+        self._inbound_cb = self._process_cb = _read_nothing
+
+
+def _read_nothing(now: float) -> None:
+    """A closed call's tick work: nothing to read or process."""
