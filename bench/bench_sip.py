@@ -455,7 +455,10 @@ _CATEGORIES = (
     ("sip parse/serialize", ("bridge/sip/message.py", "bridge/sip/uri.py", "bridge/sip/framer.py")),
     ("sip sdp", ("bridge/sip/sdp.py",)),
     ("sip transactions/dialogs/ua", ("bridge/sip/",)),
-    ("shell: sip_leg (sockets, RTP ports, SIP pump)", ("bridge/io/sip_leg.py",)),
+    (
+        "shell: sip_leg (sockets, RTP ports, SIP pump)",
+        ("bridge/io/sip_leg.py", "bridge/io/sip_call.py"),
+    ),
     ("shell: call runner (CallRunner, turns)", ("bridge/io/callrun.py",)),
     (
         "media (rtp, bridge, ticker, codecs)",
