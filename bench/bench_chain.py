@@ -27,7 +27,12 @@ Script per call (as ``bench/bench_call.py``'s):
   first packet latches the call's symmetric RTP. The kernel's arrival
   stamps are real time and the ticks simulated, so the ticker's one
   wall-clock reading is stubbed to put every stamp at the tick that reads
-  it (one ``recvmsg`` per call per tick, as in the daemon's common tick);
+  it (one ``recvmsg`` per call per tick, as in the daemon's common tick).
+  The stub replaces ``time`` in the ticker module's namespace, which only
+  the interpreted ticker reads: with ``bridge/io/ticker.py`` compiled
+  (sixteenth pass) it no longer applies, the stamps are taken against the
+  simulated clock as they are, and how many datagrams a tick reads may
+  differ from the daemon's common tick (not checked);
 * provider: a 15 s turn (``Say``) whose audio arrives as mu-law 8 kHz
   (pass-through) in 100 ms chunks, one chunk every 2 periods (2.5 x real
   time), through the runner's real provider sink (``_provider_sink``:
