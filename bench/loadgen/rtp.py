@@ -9,7 +9,7 @@ noise below the barge-in energy floor, so the VAD runs on every frame but
 never interrupts the turn). Calls are spread over 20 one-millisecond phases.
 
 The RTP sockets are not in the ``epoll`` set: each call's socket is read
-right after its own packet is sent, once every 20 ms (``read_by_slot``).
+right after its own packet is sent, once every 20 ms (``_send_slot``).
 A socket something waits on costs its *sender* a wake-up per datagram: on
 loopback the daemon's ``sendto`` runs the receive path to the end and
 wakes this process, about 5 % of the daemon's core at 500 calls (perf,
@@ -98,9 +98,6 @@ class RtpCall:
 class RtpLoad:
     """Places ``n`` calls at the daemon's SIP port and runs their media."""
 
-    read_by_slot = True
-    """Read each RTP socket after its call's send slot; False: wait on them in ``epoll``."""
-
     def __init__(self, daemon_sip: tuple[str, int], route: str = "talk") -> None:
         self.daemon = daemon_sip
         self.route = route
@@ -114,7 +111,6 @@ class RtpLoad:
         self.ep = select.epoll()
         self.ep.register(self.sip.fileno(), select.EPOLLIN)
         self.calls: list[RtpCall] = []
-        self.by_fd: dict[int, RtpCall] = {}
         self.by_call_id: dict[str, RtpCall] = {}
         self.failed = 0
         self._recording = False
@@ -132,7 +128,7 @@ class RtpLoad:
 
     @recording.setter
     def recording(self, on: bool) -> None:
-        if self._recording and not on and self.read_by_slot:
+        if self._recording and not on:
             for call in self.calls:  # up to a slot's worth not read yet
                 self._read_rtp(call)
         self._recording = on
@@ -177,10 +173,7 @@ class RtpLoad:
 
     def _register(self, call: RtpCall) -> None:
         self.calls.append(call)
-        self.by_fd[call.sock.fileno()] = call
         self.by_call_id[call.call_id] = call
-        if not self.read_by_slot:
-            self.ep.register(call.sock.fileno(), select.EPOLLIN)
 
     def _answer(self, event: CallOffered) -> None:
         """The UAS side: answer an offered call (PCMU) with a fresh measured RTP socket."""
@@ -248,11 +241,8 @@ class RtpLoad:
 
     def close(self) -> None:
         for call in self.calls:
-            with contextlib.suppress(OSError, ValueError):
-                self.ep.unregister(call.sock.fileno())
             call.sock.close()
         self.calls.clear()
-        self.by_fd.clear()
         self.by_call_id.clear()
         self.ep.close()
         self.sip.close()
@@ -260,10 +250,8 @@ class RtpLoad:
     def forget_calls(self) -> None:
         """Drop ended calls (their sockets closed) so a new step starts clean."""
         for call in self.calls:
-            with contextlib.suppress(OSError, ValueError):
-                self.ep.unregister(call.sock.fileno())
             call.sock.close()
-        self.calls, self.by_fd, self.by_call_id = [], {}, {}
+        self.calls, self.by_call_id = [], {}
 
     # ------------------------------------------------------------ loop
 
@@ -271,7 +259,7 @@ class RtpLoad:
         self.run_until(time.monotonic() + seconds)
 
     def run_until(self, end: float) -> None:
-        ep, sip_fd = self.ep, self.sip.fileno()
+        ep = self.ep  # the SIP socket only: RTP sockets are read at their send slots
         while True:
             now = time.monotonic()
             if now >= end:
@@ -280,11 +268,8 @@ class RtpLoad:
             wake = min(end, next_send)
             if self._ua_deadline is not None:
                 wake = min(wake, self._ua_deadline)
-            for fd, _ in ep.poll(max(0.0, wake - now)):
-                if fd == sip_fd:
-                    self._read_sip()
-                else:
-                    self._read_rtp(self.by_fd.get(fd))
+            if ep.poll(max(0.0, wake - now)):
+                self._read_sip()
             now = time.monotonic()
             while self._origin + (self._slot + 1) * 0.001 <= now:
                 self._slot += 1
@@ -302,9 +287,7 @@ class RtpLoad:
             self.ua.receive_datagram(data, (addr[0], addr[1]), time.monotonic())
             self._pump()
 
-    def _read_rtp(self, call: RtpCall | None) -> None:
-        if call is None:
-            return
+    def _read_rtp(self, call: RtpCall) -> None:
         sock, rec = call.sock, self._recording
         while True:
             try:
@@ -331,7 +314,7 @@ class RtpLoad:
             call.marker.append(1 if b1 & 0x80 else 0)
 
     def _send_slot(self, slot: int) -> None:
-        payload, read = self.payload, self.read_by_slot
+        payload = self.payload
         for call in self.calls[slot::20]:
             if call.remote is not None and not call.ended:
                 call.seq = (call.seq + 1) & 0xFFFF
@@ -339,5 +322,4 @@ class RtpLoad:
                 header = _HDR.pack(0x80, 0, call.seq, call.ts, call.ssrc)
                 with contextlib.suppress(OSError):
                     call.sock.sendto(header + payload, call.remote)
-            if read:
-                self._read_rtp(call)
+            self._read_rtp(call)  # not waited on: see the module docstring
