@@ -132,7 +132,9 @@ class CallRunner:
     """One call, from answer to hang-up."""
 
     # Slots: 30 attributes fill CPython 3.11's shared-key instance dict to its
-    # limit, and _on_frame and caller_audio read several on every tick.
+    # limit, and _on_frame and caller_audio read several on every tick. They serve
+    # the pure-Python build: compiled, the class is a C struct and mypyc ignores
+    # ``__slots__`` (``__weakref__`` included: no weak references then).
     __slots__ = (
         "__weakref__",
         "agent",

@@ -76,6 +76,8 @@ class _SipCall:
     kind = "sip"
     # Slots: the per-frame path (send_frame, _inbound, _process) reads a dozen of
     # these on every tick; slot reads are the cheapest attribute access in CPython.
+    # They serve the pure-Python build: compiled, the class is a C struct and mypyc
+    # ignores ``__slots__`` (``__weakref__`` included: no weak references then).
     __slots__ = (
         "__weakref__",
         "_inbound_cb",
