@@ -453,7 +453,7 @@ def time_shell_outbound(conns: int, ticks: int) -> float:
             now = (i + 1) * FRAME_S
             for call, engine, conn in streams:
                 payload = call.tick(now)
-                if payload is not None:  # as _StreamLeg.send_frame: the message, else queued
+                if payload is not None:  # as StreamLeg.send_frame: the message, else queued
                     data = engine.frame_message(payload)
                     if data is not None:
                         conn.send_encoded_text_nowait(data)
@@ -483,14 +483,18 @@ def time_shell_outbound(conns: int, ticks: int) -> float:
     return uvloop.run(run())
 
 
+def _no_start(stream: Any, event: Any) -> None:
+    raise RuntimeError("the benchmark's stream has started already")
+
+
 def time_leg_inbound(frames: int) -> float:
-    """ns per Twilio ``media`` message through the leg: ``_Stream._on_message`` to the call.
+    """ns per Twilio ``media`` message through the leg: ``StreamCall._on_message`` to the call.
 
     The text message → the engine (``take_media_text``; else ``receive_text``
     and the leg's events) → ``caller_audio`` of a call that only records the
     frame (the call's own work is not timed).
     """
-    from bridge.io.streams_leg import _Stream
+    from bridge.io.stream_call import StreamCall
     from telcodec.framing import FrameCutter
 
     class _Call:
@@ -508,10 +512,9 @@ def time_leg_inbound(frames: int) -> float:
 
     engine, media = streaming_engine(TwilioStreamProtocol)
     msgs, _ = inbound_messages(engine, media, frames)
-    stream = object.__new__(_Stream)  # what the per-message path reads
+    stream = StreamCall(None, engine, _Loop(), lambda: None, _no_start)  # type: ignore[arg-type]
     call = _Call()
-    stream.engine, stream.call, stream.cutter = engine, call, FrameCutter(engine.frame_bytes)  # type: ignore[assignment]
-    stream.timer, stream.loop, stream.preempt = None, _Loop(), lambda: None  # type: ignore[assignment]
+    stream.call, stream.cutter = call, FrameCutter(engine.frame_bytes)  # type: ignore[assignment]
     t0 = time.process_time_ns()
     for m in msgs:
         stream._on_message(m)
@@ -522,14 +525,14 @@ def time_leg_inbound(frames: int) -> float:
 
 
 def time_leg_outbound(frames: int) -> float:
-    """ns per outbound frame through the leg: ``_StreamLeg.send_frame`` to the transport's write.
+    """ns per outbound frame through the leg: ``StreamLeg.send_frame`` to the transport's write.
 
     What the media ticker calls for a Twilio call with a frame due: the
     engine renders the ``media`` message, the shell frames it and hands it
     to a transport that only counts the writes (no syscall: the Python work
     of the leg, not the kernel's, is timed).
     """
-    from bridge.io.streams_leg import _Stream, _StreamLeg
+    from bridge.io.stream_call import StreamCall, StreamLeg
 
     class _CountingTransport:
         def __init__(self) -> None:
@@ -544,10 +547,8 @@ def time_leg_outbound(frames: int) -> float:
 
     engine, _ = streaming_engine(TwilioStreamProtocol)
     transport = _CountingTransport()
-    stream = object.__new__(_Stream)  # what the per-frame path reads
-    stream.engine, stream.conn = engine, _open_ws(transport)  # type: ignore[assignment]
-    stream.call, stream.cutter, stream.timer, stream.loop = None, None, None, _Loop()  # type: ignore[assignment]
-    leg = _StreamLeg(stream)
+    stream = StreamCall(_open_ws(transport), engine, _Loop(), lambda: None, _no_start)  # type: ignore[arg-type]
+    leg = StreamLeg(stream)
     frame = bytes(range(160))
     t0 = time.process_time_ns()
     for i in range(frames):

@@ -10,16 +10,17 @@ One listener on ``[media_streams] listen`` serves:
   else 403 before the upgrade completes. While draining, upgrades get 503.
 
 Each accepted socket is pumped through its dialect engine
-(``bridge.streams``); ``StreamStarted`` picks the route and starts a
-``CallRunner``; inbound audio, DTMF and mark echoes go to the call; the
-call's frames, marks and clears go back through the engine. A stream that
-ends (``stop``, close, violation) ends its call.
+(``bridge.streams``) by a ``StreamCall`` (``bridge.io.stream_call``, the
+per-message half, compiled); ``StreamStarted`` comes back here
+(``_start_call``), which picks the route and starts a ``CallRunner``; inbound
+audio, DTMF and mark echoes go to the call; the call's frames, marks and
+clears go back through the engine. A stream that ends (``stop``, close,
+violation) ends its call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -27,9 +28,9 @@ from urllib.parse import parse_qsl
 
 from bridge.config import split_hostport
 from bridge.control import commands as cmd
-from bridge.engine import CloseConnection, SendBytes, SendText
 from bridge.io.callrun import CallRunner
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, WsConnection, serve_http_ws
+from bridge.io.stream_call import StreamCall, StreamLeg
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.streams import DIALECTS
@@ -41,18 +42,7 @@ from bridge.streams.auth import (
     shared_token_valid,
     twilio_signature_valid,
 )
-from bridge.streams.base import (
-    AudioReceived,
-    DtmfReceived,
-    MarkPlayed,
-    MediaStreamProtocol,
-    ProtocolViolation,
-    SendEncodedText,
-    SequenceGap,
-    StreamSettings,
-    StreamStarted,
-    StreamStopped,
-)
+from bridge.streams.base import MediaStreamProtocol, StreamSettings, StreamStarted
 from bridge.streams.twiml import twiml_for_route
 from telcodec.framing import FrameCutter
 
@@ -64,213 +54,6 @@ __all__ = ["MediaStreamsLeg"]
 log = get_logger("callbridge.streams")
 
 CAN_CLEAR = {"twilio", "telnyx", "plivo", "exotel", "vonage"}
-
-
-class _StreamLeg:
-    """``LegAdapter`` for one media-stream socket."""
-
-    def __init__(self, stream: _Stream) -> None:
-        self.stream = stream
-        self.kind = stream.engine.DIALECT
-
-    def send_frame(self, frame: bytes | None, n: int, now: float) -> None:
-        if frame is not None:
-            stream = self.stream
-            data = stream.engine.frame_message(frame)
-            if data is not None:  # the per-frame path: one message, nothing queued to pump
-                stream.conn.send_encoded_text_nowait(data)
-                return
-            stream.engine.send_frame(frame, now)
-            stream.pump()
-
-    def send_mark(self, name: str) -> None:
-        self.stream.engine.mark(name, self.stream.now())
-        self.stream.pump()
-
-    def clear(self) -> None:
-        self.stream.engine.clear(self.stream.now())
-        self.stream.pump()
-
-    def hangup(self, reason: str) -> None:
-        self.stream.engine.hangup(self.stream.now())
-        self.stream.pump()
-
-    def transfer(self, target: str) -> None:
-        log.warning("streams.transfer_unsupported", dialect=self.kind, target=target)
-
-    def send_dtmf(self, digits: str) -> None:
-        if self.stream.engine.supports_send_dtmf:
-            self.stream.engine.send_dtmf(digits, self.stream.now())
-            self.stream.pump()
-        else:
-            log.warning("streams.dtmf_unsupported", dialect=self.kind)
-
-
-class _Stream:
-    """One carrier WebSocket: its engine, and its call once started."""
-
-    def __init__(self, leg: MediaStreamsLeg, conn: WsConnection, engine: MediaStreamProtocol):
-        self.leg = leg
-        self.conn = conn
-        self.engine = engine
-        self.loop = asyncio.get_running_loop()
-        self.call: CallRunner | None = None
-        self.cutter: FrameCutter | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.connected_at = self.loop.time()
-        self.preempt = leg.daemon.ticker.run_if_due
-        """Called before each message: frames due meanwhile leave first (``_on_message``)."""
-
-    def now(self) -> float:
-        return self.loop.time()
-
-    def pump(self) -> None:
-        engine = self.engine
-        for action in engine.actions_to_send():
-            if type(action) is SendEncodedText:  # outbound media: the hot path
-                self.conn.send_encoded_text_nowait(action.data)
-            elif isinstance(action, SendText):
-                self.conn.send_text_nowait(action.text)
-            elif isinstance(action, SendBytes):
-                self.conn.send_bytes_nowait(action.data)
-            elif isinstance(action, CloseConnection):
-                self.loop.create_task(self.conn.close(action.code, action.reason))
-        for event in engine.events_received():
-            if type(event) is AudioReceived:  # inbound media: the hot path
-                self._on_audio(event.payload)
-            else:
-                self._on_event(event)
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        deadline = self.engine.next_deadline()
-        if deadline is not None:
-            self.timer = self.loop.call_at(deadline, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self.timer = None
-        self.engine.handle_timer(self.now())
-        self.pump()
-
-    def _on_audio(self, payload: bytes) -> None:
-        call, cutter = self.call, self.cutter
-        if call is None or cutter is None:
-            return
-        if len(payload) == cutter.frame_bytes and not cutter.pending_bytes:
-            call.caller_audio(payload)  # one whole frame, nothing held: what push would give
-            return
-        for frame in cutter.push(payload):
-            call.caller_audio(frame)
-
-    def _on_event(self, event: object) -> None:
-        if isinstance(event, AudioReceived):
-            self._on_audio(event.payload)
-        elif isinstance(event, StreamStarted):
-            self._start_call(event)
-        elif isinstance(event, DtmfReceived):
-            if self.call is not None:
-                self.call.caller_dtmf(event.digit)
-        elif isinstance(event, MarkPlayed):
-            if self.call is not None:
-                self.call.mark_echoed(event.name, event.cleared)
-        elif isinstance(event, StreamStopped):
-            if self.call is not None:
-                self.call.leg_ended(event.reason)
-        elif isinstance(event, SequenceGap):
-            log.info("streams.sequence_gap", expected=event.expected, got=event.got)
-        elif isinstance(event, ProtocolViolation):
-            log.warning("streams.protocol_violation", reason=event.reason, path=self.engine.PATH)
-
-    def _start_call(self, event: StreamStarted) -> None:
-        daemon = self.leg.daemon
-        cfg = daemon.runtime.config if daemon.runtime else daemon.config
-        route = cfg.route_for(event.route or "")
-        if route is None:
-            log.warning("streams.no_route", route=event.route)
-            self.engine.hangup(self.now())
-            self.pump()
-            return
-        call_id = event.call_id or event.stream_id
-        if call_id in self.leg.calls:
-            # a carrier reusing a call id (a retried or forked stream) must not
-            # collide with the call already running under it
-            call_id = f"{call_id}/{event.stream_id or os.urandom(4).hex()}"
-            if call_id in self.leg.calls:
-                call_id = f"{call_id}/{os.urandom(4).hex()}"
-        book = self.leg.tokens
-        if book is not None and self.engine.DIALECT == "twilio":
-            verdict = book.check(event.custom_parameters.get("token"), call_id, time.time())
-            if verdict != "ok":
-                daemon.metrics.rejected_total.labels(f"token_{verdict}").inc()
-                log.warning("streams.token_refused", verdict=verdict)
-                self.engine.reject(f"stream token {verdict}", self.now())
-                self.pump()
-                return
-        bind_call(call_id)
-        profile = LegProfile(
-            kind=self.engine.DIALECT,  # type: ignore[arg-type]
-            codec=event.codec,
-            sample_rate_hz=event.sample_rate_hz,
-            heard_from="marks",
-            can_clear=self.engine.DIALECT in CAN_CLEAR,
-        )
-        self.cutter = FrameCutter(profile.frame_bytes)
-        started = cmd.CallStarted(
-            call_id=call_id,
-            leg=self.engine.DIALECT,
-            from_=event.custom_parameters.get("from", ""),
-            to=event.custom_parameters.get("to", ""),
-            custom_parameters=dict(event.custom_parameters),
-        )
-        lead = max(0, self.leg.daemon.config.media_streams.lead_ms // 20 - 1)
-        self.call = CallRunner(
-            daemon,
-            call_id,
-            _StreamLeg(self),
-            profile,
-            route,
-            started,
-            lead_frames=lead,
-            on_finished=self.leg._call_finished,
-        )
-        self.leg.calls[call_id] = self.call
-        daemon.metrics.call_setup_seconds.labels(self.engine.DIALECT).observe(
-            self.now() - self.connected_at
-        )
-        self.call.start()
-        unbind_call()
-
-    def _on_message(self, msg: str | bytes) -> None:
-        # A preemption point (bridge.io.ticker, "run_if_due"): the loop runs every
-        # connection that became readable before it looks at its timers, and
-        # at hundreds of calls one pass over the carriers' messages (each
-        # with its VAD) outlasts a millisecond; the frames due meanwhile
-        # leave here instead of after all of them. Not due: one clock read.
-        self.preempt()
-        if isinstance(msg, str):
-            audio = self.engine.take_media_text(msg)
-            if audio is not None:  # the per-message path: nothing queued to pump
-                self._on_audio(audio)
-                return
-            self.engine.receive_text(msg, self.loop.time())
-        else:
-            self.engine.receive_bytes(msg, self.loop.time())
-        self.pump()
-
-    async def run(self) -> None:
-        self.connected_at = self.now()
-        self.engine.connection_made(self.connected_at)
-        self.pump()
-        try:
-            await self.conn.serve(self._on_message)
-        finally:
-            if self.timer is not None:
-                self.timer.cancel()
-            self.engine.connection_lost(self.now())
-            with contextlib.suppress(Exception):
-                self.pump()
-            if self.call is not None and not self.call.finished:
-                self.call.leg_ended("connection_lost")
 
 
 class MediaStreamsLeg:
@@ -325,10 +108,71 @@ class MediaStreamsLeg:
 
     def _call_finished(self, call: CallRunner) -> None:
         self.calls.pop(call.call_id, None)
-        if isinstance(call.leg, _StreamLeg):
+        if isinstance(call.leg, StreamLeg):
             # the stream holds its runner and the runner its leg (the stream): break
             # the cycle so the ended call is freed now, not at the next full GC pass
             call.leg.stream.call = None
+
+    def _start_call(self, stream: StreamCall, event: StreamStarted) -> None:
+        """``StreamStarted``: pick the route, check the stream token, start the call."""
+        daemon = self.daemon
+        cfg = daemon.runtime.config if daemon.runtime else daemon.config
+        route = cfg.route_for(event.route or "")
+        if route is None:
+            log.warning("streams.no_route", route=event.route)
+            stream.engine.hangup(stream.now())
+            stream.pump()
+            return
+        call_id = event.call_id or event.stream_id
+        if call_id in self.calls:
+            # a carrier reusing a call id (a retried or forked stream) must not
+            # collide with the call already running under it
+            call_id = f"{call_id}/{event.stream_id or os.urandom(4).hex()}"
+            if call_id in self.calls:
+                call_id = f"{call_id}/{os.urandom(4).hex()}"
+        book = self.tokens
+        if book is not None and stream.engine.DIALECT == "twilio":
+            verdict = book.check(event.custom_parameters.get("token"), call_id, time.time())
+            if verdict != "ok":
+                daemon.metrics.rejected_total.labels(f"token_{verdict}").inc()
+                log.warning("streams.token_refused", verdict=verdict)
+                stream.engine.reject(f"stream token {verdict}", stream.now())
+                stream.pump()
+                return
+        bind_call(call_id)
+        profile = LegProfile(
+            kind=stream.engine.DIALECT,  # type: ignore[arg-type]
+            codec=event.codec,
+            sample_rate_hz=event.sample_rate_hz,
+            heard_from="marks",
+            can_clear=stream.engine.DIALECT in CAN_CLEAR,
+        )
+        stream.cutter = FrameCutter(profile.frame_bytes)
+        started = cmd.CallStarted(
+            call_id=call_id,
+            leg=stream.engine.DIALECT,
+            from_=event.custom_parameters.get("from", ""),
+            to=event.custom_parameters.get("to", ""),
+            custom_parameters=dict(event.custom_parameters),
+        )
+        lead = max(0, self.daemon.config.media_streams.lead_ms // 20 - 1)
+        call = CallRunner(
+            daemon,
+            call_id,
+            StreamLeg(stream),
+            profile,
+            route,
+            started,
+            lead_frames=lead,
+            on_finished=self._call_finished,
+        )
+        self.calls[call_id] = call
+        daemon.metrics.call_setup_seconds.labels(stream.engine.DIALECT).observe(
+            stream.now() - stream.connected_at
+        )
+        stream.call = call
+        call.start()
+        unbind_call()
 
     def _public_url(self, request: HttpRequest) -> str:
         base = self.daemon.config.media_streams.public_url
@@ -408,6 +252,8 @@ class MediaStreamsLeg:
     def _accept(self, cls: type[MediaStreamProtocol], request: HttpRequest) -> Any:
         async def handler(conn: WsConnection) -> None:
             engine = cls(self.settings, route=request.query.get("route"))
-            await _Stream(self, conn, engine).run()
+            loop = asyncio.get_running_loop()
+            stream = StreamCall(conn, engine, loop, self.daemon.ticker.run_if_due, self._start_call)
+            await stream.run()
 
         return handler

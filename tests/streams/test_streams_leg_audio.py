@@ -7,7 +7,9 @@ passes it on as it is, and only a payload of another size goes through the
 
 from __future__ import annotations
 
-from bridge.io.streams_leg import _Stream
+from typing import Any
+
+from bridge.io.stream_call import StreamCall
 from bridge.streams.base import AudioReceived
 from telcodec.framing import FrameCutter
 
@@ -22,12 +24,35 @@ class _Call:
         self.frames.append(frame)
 
 
-def _stream() -> tuple[_Stream, _Call]:
-    stream = object.__new__(_Stream)  # only what the audio path reads
+class _Loop:
+    def time(self) -> float:
+        return 1.0
+
+
+class _Timer:
+    """A pending engine timer: ``pump`` cancels it (and arms the engine's next, if any)."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def _started(stream: StreamCall, event: Any) -> None:
+    raise AssertionError("no stream starts here")
+
+
+def _stream(engine: Any = None) -> tuple[StreamCall, _Call]:
+    if engine is None:
+        from bridge.streams.twilio import TwilioStreamProtocol
+
+        engine = TwilioStreamProtocol()
+    conn: Any = None  # the audio path writes nothing
+    stream = StreamCall(conn, engine, _Loop(), lambda: None, _started)  # type: ignore[arg-type]
     call = _Call()
-    stream.call = call  # type: ignore[assignment]
+    stream.call = call
     stream.cutter = FrameCutter(160)
-    stream.preempt = lambda: None
     return stream, call
 
 
@@ -52,11 +77,6 @@ def test_audio_before_the_call_started_is_dropped() -> None:
     assert call.frames == []
 
 
-class _Loop:
-    def time(self) -> float:
-        return 1.0
-
-
 def test_messages_reach_the_call_taken_or_through_the_engine_events() -> None:
     import base64
     import json
@@ -79,16 +99,18 @@ def test_messages_reach_the_call_taken_or_through_the_engine_events() -> None:
     )
     engine.actions_to_send()
     engine.events_received()
-    stream, call = _stream()
-    stream.engine, stream.loop, stream.timer = engine, _Loop(), None  # type: ignore[assignment]
+    stream, call = _stream(engine)
     pumped: list[int] = []
-    real_pump = stream.pump
+    timer = _Timer()
 
-    def pump() -> None:
-        pumped.append(1)
-        real_pump()
-
-    stream.pump = pump  # type: ignore[method-assign]
+    def message(text: str) -> None:
+        """``_on_message``; a pump (it cancels the pending timer) is counted in ``pumped``."""
+        nonlocal timer
+        timer = _Timer()
+        stream.timer = timer  # type: ignore[assignment]
+        stream._on_message(text)
+        if timer.cancelled:
+            pumped.append(1)
 
     def media(seq: int, audio: bytes) -> str:
         payload = base64.b64encode(audio).decode()
@@ -99,15 +121,15 @@ def test_messages_reach_the_call_taken_or_through_the_engine_events() -> None:
         )
 
     frames = [bytes([n]) * 160 for n in range(4)]
-    stream._on_message(media(2, frames[0]))  # plain: taken, no pump
-    stream._on_message(media(3, frames[1]))
+    message(media(2, frames[0]))  # plain: taken, no pump
+    message(media(3, frames[1]))
     assert call.frames == frames[:2] and pumped == []
-    stream._on_message(media(5, frames[2]))  # a gap: the engine's events, pumped
+    message(media(5, frames[2]))  # a gap: the engine's events, pumped
     assert call.frames == frames[:3] and pumped == [1]
-    stream._on_message(media(6, frames[3]))  # back in sequence: taken again
+    message(media(6, frames[3]))  # back in sequence: taken again
     assert call.frames == frames and pumped == [1]
     # every message, taken or through the engine, first gives the ticker a preemption point
-    stream.preempt = lambda: call.frames.append(b"preempt")  # type: ignore[method-assign]
-    stream._on_message(media(7, frames[0]))
-    stream._on_message(media(9, frames[1]))
+    stream.preempt = lambda: call.frames.append(b"preempt")
+    message(media(7, frames[0]))
+    message(media(9, frames[1]))
     assert call.frames[4:] == [b"preempt", frames[0], b"preempt", frames[1]] and pumped == [1, 1]

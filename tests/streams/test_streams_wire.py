@@ -316,19 +316,32 @@ def test_frame_message_declines_what_send_frame_would_refuse_or_pack() -> None:
         assert other.actions_to_send() == [] and other.sent_ms == 0
 
 
-class _LegStream:
-    """What ``_StreamLeg.send_frame`` reads of a ``_Stream``."""
+class _RecordingConn:
+    """A connection recording which send the leg used: the per-frame write or a pumped message."""
 
-    def __init__(self, engine: MediaStreamProtocol) -> None:
-        self.engine = engine
+    def __init__(self) -> None:
         self.conn, self.transport = _connection()
-        self.pumped = 0
+        self.sends: list[str] = []
 
-    def pump(self) -> None:
-        self.pumped += 1
-        for action in self.engine.actions_to_send():
-            assert isinstance(action, SendText)
-            self.conn.send_text_nowait(action.text)
+    def send_encoded_text_nowait(self, data: bytes) -> None:
+        self.sends.append("direct")
+        self.conn.send_encoded_text_nowait(data)
+
+    def send_text_nowait(self, text: str) -> None:
+        self.sends.append("pumped")
+        self.conn.send_text_nowait(text)
+
+
+class _Loop:
+    def time(self) -> float:
+        return 0.0
+
+    def call_at(self, when: float, callback: Any) -> None:
+        raise AssertionError("no engine timer while streaming")
+
+
+def _no_start(stream: Any, event: Any) -> None:
+    raise AssertionError("the stream has started already")
 
 
 @pytest.mark.parametrize(
@@ -342,20 +355,22 @@ class _LegStream:
 def test_leg_writes_a_frame_as_the_pumped_send_frame_did(
     cls: type[MediaStreamProtocol], fixture: str, direct: bool
 ) -> None:
-    from bridge.io.streams_leg import _StreamLeg
+    from bridge.io.stream_call import StreamCall, StreamLeg
 
-    leg_stream, reference = (
-        _LegStream(_streaming(cls, fixture)),
-        _LegStream(_streaming(cls, fixture)),
-    )
-    leg = _StreamLeg(leg_stream)  # type: ignore[arg-type]
-    frames = [bytes([i]) * leg_stream.engine.frame_bytes for i in range(3)]
+    recorder = _RecordingConn()
+    engine = _streaming(cls, fixture)
+    stream = StreamCall(recorder, engine, _Loop(), lambda: None, _no_start)  # type: ignore[arg-type]
+    leg = StreamLeg(stream)
+    reference, (ref_conn, ref_transport) = _streaming(cls, fixture), _connection()
+    frames = [bytes([i]) * engine.frame_bytes for i in range(3)]
     for i, frame in enumerate(frames):
         leg.send_frame(frame, i, 0.02 * i)
-        reference.engine.send_frame(frame, 0.02 * i)
-        reference.pump()
+        reference.send_frame(frame, 0.02 * i)  # the engine's queue, pumped by hand
+        for action in reference.actions_to_send():
+            assert isinstance(action, SendText)
+            ref_conn.send_text_nowait(action.text)
     leg.send_frame(None, 3, 0.06)  # nothing due: nothing written
-    assert leg_stream.transport.writes == reference.transport.writes
-    assert len(leg_stream.transport.writes) == 3
-    assert leg_stream.pumped == (0 if direct else 3)
-    assert leg_stream.engine.sent_ms == reference.engine.sent_ms
+    assert recorder.transport.writes == ref_transport.writes
+    assert len(recorder.transport.writes) == 3
+    assert recorder.sends == ["direct" if direct else "pumped"] * 3
+    assert engine.sent_ms == reference.sent_ms
