@@ -815,7 +815,7 @@ class CallBridge:
         if turn.framer is None and not turn.pending:
             # The first chunk (or the first after a drained backlog while the
             # framer is fresh) is transcoded at once: added latency.
-            self._convert(turn, audio, audio_format)
+            self._convert(turn, [audio], audio_format)
             if self._backlog:
                 self._feed()
             return
@@ -839,8 +839,11 @@ class CallBridge:
             self._convert_piece(turn, turn.pending_bytes - limit)
         self._feed()
 
-    def _convert(self, turn: CallTurn, audio: bytes, audio_format: AudioFormat) -> bool:
-        """Transcode provider audio of the turn into frames for the queue; ``False`` on failure."""
+    def _convert(
+        self, turn: CallTurn, parts: list[bytes | memoryview], audio_format: AudioFormat
+    ) -> bool:
+        """Transcode provider audio of the turn (``parts``, in order) into frames for the
+        queue; ``False`` on failure."""
         if turn.framer is None or audio_format != turn.in_format:
             tail = turn.framer.flush() if turn.framer is not None else []
             try:
@@ -857,7 +860,11 @@ class CallBridge:
                 return False
             turn.in_format = audio_format
             self._push_frames(turn, tail)
-        self._push_frames(turn, turn.framer.push(audio))
+        audio = parts[0]
+        if len(parts) == 1 and type(audio) is bytes:
+            self._push_frames(turn, turn.framer.push(audio))
+        else:
+            self._push_frames(turn, turn.framer.push_parts(parts))
         return True
 
     def _convert_piece(self, turn: CallTurn, at_least_bytes: int) -> None:
@@ -871,23 +878,22 @@ class CallBridge:
         audio_format = pending[0][1]
         byte_rate = audio_format.sample_rate_hz * audio_format.bytes_per_sample
         size = max(at_least_bytes, self._options.decode_piece_ms * byte_rate // 1000, 1)
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []  # slices are views: the framer copies once
         taken = 0
         while pending and taken < size and pending[0][1] == audio_format:
             audio = pending[0][0]
             start = turn.pending_offset
             end = start + size - taken
             if end >= len(audio):
-                parts.append(audio[start:] if start else audio)
+                parts.append(memoryview(audio)[start:] if start else audio)
                 pending.popleft()
                 turn.pending_offset = 0
             else:
-                parts.append(audio[start:end])
+                parts.append(memoryview(audio)[start:end])
                 turn.pending_offset = end
             taken += len(parts[-1])
         turn.pending_bytes -= taken
-        piece = parts[0] if len(parts) == 1 else b"".join(parts)
-        if not self._convert(turn, piece, audio_format) or turn.pending:
+        if not self._convert(turn, parts, audio_format) or turn.pending:
             return
         self._backlog.pop(turn.turn_id, None)
         if turn.audio_ending:

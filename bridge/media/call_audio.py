@@ -61,6 +61,8 @@ class Framer(Protocol):
 
     def push(self, chunk: bytes) -> list[bytes]: ...
 
+    def push_parts(self, parts: list[bytes | memoryview]) -> list[bytes]: ...
+
     def flush(self) -> list[bytes]: ...
 
     def release(self) -> list[bytes]: ...
@@ -91,6 +93,9 @@ class TurnFramer:
         if self._decode is not None:
             chunk = self._decode(chunk)
         return self._cutter.push(self._resampler.process(chunk))
+
+    def push_parts(self, parts: list[bytes | memoryview]) -> list[bytes]:
+        return self.push(b"".join(parts))
 
     def flush(self) -> list[bytes]:
         frames = [] if self._resampler is None else self._cutter.push(self._resampler.flush())

@@ -62,16 +62,30 @@ class FrameCutter:
     def push(self, data: bytes) -> list[bytes]:
         """Append ``data`` and return every frame it completes, oldest first."""
         size = self._frame_bytes
-        if not self._buffer and type(data) is bytes:
-            # Fast path: nothing pending, slice the caller's chunk directly.
-            whole = len(data) - len(data) % size
-            self._buffer += data[whole:]
-            return [data[i : i + size] for i in range(0, whole, size)]
-        self._buffer += data
         buffer = self._buffer
-        whole = len(buffer) - len(buffer) % size
-        frames = [bytes(buffer[i : i + size]) for i in range(0, whole, size)]
-        del buffer[:whole]
+        if type(data) is not bytes:
+            buffer += data
+            whole = len(buffer) - len(buffer) % size
+            frames = [bytes(buffer[i : i + size]) for i in range(0, whole, size)]
+            del buffer[:whole]
+            return frames
+        # Bytes: the frames are sliced from the caller's chunk (one copy each), after
+        # the partial frame held, if any, is completed from its head.
+        n = len(data)
+        start = 0
+        frames = []
+        if buffer:
+            start = size - len(buffer)
+            if n < start:
+                buffer += data
+                return frames
+            buffer += data[:start]
+            frames.append(bytes(buffer))
+            buffer.clear()
+        end = n - (n - start) % size
+        frames += [data[i : i + size] for i in range(start, end, size)]
+        if end < n:
+            buffer += data[end:]
         return frames
 
     def flush(self, pad: bytes) -> bytes | None:

@@ -31,7 +31,7 @@ resampler (also in its pass-through mode).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final, Literal
 
 from telcodec import g711
@@ -130,6 +130,12 @@ class ToTelephony:
     def push(self, chunk: bytes) -> list[bytes]:
         """Feed one provider chunk; return the whole frames it completes."""
         return self._cutter.push(self._convert(chunk))
+
+    def push_parts(self, parts: Sequence[bytes | memoryview]) -> list[bytes]:
+        """``push`` of the parts joined; a resampled s16le stream takes them unjoined."""
+        if self._resampler is not None and self._decode is None:
+            return self._cutter.push(self._resampler.process_parts(parts, self._table))
+        return self.push(b"".join(parts))
 
     def flush(self) -> list[bytes]:
         """End the utterance: return the remaining frames, the last one padded."""

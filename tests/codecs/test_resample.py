@@ -148,13 +148,18 @@ def _noise(rate_hz: int, seconds: float, seed: int) -> bytes:
 @pytest.mark.parametrize(
     ("in_rate_hz", "out_rate_hz"), [(24000, 8000), (44100, 8000), (48000, 16000), (16000, 8000)]
 )
+@pytest.mark.parametrize("chunk_ms", [120, 10])
 def test_release_hands_out_held_audio_and_the_stream_goes_on_unchanged(
-    in_rate_hz: int, out_rate_hz: int, quality: str
+    in_rate_hz: int, out_rate_hz: int, quality: str, chunk_ms: int
 ) -> None:
     """A turn about to run dry gets what the filter holds back; the rest of the
-    stream is the unreleased stream's output, within rounding, and as long."""
+    stream is the unreleased stream's output, within rounding, and as long.
+
+    120 ms pieces, as a provider sends words; 10 ms ones are shorter than the
+    input history a release primes the restarted filter with (it is kept
+    across several chunks then)."""
     pcm = _noise(in_rate_hz, 1.0, seed=in_rate_hz + len(quality))
-    chunk = in_rate_hz // 50 * 6  # 120 ms pieces, as a provider sends words
+    chunk = in_rate_hz * chunk_ms // 1000 * 2
     whole = StreamResampler(in_rate_hz, out_rate_hz, quality)
     reference = b"".join(whole.process(pcm[i : i + chunk]) for i in range(0, len(pcm), chunk))
     reference += whole.flush()
@@ -246,3 +251,31 @@ def test_release_gives_nothing_when_it_holds_less_than_the_caller_needs() -> Non
     assert rs.release(held + 1) == b""
     got = rs.release(held)
     assert len(got) // 2 == held  # all of it: nothing kept back
+
+
+@pytest.mark.parametrize("in_rate_hz", [24000, 44100])
+def test_parts_give_what_the_joined_parts_give(in_rate_hz: int) -> None:
+    """``process_parts``: the same output as ``process`` of the parts joined, views
+    included; odd-sized parts (and a byte left over) take the joined path."""
+    pcm = _noise(in_rate_hz, 1.0, seed=5)
+    rng = random.Random(in_rate_hz)
+    joined_rs = StreamResampler(in_rate_hz, 8000, "HQ")
+    parts_rs = StreamResampler(in_rate_hz, 8000, "HQ")
+    want, got = [], []
+    i = 0
+    while i < len(pcm):
+        cuts = sorted(rng.randint(0, 4000) for _ in range(rng.randint(1, 4)))
+        parts: list[bytes | memoryview] = []
+        for a, b in zip([0, *cuts], [*cuts, cuts[-1] + rng.randint(0, 3000)], strict=True):
+            piece = pcm[i + a : i + b]
+            parts.append(memoryview(piece) if a % 3 else piece)
+        i += sum(len(p) for p in parts)
+        want.append(joined_rs.process(b"".join(parts)))
+        got.append(parts_rs.process_parts(parts))
+        if len(want) % 7 == 0:
+            want.append(joined_rs.release())
+            got.append(parts_rs.release())
+    want.append(joined_rs.flush())
+    got.append(parts_rs.flush())
+    assert got == want
+    assert sum(map(len, got)) > 0

@@ -197,3 +197,32 @@ def test_from_telephony_reset() -> None:
     pipe.push(wire)
     pipe.reset()
     assert pipe.flush() == b""
+
+
+@pytest.mark.parametrize(
+    ("in_encoding", "in_rate_hz", "out_encoding"),
+    [
+        ("pcm_s16le", 24000, "mulaw"),
+        ("pcm_s16le", 16000, "alaw"),
+        ("mulaw", 16000, "mulaw"),
+        ("mulaw", 8000, "mulaw"),
+        ("alaw", 8000, "mulaw"),
+    ],
+)
+def test_push_parts_gives_the_frames_of_the_joined_parts(
+    in_encoding: Encoding, in_rate_hz: int, out_encoding: Encoding
+) -> None:
+    rng = random.Random(in_rate_hz)
+    audio = bytes(rng.randrange(256) for _ in range(in_rate_hz))  # 0.5-1 s of any encoding
+    joined = ToTelephony(in_encoding, in_rate_hz, out_encoding)
+    parted = ToTelephony(in_encoding, in_rate_hz, out_encoding)
+    want: list[bytes] = []
+    got: list[bytes] = []
+    for i in range(0, len(audio), 2400):
+        piece = audio[i : i + 2400]
+        parts: list[bytes | memoryview] = [piece[:1000], memoryview(piece)[1000:]]
+        want += joined.push(piece)
+        got += parted.push_parts(parts)
+    want += joined.flush()
+    got += parted.flush()
+    assert got == want and len(got) > 10
