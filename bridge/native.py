@@ -37,10 +37,11 @@ NATIVE_MODULES = (
     "bridge/io/callrun.py",
     "bridge/io/sip_call.py",
     "bridge/io/stream_call.py",
+    "bridge/io/httpws.py",
 )
 """And these: the base classes and types the compiled engines are built on, and the
 per-frame part of the I/O shell (the media ticker, the call runner, a SIP call's RTP, a
-media-stream call's carrier messages)."""
+media-stream call's carrier messages and WebSocket)."""
 
 C_EXTENSIONS = ("bridge/io/_rtpsock.c",)
 """Hand-written C modules (``setup.py`` builds them beside their source, like the others):

@@ -9,6 +9,11 @@ head itself and hands WebSocket upgrades to websockets' sans-I/O
 The decision to accept an upgrade is made *before* it completes:
 ``route(request)`` returns either a ``WsHandler`` (accept) or an
 ``HttpResponse`` (for instance 403 for a bad ``X-Twilio-Signature``).
+
+Compiled with mypyc (``bridge/native.py``): a carrier's media socket reads
+and writes a frame here 50 times a second each way for every call. Types
+declared here are checked at run time for builtins (a ``tuple`` must be a
+tuple: uvloop's ``Server.sockets`` is a list), not for other libraries' classes.
 """
 
 from __future__ import annotations
@@ -512,8 +517,8 @@ class HttpWsServer:
 
     @property
     def port(self) -> int:
-        sock = self.server.sockets[0]
-        return int(sock.getsockname()[1])
+        server: Any = self.server  # uvloop's ``sockets`` is a list, asyncio's a tuple
+        return int(server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
         self.server.close()

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Protocol
 
 from bridge.engine import CloseConnection, SendBytes, SendText
-from bridge.io.httpws import WsConnection
 from bridge.logs import get_logger
 from bridge.streams.base import (
     AudioReceived,
@@ -32,7 +31,7 @@ from bridge.streams.base import (
 )
 from telcodec.framing import FrameCutter
 
-__all__ = ["CallerSide", "StreamCall", "StreamLeg"]
+__all__ = ["CallerSide", "CarrierSocket", "StreamCall", "StreamLeg"]
 
 log = get_logger("callbridge.streams")
 
@@ -53,6 +52,24 @@ class CallerSide(Protocol):
     def mark_echoed(self, name: str, cleared: bool) -> None: ...
 
     def leg_ended(self, reason: str) -> None: ...
+
+
+class CarrierSocket(Protocol):
+    """What a stream writes its messages to and reads them from: its ``WsConnection``.
+
+    Typed by this protocol so a test's recording stand-in fits (the connection
+    is compiled too, and mypyc checks the type of an attribute of its own classes).
+    """
+
+    def send_encoded_text_nowait(self, data: bytes) -> None: ...
+
+    def send_text_nowait(self, text: str) -> None: ...
+
+    def send_bytes_nowait(self, data: bytes) -> None: ...
+
+    async def close(self, code: int = 1000, reason: str = "") -> None: ...
+
+    async def serve(self, on_message: Callable[[str | bytes], None]) -> None: ...
 
 
 class StreamLeg:
@@ -105,7 +122,7 @@ class StreamCall:
 
     def __init__(
         self,
-        conn: WsConnection,
+        conn: CarrierSocket,
         engine: MediaStreamProtocol,
         loop: asyncio.AbstractEventLoop,
         preempt: Callable[[], None],
