@@ -169,6 +169,11 @@ class StreamResampler:
         ints = np.frombuffer(pcm_s16le, dtype=_S16LE)
         samples = _scratch("f32", np.float32, len(ints))  # soxr copies it: no new array
         np.copyto(samples, ints, casting="unsafe")
+        return self._filter(samples, table)
+
+    def _filter(self, samples: npt.NDArray[np.float32], table: EncodeTable | None) -> bytes:
+        """The filter's output for ``samples`` (the next input, as float32), counted."""
+        assert self._stream is not None
         self._in_total += len(samples)
         self._remember(samples)
         return _to_output(self._counted(self._stream.resample_chunk(samples)), table)
@@ -209,9 +214,7 @@ class StreamResampler:
             ints = np.frombuffer(part, dtype=_S16LE)
             np.copyto(samples[at : at + len(ints)], ints, casting="unsafe")
             at += len(ints)
-        self._in_total += n
-        self._remember(samples)
-        return _to_output(self._counted(self._stream.resample_chunk(samples)), table)
+        return self._filter(samples, table)
 
     def release(self, least: int = 0, table: EncodeTable | None = None) -> bytes:
         """What the filter holds back but the last ``_HOLD_S``; the stream goes on (see above).
