@@ -24,6 +24,12 @@ turns restart together, and the provider sends that many turns' audio at once
 second of the workload (the third pass's 4 s windows did: docs/benchmarks.md,
 section 3).
 
+The host's own speed is measured on core 0 before and after the run and
+recorded with it (``host_speed``: ``loadgen/hostspeed.py``, workloads no
+project code moves), since the VM's host has run the same code 45 % slower
+from one hour to the next: figures from runs whose host speeds differ are not
+comparable.
+
     python bench/bench_capacity.py [--quick]
     python bench/bench_capacity.py --steps 200,300,400,500 --configs sip_mulaw,twilio_mulaw \
         --measure-s 20 --reps 3 --name capacity_extra_steps
@@ -41,7 +47,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write
-from loadgen.procs import DaemonUnderTest, TtsProcess, pin_self
+from loadgen.hostspeed import describe, host_speed
+from loadgen.procs import DAEMON_CORE, LOADGEN_CORE, DaemonUnderTest, TtsProcess, pin_self
 from loadgen.steps import meets_bar, sip_step, summarize_profile, ws_step
 
 CONFIGS = (("sip", False), ("sip", True), ("twilio", False), ("twilio", True))
@@ -139,6 +146,8 @@ def main() -> None:
     measure_s = args.measure_s or measure_s
     reps = args.reps or reps
     pin_self()
+    speed_before = host_speed(DAEMON_CORE, LOADGEN_CORE)
+    print(describe(speed_before), flush=True)
     print(
         f"{'leg':<7} {'audio':<7} {'calls':>5} {'bar':<6} {'ans':>5} {'cpu%':>6} {'us/c-s':>8}"
         f" {'p50ms':>7} {'p99ms':>7} {'worst99':>8} {'maxms':>7} {'undr':>9} {'late':>6}"
@@ -153,6 +162,9 @@ def main() -> None:
             figures[key] = run_config(wd, leg, pcm24k, steps, measure_s, reps)
             print(f"{key}: last step meeting the bar: {figures[key]['last_step_meeting_bar']}")
     figures["goal"] = {"calls_per_core": 500, "p99_ms": 2.0, "underruns_daemon": 0}
+    speed_after = host_speed(DAEMON_CORE, LOADGEN_CORE)
+    print(describe(speed_after))
+    figures["host_speed"] = {"before": speed_before, "after": speed_after}
     path = write(
         args.name,
         figures,

@@ -1,0 +1,207 @@
+"""How fast the host is right now, on the daemon's core: three figures no project code moves.
+
+The project's VM has run the same code 45 % slower from one hour to the next
+(``docs/benchmarks.md``, section 3, "Seventeenth pass": no process in the
+guest, no steal time reported), so a capacity figure alone does not say
+whether a change or the host moved it. Each figure here is the median of
+``reps`` runs of a fixed workload, in a child process pinned to ``core``
+(the daemon's, ``procs.DAEMON_CORE``):
+
+* ``python_loop_ns``: one iteration of a small pure-Python loop (the
+  interpreter: CPU speed and the core's caches);
+* ``memory_chase_ns``: one step of a chase through a random cycle over a
+  64 MB array (each step's load depends on the last: memory latency, plus
+  the interpreter's step) and ``memory_gather_ns``: one element of a random
+  gather over a 128 MB array (numpy ``take``, loads in parallel): what a
+  busy daemon's cold objects cost, DRAM and the last-level cache shared
+  with the host's other guests;
+* ``tcp_write_us``: one 309-byte ``send`` on a loopback TCP connection (a
+  Twilio ``media`` message's size) while another process, pinned to the
+  other core, reads it: the kernel's send and, on loopback, the reader's
+  receive; ``tcp_write_200_us``: the same, a message to each of 200
+  connections in turn, as the daemon's media writes go (each socket cold).
+
+``python bench/loadgen/hostspeed.py`` prints them; ``bench_capacity.py``
+records them with every run (``host_speed``), before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import selectors
+import socket
+import statistics
+import sys
+import time
+from typing import Any
+
+MESSAGE_BYTES = 309  # a Twilio media message of 160 G.711 bytes, framed
+_LOOP_N = 200_000
+_GATHER_BYTES = 128 << 20
+_GATHER_N = 1 << 20
+_WRITES = 20_000
+_CHASE_ITEMS = 16 << 20  # 4-byte items: 64 MB
+_CHASE_STEPS = 200_000
+_CONNS = 200
+FIGURES = (
+    "python_loop_ns",
+    "memory_chase_ns",
+    "memory_gather_ns",
+    "tcp_write_us",
+    "tcp_write_200_us",
+)
+
+
+def _python_loop_ns() -> float:
+    t0 = time.perf_counter_ns()
+    acc = 0
+    for i in range(_LOOP_N):
+        acc += i & 7
+    elapsed = time.perf_counter_ns() - t0
+    if acc != (_LOOP_N // 8) * 28:
+        raise RuntimeError("python loop: wrong sum")
+    return elapsed / _LOOP_N
+
+
+def _chain(rng: Any) -> Any:
+    """A random cycle through every item: ``a[i]`` is the next index."""
+    from array import array
+
+    import numpy as np
+
+    order = rng.permutation(_CHASE_ITEMS).astype(np.int32)
+    nxt = np.empty(_CHASE_ITEMS, dtype=np.int32)
+    nxt[order] = np.roll(order, -1)
+    return array("i", nxt.tobytes())
+
+
+def _memory_chase_ns(chain: Any) -> float:
+    i = 0
+    t0 = time.perf_counter_ns()
+    for _ in range(_CHASE_STEPS):
+        i = chain[i]
+    elapsed = time.perf_counter_ns() - t0
+    if not 0 <= i < _CHASE_ITEMS:
+        raise RuntimeError("memory chase: index out of range")
+    return elapsed / _CHASE_STEPS
+
+
+def _memory_gather_ns(big: Any, index: Any) -> float:
+    import numpy as np
+
+    out = np.empty(len(index), dtype=big.dtype)
+    t0 = time.perf_counter_ns()
+    np.take(big, index, out=out)
+    return (time.perf_counter_ns() - t0) / len(index)
+
+
+def _reader(port: int, conns: int, core: int | None) -> None:
+    """Child: open ``conns`` connections and read them all until EOF."""
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    sel = selectors.DefaultSelector()
+    for _ in range(conns):
+        sel.register(socket.create_connection(("127.0.0.1", port)), selectors.EVENT_READ)
+    open_ = conns
+    while open_:
+        for key, _ in sel.select():
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            if not sock.recv(1 << 16):
+                sel.unregister(sock)
+                sock.close()
+                open_ -= 1
+
+
+def _tcp_write_us(conns: int, reader_core: int | None) -> float:
+    """µs per ``send`` of a message to each of ``conns`` connections in turn (blocking)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(conns)
+    child = multiprocessing.get_context("fork").Process(
+        target=_reader, args=(server.getsockname()[1], conns, reader_core)
+    )
+    child.start()
+    socks = []
+    for _ in range(conns):
+        sock, _ = server.accept()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        socks.append(sock)
+    server.close()
+    message = b"x" * MESSAGE_BYTES
+    rounds = max(1, _WRITES // conns)
+    sent = 0
+    t0 = time.perf_counter_ns()
+    for _ in range(rounds):
+        for sock in socks:
+            sent += sock.send(message)
+    elapsed = time.perf_counter_ns() - t0
+    for sock in socks:
+        sock.close()
+    child.join(10)
+    if sent != rounds * conns * MESSAGE_BYTES:
+        raise RuntimeError(f"tcp write: {sent} bytes sent of {rounds * conns * MESSAGE_BYTES}")
+    return elapsed / (rounds * conns) / 1000
+
+
+def _measure(core: int | None, reader_core: int | None, reps: int, out: Any) -> None:
+    """Child: the figures, pinned to ``core``, sent back through ``out``."""
+    import numpy as np
+
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    rng = np.random.default_rng(1)
+    big = np.arange(_GATHER_BYTES // 8, dtype=np.int64)
+    index = rng.integers(0, len(big), _GATHER_N)
+    chain = _chain(rng)
+    runs: dict[str, list[float]] = {key: [] for key in FIGURES}
+    for _ in range(reps):
+        runs["python_loop_ns"].append(_python_loop_ns())
+        runs["memory_chase_ns"].append(_memory_chase_ns(chain))
+        runs["memory_gather_ns"].append(_memory_gather_ns(big, index))
+        runs["tcp_write_us"].append(_tcp_write_us(1, reader_core))
+        runs["tcp_write_200_us"].append(_tcp_write_us(_CONNS, reader_core))
+    out.send({key: [round(v, 3) for v in values] for key, values in runs.items()})
+    out.close()
+
+
+def host_speed(core: int | None = 0, reader_core: int | None = 1, reps: int = 5) -> dict[str, Any]:
+    """The three figures (medians of ``reps`` runs, and the runs), measured on ``core``.
+
+    ``None`` for a core: not pinned (a machine with one core).
+    """
+    cpus = os.cpu_count() or 1
+    core = core if core is not None and core < cpus else None
+    reader_core = reader_core if reader_core is not None and reader_core < cpus else None
+    ctx = multiprocessing.get_context("fork")
+    parent, child_end = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_measure, args=(core, reader_core, reps, child_end))
+    child.start()
+    child_end.close()
+    runs: dict[str, list[float]] = parent.recv()
+    child.join(30)
+    if child.exitcode != 0:
+        raise RuntimeError(f"host speed: the measuring process exited with {child.exitcode}")
+    figures: dict[str, Any] = {key: statistics.median(values) for key, values in runs.items()}
+    figures["runs"] = runs
+    figures["core"] = core
+    return figures
+
+
+def describe(figures: dict[str, Any]) -> str:
+    return (
+        f"host speed (core {figures['core']}): python loop {figures['python_loop_ns']:.1f} ns,"
+        f" memory chase {figures['memory_chase_ns']:.1f} ns,"
+        f" gather {figures['memory_gather_ns']:.1f} ns,"
+        f" tcp write {figures['tcp_write_us']:.2f} µs"
+        f" (200 sockets: {figures['tcp_write_200_us']:.2f})"
+    )
+
+
+if __name__ == "__main__":
+    result = host_speed()
+    print(describe(result))
+    if "--json" in sys.argv:
+        print(json.dumps(result))
