@@ -265,3 +265,61 @@ def test_a_text_frame_inside_a_fragmented_message_fails_the_connection() -> None
         assert ws.protocol.state is State.CLOSING
 
     run(body)
+
+
+def test_each_message_is_handed_over_with_its_offsets_at_any_split() -> None:
+    """``msg_start`` and ``consumed`` (what ``watch_dry`` reads) name the message's own
+    bytes in the stream, however the reads cut it: a frame begun in one read is
+    completed from the next one's head, and the rest of that read is cut in place."""
+
+    def body() -> None:
+        frames = [
+            Frame(Opcode.TEXT, b"a" * 300),
+            Frame(Opcode.BINARY, bytes(range(126))),
+            Frame(Opcode.TEXT, b"b"),
+            Frame(Opcode.TEXT, "c\u00e9".encode() * 40_000),
+            Frame(Opcode.BINARY, b""),
+        ]
+        wires = [f.serialize(mask=False, extensions=[]) for f in frames]
+        wire = b"".join(wires)
+        for cut in (*range(0, 400), *range(len(wire) - 300, len(wire) + 1)):
+            seen: list[tuple[int, int]] = []
+            ws, _ = handshaken([])
+            ws.on_message = lambda msg, ws=ws, seen=seen: seen.append((ws.msg_start, ws.consumed))
+            base = ws.received
+            ws.data_received(wire[:cut])
+            ws.data_received(wire[cut:])
+            expected, at = [], base
+            for w in wires:
+                expected.append((at, at + len(w)))
+                at += len(w)
+            assert seen == expected, cut
+            assert ws.consumed == ws.received == at, cut
+
+    run(body)
+
+
+def test_a_frame_to_judge_split_over_reads_goes_to_the_protocol_with_all_after_it() -> None:
+    def body() -> None:
+        ok = Frame(Opcode.TEXT, b"ok").serialize(mask=False, extensions=[])
+        bad = Frame(Opcode.TEXT, b"x" * 40).serialize(mask=True, extensions=[])
+        late = Frame(Opcode.TEXT, b"late").serialize(mask=False, extensions=[])
+        for cut in range(len(ok) + 1, len(ok) + len(bad)):
+            got: list[str | bytes] = []
+            ws, _ = handshaken(got)
+            to_protocol: list[bytes] = []
+            plain = ws._to_protocol
+
+            def spy(data: bytes, plain: Any = plain, to_protocol: Any = to_protocol) -> None:
+                to_protocol.append(bytes(data))
+                plain(data)
+
+            ws._to_protocol = spy  # type: ignore[method-assign]
+            wire = ok + bad + late
+            ws.data_received(wire[:cut])
+            ws.data_received(wire[cut:])
+            assert got == ["ok"], cut
+            assert b"".join(to_protocol) == bad + late, cut
+            assert ws.protocol.state is State.CLOSING, cut
+
+    run(body)

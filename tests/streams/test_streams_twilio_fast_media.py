@@ -125,6 +125,14 @@ _TAKE_CASES = [
     [media(sid=SID + '", "x": "y')],  # more keys after the stream id
     [media().replace('"},', '"} ,')],
     [media(), media(seq="3").replace('"streamSid":"', '"streamSid": "')],  # mixed spacing
+    [media(seq="\u0663")],  # a digit, not ASCII: the full path's error
+    [media(chunk="\u00b2"), media(timestamp="1\u0661", seq="3")],  # (isdigit() says yes)
+    [media(chunk="1 ")],
+    [media(timestamp="")],
+    [media(chunk="9" * 19)],
+    [media(timestamp="9" * 19)],
+    [media().replace('"event":"media","', '"event":"media", "')],  # spaced after the head
+    [media(track="inbound", spaced=True), media(seq="3", track="inbound_")],
 ]
 
 
