@@ -35,6 +35,8 @@ NATIVE_MODULES = (
     "bridge/engine.py",
     "bridge/control/commands.py",
     "bridge/tts/base.py",
+    "bridge/tts/common.py",
+    "bridge/tts/kova.py",
     "bridge/io/ticker.py",
     "bridge/io/callrun.py",
     "bridge/io/sip_call.py",

@@ -87,13 +87,13 @@ from bridge.tts.base import (
     WordTiming,
 )
 from bridge.tts.common import (
-    AudioTaking,
     b64decode_fast,
     bearer_headers,
     json_object,
     non_negative_seconds,
     scrub_secret,
 )
+from bridge.tts.taking import AudioTaking
 
 __all__ = [
     "DEFAULT_URL",

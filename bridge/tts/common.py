@@ -17,11 +17,6 @@ here, so each engine keeps only its own wire format:
   ``words/start/end``) as ``WordTiming``s. Malformed arrays raise the
   caller's own frame-error class with the caller's own wording, so each
   engine reports them exactly as it documents.
-* ``AudioTaking``: the ``receive_text_fast`` / ``receive_bytes_fast`` pair
-  for an engine that reports audio in one place (``_report_audio``): the
-  message is handled by its ``receive_*`` as usual, and the audio it
-  reports (or the one ``WordsTimed`` it queued) is returned instead of
-  queued when nothing else was queued.
 * ``b64decode_fast(text)``: provider audio's base64, decoded with pybase64
   (SIMD: 0.55 µs instead of 3.8 µs for a 1 920-character chunk) when it is
   strictly valid, else ``None`` so that the engine's own decode decides; the
@@ -34,29 +29,26 @@ here, so each engine keeps only its own wire format:
 
 Rules: no I/O, no clock, no state; nothing here raises on remote input
 except ``parallel_word_timings``, and only the exception class it is given.
+
+Compiled with mypyc (``bridge/native.py``): the Kova engine, compiled too,
+calls these for every frame. ``AudioTaking``, the mixin the other engines
+share, lives apart in ``bridge/tts/taking.py``: those engines inherit from it
+and from ``Outbox``, and a class cannot have two compiled bases.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 from pybase64 import b64decode as _pybase64_decode
 
-from bridge.engine import Action, Event
 from bridge.tts.base import (
-    AudioFormat,
-    AudioPiece,
-    AudioReceived,
-    TurnPiece,
-    WordsTimed,
     WordTiming,
 )
 
 __all__ = [
-    "AudioTaking",
     "TimingsWording",
     "bearer_headers",
     "json_object",
@@ -73,73 +65,6 @@ class TimingsWording(NamedTuple):
     not_arrays: str
     lengths_differ: str
     bad_entry: str
-
-
-M = TypeVar("M", str, bytes)
-
-
-class AudioTaking:
-    """``receive_text_fast`` / ``receive_bytes_fast`` for an engine (an ``Outbox``)
-    that reports every ``AudioReceived`` through ``_report_audio``.
-
-    The message goes through the engine's own ``receive_text`` /
-    ``receive_bytes``; while it does, the first audio reported is kept aside
-    rather than queued. If the message queued nothing else (no event, no
-    action) that audio is returned as an ``AudioPiece`` for the shell to hand
-    over directly; otherwise it is queued where it would have been, and
-    ``None`` says to drain as usual. A message with no audio whose whole
-    outcome is one ``WordsTimed`` is returned as a ``WordsPiece``. With anything already queued, the
-    message is simply handled (its audio must queue behind it). The engine
-    sets ``_taking = False`` while handling a message that creates a
-    deadline (none is returned then: the shell must re-arm its timer).
-    """
-
-    _events: list[Event]
-    _actions: list[Action]
-    _taking: bool = False
-    _taken: tuple[int, AudioPiece] | None = None
-
-    def receive_text(self, text: str, now: float) -> None:
-        raise NotImplementedError
-
-    def receive_bytes(self, data: bytes, now: float) -> None:
-        raise NotImplementedError
-
-    def _report_audio(self, turn_id: str, audio: bytes, audio_format: AudioFormat) -> None:
-        """Report a turn's audio: kept aside while taking, else queued as ``AudioReceived``."""
-        if self._taking and self._taken is None:
-            self._taken = (len(self._events), (turn_id, audio, audio_format))
-        else:
-            self._events.append(AudioReceived(turn_id, audio, audio_format))
-
-    def receive_text_fast(self, text: str, now: float) -> TurnPiece | None:
-        return self._take(self.receive_text, text, now)
-
-    def receive_bytes_fast(self, data: bytes, now: float) -> TurnPiece | None:
-        return self._take(self.receive_bytes, data, now)
-
-    def _take(self, receive: Callable[[M, float], None], msg: M, now: float) -> TurnPiece | None:
-        events = self._events
-        if events or self._actions:
-            receive(msg, now)
-            return None
-        self._taking = True
-        try:
-            receive(msg, now)
-        finally:
-            clean = self._taking  # not turned off by a deadline the message created
-            self._taking = False
-            taken, self._taken = self._taken, None
-        if taken is None:
-            if clean and len(events) == 1 and not self._actions and type(events[0]) is WordsTimed:
-                timed: WordsTimed = events.pop()  # type: ignore[assignment]
-                return timed.turn_id, timed.words
-            return None
-        at, piece = taken
-        if self._events or self._actions:
-            self._events.insert(at, AudioReceived(*piece))
-            return None
-        return piece
 
 
 def b64decode_fast(text: str) -> bytes | None:

@@ -88,7 +88,8 @@ from bridge.tts.base import (
     TurnStarted,
     UsageReported,
 )
-from bridge.tts.common import AudioTaking, bearer_headers, scrub_secret
+from bridge.tts.common import bearer_headers, scrub_secret
+from bridge.tts.taking import AudioTaking
 
 __all__ = [
     "ENGINE",

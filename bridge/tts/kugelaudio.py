@@ -86,7 +86,8 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.common import AudioTaking, b64decode_fast, json_object, scrub_secret
+from bridge.tts.common import b64decode_fast, json_object, scrub_secret
+from bridge.tts.taking import AudioTaking
 
 __all__ = ["ENGINE", "KugelAudioProtocol", "TurnState"]
 

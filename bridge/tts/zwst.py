@@ -95,13 +95,13 @@ from bridge.tts.base import (
     WordTiming,
 )
 from bridge.tts.common import (
-    AudioTaking,
     TimingsWording,
     bearer_headers,
     json_text,
     parallel_word_timings,
     scrub_secret,
 )
+from bridge.tts.taking import AudioTaking
 
 __all__ = [
     "ENGINE",

@@ -21,7 +21,6 @@ from bridge.tts.base import (
     WordTiming,
 )
 from bridge.tts.common import (
-    AudioTaking,
     TimingsWording,
     b64decode_fast,
     bearer_headers,
@@ -31,6 +30,7 @@ from bridge.tts.common import (
     parallel_word_timings,
     scrub_secret,
 )
+from bridge.tts.taking import AudioTaking
 
 WORDING = TimingsWording("not arrays", "lengths differ", "bad entry")
 
