@@ -11,7 +11,9 @@ whether a change or the host moved it. Each figure here is the median of
   interpreter: CPU speed and the core's caches);
 * ``memory_chase_ns``: one step of a chase through a random cycle over a
   64 MB array (each step's load depends on the last: memory latency, plus
-  the interpreter's step) and ``memory_gather_ns``: one element of a random
+  the interpreter's step, about 80 ns of it); ``cache_chase_ns``: the same
+  over 4 MB, which the last-level cache holds when no other guest crowds
+  it out; and ``memory_gather_ns``: one element of a random
   gather over a 128 MB array (numpy ``take``, loads in parallel): what a
   busy daemon's cold objects cost, DRAM and the last-level cache shared
   with the host's other guests;
@@ -43,11 +45,13 @@ _GATHER_BYTES = 128 << 20
 _GATHER_N = 1 << 20
 _WRITES = 20_000
 _CHASE_ITEMS = 16 << 20  # 4-byte items: 64 MB
+_CACHE_CHASE_ITEMS = 1 << 20  # 4 MB
 _CHASE_STEPS = 200_000
 _CONNS = 200
 FIGURES = (
     "python_loop_ns",
     "memory_chase_ns",
+    "cache_chase_ns",
     "memory_gather_ns",
     "tcp_write_us",
     "tcp_write_200_us",
@@ -65,14 +69,14 @@ def _python_loop_ns() -> float:
     return elapsed / _LOOP_N
 
 
-def _chain(rng: Any) -> Any:
-    """A random cycle through every item: ``a[i]`` is the next index."""
+def _chain(rng: Any, items: int) -> Any:
+    """A random cycle through ``items`` items: ``a[i]`` is the next index."""
     from array import array
 
     import numpy as np
 
-    order = rng.permutation(_CHASE_ITEMS).astype(np.int32)
-    nxt = np.empty(_CHASE_ITEMS, dtype=np.int32)
+    order = rng.permutation(items).astype(np.int32)
+    nxt = np.empty(items, dtype=np.int32)
     nxt[order] = np.roll(order, -1)
     return array("i", nxt.tobytes())
 
@@ -83,7 +87,7 @@ def _memory_chase_ns(chain: Any) -> float:
     for _ in range(_CHASE_STEPS):
         i = chain[i]
     elapsed = time.perf_counter_ns() - t0
-    if not 0 <= i < _CHASE_ITEMS:
+    if not 0 <= i < len(chain):
         raise RuntimeError("memory chase: index out of range")
     return elapsed / _CHASE_STEPS
 
@@ -155,11 +159,13 @@ def _measure(core: int | None, reader_core: int | None, reps: int, out: Any) -> 
     rng = np.random.default_rng(1)
     big = np.arange(_GATHER_BYTES // 8, dtype=np.int64)
     index = rng.integers(0, len(big), _GATHER_N)
-    chain = _chain(rng)
+    chain = _chain(rng, _CHASE_ITEMS)
+    cache_chain = _chain(rng, _CACHE_CHASE_ITEMS)
     runs: dict[str, list[float]] = {key: [] for key in FIGURES}
     for _ in range(reps):
         runs["python_loop_ns"].append(_python_loop_ns())
         runs["memory_chase_ns"].append(_memory_chase_ns(chain))
+        runs["cache_chase_ns"].append(_memory_chase_ns(cache_chain))
         runs["memory_gather_ns"].append(_memory_gather_ns(big, index))
         runs["tcp_write_us"].append(_tcp_write_us(1, reader_core))
         runs["tcp_write_200_us"].append(_tcp_write_us(_CONNS, reader_core))
@@ -193,7 +199,8 @@ def host_speed(core: int | None = 0, reader_core: int | None = 1, reps: int = 5)
 def describe(figures: dict[str, Any]) -> str:
     return (
         f"host speed (core {figures['core']}): python loop {figures['python_loop_ns']:.1f} ns,"
-        f" memory chase {figures['memory_chase_ns']:.1f} ns,"
+        f" memory chase {figures['memory_chase_ns']:.1f} ns"
+        f" (4 MB: {figures['cache_chase_ns']:.1f}),"
         f" gather {figures['memory_gather_ns']:.1f} ns,"
         f" tcp write {figures['tcp_write_us']:.2f} µs"
         f" (200 sockets: {figures['tcp_write_200_us']:.2f})"
