@@ -296,6 +296,7 @@ def ws_step(
         per = [deviations(c.arrival_ns, c.sizes) for c in load.calls]
         answered = load.active()
         carrier: dict[str, float] = {
+            "calls_not_placed": len(load.failed),
             "carrier_gaps": sum(c.gaps for c in load.calls),
             "calls_with_gaps": sum(1 for c in load.calls if c.gaps),
             "carrier_dry_ms_per_call_s": round(

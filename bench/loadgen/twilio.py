@@ -91,6 +91,9 @@ class TwilioLoad:
         self._tasks: list[asyncio.Task[None]] = []
         self._sender: asyncio.Task[None] | None = None
         self.loop = asyncio.get_running_loop()
+        self.failed: list[str] = []
+        """Why each call that could not be placed was not (its socket or handshake failed):
+        the step then fails the bar as unanswered, and the bench goes on."""
 
     async def place(self, n: int, rate_per_s: float = 200.0) -> None:
         for _ in range(n):
@@ -99,7 +102,12 @@ class TwilioLoad:
             carrier = TwilioCarrier(
                 stream_sid=sid, call_sid=f"CA{i:032d}", custom_parameters={"route": self.route}
             )
-            ws = await websockets.connect(self.url, compression=None, max_size=None)
+            try:
+                ws = await websockets.connect(self.url, compression=None, max_size=None)
+            except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
+                self.failed.append(f"{type(exc).__name__}: {exc}"[:200])
+                await asyncio.sleep(1.0 / rate_per_s)
+                continue
             now = self.loop.time()
             carrier.connect(now)
             call = WsCall(i, ws, sid, t0=now)

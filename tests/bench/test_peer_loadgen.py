@@ -142,3 +142,22 @@ def test_the_first_inbound_media_follows_start_in_sequence() -> None:
     asyncio.run(run())
     assert [m["event"] for m in got] == ["connected", "start", "media"]
     assert [m.get("sequenceNumber") for m in got] == [None, "1", "2"]
+
+
+def test_a_call_that_cannot_be_placed_is_counted_and_the_rest_go_on() -> None:
+    """A daemon too slow to finish a handshake (or a refused socket) leaves that call
+    unanswered (the step fails the bar) instead of ending the whole bench."""
+
+    async def main() -> tuple[list[str], int]:
+        refuse = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        port = refuse.sockets[0].getsockname()[1]
+        load = TwilioLoad(port)
+        await load.place(3, rate_per_s=1000)
+        refuse.close()
+        await refuse.wait_closed()
+        return load.failed, len(load.calls)
+
+    failed, placed = asyncio.run(main())
+    assert placed == 0
+    assert len(failed) == 3
+    assert all(f.startswith("InvalidMessage: did not receive a valid HTTP") for f in failed)
