@@ -76,6 +76,7 @@ sys.path.insert(0, str(HERE))
 
 from common import write  # noqa: E402
 from loadgen.analysis import ws_deviations_ns  # noqa: E402
+from loadgen.hostspeed import drain  # noqa: E402
 from loadgen.procs import (  # noqa: E402
     DAEMON_CORE,
     DaemonUnderTest,
@@ -395,26 +396,6 @@ def time_shell_inbound(fast: bool, frames: int) -> float:
     return elapsed / frames
 
 
-def _drain(port: int, conns: int) -> None:
-    """Child process: open ``conns`` TCP connections and read whatever arrives until EOF."""
-    import selectors
-    import socket
-
-    sel = selectors.DefaultSelector()
-    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(conns)]
-    for sock in socks:
-        sel.register(sock, selectors.EVENT_READ)
-    open_ = len(socks)
-    while open_:
-        for key, _ in sel.select():
-            sock = key.fileobj
-            assert isinstance(sock, socket.socket)
-            if not sock.recv(1 << 16):
-                sel.unregister(sock)
-                sock.close()
-                open_ -= 1
-
-
 def time_shell_outbound(conns: int, ticks: int) -> float:
     """ns of this process's CPU per outbound frame: every call's tick, frame and write.
 
@@ -439,7 +420,7 @@ def time_shell_outbound(conns: int, ticks: int) -> float:
 
         server = await loop.create_server(_Accept, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        child = multiprocessing.get_context("fork").Process(target=_drain, args=(port, conns))
+        child = multiprocessing.get_context("fork").Process(target=drain, args=(port, conns))
         child.start()
         while len(transports) < conns:
             await asyncio.sleep(0.01)

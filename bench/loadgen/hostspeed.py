@@ -101,8 +101,9 @@ def _memory_gather_ns(big: Any, index: Any) -> float:
     return (time.perf_counter_ns() - t0) / len(index)
 
 
-def _reader(port: int, conns: int, core: int | None) -> None:
-    """Child: open ``conns`` connections and read them all until EOF."""
+def drain(port: int, conns: int, core: int | None = None) -> None:
+    """Child process: open ``conns`` connections to ``port`` and read them all until EOF
+    (pinned to ``core`` if given; ``bench_streams.py`` reads its shell's frames with it)."""
     if core is not None:
         os.sched_setaffinity(0, {core})
     sel = selectors.DefaultSelector()
@@ -125,7 +126,7 @@ def _tcp_write_us(conns: int, reader_core: int | None) -> float:
     server.bind(("127.0.0.1", 0))
     server.listen(conns)
     child = multiprocessing.get_context("fork").Process(
-        target=_reader, args=(server.getsockname()[1], conns, reader_core)
+        target=drain, args=(server.getsockname()[1], conns, reader_core)
     )
     child.start()
     socks = []
