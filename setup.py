@@ -60,6 +60,9 @@ def ext_modules() -> list[object]:
                 "--ignore-missing-imports",
                 "--follow-imports=silent",
                 "--no-warn-unused-configs",
+                # its own cache: `make typecheck`'s (.mypy_cache) was made with the runtime
+                # dependencies installed, and read here it hid what a fresh build sees
+                "--cache-dir=build/mypyc_cache",
                 *native_sources(),
             ],
             opt_level="3",

@@ -36,6 +36,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable
+from typing import TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -72,7 +73,7 @@ ALAW_SILENCE = 0xD5
 _SAMPLE_WIDTH_BYTES = 2
 _NATIVE_IS_LE = sys.byteorder == "little"
 
-Int16Array = npt.NDArray[np.int16]
+Int16Array: TypeAlias = npt.NDArray[np.int16]
 
 
 def _check_linear(pcm_s16le: bytes) -> None:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -314,7 +314,7 @@ def _encode(patterns: npt.NDArray[np.uint16], table: EncodeTable) -> bytes:
     return codes.tobytes()
 
 
-EncodeTable = npt.NDArray[np.uint8]
+EncodeTable: TypeAlias = npt.NDArray[np.uint8]
 """65 536 code bytes, indexed by an int16 sample's bit pattern (``telcodec.g711``)."""
 
 _SCRATCH = threading.local()
