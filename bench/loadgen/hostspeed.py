@@ -1,4 +1,4 @@
-"""How fast the host is right now, on the daemon's core: three figures no project code moves.
+"""How fast the host is right now, on the daemon's core: figures no project code moves.
 
 The project's VM has run the same code 45 % slower from one hour to the next
 (``docs/benchmarks.md``, section 3, "Seventeenth pass": no process in the
@@ -175,7 +175,7 @@ def _measure(core: int | None, reader_core: int | None, reps: int, out: Any) -> 
 
 
 def host_speed(core: int | None = 0, reader_core: int | None = 1, reps: int = 5) -> dict[str, Any]:
-    """The three figures (medians of ``reps`` runs, and the runs), measured on ``core``.
+    """The ``FIGURES`` (medians of ``reps`` runs, and the runs), measured on ``core``.
 
     ``None`` for a core: not pinned (a machine with one core).
     """

@@ -106,17 +106,16 @@ class TwilioLoad:
                 ws = await websockets.connect(self.url, compression=None, max_size=None)
             except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
                 self.failed.append(f"{type(exc).__name__}: {exc}"[:200])
-                await asyncio.sleep(1.0 / rate_per_s)
-                continue
-            now = self.loop.time()
-            carrier.connect(now)
-            call = WsCall(i, ws, sid, t0=now)
-            for text in carrier.frames_to_send(now):
-                await ws.send(text)
-            self.calls.append(call)
-            self._tasks.append(self.loop.create_task(self._receive(call)))
-            if self._sender is None:
-                self._sender = self.loop.create_task(self._send_loop())
+            else:
+                now = self.loop.time()
+                carrier.connect(now)
+                call = WsCall(i, ws, sid, t0=now)
+                for text in carrier.frames_to_send(now):
+                    await ws.send(text)
+                self.calls.append(call)
+                self._tasks.append(self.loop.create_task(self._receive(call)))
+                if self._sender is None:
+                    self._sender = self.loop.create_task(self._send_loop())
             await asyncio.sleep(1.0 / rate_per_s)
 
     async def _receive(self, call: WsCall) -> None:

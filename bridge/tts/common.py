@@ -44,9 +44,7 @@ from typing import Any, NamedTuple
 
 from pybase64 import b64decode as _pybase64_decode
 
-from bridge.tts.base import (
-    WordTiming,
-)
+from bridge.tts.base import WordTiming
 
 __all__ = [
     "TimingsWording",
