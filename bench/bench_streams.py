@@ -46,7 +46,7 @@ Per talkspurt (a gap > 50 ms starts one) the lead burst (the first
 ``lead_frames + 1`` messages) is left out; the figures are the deviation of
 each inter-arrival time from 20 ms and, as in ``bench_pacing``, the
 deviation from the talkspurt's fitted 20 ms grid. Needs ``dumpcap`` and
-``tshark`` and the right to capture on ``lo`` (root); without them only the
+the right to capture on ``lo`` (root); without them only the
 carrier figures are printed.
 
     python bench/bench_streams.py [--quick] [--no-pacing]
@@ -666,7 +666,7 @@ def pacing(counts: list[int], measure_s: float) -> dict[str, Any]:
         d = DaemonUnderTest.start(wd, tts.port)
         capture_dir = wd if WireCapture.available() else None
         if capture_dir is None:
-            print("(no dumpcap/tshark or not root: carrier figures only)")
+            print("(no dumpcap or not root: carrier figures only)")
         try:
             for n in counts:
                 r = pacing_step(d, n, measure_s, warm_s=2.0, workdir=capture_dir)

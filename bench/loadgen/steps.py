@@ -267,7 +267,7 @@ def ws_step(
     sized_media: bool = False,
 ) -> dict[str, Any]:
     """One step of ``n`` Twilio calls. Pacing is taken at the wire (kernel timestamps of
-    the daemon's TCP segments, ``loadgen.wire``) when dumpcap/tshark can run, so the figure
+    the daemon's TCP segments, ``loadgen.wire``) when dumpcap can run, so the figure
     is the daemon's; the carrier's user-space arrival times are kept as ``carrier_pacing``.
     ``carrier_gaps`` counts the carrier's buffer running dry mid-turn, ``clears`` the
     ``clear`` messages received while recording."""

@@ -1,11 +1,12 @@
 """Kernel timestamps of a media-stream leg's outbound ``media`` messages.
 
 ``dumpcap`` captures what the daemon writes on its media-stream port (TCP on
-loopback); the capture is read back with ``tshark``, each server-to-client
-stream is reassembled and its WebSocket frames parsed, and every ``media``
-message is timed by the segment carrying its last byte. So the pacing of the
-WebSocket leg is the daemon's, not the user-space receiver's. Needs root and
-the Debian ``tshark`` package (``dumpcap`` comes with it).
+loopback); the capture is read back by ``loadgen.pcap`` (not ``tshark``: see
+there why), each server-to-client stream is reassembled and its WebSocket
+frames parsed, and every ``media`` message is timed by the segment carrying
+its last byte. So the pacing of the WebSocket leg is the daemon's, not the
+user-space receiver's. Needs root and ``dumpcap`` (the Debian ``tshark``
+package brings it).
 """
 
 from __future__ import annotations
@@ -20,9 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .pcap import tcp_segments
 from .procs import LOADGEN_CORE
 
 __all__ = ["WireCapture"]
+
+FLUSH_S = 1.0
+"""How long ``WireCapture.stop`` lets dumpcap read before interrupting it."""
 
 
 class WireCapture:
@@ -51,10 +56,18 @@ class WireCapture:
 
     @staticmethod
     def available() -> bool:
-        return bool(shutil.which("dumpcap") and shutil.which("tshark")) and os.geteuid() == 0
+        return bool(shutil.which("dumpcap")) and os.geteuid() == 0
 
     def stop(self) -> None:
+        """Stop ``dumpcap``, first letting it read what was sent up to now.
+
+        libpcap hands captured packets over a ring block at a time (or at the
+        block's timeout): packets sent just before the interrupt would still
+        sit in an unfinished block and never reach the file (seen: a
+        WebSocket exchange 3 ms before the stop was not captured at all).
+        """
         if self.proc.poll() is None:
+            time.sleep(FLUSH_S)
             self.proc.send_signal(signal.SIGINT)
         try:
             _, err = self.proc.communicate(timeout=10)
@@ -77,24 +90,14 @@ class WireCapture:
     def media_messages(self, t0_ns: int, t1_ns: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """(kernel time in ns, payload bytes) of each outbound ``media`` per connection,
         as ``media_departures`` (the sizes time a peer whose messages are not 20 ms)."""
-        out = subprocess.run(
-            ["tshark", "-n", "-r", str(self.path), "-o", "tcp.desegment_tcp_streams:FALSE",
-             "-Y", "tcp.len > 0", "-T", "fields", "-E", "separator=/t",
-             "-e", "frame.time_epoch", "-e", "tcp.dstport", "-e", "tcp.seq_raw",
-             "-e", "tcp.payload"],
-            capture_output=True,
-            check=True,
-        ).stdout  # fmt: skip
         streams: dict[int, _WsStream] = {}
-        for line in out.decode().splitlines():
-            fields = line.split("\t")
-            if len(fields) != 4 or not fields[3]:
+        for seg in tcp_segments(self.path):
+            if seg.src_port != self.port:
                 continue
-            sec, _, frac = fields[0].partition(".")
-            t_ns = int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])
-            port = int(fields[1])
-            stream = streams.setdefault(port, _WsStream())
-            stream.segment(int(fields[2]), bytes.fromhex(fields[3].replace(":", "")), t_ns)
+            stream = streams.get(seg.dst_port)
+            if stream is None:
+                stream = streams[seg.dst_port] = _WsStream()
+            stream.segment(seg.seq, seg.payload, seg.t_ns)
         found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for port, s in streams.items():
             t = np.asarray(s.media_ns, dtype=np.int64)
