@@ -62,9 +62,18 @@ def summary_ms(values_s: list[float]) -> dict[str, float]:
     }
 
 
+def results_path(name: str) -> Path:
+    """Where ``write(name, ...)`` puts its JSON: ``bench/results/<name>.json`` for a bare name;
+    a name with a directory or a ``.json`` suffix (``--out bench/results/x.json``) is a path."""
+    given = Path(name)
+    if given.suffix == ".json" or given.parent != Path("."):
+        return given if given.suffix == ".json" else given.with_name(given.name + ".json")
+    return RESULTS / f"{name}.json"
+
+
 def write(name: str, figures: dict[str, Any], settings: dict[str, Any]) -> Path:
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    path = results_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         json.dumps({"machine": machine(), "settings": settings, "figures": figures}, indent=2)
         + "\n"
