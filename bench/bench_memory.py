@@ -128,6 +128,7 @@ def busy_churn(d: DaemonUnderTest, calls: int) -> dict[str, Any]:
         "rss_after_mb": round(rss1 / 1e6, 2),
         "rss_growth_per_call_bytes": round((rss1 - rss0) / max(1, n)),
         "thaw_unreachable": [t.get("unreachable") for t in thaws],
+        "thaw_types": [t.get("types", {}) for t in thaws],  # an idle thaw names what it found
         "thaw_pass_ms": [t.get("pass_ms") for t in thaws],
     }
 

@@ -29,7 +29,7 @@ from typing import Protocol
 from bridge import __version__, native
 from bridge.config import Config, ConfigError, ProviderConfig, load_config, split_hostport
 from bridge.io.embedded import EmbeddedTts
-from bridge.io.gcpolicy import GcPolicy
+from bridge.io.gcpolicy import GcPolicy, thaw_described
 from bridge.io.gcpolicy import apply as gc_apply
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, serve_http_ws
 from bridge.io.notify import Notifier
@@ -231,13 +231,22 @@ class Daemon:
         if step is None:
             return
         started = time.perf_counter()
-        found = gc_apply(step)
+        kinds: list[tuple[str, int]] = []
+        if step == "thaw" and calls == 0:  # idle: a second pass to name what it found is cheap
+            found, kinds = thaw_described()
+        else:
+            found = gc_apply(step)
         if step == "thaw":
             pass_ms = round((time.perf_counter() - started) * 1000, 2)
             self.metrics.gc_thaw_collected_total.inc(found)
             next_busy_s = self.gc_policy.thawed(found)
             log.info(
-                "gc.thaw", calls=calls, unreachable=found, pass_ms=pass_ms, next_busy_s=next_busy_s
+                "gc.thaw",
+                calls=calls,
+                unreachable=found,
+                pass_ms=pass_ms,
+                next_busy_s=next_busy_s,
+                **({"types": dict(kinds)} if kinds else {}),
             )
 
     def _export_pool_counters(self) -> None:

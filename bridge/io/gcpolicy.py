@@ -32,6 +32,12 @@ thaw, up to ``MAX_THAW_EVERY_S``; one that found more sets it back to
 the benchmarks' thaws find) soon thaws with calls up about once a day; one
 that leaks keeps the safety net at ``thaw_every_s``.
 
+An idle thaw also says *what* it found (``thaw_described``): the
+collection keeps its garbage (``gc.DEBUG_SAVEALL``), the types are counted,
+and only if there was any does a second pass free it (it is cheap with no
+call up). The daemon logs the commonest types with ``gc.thaw``, so a cycle
+left by some rare path names itself in the log instead of a count alone.
+
 The policy is pure: ``tick(now, active_calls)`` says what to do; the shell
 (``Daemon``) calls it from its status loop and does it.
 """
@@ -39,10 +45,18 @@ The policy is pure: ``tick(now, active_calls)`` says what to do; the shell
 from __future__ import annotations
 
 import gc
+from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["MAX_THAW_EVERY_S", "SMALL_FIND", "GcPolicy", "GcStep", "apply"]
+__all__ = [
+    "MAX_THAW_EVERY_S",
+    "SMALL_FIND",
+    "GcPolicy",
+    "GcStep",
+    "apply",
+    "thaw_described",
+]
 
 SMALL_FIND = 1000
 """Unreachable objects a thaw may find and still count as "no leak": a stray cycle or
@@ -51,6 +65,9 @@ a leaking call type leaves thousands per call."""
 
 MAX_THAW_EVERY_S = 86400.0
 """The longest the busy-time thaw interval grows to (``GcPolicy.thawed``)."""
+
+DESCRIBED_TYPES = 8
+"""How many of the commonest types ``thaw_described`` names."""
 
 GcStep = Literal["freeze", "thaw"]
 
@@ -114,3 +131,26 @@ def apply(step: GcStep | None) -> int:
         gc.freeze()  # what is left lives as long as the daemon (listeners, pools, caches)
         return found
     return 0
+
+
+def thaw_described() -> tuple[int, list[tuple[str, int]]]:
+    """A thaw that also says what it found: (unreachable objects, the commonest types).
+
+    Types are ``module.qualname`` with their counts, most common first (at most
+    ``DESCRIBED_TYPES``). The garbage is kept by the first pass to be counted
+    and freed by a second, which runs only when there was some; the objects'
+    finalizers and weak reference callbacks run in the first pass, as in a
+    plain collection.
+    """
+    gc.unfreeze()
+    gc.set_debug(gc.get_debug() | gc.DEBUG_SAVEALL)
+    try:
+        found = gc.collect()
+        kinds = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage)
+    finally:
+        gc.set_debug(gc.get_debug() & ~gc.DEBUG_SAVEALL)
+        gc.garbage.clear()
+    if found:
+        gc.collect()  # what was kept is still in its cycles: free it now
+    gc.freeze()
+    return found, kinds.most_common(DESCRIBED_TYPES)

@@ -7,7 +7,7 @@ import gc
 import pytest
 
 from bridge.config import ConfigError, parse_config
-from bridge.io.gcpolicy import MAX_THAW_EVERY_S, SMALL_FIND, GcPolicy, apply
+from bridge.io.gcpolicy import MAX_THAW_EVERY_S, SMALL_FIND, GcPolicy, apply, thaw_described
 
 ROUTE = """
 [providers.p]
@@ -85,3 +85,26 @@ def test_the_gc_keys_are_checked_by_name(key: str, value: int) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(f"[daemon]\n{key} = {value}\n" + ROUTE)
     assert f"daemon.{key}" in str(info.value)
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.other: _Node | None = None
+
+
+def test_a_described_thaw_names_what_it_found_and_frees_it() -> None:
+    gc.collect()
+    try:
+        a, b = _Node(), _Node()
+        a.other, b.other = b, a
+        gc.freeze()
+        del a, b  # a frozen cycle: garbage only a thaw finds
+        found, kinds = thaw_described()
+        assert found >= 2
+        assert (f"{__name__}._Node", 2) in kinds
+        assert gc.get_debug() & gc.DEBUG_SAVEALL == 0 and gc.garbage == []
+        gc.unfreeze()
+        assert not any(isinstance(o, _Node) for o in gc.get_objects())  # freed, not kept
+        assert thaw_described() == (0, [])  # nothing left: one pass, nothing named
+    finally:
+        gc.unfreeze()
