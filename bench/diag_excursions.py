@@ -11,15 +11,24 @@ step and marker. Contiguous timestamps with bunched arrivals mean the daemon
 sent late; a timestamp step other than 160, or a grid move without a marker,
 would mean a grid error.
 
+With ``--stalls`` the host's stalls of the daemon's core are watched over the
+same window (``loadgen.hostspeed.watch``: a real-time thread on core 0, which
+no process can delay), and each second with an excursion says whether a
+stall ended within ``STALL_REACH_MS`` before it: an excursion that follows a
+stall of the core is the host's, one that does not is the daemon's (or the
+kernel's) to explain.
+
     python bench/diag_excursions.py [--calls 100] [--seconds 90] [--threshold-ms 10] \
-        [--daemon-option "gc_thaw_s = 60"]
+        [--daemon-option "gc_thaw_s = 60"] [--stalls]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import sys
 import tempfile
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +36,53 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loadgen.analysis import rtp_deviations_ns
-from loadgen.procs import DaemonUnderTest, TtsProcess, pin_self
+from loadgen.hostspeed import STALL_MS, watch
+from loadgen.procs import DAEMON_CORE, DaemonUnderTest, TtsProcess, pin_self
 from loadgen.rtp import RtpLoad
+
+STALL_REACH_MS = 30.0
+"""A stall ending this long before a late packet's arrival is taken as its cause: the
+frame due in it, and the ones after it in the same wake-up, leave late."""
+
+
+def _watch_into(seconds: float, out: Connection) -> None:
+    try:
+        out.send(watch(seconds, STALL_MS / 1e3, DAEMON_CORE))
+    except PermissionError:
+        out.send(None)
+    out.close()
+
+
+def episodes_of(late_ns: list[int], gap_ms: float = 50.0) -> list[tuple[int, int]]:
+    """Late packets grouped into episodes (a gap over ``gap_ms`` starts one):
+    (first packet's time in ns, packets in it)."""
+    out: list[tuple[int, int]] = []
+    last = None
+    for t in sorted(late_ns):
+        if last is None or t - last > gap_ms * 1e6:
+            out.append((t, 1))
+        else:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        last = t
+    return out
+
+
+def chance_pct(stalls: list[tuple[float, float]], seconds: float) -> float:
+    """The share of random moments a stall ended within ``STALL_REACH_MS`` before."""
+    return min(100.0, 100 * len(stalls) / seconds * STALL_REACH_MS / 1e3)
+
+
+def stalls_before(
+    excursion_ns: list[int], stalls: list[tuple[float, float]], reach_ms: float = STALL_REACH_MS
+) -> list[float | None]:
+    """For each excursion (monotonic ns), the longest stall (ms) that ended within
+    ``reach_ms`` before it or overlaps it; None if there was none."""
+    found: list[float | None] = []
+    for t_ns in excursion_ns:
+        t = t_ns / 1e9
+        near = [ms for end, ms in stalls if t - reach_ms / 1e3 <= end <= t + ms / 1e3]
+        found.append(max(near) if near else None)
+    return found
 
 
 def main() -> None:
@@ -43,7 +97,9 @@ def main() -> None:
         default=[],
         help='a [daemon] config line for this run, e.g. "gc_thaw_s = 60" (repeatable)',
     )
+    ap.add_argument("--stalls", action="store_true", help="watch the core's host stalls too")
     args = ap.parse_args()
+    stall_proc = stall_end = None
     pin_self()
     with tempfile.TemporaryDirectory() as tmp:
         tts = TtsProcess.start(Path(tmp))
@@ -53,6 +109,11 @@ def main() -> None:
             load.place(args.calls, rate_per_s=150)
             load.wait_answered(20)
             load.run_for(2)
+            if args.stalls:
+                ctx = multiprocessing.get_context("fork")
+                stall_end, child_end = ctx.Pipe(duplex=False)
+                stall_proc = ctx.Process(target=_watch_into, args=(args.seconds + 1, child_end))
+                stall_proc.start()
             load.recording = True
             load.run_for(args.seconds)
             load.recording = False
@@ -62,6 +123,10 @@ def main() -> None:
         finally:
             d.stop()
             tts.stop()
+    stalls: list[tuple[float, float]] | None = None
+    if stall_proc is not None and stall_end is not None:
+        stalls = stall_end.recv()
+        stall_proc.join(10)
     starts = [c.arrival_ns[0] for c in calls if c.arrival_ns]
     if not starts:
         print("no packets received")
@@ -69,6 +134,7 @@ def main() -> None:
     t0 = min(starts)
     limit = args.threshold_ms * 1e6
     events: list[tuple[int, int, float, list[tuple[int, float, int, int]]]] = []
+    late_ns: list[int] = []  # every late packet's arrival (monotonic ns)
     for ci, c in enumerate(calls):
         a = np.asarray(c.arrival_ns, dtype=np.int64)
         ts = np.asarray(c.rtp_ts, dtype=np.int64)
@@ -86,6 +152,7 @@ def main() -> None:
                 for k in range(max(0, i - 3), min(a.size, i + 4))
             ]
             events.append((int((kept[b] - t0) / 1e6), ci, round(float(dev[b]) / 1e6, 2), rows))
+            late_ns.append(int(kept[b]))
     events.sort()
     seconds = sorted({e[0] // 1000 for e in events})
     print(
@@ -94,6 +161,23 @@ def main() -> None:
     )
     for t, ci, dev_ms, rows in events[: args.show]:
         print(f"t={t} ms call={ci} deviation={dev_ms} ms  [t_ms, gap_ms, ts_step, marker]: {rows}")
+    if stalls is None:
+        if args.stalls:
+            print("host stalls: not watched (SCHED_FIFO needs root or CAP_SYS_NICE)")
+        return
+    in_window = [(end, ms) for end, ms in stalls if t0 / 1e9 <= end]
+    episodes = episodes_of(late_ns)
+    causes = stalls_before([first for first, _ in episodes], stalls)
+    explained = sum(1 for c in causes if c is not None)
+    print(
+        f"host stalls over {STALL_MS} ms in the window: {len(in_window)} "
+        f"(longest {max((ms for _, ms in in_window), default=0.0)} ms); episodes of late "
+        f"packets: {len(episodes)}, of which {explained} began within {STALL_REACH_MS:g} ms "
+        f"of a stall's end (by chance: about {chance_pct(in_window, args.seconds):.0f} %)"
+    )
+    for (first, n), cause in zip(episodes, causes, strict=True):
+        after = f"after a {cause} ms stall" if cause else "no stall before it"
+        print(f"  t={(first - t0) // 1_000_000} ms: {n} late packets, {after}")
 
 
 if __name__ == "__main__":

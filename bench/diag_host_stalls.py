@@ -26,25 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import time
 from pathlib import Path
 
-
-def watch(seconds: float, threshold_s: float, core: int) -> list[tuple[float, float]]:
-    """(monotonic time at the end, length in ms) of every sleep longer than the threshold."""
-    os.sched_setaffinity(0, {core})
-    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(20))
-    stalls: list[tuple[float, float]] = []
-    end = time.monotonic() + seconds
-    while True:
-        t0 = time.monotonic()
-        time.sleep(0.001)
-        t1 = time.monotonic()
-        if t1 - t0 > threshold_s:
-            stalls.append((round(t1, 4), round((t1 - t0) * 1e3, 2)))
-        if t1 > end:
-            return stalls
+from loadgen.hostspeed import watch
 
 
 def main() -> None:

@@ -21,7 +21,14 @@ whether a change or the host moved it. Each figure here is the median of
   Twilio ``media`` message's size) while another process, pinned to the
   other core, reads it: the kernel's send and, on loopback, the reader's
   receive; ``tcp_write_200_us``: the same, a message to each of 200
-  connections in turn, as the daemon's media writes go (each socket cold).
+  connections in turn, as the daemon's media writes go (each socket cold);
+* ``stalls_per_min`` and ``longest_stall_ms``: how often, over ``stall_s``
+  seconds after the workloads, the core itself did not run for more than
+  ``STALL_MS`` (``watch``: a ``SCHED_FIFO`` thread sleeping 1 ms at a time,
+  which no ordinary process can delay; the hypervisor can). ``None`` without
+  the right to real-time priority. This is what bounds pacing: the tenth
+  pass saw 3-9 such stalls a minute under load, the nineteenth 48 a minute
+  with the machine idle.
 
 ``python bench/loadgen/hostspeed.py`` prints them; ``bench_capacity.py``
 records them with every run (``host_speed``), before and after.
@@ -48,6 +55,8 @@ _CHASE_ITEMS = 16 << 20  # 4-byte items: 64 MB
 _CACHE_CHASE_ITEMS = 1 << 20  # 4 MB
 _CHASE_STEPS = 200_000
 _CONNS = 200
+STALL_MS = 2.5
+"""A 1 ms sleep that lasts longer than this is a stall of the core (``watch``)."""
 FIGURES = (
     "python_loop_ns",
     "memory_chase_ns",
@@ -151,7 +160,46 @@ def _tcp_write_us(conns: int, reader_core: int | None) -> float:
     return elapsed / (rounds * conns) / 1000
 
 
-def _measure(core: int | None, reader_core: int | None, reps: int, out: Any) -> None:
+def watch(seconds: float, threshold_s: float, core: int | None) -> list[tuple[float, float]]:
+    """(monotonic time at the end, length in ms) of every 1 ms sleep longer than the threshold.
+
+    Run at ``SCHED_FIFO`` priority pinned to ``core``: it preempts any ordinary
+    process the moment its timer fires, so only the core not running at all
+    (another guest's vCPU, the guest kernel with interrupts off) delays it.
+    This process keeps that priority: run it in a process of its own.
+    Raises ``PermissionError`` without the right to real-time priority.
+    """
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(20))
+    stalls: list[tuple[float, float]] = []
+    end = time.monotonic() + seconds
+    while True:
+        t0 = time.monotonic()
+        time.sleep(0.001)
+        t1 = time.monotonic()
+        if t1 - t0 > threshold_s:
+            stalls.append((round(t1, 4), round((t1 - t0) * 1e3, 2)))
+        if t1 > end:
+            return stalls
+
+
+def _stalls(seconds: float, core: int | None) -> dict[str, float | None]:
+    if seconds <= 0:
+        return {"stalls_per_min": None, "longest_stall_ms": None}
+    try:
+        stalls = watch(seconds, STALL_MS / 1e3, core)
+    except PermissionError:
+        return {"stalls_per_min": None, "longest_stall_ms": None}
+    return {
+        "stalls_per_min": round(len(stalls) * 60 / seconds, 1),
+        "longest_stall_ms": max((ms for _, ms in stalls), default=0.0),
+    }
+
+
+def _measure(
+    core: int | None, reader_core: int | None, reps: int, stall_s: float, out: Any
+) -> None:
     """Child: the figures, pinned to ``core``, sent back through ``out``."""
     import numpy as np
 
@@ -170,12 +218,16 @@ def _measure(core: int | None, reader_core: int | None, reps: int, out: Any) -> 
         runs["memory_gather_ns"].append(_memory_gather_ns(big, index))
         runs["tcp_write_us"].append(_tcp_write_us(1, reader_core))
         runs["tcp_write_200_us"].append(_tcp_write_us(_CONNS, reader_core))
-    out.send({key: [round(v, 3) for v in values] for key, values in runs.items()})
+    result: dict[str, Any] = {key: [round(v, 3) for v in values] for key, values in runs.items()}
+    out.send((result, _stalls(stall_s, core)))  # last: the stall watch keeps real-time priority
     out.close()
 
 
-def host_speed(core: int | None = 0, reader_core: int | None = 1, reps: int = 5) -> dict[str, Any]:
-    """The ``FIGURES`` (medians of ``reps`` runs, and the runs), measured on ``core``.
+def host_speed(
+    core: int | None = 0, reader_core: int | None = 1, reps: int = 5, stall_s: float = 10.0
+) -> dict[str, Any]:
+    """The ``FIGURES`` (medians of ``reps`` runs, and the runs), measured on ``core``,
+    then the core's stalls over ``stall_s`` seconds (0: not watched).
 
     ``None`` for a core: not pinned (a machine with one core).
     """
@@ -184,14 +236,16 @@ def host_speed(core: int | None = 0, reader_core: int | None = 1, reps: int = 5)
     reader_core = reader_core if reader_core is not None and reader_core < cpus else None
     ctx = multiprocessing.get_context("fork")
     parent, child_end = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_measure, args=(core, reader_core, reps, child_end))
+    child = ctx.Process(target=_measure, args=(core, reader_core, reps, stall_s, child_end))
     child.start()
     child_end.close()
-    runs: dict[str, list[float]] = parent.recv()
+    runs: dict[str, list[float]]
+    runs, stalls = parent.recv()
     child.join(30)
     if child.exitcode != 0:
         raise RuntimeError(f"host speed: the measuring process exited with {child.exitcode}")
     figures: dict[str, Any] = {key: statistics.median(values) for key, values in runs.items()}
+    figures.update(stalls)
     figures["runs"] = runs
     figures["core"] = core
     return figures
@@ -205,6 +259,12 @@ def describe(figures: dict[str, Any]) -> str:
         f" gather {figures['memory_gather_ns']:.1f} ns,"
         f" tcp write {figures['tcp_write_us']:.2f} µs"
         f" (200 sockets: {figures['tcp_write_200_us']:.2f})"
+        + (
+            f", stalls over {STALL_MS} ms {figures['stalls_per_min']:.0f} a minute"
+            f" (longest {figures['longest_stall_ms']:.1f} ms)"
+            if figures.get("stalls_per_min") is not None
+            else ""
+        )
     )
 
 

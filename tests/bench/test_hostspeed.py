@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from loadgen.hostspeed import FIGURES, describe, host_speed
+import pytest
+from loadgen.hostspeed import FIGURES, describe, host_speed, watch
 
 
 def test_every_figure_is_measured_once_per_run_and_summarised() -> None:
-    figures = host_speed(core=0, reader_core=1, reps=2)
+    figures = host_speed(core=0, reader_core=1, reps=2, stall_s=0.5)
     for key in FIGURES:
         runs = figures["runs"][key]
         assert len(runs) == 2
@@ -25,6 +29,37 @@ def test_every_figure_is_measured_once_per_run_and_summarised() -> None:
 
 
 def test_a_core_the_machine_lacks_is_left_unpinned() -> None:
-    figures = host_speed(core=4096, reader_core=4096, reps=1)
+    figures = host_speed(core=4096, reader_core=4096, reps=1, stall_s=0)
     assert figures["core"] is None
     assert figures["tcp_write_us"] > 0
+    assert figures["stalls_per_min"] is None  # not watched
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs root or CAP_SYS_NICE")
+def test_the_stall_watch_sees_a_core_that_did_not_run() -> None:
+    figures = host_speed(core=0, reader_core=1, reps=1, stall_s=0.5)
+    assert figures["stalls_per_min"] is not None and figures["stalls_per_min"] >= 0
+    assert "stalls over" in describe(figures)
+    # nothing can take a real-time thread's core away on demand: a 1 ms sleep that
+    # lasts 10 ms stands in for the core not running
+    done = multiprocessing.get_context("fork").Pipe(duplex=False)
+
+    def child() -> None:
+        real_sleep = time.sleep
+        calls = iter(range(1_000_000))
+
+        def sleep(s: float) -> None:
+            real_sleep(0.010 if next(calls) == 3 else s)
+
+        time.sleep = sleep
+        try:
+            done[1].send(watch(0.05, 0.0025, 0))
+        except PermissionError:
+            done[1].send(None)
+
+    proc = multiprocessing.get_context("fork").Process(target=child)
+    proc.start()
+    stalls = done[0].recv()
+    proc.join(10)
+    assert stalls is not None
+    assert any(ms >= 10 for _, ms in stalls)
