@@ -180,12 +180,14 @@ class EchoCorrelator:
         self._spill: Callable[[bytes, float], None] | None = None
         self._loud = 0  # ring frames that are not silence
         self._pushed = 0  # frames pushed, ever
-        # the history pre-emphasised, brought up to date when a frame is checked
-        self._emph = np.zeros(self._len, dtype=np.float32)
+        # the history pre-emphasised, brought up to date when a frame is checked; it and
+        # the norms (about 20 KB between them at 8 kHz) are made at the first check: a
+        # call whose caller never speaks over the bot never needs them
+        self._emph: np.ndarray | None = None
         self._emph_at = 0  # value of _pushed that _emph reflects
         self._last_sample = 0.0  # newest raw sample in _emph (pre-emphasis across frames)
         self._energies = [0.0] * n_frames  # raw energy of each ring frame (as of _emph_at)
-        self._norms = np.zeros(self._n_delays, dtype=np.float32)  # |r_d| per delay
+        self._norms: np.ndarray | None = None  # |r_d| per delay
         self._norms_at = 0
         self._ones = np.ones(f, dtype=np.float32)
         self.threshold = threshold
@@ -293,7 +295,7 @@ class EchoCorrelator:
         f = self._frame
         lo = max(0, around - self._track)
         hi = min(self._n_delays, around + self._track + 1)
-        segment = self._emph[lo : hi + f - 1]
+        segment = self._history()[lo : hi + f - 1]
         dots = np.correlate(segment, x, mode="valid")
         norms = self._window_norms(segment)
         ncc = np.abs(dots) / norms
@@ -304,8 +306,7 @@ class EchoCorrelator:
 
     def _full(self, x: np.ndarray, x_norm: float) -> float:
         """Best correlation over every delay (where an echo could be as loud as the frame)."""
-        self._sync_norms()
-        norms = self._norms
+        norms = self._sync_norms()
         # only delays where the history is loud enough for this frame to be its echo
         allowed = norms >= x_norm / self._max_gain
         where = np.flatnonzero(allowed)
@@ -314,13 +315,20 @@ class EchoCorrelator:
             return 0.0
         lo = int(where[0])
         hi = int(where[-1]) + 1
-        dots = np.correlate(self._emph[lo : hi + self._frame - 1], x, mode="valid")
+        dots = np.correlate(self._history()[lo : hi + self._frame - 1], x, mode="valid")
         ncc = np.abs(dots) / norms[lo:hi]
         if hi - lo != len(where):
             ncc *= allowed[lo:hi]  # louder than what we sent: not its echo
         best = int(np.argmax(ncc))
         self._best_delay = lo + best
         return min(1.0, float(ncc[best]) / x_norm)
+
+    def _history(self) -> np.ndarray:
+        """The pre-emphasised history (zeros until the first frame is checked)."""
+        hist = self._emph
+        if hist is None:
+            hist = self._emph = np.zeros(self._len, dtype=np.float32)
+        return hist
 
     def _sync_history(self) -> None:
         """Bring the pre-emphasised history and the frame energies up to the last push."""
@@ -331,7 +339,7 @@ class EchoCorrelator:
         ring = self._ring
         n_frames = len(ring)
         pending = min(pending, n_frames)
-        hist = self._emph
+        hist = self._history()
         m = min(pending * f, self._len)  # history samples replaced
         if m < self._len:
             hist[:-m] = hist[m:]
@@ -359,13 +367,15 @@ class EchoCorrelator:
         self._last_sample = last
         self._emph_at = self._pushed
 
-    def _sync_norms(self) -> None:
-        """Bring |r_d| (the history's norm at every delay) up to the history."""
+    def _sync_norms(self) -> np.ndarray:
+        """Bring |r_d| (the history's norm at every delay) up to the history; returns it."""
         f = self._frame
+        norms = self._norms
+        if norms is None:
+            norms = self._norms = np.zeros(self._n_delays, dtype=np.float32)
         shift = (self._emph_at - self._norms_at) * f
         if shift == 0:
-            return
-        norms = self._norms
+            return norms
         n = self._n_delays
         if shift >= n:
             new_from = 0
@@ -373,13 +383,15 @@ class EchoCorrelator:
             norms[:-shift] = norms[shift:]
             new_from = n - shift
         # the windows of the delays new_from.. cover the history from new_from on
+        hist = self._history()
         if n - new_from <= 2 * f:  # a frame or two pushed since: a short sliding sum
-            norms[new_from:] = self._window_norms(self._emph[new_from:])
+            norms[new_from:] = self._window_norms(hist[new_from:])
         else:
-            segment = self._emph[new_from:].astype(np.float64)
+            segment = hist[new_from:].astype(np.float64)
             sq = np.concatenate(([0.0], np.cumsum(segment * segment)))
             norms[new_from:] = np.sqrt(np.maximum(sq[f:] - sq[:-f], 1e-9))
         self._norms_at = self._emph_at
+        return norms
 
     def _window_norms(self, segment: np.ndarray) -> np.ndarray:
         """|r_d| for every ``frame_samples`` window of a short ``segment`` (a sliding

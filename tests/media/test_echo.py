@@ -178,6 +178,25 @@ def test_every_decision_is_the_full_searchs_whatever_frames_are_checked() -> Non
         assert checked >= len(out) // every
 
 
+def test_the_history_is_made_at_the_first_check_and_decides_as_if_it_always_was() -> None:
+    # A call whose caller never speaks over the bot never checks a frame: its
+    # correlator holds no history arrays (about 20 KB a call). The first check,
+    # however late, decides as the definition does.
+    out, inn = mixed_call()
+    corr = EchoCorrelator()
+    sent: list[np.ndarray] = []
+    first = 100  # 2 s of the bot's audio pushed before anything is checked
+    for k, (o, i) in enumerate(zip(out, inn, strict=False)):
+        corr.push_outbound(o)
+        sent.append(np.zeros(FRAME) if o is None else np.frombuffer(o, "<i2"))
+        if k < first:
+            assert corr._emph is None and corr._norms is None
+            continue
+        ref = reference_likelihood(np.concatenate(sent), i)
+        assert corr.is_echo(i) == (ref >= 0.7), (k, ref)
+    assert corr._emph is not None
+
+
 def test_a_not_echo_score_is_the_best_over_every_delay() -> None:
     out, inn = mixed_call()
     corr = EchoCorrelator()
