@@ -13,8 +13,9 @@ would mean a grid error.
 
 With ``--stalls`` the host's stalls of the daemon's core are watched over the
 same window (``loadgen.hostspeed.watch``: a real-time thread on core 0, which
-no process can delay), and each second with an excursion says whether a
-stall ended within ``STALL_REACH_MS`` before it: an excursion that follows a
+no process can delay), late packets are grouped into episodes (``episodes_of``)
+and each episode says whether a stall ended within ``STALL_REACH_MS`` before
+it: an excursion that follows a
 stall of the core is the host's, one that does not is the daemon's (or the
 kernel's) to explain.
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from bridge import native
+from bridge.io.gcpolicy import collect_named
 
 
 def pytest_report_header() -> str:
@@ -44,14 +45,7 @@ def no_cyclic_gc() -> Iterator[None]:
 
 
 def _collect_garbage() -> list[str]:
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-        return sorted(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage)
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.collect()  # what was saved is still in its cycles: free it now, not next time
+    return sorted(collect_named())
 
 
 @pytest.fixture

@@ -55,6 +55,7 @@ __all__ = [
     "GcPolicy",
     "GcStep",
     "apply",
+    "collect_named",
     "thaw_described",
 ]
 
@@ -133,24 +134,34 @@ def apply(step: GcStep | None) -> int:
     return 0
 
 
-def thaw_described() -> tuple[int, list[tuple[str, int]]]:
-    """A thaw that also says what it found: (unreachable objects, the commonest types).
+def collect_named() -> list[str]:
+    """A full collection that names what it found: the unreachable objects' types
+    (``module.qualname``, one entry per object), then frees them.
 
-    Types are ``module.qualname`` with their counts, most common first (at most
-    ``DESCRIBED_TYPES``). The garbage is kept by the first pass to be counted
+    The garbage is kept by the first pass (``gc.DEBUG_SAVEALL``) to be named
     and freed by a second, which runs only when there was some; the objects'
     finalizers and weak reference callbacks run in the first pass, as in a
     plain collection.
     """
-    gc.unfreeze()
     gc.set_debug(gc.get_debug() | gc.DEBUG_SAVEALL)
     try:
-        found = gc.collect()
-        kinds = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage)
+        gc.collect()
+        names = [f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage]
     finally:
         gc.set_debug(gc.get_debug() & ~gc.DEBUG_SAVEALL)
         gc.garbage.clear()
-    if found:
+    if names:
         gc.collect()  # what was kept is still in its cycles: free it now
+    return names
+
+
+def thaw_described() -> tuple[int, list[tuple[str, int]]]:
+    """A thaw that also says what it found: (unreachable objects, the commonest types).
+
+    Types are ``module.qualname`` with their counts, most common first (at most
+    ``DESCRIBED_TYPES``); see ``collect_named``.
+    """
+    gc.unfreeze()
+    names = collect_named()
     gc.freeze()
-    return found, kinds.most_common(DESCRIBED_TYPES)
+    return len(names), Counter(names).most_common(DESCRIBED_TYPES)
