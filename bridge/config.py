@@ -150,6 +150,11 @@ class ProviderConfig:
     not the default: a connection per call in progress costs memory (bench_memory)."""
     flow_control_ahead_s: float = 0.0
     """Stop reading a connection while every turn on it is this far ahead of playout (0: off)."""
+    text_ahead_s: float = 3.0
+    """Send a turn's text a sentence at a time, this far ahead of playout (0: all at once).
+
+    0 by default for Kletso and for Coda with ``input_mode = "complete"``, which speak
+    nothing until a turn's text is complete."""
     close_idle_after_s: float = 60.0
     """Close a connection that has held no turn this long, keeping a spare (0: never)."""
 
@@ -619,6 +624,11 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _speaks_whole_text(protocol: str, t: dict[str, Any]) -> bool:
+    """Whether the provider speaks a turn only once all its text is in (no pacing then)."""
+    return protocol == "kletso" or (protocol == "coda" and t.get("input_mode") == "complete")
+
+
 def _read_providers(r: _Reader, d: dict[str, Any]) -> tuple[ProviderConfig, ...]:
     out = []
     for name, t in d.items():
@@ -643,6 +653,7 @@ def _read_providers(r: _Reader, d: dict[str, Any]) -> tuple[ProviderConfig, ...]
         known = {
             *("protocol", "url", "api_key", "voice", "model", "engine"),
             *("turns_per_connection", "flow_control_ahead_s", "close_idle_after_s"),
+            "text_ahead_s",
         }
         options: list[tuple[str, str | int | float | bool]] = []
         for k, v in t.items():
@@ -666,6 +677,14 @@ def _read_providers(r: _Reader, d: dict[str, Any]) -> tuple[ProviderConfig, ...]
                 turns_per_connection=r.int_(t, "turns_per_connection", p, 0, 0, 1024),
                 flow_control_ahead_s=r.num(t, "flow_control_ahead_s", p, 0.0, 0.0, 600.0),
                 close_idle_after_s=r.num(t, "close_idle_after_s", p, 60.0, 0.0, 86400.0),
+                text_ahead_s=r.num(
+                    t,
+                    "text_ahead_s",
+                    p,
+                    0.0 if _speaks_whole_text(protocol, t) else 3.0,
+                    0.0,
+                    600.0,
+                ),
             )
         )
     return tuple(out)

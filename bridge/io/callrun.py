@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import websockets
 
-from bridge.config import RouteConfig
+from bridge.config import Config, RouteConfig
 from bridge.control import commands as cmd
 from bridge.control.app import AppLost, AppSession
 from bridge.control.flow import FlowRunner, fallback_runner
@@ -119,6 +119,20 @@ def bargein_policy(daemon: Daemon) -> BargeInPolicy:
     )
 
 
+def text_pacing(config: Config, route: RouteConfig) -> dict[str, Any]:
+    """``CallOptions`` text pacing from the providers' ``text_ahead_s``: the route's first
+    provider for a ``Say`` naming none, each provider's own for one naming it; cacheable
+    turns are paced too when the prompt cache holds nothing."""
+    ahead = {p.name: p.text_ahead_s for p in config.providers}
+    out: dict[str, Any] = {
+        "provider_text_ahead_s": tuple(ahead.items()),
+        "cache_prompts": config.daemon.prompt_cache_bytes > 0,
+    }
+    if route.provider and route.provider[0] in ahead:
+        out["text_ahead_s"] = ahead[route.provider[0]]
+    return out
+
+
 @dataclass
 class _PendingPrompt:
     """A cacheable turn: its text is collected until ``EndTurn``, then spoken whole."""
@@ -145,6 +159,7 @@ class CallRunner:
         "app_ws",
         "armed",
         "bridge",
+        "bridge_timer",
         "call_id",
         "carrier_ahead",
         "clock",
@@ -210,10 +225,13 @@ class CallRunner:
             options=CallOptions(
                 default_voice=route.voice,
                 vad_aggressiveness=self.config.bargein.vad_aggressiveness,
+                **text_pacing(self.config, route),
             ),
         )
         self.source: FlowRunner | None = None
         self.source_timer: asyncio.TimerHandle | None = None
+        self.bridge_timer: asyncio.TimerHandle | None = None
+        """The bridge's own timer (``next_deadline``: held turn text, the agent's reports)."""
         self.app: AppSession | None = None
         self.app_ws: Any = None
         self.app_task: asyncio.Task[None] | None = None
@@ -439,7 +457,7 @@ class CallRunner:
             self._fail()
 
     def _open_turn(self, a: OpenTurn) -> None:
-        if a.cacheable:
+        if a.cacheable and self.runtime.cache.max_bytes > 0:  # (no cache: a turn as any)
             self.pending_prompts[a.turn_id] = _PendingPrompt(a.settings, a.provider)
             return
         if self.agent is not None and self.bridge.agent_active:
@@ -573,6 +591,9 @@ class CallRunner:
                 self.pump_unfinished = False
                 break
         self._arm_source_timer()
+        self.bridge_timer = self._rearm(
+            self.bridge_timer, self.bridge.next_deadline(), self._on_bridge_timer
+        )
 
     def _do(self, a: object) -> None:
         if isinstance(a, OpenTurn):
@@ -678,6 +699,11 @@ class CallRunner:
         self.armed[callback] = deadline
         return self.loop.call_at(deadline, callback)
 
+    def _on_bridge_timer(self) -> None:
+        self.bridge_timer = None
+        self.armed.pop(self._on_bridge_timer, None)
+        self._guard(self.bridge.handle_timer)
+
     def _on_source_timer(self) -> None:
         self.source_timer = None
         self.armed.pop(self._on_source_timer, None)
@@ -699,6 +725,8 @@ class CallRunner:
         self.daemon.ticker.remove(self.call_id)
         if self.source_timer is not None:
             self.source_timer.cancel()
+        if self.bridge_timer is not None:
+            self.bridge_timer.cancel()
         for speaker in self.speakers.values():
             for turn_id in list(speaker.turns):
                 speaker.cancel(turn_id)
@@ -750,6 +778,7 @@ class CallRunner:
             dry_covered=self.dry_covered,
             provider_errors=s.provider_errors,
             frames_sent=s.frames_sent,
+            text_unsent_chars=s.text_chars_unsent,
             late_wakeups=clock.late_wakeups,
             cdr=True,
         )

@@ -49,22 +49,25 @@ speech frame), ``TurnBegan``, ``TurnFinished``, ``TurnInterrupted``,
 Turns. A ``Say`` for a new turn id opens a turn: it is queued in the
 ``PlayoutQueue`` at once (behind the current turns, or replacing them) and
 ``OpenTurn`` + ``SendTurnText`` (+ ``EndTurn`` when ``final``) go to the
-Speaker. The settings ask for the leg's own format (mu-law/A-law at 8 kHz on
-G.711 legs) so a provider that honours it is passed through untouched; audio
-in any other format is transcoded. A turn's first chunk is transcoded and
-cut into 20 ms frames at once (added latency); later chunks are kept as they
-came and transcoded on demand (``_feed``): when audio arrives, and after
-each tick once its frame has left (``feed``, when ``feed_due``: the shell
-calls it, so the work does not delay other calls' frames), pieces of
-``decode_piece_ms`` are transcoded until ``decode_ahead_frames`` frames are
-ready along the playing order; a tick or ``frame_ready`` finding the head
-turn with no frame at all transcodes at once. A
-provider that sends a turn faster than real time therefore costs no loop
-time at arrival, and the call holds its compact audio, not frames; beyond
-``max_undecoded_ms`` per turn the oldest is transcoded at arrival. The
-output is the same however the work is split (streaming resampler, frame
-cutter). ``TurnDone`` flushes the framer (last frame padded with silence)
-once the pending audio is transcoded and ends the turn. A turn about to run
+Speaker. The text goes a sentence at a time, ``text_ahead_s`` ahead of playout
+(``bridge.media.text_pacing``; ``next_deadline``/``handle_timer`` release it),
+so a long turn is not held whole as audio and text cut by a barge-in is never
+sent; a cacheable turn, or ``text_ahead_s = 0``, sends it as it comes. The
+settings ask for the leg's own format (mu-law/A-law at 8 kHz on G.711 legs) so
+a provider that honours it is passed through untouched; audio in any other
+format is transcoded. A turn's first chunk is transcoded and cut into 20 ms
+frames at once (added latency); later chunks are kept as they came and
+transcoded on demand (``_feed``): when audio arrives, and after each tick once
+its frame has left (``feed``, when ``feed_due``: the shell calls it, so the
+work does not delay other calls' frames), pieces of ``decode_piece_ms`` are
+transcoded until ``decode_ahead_frames`` frames are ready along the playing
+order; a tick or ``frame_ready`` finding the head turn with no frame at all
+transcodes at once. A provider that sends a turn faster than real time
+therefore costs no loop time at arrival, and the call holds its compact audio,
+not frames; beyond ``max_undecoded_ms`` per turn the oldest is transcoded at
+arrival. The output is the same however the work is split (streaming
+resampler, frame cutter). ``TurnDone`` flushes the framer (last frame padded
+with silence) once the pending audio is transcoded and ends the turn. A turn about to run
 dry while its audio is inside the resampler (soxr releases output in
 blocks) gets it at once (``_release_head``). ``TurnFailed`` (or a
 ``ProviderFailed`` naming the turn) emits ``ProviderErrored`` and ends the
@@ -176,6 +179,7 @@ from bridge.media.playout import (
     TurnPlaybackStarted,
     TurnPlayed,
 )
+from bridge.media.text_pacing import TextPacer
 from bridge.media.vad import Vad
 from bridge.tts.base import (
     AudioFormat,
@@ -255,6 +259,9 @@ class CallBridge:
         "_options",
         "_provider_errors",
         "_started_s",
+        "_text_due_s",
+        "_text_turns",
+        "_text_unsent",
         "_timings",
         "_ttfa_s",
         "_turn_count",
@@ -353,6 +360,14 @@ class CallBridge:
         self._decode_ahead = self._options.decode_ahead_frames
         self._armed = False
         """What the detector was last told by ``set_bot_speaking`` (told again on a change only)."""
+        self._text_turns: dict[str, CallTurn] = {}
+        """Turns holding text not sent to the provider yet (``TextPacer``)."""
+        self._text_due_s: float | None = None
+        """When the held text is next looked at (``_release_text``)."""
+        self._text_unsent = 0
+        ahead = dict(self._options.provider_text_ahead_s)
+        if any(v < 0 for v in ahead.values()) or self._options.text_ahead_s < 0:
+            raise ValueError("text_ahead_s must be >= 0")
 
     # ------------------------------------------------------------ outbox
 
@@ -391,8 +406,13 @@ class CallBridge:
         return self._playout.stats().queued_frames
 
     def next_deadline(self) -> float | None:
-        """When ``handle_timer`` is due (the agent's played-position report), if ever."""
-        return self._agent_played_at
+        """When ``handle_timer`` is due (the agent's played-position report, held turn
+        text to look at), if ever. ``tick`` runs the agent's timer too, not the text's:
+        the shell arms a timer for this."""
+        agent, text = self._agent_played_at, self._text_due_s
+        if agent is None or (text is not None and text < agent):
+            return text
+        return agent
 
     def stats(self) -> CallStats:
         """A snapshot of the counters (metrics and the end-of-call summary)."""
@@ -413,6 +433,7 @@ class CallBridge:
             provider_errors=self._provider_errors,
             frames_sent=self._frames_sent,
             bad_inbound_frames=self._bad_inbound,
+            text_chars_unsent=self._text_unsent,
         )
 
     # ------------------------------------------------------------ leg input
@@ -555,7 +576,7 @@ class CallBridge:
         return payload
 
     def handle_timer(self, now: float) -> None:
-        """Run the timers due at ``now`` (``tick`` does this too)."""
+        """Run the timers due at ``now`` (``tick`` runs the agent's too, not the text's)."""
         if not self._ended:
             self._run_timers(now)
 
@@ -686,10 +707,17 @@ class CallBridge:
         elif not turn.text_open:
             self._reject(say, say.turn_id, "turn_closed")
             return
+        if say.final:
+            turn.text_open = False
+        pacer = turn.pacer
+        if pacer is not None:
+            pacer.add(say.text, say.final)
+            self._pace(turn, now)
+            self._text_due_s = self._next_text_check(now)
+            return
         if say.text:
             self._actions.append(SendTurnText(turn.turn_id, say.text))
         if say.final:
-            turn.text_open = False
             self._actions.append(EndTurn(turn.turn_id))
 
     def _open_turn(self, say: cmd.Say, now: float) -> CallTurn | None:
@@ -711,12 +739,66 @@ class CallBridge:
         if stops:
             self._stop(stops, "replaced", now)
         turn = CallTurn(say.turn_id, say.provider or "", say.interruptible, False, now)
+        ahead = self._text_ahead(say.provider)
+        if ahead > 0 and not (say.cacheable and self._options.cache_prompts):
+            turn.pacer = TextPacer(ahead)  # (a prompt to cache is spoken whole)
         self._register(turn)
         settings = TurnSettings(
             voice=say.voice or self._options.default_voice, audio_format=self._leg_format()
         )
         self._actions.append(OpenTurn(turn.turn_id, settings, say.provider, say.cacheable))
         return turn
+
+    def _text_ahead(self, provider: str | None) -> float:
+        if provider:
+            for name, ahead in self._options.provider_text_ahead_s:
+                if name == provider:
+                    return ahead
+        return self._options.text_ahead_s
+
+    # ------------------------------------------------------------ text pacing
+
+    def _pace(self, turn: CallTurn, now: float) -> None:
+        """Send the turn's held text that is due (and its end once all has gone)."""
+        pacer = turn.pacer
+        if pacer is None:
+            return
+        played = self._positions(turn)[0] / self._leg.sample_rate_hz
+        for piece in pacer.release(now, turn.received_s, played):
+            self._actions.append(SendTurnText(turn.turn_id, piece))
+        if pacer.take_end():
+            self._actions.append(EndTurn(turn.turn_id))
+            self._drop_text(turn)
+        elif pacer.held_chars:
+            self._text_turns[turn.turn_id] = turn
+        else:  # all sent so far; the pacer stays for the text still to come
+            self._text_turns.pop(turn.turn_id, None)
+
+    def _next_text_check(self, now: float) -> float | None:
+        due: float | None = None
+        for turn in self._text_turns.values():
+            pacer = turn.pacer
+            if pacer is None:
+                continue
+            played = self._positions(turn)[0] / self._leg.sample_rate_hz
+            at = pacer.next_check(now, turn.received_s, played, turn.phase is SOUNDING)
+            if at is not None and (due is None or at < due):
+                due = at
+        return due
+
+    def _release_text(self, now: float) -> None:
+        for turn in list(self._text_turns.values()):
+            self._pace(turn, now)
+        self._text_due_s = self._next_text_check(now)
+
+    def _drop_text(self, turn: CallTurn) -> None:
+        """The turn's held text will never be sent (the turn is over)."""
+        if turn.pacer is not None:
+            self._text_unsent += turn.pacer.held_chars
+            turn.pacer = None
+            self._text_turns.pop(turn.turn_id, None)
+            if not self._text_turns:
+                self._text_due_s = None
 
     def _cancel(self, turn_id: str, now: float) -> None:
         turn = self._turns.get(turn_id)
@@ -1107,6 +1189,7 @@ class CallBridge:
         if not turn.audio_open:
             return
         turn.audio_open = turn.text_open = False
+        self._drop_text(turn)
         if turn.pending:
             turn.audio_ending = True  # ended by ``_feed`` once the pending audio is transcoded
             return
@@ -1170,6 +1253,7 @@ class CallBridge:
     # ------------------------------------------------------------ reporting
 
     def _report(self, turn: CallTurn, heard_samples: int) -> None:
+        self._drop_text(turn)
         heard_ms = self._ms(heard_samples)
         if turn.end_reason is None:
             text = " ".join(w.word for w in turn.words)
@@ -1251,6 +1335,9 @@ class CallBridge:
     # ------------------------------------------------------------ timers
 
     def _run_timers(self, now: float) -> None:
+        text_due = self._text_due_s
+        if text_due is not None and now >= text_due:
+            self._release_text(now)
         due = self._agent_played_at
         if due is None or now < due:
             return

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from bridge.media.call_audio import Framer
+from bridge.media.text_pacing import TextPacer
 from bridge.tts.base import AudioFormat, WordTiming
 
 __all__ = [
@@ -71,6 +72,8 @@ class CallTurn:
     """The voice agent's item id (Kletso ``itemId``), ``""`` if none."""
     text_open: bool = True
     """More ``Say`` text is accepted."""
+    pacer: TextPacer | None = None
+    """The turn's text not sent to the provider yet (``None``: sent as it comes)."""
     audio_open: bool = True
     """Provider audio is accepted (not done, failed, cut or truncated)."""
     framer: Framer | None = None

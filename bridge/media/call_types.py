@@ -134,6 +134,15 @@ class CallOptions:
     CPU. Why is only partly traced: not soxr's buffers, which grow with the
     piece (the 40-60 MB of RSS 1 s pieces add). 250 ms paced no better than 500
     and cost another 6 %."""
+    text_ahead_s: float = 3.0
+    """A turn's text goes to the provider a sentence at a time, this far ahead of playout
+    (``bridge.media.text_pacing``); 0 sends it as it comes. Turns of a provider named in
+    ``provider_text_ahead_s`` use that provider's figure."""
+    provider_text_ahead_s: tuple[tuple[str, float], ...] = ()
+    """(provider name, ``text_ahead_s``) for ``Say`` commands that name a provider."""
+    cache_prompts: bool = True
+    """Cacheable turns are spoken whole, to be cached (not paced). ``False`` (the daemon's
+    prompt cache holds nothing): they are turns like any other."""
     max_undecoded_ms: int = 20_000
     """Provider audio one turn may hold untranscoded (by duration); beyond it the oldest
     is transcoded at arrival. 0 transcodes everything at arrival (no look-ahead)."""
@@ -317,3 +326,6 @@ class CallStats:
     frames_sent: int
     bad_inbound_frames: int
     """Caller frames of the wrong size (not analysed)."""
+    text_chars_unsent: int = 0
+    """Characters of turn text never sent to a provider: held by text pacing when the
+    turn was cut (barge-in, cancel, hang-up) or its provider ended it."""

@@ -114,8 +114,14 @@ class Harness:
         self.provide(TurnDone(turn_id), now)
 
     def tick(self, n: int) -> bytes | None:
-        """One tick as the shell runs it: the frame, then the look-ahead (``feed``)."""
+        """One tick as the shell runs it: the frame, then the look-ahead (``feed``).
+
+        The bridge's timer (``next_deadline``), which the shell arms on the loop, runs
+        after the frame when it fell due by this tick."""
         frame = self.call.tick(at(n))
+        deadline = self.call.next_deadline()
+        if deadline is not None and deadline <= at(n):
+            self.call.handle_timer(at(n))
         if self.call.feed_due():
             self.call.feed(at(n))
         self.drain()

@@ -164,3 +164,20 @@ def test_provider_connection_settings_default_off_and_are_checked_by_name() -> N
         "providers.p.flow_control_ahead_s: -1 is out of range [0.0, 600.0]",
         "providers.p.close_idle_after_s: -5 is out of range [0.0, 86400.0]",
     ]
+
+
+def test_text_pacing_is_on_by_default_but_for_providers_that_speak_whole_turns() -> None:
+    assert parse_config(MINIMAL, env={}).provider("p").text_ahead_s == 3.0
+    text = MINIMAL.replace('api_key = "sk-inline-secret"', "text_ahead_s = 1.5")
+    assert parse_config(text, env={}).provider("p").text_ahead_s == 1.5
+    kletso = MINIMAL.replace('protocol = "kova"', 'protocol = "kletso"')
+    assert parse_config(kletso, env={}).provider("p").text_ahead_s == 0.0
+    coda = MINIMAL.replace('protocol = "kova"', 'protocol = "coda"')
+    assert parse_config(coda, env={}).provider("p").text_ahead_s == 3.0
+    complete = coda.replace('api_key = "sk-inline-secret"', 'input_mode = "complete"')
+    p = parse_config(complete, env={}).provider("p")
+    assert p.text_ahead_s == 0.0 and p.options == (("input_mode", "complete"),)
+    bad = MINIMAL.replace('api_key = "sk-inline-secret"', "text_ahead_s = -2")
+    with pytest.raises(ConfigError) as info:
+        parse_config(bad, env={})
+    assert info.value.errors == ["providers.p.text_ahead_s: -2 is out of range [0.0, 600.0]"]

@@ -67,6 +67,7 @@ protocol = "{protocol}"
 url = "{url}"
 api_key = "k"
 voice = "tone"
+{kw.get("provider_extra", "")}
 
 {extra}
 """
