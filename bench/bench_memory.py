@@ -4,10 +4,14 @@ Against ``callbridge serve`` (uvloop, core 0) over SIP/RTP:
 
 1. RSS per active call: RSS with N calls up (route ``talk``: continuous TTS
    and inbound audio, 2 s settled) minus RSS idle after a warm-up, over N.
-   The provider sends a turn faster than real time and the call holds the
-   rest of it as the provider's audio (mu-law here; transcoded to frames
-   only a few ticks ahead), so this includes most of one turn's audio.
-   The calls stay up ``TASKS_REFRESH_S`` more for the task count.
+   The provider sends a turn faster than real time and the call holds what
+   it has of the turn as the provider's audio (mu-law here; transcoded to
+   frames only a few ticks ahead). The turn's text (six sentences, ~15 s)
+   goes to the provider a sentence at a time, ``text_ahead_s`` (3 s, the
+   default) ahead of playout, so a call holds a few seconds of it; the
+   baseline in the same run is a daemon with ``text_ahead_s = 0`` (the text
+   sent whole, the call holding most of the turn), measured first, on its
+   own daemon. The calls stay up ``TASKS_REFRESH_S`` more for the task count.
 2. Growth per completed call: short calls (greeting, hung up once answered)
    in batches of 50. A completed call's SIP transactions stay in memory for
    64 x T1 = 32 s after it ends (Timers J and L, RFC 3261 / RFC 6026), so
@@ -154,6 +158,31 @@ def idle_state(d: DaemonUnderTest) -> dict[str, int]:
     }
 
 
+def active_calls(d: DaemonUnderTest, n: int) -> dict[str, Any]:
+    """RSS per active call with ``n`` ``talk`` calls up (after a warm-up churn)."""
+    churn(d, 100)
+    before = idle_state(d)
+    load = RtpLoad(("127.0.0.1", d.sip_port), route="talk")
+    load.place(n, rate_per_s=150)
+    answered = load.wait_answered(20)
+    load.run_for(2.0)
+    rss_active = d.rss_bytes()
+    load.run_for(TASKS_REFRESH_S)
+    tasks_active = tasks(d)
+    load.hangup_all(settle_s=1.5)
+    load.close()
+    per_call = (rss_active - before["rss_bytes"]) / max(1, answered)
+    return {
+        "calls": answered,
+        "rss_idle_mb": round(before["rss_bytes"] / 1e6, 2),
+        "rss_active_mb": round(rss_active / 1e6, 2),
+        "rss_per_active_call_kb": round(per_call / 1024, 1),
+        "tasks_active": tasks_active,
+        "pacing_deviation_observations": pacing_observations(d),
+        "idle_before": before,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -165,32 +194,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         wd = Path(tmp)
         tts = TtsProcess.start(wd)
+        (wd / "whole").mkdir()
+        whole = DaemonUnderTest.start(wd / "whole", tts.port, provider_extra="text_ahead_s = 0\n")
+        try:
+            figures["active_text_whole"] = active_calls(whole, active_n)
+        finally:
+            whole.stop()
+        baseline_kb = figures["active_text_whole"]["rss_per_active_call_kb"]
+        print(f"RSS per active call, text sent whole (baseline): {baseline_kb:.1f} KB")
         d = DaemonUnderTest.start(wd, tts.port)
         try:
-            churn(d, 100)
-            before = idle_state(d)
-            load = RtpLoad(("127.0.0.1", d.sip_port), route="talk")
-            load.place(active_n, rate_per_s=150)
-            answered = load.wait_answered(20)
-            load.run_for(2.0)
-            rss_active = d.rss_bytes()
-            load.run_for(TASKS_REFRESH_S)
-            tasks_active = tasks(d)
-            load.hangup_all(settle_s=1.5)
-            load.close()
-            per_call = (rss_active - before["rss_bytes"]) / max(1, answered)
-            figures["active"] = {
-                "calls": answered,
-                "rss_idle_mb": round(before["rss_bytes"] / 1e6, 2),
-                "rss_active_mb": round(rss_active / 1e6, 2),
-                "rss_per_active_call_kb": round(per_call / 1024, 1),
-                "tasks_active": tasks_active,
-                "pacing_deviation_observations": pacing_observations(d),
-            }
-            print(f"RSS per active call: {per_call / 1024:.1f} KB ({answered} calls)")
+            active = figures["active"] = active_calls(d, active_n)
+            before = active.pop("idle_before")
+            figures["active_text_whole"].pop("idle_before")
+            per_call_kb = active["rss_per_active_call_kb"]
+            answered = active["calls"]
+            figures["active_ratio_whole_vs_paced"] = round(baseline_kb / per_call_kb, 2)
+            print(f"RSS per active call: {per_call_kb:.1f} KB ({answered} calls; text paced)")
             print(
-                f"tasks with {answered} calls up: {tasks_active}; pacing deviations observed:"
-                f" {figures['active']['pacing_deviation_observations']}"
+                f"tasks with {answered} calls up: {active['tasks_active']}; pacing deviations"
+                f" observed: {active['pacing_deviation_observations']}"
             )
             t_warm = time.monotonic()
             warm_calls = churn(d, total)  # the measured churn's twin: the same peak

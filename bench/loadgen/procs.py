@@ -37,7 +37,10 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 _PANGRAM = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing"
-TALK_TEXT = " ".join([_PANGRAM] * 6)  # about 15 s of tone audio per turn
+TALK_TEXT = " ".join([_PANGRAM.capitalize() + "."] * 6)
+"""About 15 s of tone audio per turn, in six sentences (so the daemon's text pacing can send
+it a sentence at a time, as it does a real turn; through the nineteenth pass the bench's turn
+was one 509-character sentence, which a provider only speaks whole)."""
 
 
 SOURCE_TREE_ENV = "BENCH_SOURCE_TREE"
