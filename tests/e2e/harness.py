@@ -73,6 +73,17 @@ voice = "tone"
 """
 
 
+def app_route(url: str, extra: str = "") -> str:
+    """A catch-all route whose calls are driven by the application at ``url``."""
+    return f"""
+[[routes]]
+match = "*"
+provider = "main"
+app = "{url}"
+{extra}
+"""
+
+
 @dataclass
 class Stack:
     tts: TtsServer

@@ -20,7 +20,15 @@ import websockets
 
 from bridge.streams.auth import twilio_signature
 
-from .harness import FACTOR, AppServer, TwilioCall, speech_mulaw, stack, tone_turn_ms
+from .harness import (
+    FACTOR,
+    AppServer,
+    TwilioCall,
+    app_route,
+    speech_mulaw,
+    stack,
+    tone_turn_ms,
+)
 
 GREETING = "Hello and welcome to the bridge test."
 GREETING_ROUTE = f"""
@@ -28,16 +36,6 @@ GREETING_ROUTE = f"""
 match = "*"
 provider = "main"
 greeting = "{GREETING}"
-"""
-
-
-def app_route(url: str, extra: str = "") -> str:
-    return f"""
-[[routes]]
-match = "*"
-provider = "main"
-app = "{url}"
-{extra}
 """
 
 

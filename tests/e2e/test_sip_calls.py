@@ -16,18 +16,17 @@ from bridge.control.report import build_report
 from bridge.io.caller import CallerOptions, SpeakClip, place_call
 from telcodec import g711
 
-from .harness import FACTOR, AppServer, free_port, speech_mulaw, stack, tone_turn_ms
+from .harness import (
+    FACTOR,
+    AppServer,
+    app_route,
+    free_port,
+    speech_mulaw,
+    stack,
+    tone_turn_ms,
+)
 
 LONG = " ".join(f"word{i}" for i in range(60)) + "."
-
-
-def app_route(url: str) -> str:
-    return f"""
-[[routes]]
-match = "*"
-provider = "main"
-app = "{url}"
-"""
 
 
 def run(coro: object) -> None:

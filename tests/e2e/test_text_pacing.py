@@ -16,20 +16,11 @@ import pytest
 
 from bridge.io import tts_client
 
-from .harness import FACTOR, AppServer, TwilioCall, stack, tone_turn_ms
+from .harness import FACTOR, AppServer, TwilioCall, app_route, stack, tone_turn_ms
 
 SENTENCES = [f"Sentence {word} has five words. " for word in ("one", "two", "three", "four")]
 TEXT = "".join(SENTENCES)
 PROVIDER_AHEAD = "text_ahead_s = 0.5"
-
-
-def app_route(url: str) -> str:
-    return f"""
-[[routes]]
-match = "*"
-provider = "main"
-app = "{url}"
-"""
 
 
 @pytest.mark.parametrize("protocol", ["kova", "kugelaudio", "coda", "zwst"])
