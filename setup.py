@@ -51,6 +51,7 @@ def ext_modules() -> list[object]:
     from mypyc.build import mypycify
 
     os.chdir(HERE)  # mypyc names the modules by their paths from here
+    _native().write_manifest(HERE)  # what is compiled below, as it is read now
     return [
         *c_extensions(),
         *mypycify(

@@ -6,13 +6,18 @@ package is built (``setup.py``; docs/native.md). Python imports an extension
 module in preference to the ``.py`` file beside it, so in a source tree
 (``pip install -e .``, ``make``) an edit to one of these files does nothing
 until the next build: ``stale()`` names them, the daemon logs them at start
-and the test suite refuses to run on them. This module itself stays pure
-Python (``setup.py`` reads the list below from it).
+and the test suite refuses to run on them. A build records what it compiled
+(``MANIFEST``: each source's SHA-256 when mypyc read it), so a source edited
+while a build runs is stale too, though its extension module ends up newer
+than it. This module itself stays pure Python (``setup.py`` reads the list
+below from it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
+import json
 from pathlib import Path
 
 __all__ = [
@@ -24,6 +29,7 @@ __all__ = [
     "main",
     "native_sources",
     "stale",
+    "write_manifest",
 ]
 
 NATIVE_PACKAGES = ("bridge/media", "bridge/rtp", "bridge/streams", "codecs/telcodec")
@@ -53,6 +59,9 @@ the RTP socket's per-packet calls, with a Python fallback in ``bridge/io/rtpsock
 
 ROOT = Path(__file__).resolve().parent.parent
 """The directory that holds the ``bridge`` package."""
+
+MANIFEST = "build/native_sources.json"
+"""Where a build in a source tree records the SHA-256 of each source it compiled."""
 
 
 def native_sources(root: Path = ROOT) -> list[str]:
@@ -85,20 +94,44 @@ def compiled(root: Path = ROOT) -> list[str]:
     return [s for s in _all_sources(root) if _extension(root / s) is not None]
 
 
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_manifest(root: Path = ROOT) -> None:
+    """Record each source's SHA-256 as the build reads it (``setup.py``, before compiling)."""
+    path = root / MANIFEST
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digests = {s: _digest(root / s) for s in _all_sources(root)}
+    path.write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+
+
+def _manifest(root: Path) -> dict[str, str] | None:
+    try:
+        data = json.loads((root / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def stale(root: Path = ROOT) -> list[str]:
-    """Sources whose extension module is missing or older than the source.
+    """Sources whose extension module is missing, older than the source, or built from
+    other content than the source has now (the build's ``MANIFEST``, where there is one).
 
     Empty when nothing is compiled (a pure-Python install: nothing shadows
-    the sources) or when every compiled module was built after its source.
+    the sources) or when every compiled module was built from its source as it is.
     """
     sources = _all_sources(root)
     built = {s: _extension(root / s) for s in sources}
     if not any(built.values()):
         return []
+    manifest = _manifest(root)
     return [
         s
         for s, ext in built.items()
-        if ext is None or ext.stat().st_mtime < (root / s).stat().st_mtime
+        if ext is None
+        or ext.stat().st_mtime < (root / s).stat().st_mtime
+        or (manifest is not None and manifest.get(s) != _digest(root / s))
     ]
 
 
