@@ -457,7 +457,7 @@ class CallRunner:
             self._fail()
 
     def _open_turn(self, a: OpenTurn) -> None:
-        if a.cacheable and self.runtime.cache.max_bytes > 0:  # (no cache: a turn as any)
+        if a.cacheable:
             self.pending_prompts[a.turn_id] = _PendingPrompt(a.settings, a.provider)
             return
         if self.agent is not None and self.bridge.agent_active:

@@ -365,8 +365,8 @@ class CallBridge:
         self._text_due_s: float | None = None
         """When the held text is next looked at (``_release_text``)."""
         self._text_unsent = 0
-        ahead = dict(self._options.provider_text_ahead_s)
-        if any(v < 0 for v in ahead.values()) or self._options.text_ahead_s < 0:
+        aheads = [v for _, v in self._options.provider_text_ahead_s]
+        if min([self._options.text_ahead_s, *aheads]) < 0:
             raise ValueError("text_ahead_s must be >= 0")
 
     # ------------------------------------------------------------ outbox
@@ -739,14 +739,15 @@ class CallBridge:
         if stops:
             self._stop(stops, "replaced", now)
         turn = CallTurn(say.turn_id, say.provider or "", say.interruptible, False, now)
+        cacheable = say.cacheable and self._options.cache_prompts  # no cache: a turn as any
         ahead = self._text_ahead(say.provider)
-        if ahead > 0 and not (say.cacheable and self._options.cache_prompts):
+        if ahead > 0 and not cacheable:
             turn.pacer = TextPacer(ahead)  # (a prompt to cache is spoken whole)
         self._register(turn)
         settings = TurnSettings(
             voice=say.voice or self._options.default_voice, audio_format=self._leg_format()
         )
-        self._actions.append(OpenTurn(turn.turn_id, settings, say.provider, say.cacheable))
+        self._actions.append(OpenTurn(turn.turn_id, settings, say.provider, cacheable))
         return turn
 
     def _text_ahead(self, provider: str | None) -> float:
@@ -763,8 +764,7 @@ class CallBridge:
         pacer = turn.pacer
         if pacer is None:
             return
-        played = self._positions(turn)[0] / self._leg.sample_rate_hz
-        for piece in pacer.release(now, turn.received_s, played):
+        for piece in pacer.release(now, turn.received_s, self._played_s(turn)):
             self._actions.append(SendTurnText(turn.turn_id, piece))
         if pacer.take_end():
             self._actions.append(EndTurn(turn.turn_id))
@@ -780,11 +780,14 @@ class CallBridge:
             pacer = turn.pacer
             if pacer is None:
                 continue
-            played = self._positions(turn)[0] / self._leg.sample_rate_hz
-            at = pacer.next_check(now, turn.received_s, played, turn.phase is SOUNDING)
+            playing = turn.phase is SOUNDING
+            at = pacer.next_check(now, turn.received_s, self._played_s(turn), playing)
             if at is not None and (due is None or at < due):
                 due = at
         return due
+
+    def _played_s(self, turn: CallTurn) -> float:
+        return self._positions(turn)[0] / self._leg.sample_rate_hz
 
     def _release_text(self, now: float) -> None:
         for turn in list(self._text_turns.values()):

@@ -160,6 +160,8 @@ class OpenTurn(Action):
     provider: str | None
     """The provider asked for by the ``Say``; ``None`` is the route's default."""
     cacheable: bool
+    """Spoken whole, to be cached: the ``Say`` was cacheable and the daemon caches prompts
+    (``CallOptions.cache_prompts``)."""
 
 
 @dataclass(frozen=True, slots=True)

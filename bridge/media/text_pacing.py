@@ -179,7 +179,7 @@ class TextPacer:
         wait_s = lead_s - self.ahead_s if playing else POLL_S
         if self._outstanding:  # the lead drops when the oldest estimate lapses
             wait_s = min(wait_s, self._outstanding[0][0] + ANSWER_S - now)
-        if received_s - played_s < self.ahead_s and received_s <= self._received_at_release:
+        if self._unanswered(received_s, played_s):
             wait_s = min(wait_s, self._released_s + STALL_S - now)
         return now + max(wait_s, MIN_WAIT_S)
 
@@ -200,9 +200,9 @@ class TextPacer:
             outstanding.popleft()
         return received_s - played_s + sum(entry[1] for entry in outstanding)
 
+    def _unanswered(self, received_s: float, played_s: float) -> bool:
+        """Short of audio, and none has come since the last release."""
+        return received_s - played_s < self.ahead_s and received_s <= self._received_at_release
+
     def _stalled(self, now: float, received_s: float, played_s: float) -> bool:
-        return (
-            received_s - played_s < self.ahead_s
-            and received_s <= self._received_at_release
-            and now - self._released_s >= STALL_S
-        )
+        return self._unanswered(received_s, played_s) and now - self._released_s >= STALL_S
