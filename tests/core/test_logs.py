@@ -4,8 +4,21 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
+
+import pytest
+import structlog
 
 from bridge.logs import REDACTED, bind_call, configure, get_logger, unbind_call
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """These tests configure structlog (a warning level, a buffer): put it back after, or
+    later tests that capture info lines see none."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 def _lines(buf: io.StringIO) -> list[dict[str, object]]:
