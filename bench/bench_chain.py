@@ -96,6 +96,7 @@ sys.path.insert(0, str(ROOT / "codecs"))
 from bench import common  # noqa: E402
 from bridge.config import BargeInConfig, RouteConfig  # noqa: E402
 from bridge.control import commands as cmd  # noqa: E402
+from bridge.io.gcpolicy import ReleaseWatch  # noqa: E402
 from bridge.logs import configure  # noqa: E402
 from bridge.rtp.packet import RTP_FIXED_HEADER  # noqa: E402
 from bridge.tts.base import AudioFormat, AudioReceived, TurnDone  # noqa: E402
@@ -225,6 +226,7 @@ class _Chain:
             runtime=runtime,
             metrics=Metrics(),
             retire_runtimes=lambda: None,
+            release_watch=ReleaseWatch(),
         )
         self.peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.peer.bind(("127.0.0.1", 0))

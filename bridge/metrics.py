@@ -105,6 +105,11 @@ class Metrics:
             "objects found unreachable by a thaw's full collection (cycles; should stay low)",
             registry=r,
         )
+        self.calls_unreleased_total = Counter(
+            "callbridge_calls_unreleased",
+            "ended calls still alive 10 s later (in a reference cycle, or held: a leak)",
+            registry=r,
+        )
         # process_resident_memory_bytes, process_open_fds, process_cpu_seconds_total...
         ProcessCollector(registry=r)
 

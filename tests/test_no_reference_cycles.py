@@ -2,10 +2,10 @@
 
 An engine that keeps its own bound methods (a handler table built in
 ``__init__``) is a cycle: once dropped it waits for a full collection, which
-the daemon's GC policy runs only at a thaw (up to ``gc_thaw_s`` while calls
-are up). One media-stream engine lives per call and one provider engine per
-connection, so each left ~a dozen objects per call in ``bench/bench_memory.py``'s
-busy churn. The call as a whole: ``tests/e2e/test_call_release.py``.
+the daemon's GC policy runs only at a thaw (with calls up, only on evidence of
+cycles, and then every ``gc_thaw_s``). One media-stream engine lives per call
+and one provider engine per connection, so each left ~a dozen objects per call
+in ``bench/bench_memory.py``'s busy churn. The call as a whole: ``tests/e2e/test_call_release.py``.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from bridge.control import commands as cmd
 from bridge.control.app import AppLost, AppSession
 from bridge.control.flow import FlowRunner, fallback_runner
 from bridge.engine import CloseConnection, Event, SendText
+from bridge.io.gcpolicy import Canary
 from bridge.io.ticker import InboundCallback
 from bridge.io.tts_client import AgentSession, Speaker
 from bridge.logs import get_logger
@@ -161,6 +162,7 @@ class CallRunner:
         "bridge",
         "bridge_timer",
         "call_id",
+        "canary",
         "carrier_ahead",
         "clock",
         "config",
@@ -204,6 +206,9 @@ class CallRunner:
         self.daemon = daemon
         self.loop = asyncio.get_running_loop()
         self.call_id = call_id
+        self.canary = Canary()
+        """Held by this runner alone: the daemon checks it is gone after the call
+        (``ReleaseWatch``)."""
         self.leg = leg
         self.route = route
         self.started_info = started
@@ -746,6 +751,7 @@ class CallRunner:
         m.calls_active.labels(self.leg.kind, self.route.match).dec()
         m.calls_total.labels(self.leg.kind, self.route.match, self.end_reason).inc()
         self._log_cdr()
+        self.daemon.release_watch.ended(self.call_id, self.canary, self.loop.time())
         if self.on_finished is not None:
             self.on_finished(self)
 

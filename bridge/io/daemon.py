@@ -29,7 +29,7 @@ from typing import Protocol
 from bridge import __version__, native
 from bridge.config import Config, ConfigError, ProviderConfig, load_config, split_hostport
 from bridge.io.embedded import EmbeddedTts
-from bridge.io.gcpolicy import GcPolicy, thaw_described
+from bridge.io.gcpolicy import SMALL_FIND, GcPolicy, ReleaseWatch, YoungFinds, thaw_described
 from bridge.io.gcpolicy import apply as gc_apply
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, serve_http_ws
 from bridge.io.notify import Notifier
@@ -135,6 +135,9 @@ class Daemon:
     ready: bool = False
     ticker: MediaTicker = field(init=False)
     gc_policy: GcPolicy = field(default_factory=GcPolicy)
+    release_watch: ReleaseWatch = field(default_factory=ReleaseWatch)
+    """Ended calls that were not freed: evidence for a busy thaw (``bridge.io.gcpolicy``)."""
+    young_finds: YoungFinds = field(default_factory=YoungFinds)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _old_runtimes: list[Runtime] = field(default_factory=list)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -205,6 +208,7 @@ class Daemon:
         gc.collect()
         gc.freeze()
         self.gc_policy = GcPolicy(self.config.daemon.gc_freeze_s, self.config.daemon.gc_thaw_s)
+        self.young_finds.install()
         self._collect_garbage()
         self.ready = embedded_ok
         self.notifier.ready(self.status_line())
@@ -227,27 +231,42 @@ class Daemon:
             return
         asyncio.get_running_loop().call_later(GC_TICK_S, self._collect_garbage)
         calls = sum(leg.active_calls() for leg in self.legs)
-        step = self.gc_policy.tick(time.monotonic(), calls)
+        now = time.monotonic()
+        for call_id in self.release_watch.check(now):
+            self.metrics.calls_unreleased_total.inc()
+            log.warning("call.not_released", call_id=call_id, after_s=self.release_watch.grace_s)
+        evidence = self.release_watch.suspects > 0 or self.young_finds.found >= SMALL_FIND
+        step = self.gc_policy.tick(now, calls, evidence)
         if step is None:
             return
+        if step == "freeze":
+            gc_apply(step)
+            return
+        young = self.young_finds.take()  # what the young passes found since the last thaw
         started = time.perf_counter()
         kinds: list[tuple[str, int]] = []
-        if step == "thaw" and calls == 0:  # idle: a second pass to name what it found is cheap
+        if calls == 0:  # idle: a second pass to name what it found is cheap
             found, kinds = thaw_described()
         else:
             found = gc_apply(step)
-        if step == "thaw":
-            pass_ms = round((time.perf_counter() - started) * 1000, 2)
-            self.metrics.gc_thaw_collected_total.inc(found)
-            next_busy_s = self.gc_policy.thawed(found)
-            log.info(
-                "gc.thaw",
-                calls=calls,
-                unreachable=found,
-                pass_ms=pass_ms,
-                next_busy_s=next_busy_s,
-                **({"types": dict(kinds)} if kinds else {}),
-            )
+        pass_ms = round((time.perf_counter() - started) * 1000, 2)
+        self.young_finds.take()  # the thaw's own, counted above
+        freed, held = self.release_watch.after_thaw()
+        self.metrics.gc_thaw_collected_total.inc(found)
+        self.gc_policy.thawed(found)
+        log.info(
+            "gc.thaw",
+            calls=calls,
+            unreachable=found,
+            pass_ms=pass_ms,
+            young_found=young,
+            evidence=evidence,
+            next_busy_s=self.gc_policy.busy_interval(False),
+            **({"types": dict(kinds)} if kinds else {}),
+            **({"calls_freed": freed} if freed else {}),
+        )
+        for call_id in held:  # no collection frees it: something live still holds it
+            log.error("call.held", call_id=call_id)
 
     def _export_pool_counters(self) -> None:
         """Provider reconnects, as counted by the pools, into the metrics."""
@@ -336,6 +355,7 @@ class Daemon:
 
     async def close(self) -> None:
         self.notifier.stop_watchdog()
+        self.young_finds.uninstall()
         with contextlib.suppress(AttributeError):
             self.ticker.close()
         for leg in self.legs:

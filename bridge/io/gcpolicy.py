@@ -18,19 +18,30 @@ does is look at them, so a full pass walks only what was created since the
 last freeze. A cycle that became garbage after it was frozen is not
 reclaimed until the next *thaw*: ``gc.unfreeze()`` followed by a full
 collection, which runs when no call is up (cheap: the calls' objects are
-gone) or, with calls up, every ``thaw_every_s`` (one long pass; the objects
-it found are counted, so a cycle that should not exist shows up in the
-metrics).
+gone) or, with calls up, on evidence (below; one long pass). The objects it
+found are counted, so a cycle that should not exist shows up in the metrics.
 
 That long pass is the one pause the daemon still makes on purpose: 20-40 ms
 at 100 calls (``bench/diag_excursions.py --daemon-option "gc_thaw_s = 40"``:
-the only packets over 7 ms in 90 s were at the two thaws). So the interval
-adapts to what the thaws find: a thaw (idle or busy) that found fewer than
-``SMALL_FIND`` unreachable objects doubles the interval of the next busy
-thaw, up to ``MAX_THAW_EVERY_S``; one that found more sets it back to
-``thaw_every_s``. A daemon whose calls leave no cycles (the design, and what
-the benchmarks' thaws find) soon thaws with calls up about once a day; one
-that leaks keeps the safety net at ``thaw_every_s``.
+the only packets over 7 ms in 90 s were at the two thaws). So with calls up
+it runs only when there is evidence that the frozen objects hold garbage
+(``GcPolicy.tick``'s ``evidence``), at most every ``thaw_every_s``:
+
+* an ended call was not released (``ReleaseWatch``): each call's runner
+  holds a ``Canary`` that nothing else holds; ``RELEASE_GRACE_S`` after the
+  call ended it must be gone (reference counting frees a call the moment it
+  ends, ``tests/e2e/test_call_release.py``). Alive, the call is in a
+  reference cycle (a thaw frees it) or held by something live (a thaw cannot;
+  the daemon names the call in its log either way);
+* the collector's own passes over the young objects (``YoungFinds``) found
+  ``SMALL_FIND`` or more unreachable objects since the last thaw: the daemon
+  makes cycles, and those that became garbage after a freeze are in the frozen
+  generation;
+* the last thaw found ``SMALL_FIND`` or more.
+
+With none of these the busy thaw waits ``BLIND_THAW_S`` (a day), for
+cycles that only ever die old and belong to no call. Whenever no call is up
+the thaw runs at once, whatever the evidence: it is cheap then.
 
 An idle thaw also says *what* it found (``thaw_described``): the
 collection keeps its garbage (``gc.DEBUG_SAVEALL``), the types are counted,
@@ -38,34 +49,44 @@ and only if there was any does a second pass free it (it is cheap with no
 call up). The daemon logs the commonest types with ``gc.thaw``, so a cycle
 left by some rare path names itself in the log instead of a count alone.
 
-The policy is pure: ``tick(now, active_calls)`` says what to do; the shell
-(``Daemon``) calls it from its status loop and does it.
+The policy is pure: ``tick(now, active_calls, evidence)`` says what to do;
+the shell (``Daemon``) gathers the evidence (``ReleaseWatch``,
+``YoungFinds``), calls it every ``GC_TICK_S`` and does it.
 """
 
 from __future__ import annotations
 
 import gc
-from collections import Counter
-from dataclasses import dataclass
-from typing import Literal
+import weakref
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 __all__ = [
-    "MAX_THAW_EVERY_S",
+    "BLIND_THAW_S",
+    "RELEASE_GRACE_S",
     "SMALL_FIND",
+    "Canary",
     "GcPolicy",
     "GcStep",
+    "ReleaseWatch",
+    "YoungFinds",
     "apply",
     "collect_named",
     "thaw_described",
 ]
 
 SMALL_FIND = 1000
-"""Unreachable objects a thaw may find and still count as "no leak": a stray cycle or
-two (an exception kept with its traceback) is not worth a pass over every call's objects;
-a leaking call type leaves thousands per call."""
+"""Unreachable objects a thaw (or the young passes between two thaws) may find and still
+count as "no leak": a stray cycle or two (an exception kept with its traceback) is not
+worth a pass over every call's objects; a leaking call type leaves thousands per call."""
 
-MAX_THAW_EVERY_S = 86400.0
-"""The longest the busy-time thaw interval grows to (``GcPolicy.thawed``)."""
+BLIND_THAW_S = 86400.0
+"""With calls up and no evidence of garbage, the interval between busy thaws."""
+
+RELEASE_GRACE_S = 10.0
+"""How long after its end a call may still be held (a WebSocket's closing handshake, a
+task finishing its ``finally``) before ``ReleaseWatch`` counts it as not released."""
 
 DESCRIBED_TYPES = 8
 """How many of the commonest types ``thaw_described`` names."""
@@ -75,7 +96,7 @@ GcStep = Literal["freeze", "thaw"]
 
 @dataclass(slots=True)
 class GcPolicy:
-    """Freeze every ``freeze_every_s`` while calls are up; thaw when idle or every ``thaw_every_s``.
+    """Freeze every ``freeze_every_s`` while calls are up; thaw when idle, or busy on evidence.
 
     ``freeze_every_s = 0`` switches the policy off (the collector's own
     thresholds alone, as in a plain CPython process).
@@ -83,21 +104,31 @@ class GcPolicy:
 
     freeze_every_s: float = 0.1
     thaw_every_s: float = 600.0
-    _thaw_interval_s: float = 0.0
-    """The busy-time interval now (``thawed`` adapts it); 0: ``thaw_every_s``."""
+    """With calls up and evidence of garbage, the interval between thaws."""
+    _leaky: bool = False
+    """The last thaw found ``SMALL_FIND`` or more (``thawed``)."""
     _last_freeze: float | None = None
     _last_thaw: float | None = None
     _frozen: bool = False
     """Something was frozen since the last thaw."""
 
-    def tick(self, now: float, active_calls: int) -> GcStep | None:
+    def busy_interval(self, evidence: bool) -> float:
+        """How long after the last thaw a thaw with calls up is due."""
+        if evidence or self._leaky:
+            return self.thaw_every_s
+        return max(BLIND_THAW_S, self.thaw_every_s)
+
+    def tick(self, now: float, active_calls: int, evidence: bool = False) -> GcStep | None:
+        """The step for now. ``evidence``: something says the frozen objects hold garbage
+        (a call not released, the young passes finding cycles; see the module's doc)."""
         if self.freeze_every_s <= 0:
             return None
         if self._last_freeze is None or self._last_thaw is None:
             self._last_freeze = self._last_thaw = now
             return None
-        interval = self._thaw_interval_s or self.thaw_every_s
-        if self._frozen and (active_calls == 0 or now - self._last_thaw >= interval):
+        if self._frozen and (
+            active_calls == 0 or now - self._last_thaw >= self.busy_interval(evidence)
+        ):
             # idle: the calls' objects are gone and the pass is cheap; busy: one long pass
             self._last_thaw = self._last_freeze = now
             self._frozen = False
@@ -108,18 +139,86 @@ class GcPolicy:
             return "freeze"
         return None
 
-    def thawed(self, unreachable: int) -> float:
-        """What a thaw's full collection found; returns the next busy-time interval (s).
+    def thawed(self, unreachable: int) -> None:
+        """What a thaw's full collection found: ``SMALL_FIND`` or more keeps busy thaws
+        at ``thaw_every_s`` until a thaw finds less."""
+        self._leaky = unreachable >= SMALL_FIND
 
-        Fewer than ``SMALL_FIND`` objects doubles it (up to ``MAX_THAW_EVERY_S``,
-        or ``thaw_every_s`` if that is longer); more sets it back to ``thaw_every_s``.
-        """
-        current = self._thaw_interval_s or self.thaw_every_s
-        if unreachable >= SMALL_FIND:
-            self._thaw_interval_s = self.thaw_every_s
-        else:
-            self._thaw_interval_s = min(2 * current, max(MAX_THAW_EVERY_S, self.thaw_every_s))
-        return self._thaw_interval_s
+
+class Canary:
+    """A call's stand-in for ``ReleaseWatch``: the call's runner holds it and nothing else
+    does, so it lives exactly as long as the runner (which takes no weak reference itself
+    when compiled with mypyc)."""
+
+    __slots__ = ("__weakref__",)
+
+
+@dataclass(slots=True)
+class ReleaseWatch:
+    """Which ended calls were not freed: their ``Canary`` is alive ``grace_s`` after the end.
+
+    ``ended`` when a call ends, ``check(now)`` from the GC tick; a call found
+    alive is a suspect until the next thaw, and ``after_thaw`` says which
+    suspects the thaw freed (they were in reference cycles) and which are still
+    held (by something live: a leak no collection can reclaim).
+    """
+
+    grace_s: float = RELEASE_GRACE_S
+    _ending: deque[tuple[float, str, weakref.ref[Canary]]] = field(default_factory=deque)
+    _suspects: dict[str, weakref.ref[Canary]] = field(default_factory=dict)
+
+    def ended(self, call_id: str, canary: Canary, now: float) -> None:
+        self._ending.append((now + self.grace_s, call_id, weakref.ref(canary)))
+
+    def check(self, now: float) -> list[str]:
+        """The calls newly found not released (ended ``grace_s`` ago or more, still alive)."""
+        found: list[str] = []
+        while self._ending and self._ending[0][0] <= now:
+            _, call_id, ref = self._ending.popleft()
+            if ref() is not None:
+                self._suspects[call_id] = ref
+                found.append(call_id)
+        return found
+
+    @property
+    def suspects(self) -> int:
+        """Calls found not released since the last thaw."""
+        return len(self._suspects)
+
+    def after_thaw(self) -> tuple[list[str], list[str]]:
+        """(suspects the thaw freed, suspects still alive); forgets them all."""
+        freed = [c for c, ref in self._suspects.items() if ref() is None]
+        held = [c for c, ref in self._suspects.items() if ref() is not None]
+        self._suspects.clear()
+        return freed, held
+
+
+class YoungFinds:
+    """What the collector's own passes (over the objects not yet frozen) find unreachable.
+
+    A ``gc.callbacks`` hook: ``found`` counts up until ``take``. The daemon
+    takes it at each thaw (the young passes' finds since the last one, then
+    the thaw's own, discarded).
+    """
+
+    def __init__(self) -> None:
+        self.found = 0
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "stop":
+            self.found += info["collected"]
+
+    def install(self) -> None:
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def uninstall(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def take(self) -> int:
+        found, self.found = self.found, 0
+        return found
 
 
 def apply(step: GcStep | None) -> int:

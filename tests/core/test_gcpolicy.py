@@ -1,13 +1,23 @@
-"""The GC policy: freeze while calls are up, thaw and collect when idle or every so often."""
+"""The GC policy: freeze while calls are up; thaw and collect when idle, or busy on evidence."""
 
 from __future__ import annotations
 
 import gc
+import weakref
 
 import pytest
 
 from bridge.config import ConfigError, parse_config
-from bridge.io.gcpolicy import MAX_THAW_EVERY_S, SMALL_FIND, GcPolicy, apply, thaw_described
+from bridge.io.gcpolicy import (
+    BLIND_THAW_S,
+    SMALL_FIND,
+    Canary,
+    GcPolicy,
+    ReleaseWatch,
+    YoungFinds,
+    apply,
+    thaw_described,
+)
 
 ROUTE = """
 [providers.p]
@@ -27,35 +37,42 @@ def test_calls_up_freeze_every_period_and_an_idle_daemon_thaws_once() -> None:
     policy = GcPolicy(freeze_every_s=5.0, thaw_every_s=600.0)
     script = [(0.0, 0), (5.0, 0), (10.0, 3), (12.0, 3), (15.0, 3), (20.0, 0), (25.0, 0), (30.0, 0)]
     assert _steps(policy, script) == [None, None, "freeze", None, "freeze", "thaw", None, None]
+    # idle, the thaw runs whatever the evidence says: it is cheap then
+    again = GcPolicy(freeze_every_s=5.0, thaw_every_s=600.0)
+    assert _steps(again, [(0.0, 1), (5.0, 1), (6.0, 0)]) == [None, "freeze", "thaw"]
 
 
-def test_with_calls_up_all_along_a_thaw_comes_every_thaw_period() -> None:
+def test_with_calls_up_and_no_evidence_the_busy_thaw_waits_the_blind_interval() -> None:
     policy = GcPolicy(freeze_every_s=5.0, thaw_every_s=30.0)
-    steps = _steps(policy, [(t, 100) for t in range(0, 65, 5)])
+    steps = _steps(policy, [(t, 100) for t in range(0, 700, 5)])
+    assert "thaw" not in steps and steps.count("freeze") == 139
+    assert policy.busy_interval(False) == BLIND_THAW_S
+    assert policy.tick(BLIND_THAW_S, 100) == "thaw"
+
+
+def test_with_evidence_a_busy_thaw_comes_every_thaw_period() -> None:
+    policy = GcPolicy(freeze_every_s=5.0, thaw_every_s=30.0)
+    steps = [policy.tick(float(t), 100, evidence=True) for t in range(0, 65, 5)]
     assert steps == [None] + ["freeze"] * 5 + ["thaw"] + ["freeze"] * 5 + ["thaw"]
 
 
-def test_thaws_that_find_nothing_space_the_busy_thaws_out_and_a_leak_brings_them_back() -> None:
+def test_evidence_counts_from_the_last_thaw_not_from_when_it_appeared() -> None:
+    policy = GcPolicy(freeze_every_s=5.0, thaw_every_s=30.0)
+    steps = [policy.tick(float(t), 100, evidence=t >= 25) for t in range(0, 40, 5)]
+    assert steps == [None, "freeze", "freeze", "freeze", "freeze", "freeze", "thaw", "freeze"]
+
+
+def test_a_thaw_that_finds_a_leak_keeps_busy_thaws_coming_until_one_finds_little() -> None:
     policy = GcPolicy(freeze_every_s=5.0, thaw_every_s=30.0)
     thaws: list[int] = []
-    found = {30: 0, 90: 0, 210: 5000, 240: 0}  # what each thaw's collection finds
+    found = {30: 5000, 60: SMALL_FIND, 90: SMALL_FIND - 1}  # what each thaw's collection finds
     for t in range(0, 400, 5):
-        if policy.tick(float(t), 100) == "thaw":
+        if policy.tick(float(t), 100, evidence=t == 30) == "thaw":
             thaws.append(t)
             policy.thawed(found.get(t, 0))
-    # 30 s, then 60 (found nothing), 120 (nothing again); a leak: 30 again; then 60
-    assert thaws == [30, 90, 210, 240, 300]
-
-
-def test_an_idle_thaw_that_finds_nothing_counts_too_and_the_interval_is_capped() -> None:
-    policy = GcPolicy(freeze_every_s=5.0, thaw_every_s=600.0)
-    assert policy.thawed(0) == 1200.0
-    assert policy.thawed(SMALL_FIND - 1) == 2400.0  # a stray cycle is not a leak
-    for _ in range(20):
-        interval = policy.thawed(0)
-    assert interval == MAX_THAW_EVERY_S
-    assert policy.thawed(SMALL_FIND) == 600.0
-    assert GcPolicy(5.0, thaw_every_s=2 * MAX_THAW_EVERY_S).thawed(0) == 2 * MAX_THAW_EVERY_S
+    assert thaws == [30, 60, 90]  # then no evidence: the next is a day away
+    assert policy.busy_interval(False) == BLIND_THAW_S
+    assert GcPolicy(5.0, thaw_every_s=2 * BLIND_THAW_S).busy_interval(False) == 2 * BLIND_THAW_S
 
 
 def test_zero_switches_the_policy_off() -> None:
@@ -108,3 +125,60 @@ def test_a_described_thaw_names_what_it_found_and_frees_it() -> None:
         assert thaw_described() == (0, [])  # nothing left: one pass, nothing named
     finally:
         gc.unfreeze()
+
+
+class _Call:
+    """What holds a call's canary (the runner, in the daemon)."""
+
+    def __init__(self) -> None:
+        self.canary = Canary()
+        self.me: _Call | None = None
+
+
+def test_a_call_freed_when_it_ends_is_not_a_suspect() -> None:
+    watch = ReleaseWatch(grace_s=10.0)
+    call = _Call()
+    watch.ended("a", call.canary, now=100.0)
+    del call
+    assert watch.check(109.0) == [] and watch.check(200.0) == []
+    assert watch.suspects == 0 and watch.after_thaw() == ([], [])
+
+
+@pytest.mark.usefixtures("no_cyclic_gc")
+def test_a_call_left_in_a_cycle_is_a_suspect_after_the_grace_and_a_thaw_frees_it() -> None:
+    watch = ReleaseWatch(grace_s=10.0)
+    leaked, held, freed = _Call(), _Call(), _Call()
+    leaked.me = leaked  # a reference cycle: only the collector frees it
+    for i, call in enumerate((leaked, held, freed)):
+        watch.ended(f"call-{i}", call.canary, now=100.0 + i)
+    del leaked, freed, call  # `held` stays referenced: a leak no collection reclaims
+    assert watch.check(109.9) == []  # within the grace: still being released
+    assert watch.check(111.0) == ["call-0", "call-1"]
+    assert watch.check(150.0) == [] and watch.suspects == 2  # each counted once
+    gc.collect()
+    assert watch.after_thaw() == (["call-0"], ["call-1"])
+    assert watch.suspects == 0
+
+
+def test_young_finds_counts_what_the_collectors_passes_find_until_taken() -> None:
+    young = YoungFinds()
+    gc.collect()
+    young.install()
+    young.install()  # once only
+    try:
+        a, b = _Node(), _Node()
+        a.other, b.other = b, a
+        probe = weakref.ref(a)
+        del a, b
+        gc.collect(0)
+        assert probe() is None
+        assert young.found >= 2
+        assert young.take() >= 2 and young.found == 0
+    finally:
+        young.uninstall()
+    assert young._on_gc not in gc.callbacks
+    c = _Node()
+    c.other = c
+    del c
+    gc.collect()
+    assert young.found == 0  # uninstalled: not counted

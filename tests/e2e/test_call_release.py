@@ -4,27 +4,34 @@ A call's objects (the leg adapter, its ``CallRunner``, the ``CallBridge`` with
 its playout queue, jitter buffer, echo arrays, VAD ...) are tens of KB. If
 they form a reference cycle, every ended call waits for a full (generation 2)
 collection: with the daemon's GC policy (``bridge/io/gcpolicy.py``) that is
-the next thaw, up to ``gc_thaw_s`` (600 s) while calls are up, and without it
+the next thaw (with calls up, only once the daemon's own check below has found
+such a call, and then up to ``gc_thaw_s``, 600 s, later), and without it
 a pass that at a few hundred thousand live objects runs rarely. Either way
 ended calls pile up (live heap growing ~200 B per completed call between
 passes in ``bench/bench_memory.py``) and pymalloc keeps the arenas they
-filled. So the test runs with the collector and the policy off and checks
-that the call is gone once it has ended.
+filled. So the first two tests run with the collector and the policy off and
+check that the call is gone once it has ended. The last two check the
+daemon's own check at run time (``ReleaseWatch``): a call caught in a cycle is
+found, and is the evidence that brings a thaw with calls up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import socket
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
+import structlog.testing
 
 from bridge.io.caller import CallerOptions, place_call
+from bridge.io.callrun import CallRunner
+from bridge.io.gcpolicy import Canary
 
-from .harness import FACTOR, TwilioCall, free_port, stack
+from .harness import FACTOR, Stack, TwilioCall, free_port, stack
 
 GREETING_ROUTE = """
 [[routes]]
@@ -144,5 +151,75 @@ def test_ended_media_stream_call_is_freed_without_the_cyclic_gc(
             assert freed, f"still alive after the call ended, with the cyclic GC off: {alive}"
             garbage = _ours(cyclic_garbage())
             assert not garbage, f"left in reference cycles: {garbage}"
+
+    asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
+
+
+@contextlib.asynccontextmanager
+async def _one_of_two_calls_leaked(
+    s: Stack, hold: list[object] | None = None
+) -> AsyncIterator[tuple[str, weakref.ref[Canary]]]:
+    """Two media-stream calls; the second's runner is caught in a reference cycle when it
+    ends (and, with ``hold``, also held there). The first stays up for the block: calls
+    are up all along, so only evidence brings a thaw. Yields the leaked call's id and a
+    weak reference to its canary."""
+    leg = next(leg for leg in s.daemon.legs if leg.name == "media_streams")
+    calls: dict[str, CallRunner] = leg.calls  # type: ignore[attr-defined]
+    async with TwilioCall(s.ms_port):
+        assert await _until(lambda: len(calls) == 1, 10 * FACTOR)
+        (first,) = calls
+        async with TwilioCall(s.ms_port):
+            assert await _until(lambda: len(calls) == 2, 10 * FACTOR)
+            (runner,) = [r for call_id, r in calls.items() if call_id != first]
+            trap: list[object] = [runner]
+            trap.append(trap)  # garbage once dropped, but a cycle: only a collection frees it
+            if hold is not None:
+                hold.append(runner)
+            leaked = (runner.call_id, weakref.ref(runner.canary))
+            del trap, runner
+            await asyncio.sleep(0.3)
+        assert await _until(lambda: len(calls) == 1, 5 * FACTOR)
+        yield leaked
+
+
+@pytest.mark.usefixtures("no_cyclic_gc")
+def test_an_ended_call_left_in_a_cycle_is_found_and_a_busy_thaw_frees_it() -> None:
+    """The daemon's own check (``ReleaseWatch``): a call still alive after the grace is
+    logged and counted, and is evidence for a thaw with calls up; the thaw frees it."""
+
+    async def body() -> None:
+        async with stack(GREETING_ROUTE) as s:
+            s.daemon.release_watch.grace_s = 0.5
+            s.daemon.gc_policy.thaw_every_s = 1.0
+            with structlog.testing.capture_logs() as logs:
+                async with _one_of_two_calls_leaked(s) as (call_id, canary):
+                    assert await _until(lambda: canary() is None, 10 * FACTOR)
+            not_released = [e for e in logs if e["event"] == "call.not_released"]
+            assert [e["call_id"] for e in not_released] == [call_id]
+            assert s.daemon.metrics.calls_unreleased_total._value.get() == 1
+            (thaw,) = [e for e in logs if e["event"] == "gc.thaw" and e.get("calls_freed")]
+            assert thaw["calls_freed"] == [call_id]
+            assert thaw["calls"] == 1 and thaw["evidence"] is True
+            assert not [e for e in logs if e["event"] == "call.held"]
+
+    asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
+
+
+@pytest.mark.usefixtures("no_cyclic_gc")
+def test_an_ended_call_still_held_is_named_after_the_thaw_that_could_not_free_it() -> None:
+    async def body() -> None:
+        async with stack(GREETING_ROUTE) as s:
+            s.daemon.release_watch.grace_s = 0.5
+            s.daemon.gc_policy.thaw_every_s = 1.0
+            hold: list[object] = []
+            with structlog.testing.capture_logs() as logs:
+                async with _one_of_two_calls_leaked(s, hold) as (call_id, canary):
+                    held = lambda: [e for e in logs if e["event"] == "call.held"]  # noqa: E731
+                    assert await _until(lambda: bool(held()), 10 * FACTOR)
+            assert canary() is not None  # held: no collection frees it
+            assert [e["call_id"] for e in held()] == [call_id]
+            thaws = [e for e in logs if e["event"] == "gc.thaw" and e["calls"] == 1]
+            assert thaws and all(not e.get("calls_freed") for e in thaws)
+            hold.clear()
 
     asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
