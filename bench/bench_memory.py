@@ -93,34 +93,50 @@ TASKS_REFRESH_S = 5.5
 """The daemon refreshes ``callbridge_tasks`` with its status line, every 5 s."""
 
 
+def log_events(d: DaemonUnderTest, event: str) -> list[dict[str, Any]]:
+    """The daemon's JSON log lines of one event."""
+    lines = (d.workdir / "daemon.log").read_text(errors="replace").splitlines()
+    return [json.loads(line) for line in lines if f'"{event}"' in line]
+
+
 def gc_thaws(d: DaemonUnderTest) -> list[dict[str, Any]]:
     """The daemon's ``gc.thaw`` log lines (its GC policy's full collections)."""
-    lines = (d.workdir / "daemon.log").read_text(errors="replace").splitlines()
-    return [json.loads(line) for line in lines if '"gc.thaw"' in line]
+    return log_events(d, "gc.thaw")
+
+
+RELEASE_CHECK_S = 11.0
+"""The daemon checks an ended call was freed 10 s after its end (``RELEASE_GRACE_S``)."""
 
 
 def busy_churn(d: DaemonUnderTest, calls: int) -> dict[str, Any]:
     """``calls`` short calls while one long call stays up, as on a node that is never idle.
 
-    The daemon's GC policy freezes what has lived 2 s while calls are up and
-    only collects it at a thaw (no call up, or every ``gc_thaw_s``, 600 s).
-    Between the growth churn's batches no call is up, so it thaws then; here
-    it cannot until the long call ends, and any reference cycle an ended call
-    left behind is still in RSS (read 2 s after the churn, within the SIP
-    retention window, so ~rate x 32 s of transactions are in it too) and is
-    what the thaw at the end finds unreachable.
+    The daemon's GC policy freezes what has lived 0.1 s while calls are up and
+    only collects it at a thaw (no call up, or with calls up on evidence of
+    cycles: a call not freed 10 s after its end, the collector's young passes
+    finding them). Between the growth churn's batches no call is up, so it
+    thaws then; here it cannot until the long call ends, and any reference
+    cycle an ended call left behind is still in RSS (read 2 s after the churn,
+    within the SIP retention window, so ~rate x 32 s of transactions are in it
+    too) and is what the thaw at the end finds unreachable. The long call
+    stays up until the daemon has checked every churned call was freed
+    (``call.not_released`` lines, none expected) and any busy thaw that
+    evidence brought is in the log.
     """
     talk = RtpLoad(("127.0.0.1", d.sip_port), route="talk")
     talk.place(1, rate_per_s=10)
     talk.wait_answered(10)
     talk.run_for(0.5)
     thaws_before = len(gc_thaws(d))
+    unreleased_before = len(log_events(d, "call.not_released"))
     rss0 = d.rss_bytes()
     t0 = time.monotonic()
     n = churn(d, calls)
     wall = time.monotonic() - t0
     time.sleep(2.0)
     rss1 = d.rss_bytes()
+    talk.run_for(RELEASE_CHECK_S)
+    unreleased = len(log_events(d, "call.not_released")) - unreleased_before
     talk.hangup_all(settle_s=1.0)
     talk.close()
     time.sleep(3.0)  # the GC policy is asked every 0.1 s: a thaw with no call up
@@ -134,6 +150,9 @@ def busy_churn(d: DaemonUnderTest, calls: int) -> dict[str, Any]:
         "thaw_unreachable": [t.get("unreachable") for t in thaws],
         "thaw_types": [t.get("types", {}) for t in thaws],  # an idle thaw names what it found
         "thaw_pass_ms": [t.get("pass_ms") for t in thaws],
+        "thaws_with_calls_up": sum(1 for t in thaws if t.get("calls")),
+        "young_found": [t.get("young_found") for t in thaws],
+        "calls_not_released": unreleased,
     }
 
 
@@ -257,6 +276,9 @@ def main() -> None:
                   f" {before['tasks']} -> {after['tasks']} -> {closed['tasks']}")  # fmt: skip
             figures["busy"] = busy_churn(d, 1000 if args.quick else 4000)
             print(f"with a call always up: {figures['busy']}")
+            figures["calls_not_released"] = len(log_events(d, "call.not_released"))
+            figures["calls_held"] = len(log_events(d, "call.held"))
+            print(f"ended calls not freed 10 s later: {figures['calls_not_released']}")
         finally:
             d.stop()
             tts.stop()

@@ -20,13 +20,14 @@ stall of the core is the host's, one that does not is the daemon's (or the
 kernel's) to explain.
 
     python bench/diag_excursions.py [--calls 100] [--seconds 90] [--threshold-ms 10] \
-        [--daemon-option "gc_thaw_s = 60"] [--stalls]
+        [--daemon-option "gc_thaw_s = 60"] [--stalls] [--keep-log daemon.log]
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import shutil
 import sys
 import tempfile
 from multiprocessing.connection import Connection
@@ -99,6 +100,7 @@ def main() -> None:
         help='a [daemon] config line for this run, e.g. "gc_thaw_s = 60" (repeatable)',
     )
     ap.add_argument("--stalls", action="store_true", help="watch the core's host stalls too")
+    ap.add_argument("--keep-log", type=Path, help="copy the daemon's JSON log here")
     args = ap.parse_args()
     stall_proc = stall_end = None
     pin_self()
@@ -124,6 +126,8 @@ def main() -> None:
         finally:
             d.stop()
             tts.stop()
+            if args.keep_log is not None:
+                shutil.copyfile(Path(tmp) / "daemon.log", args.keep_log)
     stalls: list[tuple[float, float]] | None = None
     if stall_proc is not None and stall_end is not None:
         stalls = stall_end.recv()
