@@ -53,7 +53,6 @@ Against ``callbridge serve`` (uvloop, core 0) over SIP/RTP:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -93,15 +92,9 @@ TASKS_REFRESH_S = 5.5
 """The daemon refreshes ``callbridge_tasks`` with its status line, every 5 s."""
 
 
-def log_events(d: DaemonUnderTest, event: str) -> list[dict[str, Any]]:
-    """The daemon's JSON log lines of one event."""
-    lines = (d.workdir / "daemon.log").read_text(errors="replace").splitlines()
-    return [json.loads(line) for line in lines if f'"{event}"' in line]
-
-
 def gc_thaws(d: DaemonUnderTest) -> list[dict[str, Any]]:
     """The daemon's ``gc.thaw`` log lines (its GC policy's full collections)."""
-    return log_events(d, "gc.thaw")
+    return d.log_events("gc.thaw")
 
 
 RELEASE_CHECK_S = 11.0
@@ -128,7 +121,7 @@ def busy_churn(d: DaemonUnderTest, calls: int) -> dict[str, Any]:
     talk.wait_answered(10)
     talk.run_for(0.5)
     thaws_before = len(gc_thaws(d))
-    unreleased_before = len(log_events(d, "call.not_released"))
+    unreleased_before = len(d.log_events("call.not_released"))
     rss0 = d.rss_bytes()
     t0 = time.monotonic()
     n = churn(d, calls)
@@ -136,7 +129,7 @@ def busy_churn(d: DaemonUnderTest, calls: int) -> dict[str, Any]:
     time.sleep(2.0)
     rss1 = d.rss_bytes()
     talk.run_for(RELEASE_CHECK_S)
-    unreleased = len(log_events(d, "call.not_released")) - unreleased_before
+    unreleased = len(d.log_events("call.not_released")) - unreleased_before
     talk.hangup_all(settle_s=1.0)
     talk.close()
     time.sleep(3.0)  # the GC policy is asked every 0.1 s: a thaw with no call up
@@ -276,8 +269,8 @@ def main() -> None:
                   f" {before['tasks']} -> {after['tasks']} -> {closed['tasks']}")  # fmt: skip
             figures["busy"] = busy_churn(d, 1000 if args.quick else 4000)
             print(f"with a call always up: {figures['busy']}")
-            figures["calls_not_released"] = len(log_events(d, "call.not_released"))
-            figures["calls_held"] = len(log_events(d, "call.held"))
+            figures["calls_not_released"] = len(d.log_events("call.not_released"))
+            figures["calls_held"] = len(d.log_events("call.held"))
             print(f"ended calls not freed 10 s later: {figures['calls_not_released']}")
         finally:
             d.stop()

@@ -401,13 +401,21 @@ def main() -> None:
                     figures[f"twilio_{n}"] = {**over_reps(runs), "runs": runs}
             if drift_min > 0:
                 before = loadavg()
+                thaws_before = len(d.log_events("gc.thaw"))
                 r, per = sip_run(d, args.drift_calls, drift_min * 60)
+                # the GC policy's full passes with calls up: one pause each (bridge/io/gcpolicy.py)
+                r["gc_busy_thaws"] = [
+                    {k: t.get(k) for k in ("calls", "pass_ms", "young_found", "evidence")}
+                    for t in d.log_events("gc.thaw")[thaws_before:]
+                    if t.get("calls")
+                ]
                 r["loadavg_before"], r["loadavg_after"] = before, loadavg()
                 r["per_call"] = per_call_figures(per)
                 r["plot"] = drift_plot(per, drift_min, args.drift_calls)
                 figures[f"sip_{args.drift_calls}_{drift_min:g}min"] = r
                 print_row(f"drift{drift_min:g}m", args.drift_calls, 0, r)
                 print(f"  loadavg before {r['loadavg_before']} / after {r['loadavg_after']}")
+                print(f"  GC thaws with calls up: {r['gc_busy_thaws']}")
         finally:
             d.stop()
             tts.stop()

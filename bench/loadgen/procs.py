@@ -314,16 +314,20 @@ class DaemonUnderTest:
                 return int(line.split()[1])
         return 0
 
-    def cdr_lines(self) -> list[dict[str, Any]]:
-        """Every ``call.ended`` line of the daemon's JSON log."""
+    def log_events(self, event: str) -> list[dict[str, Any]]:
+        """Every line of one event (``call.ended``, ``gc.thaw`` ...) in the daemon's JSON log."""
         out = []
         for line in (self.workdir / "daemon.log").read_text(errors="replace").splitlines():
-            if '"call.ended"' in line:
+            if f'"{event}"' in line:
                 try:
                     out.append(json.loads(line))
                 except ValueError:
                     continue
         return out
+
+    def cdr_lines(self) -> list[dict[str, Any]]:
+        """Every ``call.ended`` line of the daemon's JSON log."""
+        return self.log_events("call.ended")
 
     def stop(self) -> None:
         terminate(self.proc, 15)
