@@ -107,7 +107,7 @@ class Metrics:
         )
         self.calls_unreleased_total = Counter(
             "callbridge_calls_unreleased",
-            "ended calls still alive 10 s later (in a reference cycle, or held: a leak)",
+            "ended calls still alive 30 s later (in a reference cycle, or held: a leak)",
             registry=r,
         )
         # process_resident_memory_bytes, process_open_fds, process_cpu_seconds_total...

@@ -84,9 +84,11 @@ worth a pass over every call's objects; a leaking call type leaves thousands per
 BLIND_THAW_S = 86400.0
 """With calls up and no evidence of garbage, the interval between busy thaws."""
 
-RELEASE_GRACE_S = 10.0
-"""How long after its end a call may still be held (a WebSocket's closing handshake, a
-task finishing its ``finally``) before ``ReleaseWatch`` counts it as not released."""
+RELEASE_GRACE_S = 30.0
+"""How long after its end a call may still be held before ``ReleaseWatch`` counts it as not
+released: longer than every close path that holds the runner (the application's WebSocket
+closes 1 s after the end and waits up to 10 s for the peer's close frame; an agent
+provider's session closes within its ``close_timeout_s``, 5 s by default)."""
 
 DESCRIBED_TYPES = 8
 """How many of the commonest types ``thaw_described`` names."""
