@@ -207,8 +207,8 @@ class Daemon:
         # walks only what calls create (docs/benchmarks.md, "Garbage collection")
         gc.collect()
         gc.freeze()
+        self.young_finds.take()  # what start-up's own collection found is not the calls'
         self.gc_policy = GcPolicy(self.config.daemon.gc_freeze_s, self.config.daemon.gc_thaw_s)
-        self.young_finds.install()
         self._collect_garbage()
         self.ready = embedded_ok
         self.notifier.ready(self.status_line())
@@ -355,7 +355,6 @@ class Daemon:
 
     async def close(self) -> None:
         self.notifier.stop_watchdog()
-        self.young_finds.uninstall()
         with contextlib.suppress(AttributeError):
             self.ticker.close()
         for leg in self.legs:

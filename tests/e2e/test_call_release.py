@@ -29,7 +29,7 @@ import structlog.testing
 
 from bridge.io.caller import CallerOptions, place_call
 from bridge.io.callrun import CallRunner
-from bridge.io.gcpolicy import Canary
+from bridge.io.gcpolicy import SMALL_FIND, Canary
 
 from .harness import FACTOR, Stack, TwilioCall, free_port, stack
 
@@ -221,5 +221,29 @@ def test_an_ended_call_still_held_is_named_after_the_thaw_that_could_not_free_it
             thaws = [e for e in logs if e["event"] == "gc.thaw" and e["calls"] == 1]
             assert thaws and all(not e.get("calls_freed") for e in thaws)
             hold.clear()
+
+    asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
+
+
+@pytest.mark.usefixtures("no_cyclic_gc")
+def test_with_calls_up_and_no_evidence_the_daemon_makes_no_full_collection() -> None:
+    """The other side of the evidence: calls that leave no cycles bring no busy thaw, even
+    with ``gc_thaw_s`` short, and what start-up's own collection found (here thousands of
+    objects in cycles left before the daemon started) is not taken for the calls'."""
+
+    async def body() -> None:
+        for _ in range(SMALL_FIND):
+            node: list[object] = []
+            node.append(node)
+        del node
+        async with stack(GREETING_ROUTE) as s:
+            assert s.daemon.young_finds.found < SMALL_FIND
+            s.daemon.gc_policy.thaw_every_s = 0.5
+            with structlog.testing.capture_logs() as logs:
+                async with TwilioCall(s.ms_port):
+                    await asyncio.sleep(2.0)
+            busy = [e for e in logs if e["event"] == "gc.thaw" and e["calls"] > 0]
+            assert busy == []
+            assert not [e for e in logs if e["event"] == "call.not_released"]
 
     asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
