@@ -92,11 +92,6 @@ TASKS_REFRESH_S = 5.5
 """The daemon refreshes ``callbridge_tasks`` with its status line, every 5 s."""
 
 
-def gc_thaws(d: DaemonUnderTest) -> list[dict[str, Any]]:
-    """The daemon's ``gc.thaw`` log lines (its GC policy's full collections)."""
-    return d.log_events("gc.thaw")
-
-
 RELEASE_CHECK_S = 31.0
 """The daemon checks an ended call was freed 30 s after its end (``RELEASE_GRACE_S``)."""
 
@@ -120,7 +115,7 @@ def busy_churn(d: DaemonUnderTest, calls: int) -> dict[str, Any]:
     talk.place(1, rate_per_s=10)
     talk.wait_answered(10)
     talk.run_for(0.5)
-    thaws_before = len(gc_thaws(d))
+    thaws_before = len(d.log_events("gc.thaw"))
     unreleased_before = len(d.log_events("call.not_released"))
     rss0 = d.rss_bytes()
     t0 = time.monotonic()
@@ -133,7 +128,7 @@ def busy_churn(d: DaemonUnderTest, calls: int) -> dict[str, Any]:
     talk.hangup_all(settle_s=1.0)
     talk.close()
     time.sleep(3.0)  # the GC policy is asked every 0.1 s: a thaw with no call up
-    thaws = gc_thaws(d)[thaws_before:]
+    thaws = d.log_events("gc.thaw")[thaws_before:]
     return {
         "calls": n,
         "calls_per_s": round(n / wall, 1),

@@ -29,7 +29,7 @@ from typing import Protocol
 from bridge import __version__, native
 from bridge.config import Config, ConfigError, ProviderConfig, load_config, split_hostport
 from bridge.io.embedded import EmbeddedTts
-from bridge.io.gcpolicy import SMALL_FIND, GcPolicy, ReleaseWatch, YoungFinds, thaw_described
+from bridge.io.gcpolicy import GcPolicy, ReleaseWatch, YoungFinds, thaw_described
 from bridge.io.gcpolicy import apply as gc_apply
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, serve_http_ws
 from bridge.io.notify import Notifier
@@ -229,13 +229,14 @@ class Daemon:
         """The GC policy's step for now (``bridge.io.gcpolicy``), every ``GC_TICK_S``."""
         if self._stop.is_set():
             return
-        asyncio.get_running_loop().call_later(GC_TICK_S, self._collect_garbage)
+        loop = asyncio.get_running_loop()
+        loop.call_later(GC_TICK_S, self._collect_garbage)
         calls = sum(leg.active_calls() for leg in self.legs)
-        now = time.monotonic()
+        now = loop.time()  # the clock the calls' ends are stamped with (CallRunner.finish)
         for call_id in self.release_watch.check(now):
             self.metrics.calls_unreleased_total.inc()
             log.warning("call.not_released", call_id=call_id, after_s=self.release_watch.grace_s)
-        evidence = self.release_watch.suspects > 0 or self.young_finds.found >= SMALL_FIND
+        evidence = self.gc_policy.evidence(self.release_watch.suspects, self.young_finds.found)
         step = self.gc_policy.tick(now, calls, evidence)
         if step is None:
             return

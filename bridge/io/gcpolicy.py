@@ -114,6 +114,12 @@ class GcPolicy:
     _frozen: bool = False
     """Something was frozen since the last thaw."""
 
+    def evidence(self, unreleased_calls: int, young_found: int) -> bool:
+        """Whether the frozen objects are likely to hold garbage: an ended call not freed
+        (``ReleaseWatch``), or ``SMALL_FIND`` or more found by the young passes since the
+        last thaw (``YoungFinds``). The last thaw's own find counts too (``thawed``)."""
+        return unreleased_calls > 0 or young_found >= SMALL_FIND
+
     def busy_interval(self, evidence: bool) -> float:
         """How long after the last thaw a thaw with calls up is due."""
         if evidence or self._leaky:

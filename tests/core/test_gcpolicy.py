@@ -56,6 +56,12 @@ def test_with_evidence_a_busy_thaw_comes_every_thaw_period() -> None:
     assert steps == [None] + ["freeze"] * 5 + ["thaw"] + ["freeze"] * 5 + ["thaw"]
 
 
+def test_evidence_is_a_call_not_released_or_the_young_passes_finding_enough() -> None:
+    policy = GcPolicy()
+    assert not policy.evidence(0, 0) and not policy.evidence(0, SMALL_FIND - 1)
+    assert policy.evidence(1, 0) and policy.evidence(0, SMALL_FIND)
+
+
 def test_evidence_counts_from_the_last_thaw_not_from_when_it_appeared() -> None:
     policy = GcPolicy(freeze_every_s=5.0, thaw_every_s=30.0)
     steps = [policy.tick(float(t), 100, evidence=t >= 25) for t in range(0, 40, 5)]
