@@ -41,7 +41,14 @@ __all__ = [
 CALLER_HEADER = "X-Callbridge-Source"
 """Header a trusted proxy sets to the address it received the request from."""
 
-REFUSAL_REASONS = ("not_allowed", "rate_limited", "draining", "max_calls", "auth_failed")
+REFUSAL_REASONS = (
+    "not_allowed",
+    "rate_limited",
+    "draining",
+    "max_calls",
+    "auth_failed",
+    "no_codec",
+)
 """Reasons the SIP engine counts its refusals under (``UaCore.refusals``)."""
 
 MAX_TRACKED_SOURCES = 10_000

@@ -30,9 +30,10 @@ Session-Expires < Min-SE    422 + Min-SE
 SDP unparseable / no codec  400 / 488
 ==========================  ============================================
 
-Every refusal above but the protocol errors (4xx from 420 on) is counted in
-``refusals`` under a reason of ``guard.REFUSAL_REASONS``; a 401 counts only
-when the request carried credentials (a first challenge is not a refusal).
+The allowlist, rate, drain, call-limit, digest and no-codec (488) refusals
+are counted in ``refusals`` under a reason of ``guard.REFUSAL_REASONS`` (the
+other protocol errors are not); a 401 counts only when the request carried
+credentials (a first challenge is not a refusal).
 
 Then 100 Trying, an early dialog with our To tag, and ``CallOffered``. The
 application answers with ``answer(call_id, sdp, now)`` (200 OK, retransmitted
@@ -278,6 +279,7 @@ class UasAgent(UaCore):
             self._respond(entry, 400, "Bad SDP", now, to_tag=tag)
             return True, None
         if audio is None:
+            self.refusals["no_codec"] += 1
             self._respond(entry, 488, "Not Acceptable Here", now, to_tag=tag)
             return True, None
         return False, audio

@@ -225,4 +225,18 @@ def test_refusal_reasons_are_the_documented_set() -> None:
         "draining",
         "max_calls",
         "auth_failed",
+        "no_codec",
     }
+
+
+def test_config_key_names_a_bad_value() -> None:
+    from bridge.config import ConfigError, parse_config
+
+    base = '[providers.p]\nprotocol = "kova"\nurl = "ws://127.0.0.1:1/v1/ws/kova"\n'
+    base += '[[routes]]\nmatch = "*"\nprovider = "p"\n'
+    ok = parse_config('[sip]\ntrusted_proxies = ["10.0.0.5", "10.1.0.0/16"]\n' + base)
+    assert ok.sip.trusted_proxies == ("10.0.0.5", "10.1.0.0/16")
+    assert parse_config(base).sip.trusted_proxies == ()
+    with pytest.raises(ConfigError) as info:
+        parse_config('[sip]\ntrusted_proxies = ["kamailio.local"]\n' + base)
+    assert any(e.startswith("sip.trusted_proxies: ") for e in info.value.errors)
