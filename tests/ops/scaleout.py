@@ -82,8 +82,12 @@ class SipNode:
     """
 
     draining: bool = False
+    rate_limited: bool = False
+    """Answer every INVITE "503 Rate Limited" (a caller over the node's rate)."""
     invites: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    sources: list[list[str]] = field(default_factory=list)
+    """The X-Callbridge-Source values of each INVITE received (the proxy's report)."""
     byes: list[str] = field(default_factory=list)
     options: int = 0
 
@@ -162,7 +166,12 @@ class SipNode:
                 else:
                     self._reply(addr, start, hdrs, 200, "OK")
             elif method == "INVITE":
-                if call_id in self.invites:  # retransmission
+                if call_id in self.invites or call_id in self.refused:  # retransmission
+                    return
+                self.sources.append([v for n, v in hdrs if n.lower() == "x-callbridge-source"])
+                if self.rate_limited:
+                    self.refused.append(call_id)
+                    self._reply(addr, start, hdrs, 503, "Rate Limited", ["Retry-After: 3"])
                     return
                 if self.draining:
                     self.refused.append(call_id)
