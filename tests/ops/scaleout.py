@@ -271,8 +271,10 @@ def sipp(
     rate_cps: float,
     duration_ms: int,
     tag: str,
+    source: str = "127.0.0.1",
 ) -> subprocess.Popen[bytes]:
-    """Start SIPp as a UAC placing `calls` calls through the proxy."""
+    """Start SIPp as a UAC placing `calls` calls through the proxy, from the
+    loopback address `source` (one caller as the proxy sees it)."""
     err = tmp / f"sipp-{tag}-errors.log"
     cmd = [
         "sipp",
@@ -282,7 +284,7 @@ def sipp(
         "-s",
         "1000",
         "-i",
-        "127.0.0.1",
+        source,
         "-p",
         str(free_port(socket.SOCK_DGRAM)),
         "-mp",

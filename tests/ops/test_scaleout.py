@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import daemon_config, free_port
+from .conftest import FACTOR, daemon_config, free_port
 from .scaleout import (
     Kamailio,
     SipNode,
@@ -305,3 +305,63 @@ def test_calls_spread_over_two_daemons_and_drain(
     assert code == 0, out  # the draining node's calls completed normally
     assert pa.wait(30) == 0, "the drained daemon exits 0 once its calls are over"
     assert pb.poll() is None
+
+
+def test_300_calls_at_100_per_second_over_two_daemons(
+    tmp_path: Path,
+    kamailio: StartKamailio,
+    run_daemon: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """Five callers (SIPp from five loopback addresses) place 300 calls at 100
+    calls/s in all through Kamailio to two daemons that trust it, with the
+    default per-source INVITE limit (20/s): every call succeeds, none is
+    refused, and none moves off a live node (no failover, both nodes active).
+
+    The daemons' lag guard is off (max_loop_lag_ms = 0): on a loaded test host
+    it would refuse calls for a reason that is not this test's (it has its own
+    test, test_refusals.py). Where the calls landed is counted on each node's
+    /metrics; a moved call would show in Kamailio's log as a failover."""
+    daemons = []
+    for i, name in enumerate("ab"):
+        d = tmp_path / name
+        d.mkdir()
+        api, sip = free_port(), free_port(socket.SOCK_DGRAM)
+        lo = 36000 + 1000 * i
+        cfg = daemon_config(d, api=api, sip=sip, drain=5, rtp_lo=lo, rtp_hi=lo + 999)
+        text = cfg.read_text().replace("[sip]\n", '[sip]\ntrusted_proxies = ["127.0.0.1"]\n')
+        cfg.write_text(text.replace("[daemon]\n", "[daemon]\nmax_loop_lag_ms = 0\n"))
+        daemons.append((run_daemon(cfg, log=d / "daemon.log"), api, sip))
+    for _proc, api, sip in daemons:
+        assert wait_until(lambda api=api: http_get(f"http://127.0.0.1:{api}/readyz")[0] == 200, 60)
+        assert sip_options(sip, 2.0) == 200
+    (_, api_a, sip_a), (_, api_b, sip_b) = daemons
+
+    def metric(api: int, name: str) -> float:
+        return metric_sum(http_get(f"http://127.0.0.1:{api}/metrics")[1], name)
+
+    # a node slow to answer on a loaded host is not a dead one: Kamailio waits
+    # 10 s (x FACTOR) for a reply before failing over
+    k = kamailio([sip_a, sip_b], fr_timer_ms=int(10_000 * FACTOR))
+    assert k.wait_flags(sip_a, "A", 10) and k.wait_flags(sip_b, "A", 10), k.dispatcher_flags()
+
+    callers = [
+        sipp(tmp_path, k.port, calls=60, rate_cps=20, duration_ms=500, tag=f"c{i}", source=src)
+        for i, src in enumerate(f"127.0.0.{n}" for n in range(11, 16))
+    ]
+    for i, proc in enumerate(callers):
+        code, out = sipp_wait(proc, 120)
+        assert code == 0, f"caller {i}: {out}"
+
+    def landed() -> float:
+        return metric(api_a, "callbridge_calls_total") + metric(api_b, "callbridge_calls_total")
+
+    assert wait_until(lambda: landed() == 300, 30), landed()
+    assert (
+        metric(api_a, "callbridge_calls_total") > 0 and metric(api_b, "callbridge_calls_total") > 0
+    )
+    assert metric(api_a, "callbridge_rejected_total") == 0
+    assert metric(api_b, "callbridge_rejected_total") == 0
+    log = k.log.read_text()
+    assert "failed" not in log and "failover" not in log, "a call moved off a live node"
+    flags = k.dispatcher_flags()
+    assert flags[sip_a].startswith("A") and flags[sip_b].startswith("A"), flags
