@@ -149,6 +149,16 @@ class Overloaded:
         return True
 
 
+class NoPorts:
+    """An RTP port allocator with every pair taken."""
+
+    def allocate(self, key: str) -> int | None:
+        return None
+
+    def release(self, key: str) -> None:
+        pass
+
+
 async def upgrade_status(url: str) -> int:
     """101 if the upgrade was accepted (then closed), else the HTTP status."""
     try:
@@ -243,12 +253,22 @@ def test_every_refusal_path_moves_its_reason(clients: list[SipClient]) -> None:
         assert await upgrade_status(f"{ws}/telnyx") == 403
         assert rejected("bad_token") == 1
 
+        # every RTP port pair taken: 503
+        real_ports = sip_leg.ports  # type: ignore[attr-defined]
+        sip_leg.ports = NoPorts()  # type: ignore[attr-defined]
+        try:
+            proxy.invite(sdp=SDP)
+            assert await wait_for(lambda: rejected("no_ports") == 1)
+        finally:
+            sip_leg.ports = real_ports  # type: ignore[attr-defined]
+        assert await wait_for(lambda: proxy.read().count("503 Service Unavailable") == 2)
+
         # max_calls = 1: with one call up the next INVITE gets 503
         proxy.invite(sdp=SDP)
         assert await wait_for(lambda: sip_leg.active_calls() == 1)
         proxy.invite(sdp=SDP)
         assert await wait_for(lambda: rejected("max_calls") == 1)
-        assert await wait_for(lambda: proxy.read().count("503 Service Unavailable") == 2)
+        assert await wait_for(lambda: proxy.read().count("503 Service Unavailable") == 3)
 
         # draining: new calls and new streams get 503
         sip_leg.set_draining(True)
