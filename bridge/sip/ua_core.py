@@ -206,7 +206,7 @@ class UaCore(Outbox):
         if (
             not isinstance(partial, SipRequest)
             or not can_answer(partial)
-            or not self._allowlist.allows(peer.addr[0])
+            or not (self._allowlist.allows(peer.addr[0]) or self._trusted.trusts(peer.addr[0]))
             or not self._error_limiter.allow(peer.addr[0], now)
         ):
             self.dropped_messages += 1

@@ -406,6 +406,9 @@ def test_new_streams_every_20ms_across_a_daemons_sigterm(
         d.mkdir()
         api, ms, lo = free_port(), free_port(), 35000 + 1000 * i
         cfg = daemon_config(d, api=api, media_streams=ms, drain=60, rtp_lo=lo, rtp_hi=lo + 999)
+        # no overload refusals (lag guard off): on a loaded host both nodes could
+        # refuse an upgrade for a reason that is not this test's
+        cfg.write_text(cfg.read_text().replace("[daemon]\n", "[daemon]\nmax_loop_lag_ms = 0\n"))
         daemons.append((run_daemon(cfg), api, ms))
     for _proc, api, _ms in daemons:
         assert wait_until(lambda api=api: http_get(f"http://127.0.0.1:{api}/readyz")[0] == 200, 60)
@@ -420,8 +423,6 @@ def test_new_streams_every_20ms_across_a_daemons_sigterm(
     def active(api: int) -> float:
         return metric_sum(http_get(f"http://127.0.0.1:{api}/metrics")[1], "callbridge_calls_active")
 
-    refused_by_a: list[float] = []
-
     def sigterm(opened: list[ClientConnection]) -> None:
         # the streams so far become calls, so node a drains (and stays up) for its own
         for n, ws in enumerate(opened):
@@ -429,18 +430,16 @@ def test_new_streams_every_20ms_across_a_daemons_sigterm(
         assert wait_until(lambda: active(api_a) >= 1, 10)
         pa.send_signal(signal.SIGTERM)
 
-    def after_drain_window(_: list[ClientConnection]) -> None:
-        refused_by_a.append(draining_refusals())
-
     with contextlib.ExitStack() as stack:
-        statuses = upgrades_every_20ms(
-            f"ws://127.0.0.1:{h.port}/twilio", 100, stack, {10: sigterm, 99: after_drain_window}
-        )
+        statuses = upgrades_every_20ms(f"ws://127.0.0.1:{h.port}/twilio", 100, stack, {10: sigterm})
         assert statuses == [101] * 100, statuses
         assert h.status("node-b") == "UP"
+        # node a is still up (draining for its calls): every upgrade it refused
+        # was redispatched by HAProxy, and it counted each one
+        assert pa.poll() is None, "a drains for its calls"
         wredis = int(h.servers()["node-a"]["wredis"])
-        assert wredis == refused_by_a[0], (wredis, refused_by_a)
-        assert h.status("node-a") == "DOWN" and pa.poll() is None, "a drains for its calls"
+        assert wredis == draining_refusals(), (wredis, draining_refusals())
+        assert wait_until(lambda: h.status("node-a") == "DOWN", 10), h.servers()
     assert pa.wait(60) == 0, "the drained daemon exits 0 once its calls are over"
     out = pa.stdout.read().decode() if pa.stdout else ""
     assert 0 <= out.find("daemon.draining") < out.find("daemon.drained"), out[-2000:]
