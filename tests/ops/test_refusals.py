@@ -6,6 +6,8 @@ addresses, so one config covers a trusted proxy (127.0.0.1), an allowed direct
 source (127.0.0.2) and a source outside ``allow`` (127.0.0.3). Each step waits
 for the counter it expects (with a scaled timeout), then checks the answers
 the client got: the count of answers and of metric increments must agree.
+``auth_failed`` is counted by the SIP engine like the other engine reasons
+(``tests/sip/test_sip_proxy_trust.py``); the leg exports them all alike.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ invite_rate_per_source = 0.1
 [media_streams]
 listen = "127.0.0.1:0"
 stream_token = "shared-secret"
+plivo_auth_token = "plivo-secret"
+single_use_tokens = true
 
 [api]
 listen = "127.0.0.1:0"
@@ -249,6 +253,19 @@ def test_every_refusal_path_moves_its_reason(clients: list[SipClient]) -> None:
                 async for _ in conn:
                     pass
         assert rejected("no_route") == 2
+        # a Twilio stream whose single-use token is garbage is closed
+        async with websockets.connect(f"{ws}/twilio") as conn:
+            start = json.loads(json.dumps(TWILIO_START))
+            start["start"]["customParameters"] = {"route": "demo", "token": "garbage"}
+            await conn.send(json.dumps({"event": "connected", "protocol": "Call"}))
+            await conn.send(json.dumps(start))
+            with contextlib.suppress(websockets.ConnectionClosed):
+                async for _ in conn:
+                    pass
+        assert rejected("token_malformed") == 1
+        # a Plivo upgrade without its signature: 403
+        assert await upgrade_status(f"{ws}/plivo") == 403
+        assert rejected("bad_signature") == 1
         # a shared-token dialect without its token: 403
         assert await upgrade_status(f"{ws}/telnyx") == 403
         assert rejected("bad_token") == 1
