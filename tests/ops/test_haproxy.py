@@ -409,7 +409,8 @@ def test_new_streams_every_20ms_across_a_daemons_sigterm(
         # no overload refusals (lag guard off): on a loaded host both nodes could
         # refuse an upgrade for a reason that is not this test's
         cfg.write_text(cfg.read_text().replace("[daemon]\n", "[daemon]\nmax_loop_lag_ms = 0\n"))
-        daemons.append((run_daemon(cfg), api, ms))
+        # node b's output (it takes most streams) goes to a file: a pipe left unread fills
+        daemons.append((run_daemon(cfg, log=d / "daemon.log" if name == "b" else None), api, ms))
     for _proc, api, _ms in daemons:
         assert wait_until(lambda api=api: http_get(f"http://127.0.0.1:{api}/readyz")[0] == 200, 60)
     h = haproxy([(ms, api) for _proc, api, ms in daemons])
