@@ -96,6 +96,7 @@ class SipConfig:
     rtp_address: str = ""
     codecs: tuple[str, ...] = CODECS
     allow: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
+    trusted_proxies: tuple[str, ...] = ()
     max_calls: int = 500
     invite_rate_per_source: float = 20.0
     rtp_timeout_s: float = 30.0
@@ -484,7 +485,7 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
         {
             "enabled", "listen", "transports", "rtp_ports", "rtp_address", "codecs", "allow",
             "max_calls", "invite_rate_per_source", "rtp_timeout_s", "session_expires_s",
-            "auth", "registrations",
+            "auth", "registrations", "trusted_proxies",
         },
         p,
     )  # fmt: skip
@@ -506,6 +507,12 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
             ipaddress.ip_network(a, strict=False)
         except ValueError:
             r.err("sip.allow", f"not a CIDR: {a!r}")
+    trusted_proxies = r.str_list(d, "trusted_proxies", p, ())
+    for a in trusted_proxies:
+        try:
+            ipaddress.ip_network(a, strict=False)
+        except ValueError:
+            r.err("sip.trusted_proxies", f"not an address or CIDR: {a!r}")
     auth = r.table(d, "auth", p)
     r.unknown(auth, {"realm", "users"}, "sip.auth")
     users_t = r.table(auth, "users", "sip.auth")
@@ -544,6 +551,7 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
         rtp_address=r.str_(d, "rtp_address", p, ""),
         codecs=codecs,
         allow=allow,
+        trusted_proxies=trusted_proxies,
         max_calls=r.int_(d, "max_calls", p, 500, 1, 100000),
         invite_rate_per_source=r.num(d, "invite_rate_per_source", p, 20.0, 0.1, 100000),
         rtp_timeout_s=r.num(d, "rtp_timeout_s", p, 30.0, 1, 3600),

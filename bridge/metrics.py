@@ -15,7 +15,30 @@ from prometheus_client import (
     generate_latest,
 )
 
-__all__ = ["Metrics"]
+__all__ = ["REJECT_REASONS", "Metrics"]
+
+REJECT_REASONS = (
+    # SIP (bridge.sip.guard.REFUSAL_REASONS: counted by the engine)
+    "not_allowed",  # source, or caller behind a trusted proxy, outside [sip] allow
+    "rate_limited",  # over invite_rate_per_source: dropped, or 503 to a trusted proxy
+    "draining",  # SIP INVITE 503 or media-stream upgrade 503 during a drain
+    "max_calls",  # SIP INVITE 503 at [sip] max_calls
+    "auth_failed",  # SIP digest credentials that do not verify (401)
+    # SIP (the leg)
+    "overloaded",  # SIP INVITE 503 or upgrade 503: the media clock lags (max_loop_lag_ms)
+    "no_route",  # SIP 404 or a stream closed: no route matches
+    "no_codec",  # SIP 488: no codec in common
+    "no_ports",  # SIP 503: no RTP port pair free
+    # media streams
+    "bad_signature",  # X-Twilio-Signature / X-Plivo-Signature-V3 does not verify (403)
+    "bad_token",  # shared stream token missing or wrong (403)
+    "token_malformed",  # single-use stream token (Twilio): malformed
+    "token_bad_mac",  # ... its MAC does not verify
+    "token_expired",  # ... expired
+    "token_replayed",  # ... already used
+)
+"""Every ``reason`` of ``callbridge_rejected_total`` (docs/operations.md); each
+starts at 0 so that ``increase()`` and alerts see its first refusal."""
 
 MS_BUCKETS_S = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
@@ -95,6 +118,8 @@ class Metrics:
         self.rejected_total = Counter(
             "callbridge_rejected_total", "Requests refused", ["reason"], registry=r
         )
+        for reason in REJECT_REASONS:
+            self.rejected_total.labels(reason)
         self.rtp_packets_lost_total = Counter(
             "callbridge_rtp_packets_lost_total", "Inbound RTP packets lost", registry=r
         )

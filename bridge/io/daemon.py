@@ -347,6 +347,11 @@ class Daemon:
             leg.set_draining(True)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.daemon.drain_timeout_s
+        log.info(
+            "daemon.draining",
+            drain_timeout_s=self.config.daemon.drain_timeout_s,
+            calls_active=sum(leg.active_calls() for leg in self.legs),
+        )
         while sum(leg.active_calls() for leg in self.legs) and loop.time() < deadline:
             await asyncio.sleep(0.1)
         remaining = sum(leg.active_calls() for leg in self.legs)

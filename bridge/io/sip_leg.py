@@ -148,6 +148,9 @@ class _UaRunner:
                 writer = self.writers.pop(action.conn_id, None)
                 if writer is not None:
                     writer.close()
+        if self.ua.refusals:  # what the engine refused: allowlist, rate, drain, limit, auth
+            for reason, count in self.ua.take_refusals().items():
+                self.leg.daemon.metrics.rejected_total.labels(reason).inc(count)
         for event in self.ua.events_received():
             self.leg.on_sip_event(self, event)
         deadline = self.ua.next_deadline()
@@ -198,6 +201,7 @@ class SipLeg:
             local_port=port,
             transport=transport,
             allowed_sources=cfg.allow,
+            trusted_proxies=cfg.trusted_proxies,
             auth_realm=cfg.auth_realm,
             auth_users=tuple(SipAuthUser(u.user, u.password) for u in cfg.auth_users),
             auth_secret=self.secret,
@@ -330,20 +334,20 @@ class SipLeg:
         offered_at = loop.time()
         cfg = self.daemon.runtime.config if self.daemon.runtime else self.daemon.config
         route = cfg.route_for(_route_key(event.request_uri))
-        reject: tuple[int, str] | None = None
+        reject: tuple[int, str, str] | None = None
         audio = negotiate(parse_sdp(event.offer_sdp), cfg.sip.codecs) if event.offer_sdp else None
         if route is None:
-            reject = (404, "Not Found")
+            reject = (404, "Not Found", "no_route")
         elif audio is None:
-            reject = (488, "Not Acceptable Here")
+            reject = (488, "Not Acceptable Here", "no_codec")
         elif self.active_calls() >= cfg.sip.max_calls:
-            reject = (503, "Service Unavailable")
+            reject = (503, "Service Unavailable", "max_calls")
         elif self.daemon.ticker.overloaded(cfg.daemon.max_loop_lag_ms / 1000):
-            reject = (503, "Service Unavailable")  # protect the calls in progress
+            reject = (503, "Service Unavailable", "overloaded")  # protect the calls in progress
             log.warning("sip.overloaded", lag_ms=round(self.daemon.ticker.lag_s * 1000, 2))
         if reject is not None or route is None or audio is None:
-            status, phrase = reject or (500, "Server Internal Error")
-            self.daemon.metrics.rejected_total.labels(f"sip_{status}").inc()
+            status, phrase, reason = reject or (500, "Server Internal Error", "error")
+            self.daemon.metrics.rejected_total.labels(reason).inc()
             ua.ua.reject(
                 event.call_id,
                 status,
@@ -356,6 +360,7 @@ class SipLeg:
         host = ua.ua.settings.local_host
         bound = self._bind(ua, event.call_id, host)
         if bound is None:
+            self.daemon.metrics.rejected_total.labels("no_ports").inc()
             ua.ua.reject(
                 event.call_id, 503, "Service Unavailable", loop.time(), (("Retry-After", "5"),)
             )

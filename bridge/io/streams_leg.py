@@ -119,6 +119,7 @@ class MediaStreamsLeg:
         cfg = daemon.runtime.config if daemon.runtime else daemon.config
         route = cfg.route_for(event.route or "")
         if route is None:
+            daemon.metrics.rejected_total.labels("no_route").inc()
             log.warning("streams.no_route", route=event.route)
             stream.engine.hangup(stream.now())
             stream.pump()

@@ -9,15 +9,47 @@ keeps one token bucket per source IP (refilled at ``rate_per_s`` up to
 ``burst``); a new INVITE costs one token and is dropped when none is left.
 The bucket table is bounded (``MAX_TRACKED_SOURCES``, oldest evicted) so a
 spoofed-source flood cannot grow memory.
+
+``TrustedProxies`` names the proxies (Kamailio) whose report of the caller
+is believed. Such a proxy writes the address it received the request from
+into ``CALLER_HEADER`` (removing any copy the caller sent); for a request
+from a trusted proxy the allowlist and the rate limit apply to that caller,
+not to the proxy, and the header is ignored on a request from anywhere else.
+A proxy's own requests (no header) are not rate-limited: the proxy limits
+what it forwards, and starving it would starve every caller behind it.
+
+``REFUSAL_REASONS`` is the fixed set of reasons the SIP engine counts its
+refusals under (the shell exports them as ``callbridge_rejected_total``).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import math
 from collections import OrderedDict
 from collections.abc import Iterable
 
-__all__ = ["MAX_TRACKED_SOURCES", "InviteRateLimiter", "SourceAllowlist"]
+__all__ = [
+    "CALLER_HEADER",
+    "MAX_TRACKED_SOURCES",
+    "REFUSAL_REASONS",
+    "InviteRateLimiter",
+    "SourceAllowlist",
+    "TrustedProxies",
+]
+
+CALLER_HEADER = "X-Callbridge-Source"
+"""Header a trusted proxy sets to the address it received the request from."""
+
+REFUSAL_REASONS = (
+    "not_allowed",
+    "rate_limited",
+    "draining",
+    "max_calls",
+    "auth_failed",
+    "no_codec",
+)
+"""Reasons the SIP engine counts its refusals under (``UaCore.refusals``)."""
 
 MAX_TRACKED_SOURCES = 10_000
 """Most source IPs with a live token bucket."""
@@ -39,6 +71,33 @@ class SourceAllowlist:
         return any(address in network for network in self._networks)
 
 
+class TrustedProxies:
+    """CIDRs of proxies whose ``CALLER_HEADER`` is believed; empty trusts none."""
+
+    def __init__(self, cidrs: Iterable[str]) -> None:
+        self._networks = [ipaddress.ip_network(c, strict=False) for c in cidrs]
+
+    def trusts(self, host: str) -> bool:
+        if not self._networks:
+            return False
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(address in network for network in self._networks)
+
+    @staticmethod
+    def caller(header: str | None) -> str | None:
+        """The caller's address from a trusted proxy's header; None if absent or
+        not one IP address (the request is then the proxy's own)."""
+        if header is None:
+            return None
+        try:
+            return str(ipaddress.ip_address(header.strip()))
+        except ValueError:
+            return None
+
+
 class InviteRateLimiter:
     """Per-source token buckets; ``rate_per_s <= 0`` disables the limit."""
 
@@ -58,3 +117,11 @@ class InviteRateLimiter:
         if len(self._buckets) > MAX_TRACKED_SOURCES:
             self._buckets.popitem(last=False)
         return allowed
+
+    def retry_after_s(self, host: str, now: float) -> int:
+        """Whole seconds until ``host`` has a token again (at least 1)."""
+        if self._rate_per_s <= 0:
+            return 1
+        tokens, last = self._buckets.get(host, (self._burst, now))
+        tokens = min(self._burst, tokens + (now - last) * self._rate_per_s)
+        return max(1, math.ceil((1.0 - tokens) / self._rate_per_s))

@@ -48,6 +48,10 @@ class SipSettings:
     allowed_sources: tuple[str, ...] = ()
     """CIDRs allowed to send requests; empty allows everyone. Others are
     dropped silently (not 403: silence keeps the node invisible to scanners)."""
+    trusted_proxies: tuple[str, ...] = ()
+    """CIDRs of proxies whose ``X-Callbridge-Source`` header names the caller: the
+    allowlist and the INVITE rate limit then apply to that caller (refused with
+    403 / 503 + Retry-After, not silence); the proxy itself always passes."""
     auth_realm: str = "callbridge"
     auth_users: tuple[SipAuthUser, ...] = ()
     """When non-empty, new INVITEs must carry valid digest credentials."""

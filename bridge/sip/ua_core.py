@@ -44,6 +44,7 @@ import heapq
 import itertools
 import logging
 import random
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,7 +53,7 @@ from bridge.sip.dialog import Peer
 from bridge.sip.errors import SipParseError
 from bridge.sip.events import CloseStream, SendStream
 from bridge.sip.framer import SipStreamFramer
-from bridge.sip.guard import InviteRateLimiter, SourceAllowlist
+from bridge.sip.guard import InviteRateLimiter, SourceAllowlist, TrustedProxies
 from bridge.sip.message import (
     SipMessage,
     SipRequest,
@@ -132,11 +133,20 @@ class UaCore(Outbox):
         self._client_txs: dict[tuple[str, str], ClientEntry] = {}
         self._framers: dict[int, SipStreamFramer] = {}
         self._allowlist = SourceAllowlist(settings.allowed_sources)
+        self._trusted = TrustedProxies(settings.trusted_proxies)
         self._error_limiter = InviteRateLimiter(ERROR_RESPONSES_PER_S, int(ERROR_RESPONSES_PER_S))
         self._timer_heap: list[tuple[float, int, TimerHolder]] = []
         self._timer_seq = itertools.count()
         self.dropped_messages = 0
         """Messages dropped (unparseable, unanswerable, not allowed, unmatched)."""
+        self.refusals: Counter[str] = Counter()
+        """Requests refused, by reason (``guard.REFUSAL_REASONS``); see ``take_refusals``."""
+
+    def take_refusals(self) -> dict[str, int]:
+        """The refusals counted since the last call, by reason (for the metrics)."""
+        taken = dict(self.refusals)
+        self.refusals.clear()
+        return taken
 
     # --- identifiers -----------------------------------------------------------
     def _token(self, bits: int = 64) -> str:
@@ -185,8 +195,9 @@ class UaCore(Outbox):
             return
         if isinstance(message, SipResponse):
             self._receive_response(message, now)
-        elif not self._allowlist.allows(peer.addr[0]):
+        elif not self._allowlist.allows(peer.addr[0]) and not self._trusted.trusts(peer.addr[0]):
             self.dropped_messages += 1
+            self.refusals["not_allowed"] += 1
         else:
             self._receive_request(message, peer, now)
 
@@ -195,7 +206,7 @@ class UaCore(Outbox):
         if (
             not isinstance(partial, SipRequest)
             or not can_answer(partial)
-            or not self._allowlist.allows(peer.addr[0])
+            or not (self._allowlist.allows(peer.addr[0]) or self._trusted.trusts(peer.addr[0]))
             or not self._error_limiter.allow(peer.addr[0], now)
         ):
             self.dropped_messages += 1

@@ -16,7 +16,10 @@ so that nothing expensive is created for a request we refuse:
 check                       outcome
 ==========================  ============================================
 source not in allowlist     dropped silently (in ``UaCore``)
-over per-source INVITE rate dropped silently (counted)
+caller behind a trusted     403 (the caller as the proxy reports it in
+proxy not in allowlist      ``X-Callbridge-Source``; see ``bridge.sip.guard``)
+over per-source INVITE rate dropped silently; from a trusted proxy 503 +
+                            Retry-After (the caller's bucket refills then)
 draining                    503 + Retry-After (OPTIONS too: Kamailio drains)
 concurrent calls >= limit   503 + Retry-After
 unknown Require tag         420 + Unsupported
@@ -26,6 +29,11 @@ digest (when configured)    401, same challenge for unknown users and bad passwo
 Session-Expires < Min-SE    422 + Min-SE
 SDP unparseable / no codec  400 / 488
 ==========================  ============================================
+
+The allowlist, rate, drain, call-limit, digest and no-codec (488) refusals
+are counted in ``refusals`` under a reason of ``guard.REFUSAL_REASONS`` (the
+other protocol errors are not); a 401 counts only when the request carried
+credentials (a first challenge is not a refusal).
 
 Then 100 Trying, an early dialog with our To tag, and ``CallOffered``. The
 application answers with ``answer(call_id, sdp, now)`` (200 OK, retransmitted
@@ -59,7 +67,7 @@ from bridge.sip.events import (
     HoldChanged,
     TransferProgress,
 )
-from bridge.sip.guard import InviteRateLimiter
+from bridge.sip.guard import CALLER_HEADER, InviteRateLimiter, TrustedProxies
 from bridge.sip.message import SipRequest, SipResponse
 from bridge.sip.sdp import NegotiatedAudio, SdpError, build_answer, negotiate, parse_sdp
 from bridge.sip.settings import SipSettings
@@ -67,7 +75,7 @@ from bridge.sip.transaction import State
 from bridge.sip.ua_core import ClientEntry, ServerEntry, TimerHolder, UaCore, server_key
 from bridge.sip.uri import parse_params
 
-__all__ = ["ALLOWED_METHODS", "UasAgent"]
+__all__ = ["ALLOWED_METHODS", "RATE_LIMITED", "UasAgent"]
 
 ALLOWED_METHODS = ("INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO", "UPDATE", "NOTIFY")
 KNOWN_METHODS = (*ALLOWED_METHODS, "REGISTER", "SUBSCRIBE", "PUBLISH", "MESSAGE", "PRACK", "REFER")
@@ -76,6 +84,9 @@ DTMF_DIGITS = "0123456789*#ABCD"
 _ALLOW = ("Allow", ", ".join(ALLOWED_METHODS))
 _SUPPORTED = ("Supported", ", ".join(SUPPORTED_OPTIONS))
 _SDP = ("Content-Type", "application/sdp")
+RATE_LIMITED = "Rate Limited"
+"""Reason phrase of the 503 to a trusted proxy for a caller over its INVITE rate:
+the shipped kamailio.cfg relays it to the caller instead of failing over."""
 
 Handler = Callable[["UasAgent", SipRequest, ServerEntry, Peer, float], None]
 
@@ -148,12 +159,11 @@ class UasAgent(UaCore):
             if call is not None:
                 self._on_reinvite(call, request, entry, now)
             return
-        if not self._rate.allow(peer.addr[0], now):
-            self._server_txs.pop(entry.key, None)
-            self.dropped_messages += 1
+        if self._refuse_source(request, entry, peer, now):
             return
         retry = ("Retry-After", str(self.settings.retry_after_s))
         if self.draining:
+            self.refusals["draining"] += 1
             self._respond(
                 entry, 503, "Service Unavailable", now, to_tag=self._token(), headers=(retry,)
             )
@@ -162,6 +172,7 @@ class UasAgent(UaCore):
             self._respond(entry, 482, "Loop Detected", now, to_tag=self._token())
             return
         if self.settings.max_calls and len(self._calls) >= self.settings.max_calls:
+            self.refusals["max_calls"] += 1
             self._respond(
                 entry, 503, "Service Unavailable", now, to_tag=self._token(), headers=(retry,)
             )
@@ -187,6 +198,40 @@ class UasAgent(UaCore):
             )
         )
 
+    def _refuse_source(
+        self, request: SipRequest, entry: ServerEntry, peer: Peer, now: float
+    ) -> bool:
+        """Allowlist and INVITE rate of the caller: True if the INVITE was refused.
+
+        From a trusted proxy the caller is the one its ``X-Callbridge-Source``
+        names (the last copy: the nearest proxy appends it), refused with 403 or
+        503 + Retry-After so the proxy does not take a live node for a dead one;
+        without the header the INVITE is the proxy's own and passes. From anyone
+        else the caller is the source address, and an INVITE over its rate is
+        dropped silently (a flood learns nothing)."""
+        source = peer.addr[0]
+        if self._trusted.trusts(source):
+            reported = request.get_all(CALLER_HEADER)
+            caller = TrustedProxies.caller(reported[-1] if reported else None)
+            if caller is None:
+                return False
+            if not self._allowlist.allows(caller):
+                self.refusals["not_allowed"] += 1
+                self._respond(entry, 403, "Forbidden", now, to_tag=self._token())
+                return True
+            if self._rate.allow(caller, now):
+                return False
+            self.refusals["rate_limited"] += 1
+            retry = ("Retry-After", str(self._rate.retry_after_s(caller, now)))
+            self._respond(entry, 503, RATE_LIMITED, now, to_tag=self._token(), headers=(retry,))
+            return True
+        if self._rate.allow(source, now):
+            return False
+        self.refusals["rate_limited"] += 1
+        self._server_txs.pop(entry.key, None)
+        self.dropped_messages += 1
+        return True
+
     def _refuse_invite(
         self, request: SipRequest, entry: ServerEntry, now: float
     ) -> tuple[bool, NegotiatedAudio | None]:
@@ -207,6 +252,8 @@ class UasAgent(UaCore):
         if self._verifier is not None:
             result = self._verifier.verify(request.get("authorization"), "INVITE", now)
             if result is not AuthResult.OK:
+                if result is AuthResult.FAILED and request.get("authorization") is not None:
+                    self.refusals["auth_failed"] += 1
                 challenges = self._verifier.challenges(now, stale=result is AuthResult.STALE)
                 headers = tuple(("WWW-Authenticate", c) for c in challenges)
                 self._respond(entry, 401, "Unauthorized", now, to_tag=tag, headers=headers)
@@ -232,6 +279,7 @@ class UasAgent(UaCore):
             self._respond(entry, 400, "Bad SDP", now, to_tag=tag)
             return True, None
         if audio is None:
+            self.refusals["no_codec"] += 1
             self._respond(entry, 488, "Not Acceptable Here", now, to_tag=tag)
             return True, None
         return False, audio

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -60,13 +61,19 @@ greeting = "{greeting}"
 def run_daemon() -> Iterator[object]:
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(config: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen(
-            [sys.executable, "-m", "bridge.cli", "serve", "--config", str(config)],
-            env={**os.environ, **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+    def start(
+        config: Path, env: dict[str, str] | None = None, log: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        """The daemon's output goes to a pipe, or to `log` when the test makes more
+        of it than a pipe holds unread (a full pipe would block the daemon)."""
+        with contextlib.ExitStack() as files:
+            out = files.enter_context(log.open("wb")) if log is not None else subprocess.PIPE
+            p = subprocess.Popen(
+                [sys.executable, "-m", "bridge.cli", "serve", "--config", str(config)],
+                env={**os.environ, **(env or {})},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         procs.append(p)
         return p
 

@@ -82,8 +82,12 @@ class SipNode:
     """
 
     draining: bool = False
+    rate_limited: bool = False
+    """Answer every INVITE "503 Rate Limited" (a caller over the node's rate)."""
     invites: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    sources: list[list[str]] = field(default_factory=list)
+    """The X-Callbridge-Source values of each INVITE received (the proxy's report)."""
     byes: list[str] = field(default_factory=list)
     options: int = 0
 
@@ -162,7 +166,12 @@ class SipNode:
                 else:
                     self._reply(addr, start, hdrs, 200, "OK")
             elif method == "INVITE":
-                if call_id in self.invites:  # retransmission
+                if call_id in self.invites or call_id in self.refused:  # retransmission
+                    return
+                self.sources.append([v for n, v in hdrs if n.lower() == "x-callbridge-source"])
+                if self.rate_limited:
+                    self.refused.append(call_id)
+                    self._reply(addr, start, hdrs, 503, "Rate Limited", ["Retry-After: 3"])
                     return
                 if self.draining:
                     self.refused.append(call_id)
@@ -262,8 +271,10 @@ def sipp(
     rate_cps: float,
     duration_ms: int,
     tag: str,
+    source: str = "127.0.0.1",
 ) -> subprocess.Popen[bytes]:
-    """Start SIPp as a UAC placing `calls` calls through the proxy."""
+    """Start SIPp as a UAC placing `calls` calls through the proxy, from the
+    loopback address `source` (one caller as the proxy sees it)."""
     err = tmp / f"sipp-{tag}-errors.log"
     cmd = [
         "sipp",
@@ -273,7 +284,7 @@ def sipp(
         "-s",
         "1000",
         "-i",
-        "127.0.0.1",
+        source,
         "-p",
         str(free_port(socket.SOCK_DGRAM)),
         "-mp",

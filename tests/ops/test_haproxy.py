@@ -22,16 +22,18 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from websockets.exceptions import InvalidStatus
+from websockets.http11 import Request, Response
 from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import Server, ServerConnection, serve
 
-from .conftest import daemon_config, free_port
+from .conftest import FACTOR, daemon_config, free_port
 from .scaleout import ROOT, http_get, metric_sum, stop_process, wait_until
 
 HAPROXY_CFG = ROOT / "config" / "haproxy" / "haproxy.cfg"
@@ -50,6 +52,9 @@ class WsNode:
     def __init__(self, name: str) -> None:
         self.name = name
         self.draining = False
+        self.refusing = False
+        """Refuse new upgrades with 503 (a drain its health check has not seen yet)."""
+        self.refused = 0
         self.streams = 0
         node = self
 
@@ -58,7 +63,13 @@ class WsNode:
             for msg in ws:
                 ws.send(f"{node.name}:{msg!s}")
 
-        self.ws: Server = serve(handler, "127.0.0.1", 0)
+        def process_request(ws: ServerConnection, request: Request) -> Response | None:
+            if node.refusing or node.draining:
+                node.refused += 1
+                return ws.respond(503, "draining\n")
+            return None
+
+        self.ws: Server = serve(handler, "127.0.0.1", 0, process_request=process_request)
         self.port: int = self.ws.socket.getsockname()[1]
 
         class Ready(http.server.BaseHTTPRequestHandler):
@@ -208,6 +219,73 @@ def test_draining_node_gets_no_new_streams_and_keeps_its_own(
     assert _echo(back, "x") == "a:x", "leastconn picks the node with fewer streams"
 
 
+def upgrades_every_20ms(
+    url: str,
+    count: int,
+    stack: contextlib.ExitStack,
+    at: dict[int, Callable[[list[ClientConnection]], None]],
+) -> list[int]:
+    """Open `count` WebSockets, one every 20 ms (on a grid: a slow upgrade does
+    not push the next ones back), kept open in `stack`; `at[n]` runs just before
+    upgrade n with the streams open so far. The status each got: 101, or the
+    refusal's HTTP status."""
+    statuses = []
+    opened: list[ClientConnection] = []
+    start = time.monotonic()
+    for n in range(count):
+        if n in at:
+            at[n](opened)
+            start = time.monotonic() - n * 0.020
+        try:
+            opened.append(stack.enter_context(connect(url, open_timeout=10 * FACTOR)))
+            statuses.append(101)
+        except InvalidStatus as e:
+            statuses.append(e.response.status_code)
+        time.sleep(max(0.0, start + (n + 1) * 0.020 - time.monotonic()))
+    return statuses
+
+
+def twilio_start(ws: ClientConnection, n: int) -> None:
+    """Make a Twilio stream a call: ``connected`` then ``start``."""
+    ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
+    start = {
+        "streamSid": f"MZ{n}",
+        "callSid": f"CA{n}",
+        "accountSid": "AC1",
+        "tracks": ["inbound"],
+        "customParameters": {},
+        "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+    }
+    ws.send(
+        json.dumps({"event": "start", "sequenceNumber": "1", "streamSid": f"MZ{n}", "start": start})
+    )
+
+
+def test_upgrades_refused_by_a_draining_node_go_to_the_other_node(
+    haproxy: Callable[[list[tuple[int, int]]], HaProxy], nodes: list[WsNode]
+) -> None:
+    """Between a node's SIGTERM and the check that marks it down, its 503s to new
+    upgrades are retried on the other node: not one reaches the carrier."""
+    a, b = nodes
+    h = haproxy([(a.port, a.api_port), (b.port, b.api_port)])
+    assert wait_until(lambda: h.status("node-a") == h.status("node-b") == "UP", 10), h.servers()
+    url = f"ws://127.0.0.1:{h.port}/twilio"
+
+    def sigterm(_: list[ClientConnection]) -> None:  # refused at once; the check says 200
+        a.refusing = True
+
+    with contextlib.ExitStack() as stack:
+        statuses = upgrades_every_20ms(url, 60, stack, {10: sigterm})
+        assert statuses == [101] * 60, statuses
+        assert h.status("node-a") == "UP", "the check never saw the drain: HAProxy retried"
+        # leastconn kept choosing node a (it holds fewer streams): every upgrade
+        # after the drain was refused there once and went to node b
+        assert a.refused >= 1 and a.streams + b.streams == 60
+        assert a.streams <= 10 and b.streams == 60 - a.streams
+        wredis = {n: int(r["wredis"]) for n, r in h.servers().items() if n.startswith("node-")}
+        assert wredis["node-a"] == a.refused, (wredis, a.refused)
+
+
 def test_unknown_paths_are_refused_at_the_proxy(
     haproxy: Callable[[list[tuple[int, int]]], HaProxy], nodes: list[WsNode]
 ) -> None:
@@ -310,4 +388,60 @@ def test_two_daemons_behind_haproxy_drain(
         assert active(api_a) == 1
         assert all(ws.state.name == "OPEN" for ws in first)
     assert pa.wait(60) == 0, "the drained daemon exits 0 once its call is over"
+    assert pb.poll() is None
+
+
+def test_new_streams_every_20ms_across_a_daemons_sigterm(
+    tmp_path: Path,
+    haproxy: Callable[[list[tuple[int, int]]], HaProxy],
+    run_daemon: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """Upgrades every 20 ms through HAProxy while node a gets SIGTERM, without
+    waiting for its check to mark it down: none is refused. The upgrades that
+    reached node a between its drain and that check were refused there (its
+    `draining` count) and redispatched by HAProxy (its `wredis` count)."""
+    daemons = []
+    for i, name in enumerate("ab"):
+        d = tmp_path / name
+        d.mkdir()
+        api, ms, lo = free_port(), free_port(), 35000 + 1000 * i
+        cfg = daemon_config(d, api=api, media_streams=ms, drain=60, rtp_lo=lo, rtp_hi=lo + 999)
+        # no overload refusals (lag guard off): on a loaded host both nodes could
+        # refuse an upgrade for a reason that is not this test's
+        cfg.write_text(cfg.read_text().replace("[daemon]\n", "[daemon]\nmax_loop_lag_ms = 0\n"))
+        # node b's output (it takes most streams) goes to a file: a pipe left unread fills
+        daemons.append((run_daemon(cfg, log=d / "daemon.log" if name == "b" else None), api, ms))
+    for _proc, api, _ms in daemons:
+        assert wait_until(lambda api=api: http_get(f"http://127.0.0.1:{api}/readyz")[0] == 200, 60)
+    h = haproxy([(ms, api) for _proc, api, ms in daemons])
+    assert wait_until(lambda: h.status("node-a") == h.status("node-b") == "UP", 10), h.servers()
+    (pa, api_a, _), (pb, _, _) = daemons
+
+    def draining_refusals() -> float:
+        text = http_get(f"http://127.0.0.1:{api_a}/metrics")[1]
+        return metric_sum(text, "callbridge_rejected_total", reason="draining")
+
+    def active(api: int) -> float:
+        return metric_sum(http_get(f"http://127.0.0.1:{api}/metrics")[1], "callbridge_calls_active")
+
+    def sigterm(opened: list[ClientConnection]) -> None:
+        # the streams so far become calls, so node a drains (and stays up) for its own
+        for n, ws in enumerate(opened):
+            twilio_start(ws, n)
+        assert wait_until(lambda: active(api_a) >= 1, 10)
+        pa.send_signal(signal.SIGTERM)
+
+    with contextlib.ExitStack() as stack:
+        statuses = upgrades_every_20ms(f"ws://127.0.0.1:{h.port}/twilio", 100, stack, {10: sigterm})
+        assert statuses == [101] * 100, statuses
+        assert h.status("node-b") == "UP"
+        # node a is still up (draining for its calls): every upgrade it refused
+        # was redispatched by HAProxy, and it counted each one
+        assert pa.poll() is None, "a drains for its calls"
+        wredis = int(h.servers()["node-a"]["wredis"])
+        assert wredis == draining_refusals(), (wredis, draining_refusals())
+        assert wait_until(lambda: h.status("node-a") == "DOWN", 10), h.servers()
+    assert pa.wait(60) == 0, "the drained daemon exits 0 once its calls are over"
+    out = pa.stdout.read().decode() if pa.stdout else ""
+    assert 0 <= out.find("daemon.draining") < out.find("daemon.drained"), out[-2000:]
     assert pb.poll() is None

@@ -15,6 +15,7 @@ Two kinds of node:
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import socket
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import daemon_config, free_port
+from .conftest import FACTOR, daemon_config, free_port
 from .scaleout import (
     Kamailio,
     SipNode,
@@ -166,6 +167,85 @@ def test_no_active_node_gets_503_with_retry_after(
     assert a.invites == b.invites == []
 
 
+def test_second_failover_logs_each_failed_node(tmp_path: Path, kamailio: StartKamailio) -> None:
+    """A call refused (503) by two nodes before the third takes it: the log names
+    each node that failed, in order, and exactly those are marked inactive."""
+    trio = [SipNode(), SipNode(), SipNode()]
+    try:
+        k = kamailio([n.port for n in trio], ping_interval_s=60)
+        assert all(k.wait_flags(n.port, "A", 10) for n in trio), k.dispatcher_flags()
+        order = []  # the round robin's order: one call at a time
+        for i in range(3):
+            before = [len(n.invites) for n in trio]
+            code, out = sipp_wait(
+                sipp(tmp_path, k.port, calls=1, rate_cps=5, duration_ms=50, tag=f"o{i}")
+            )
+            assert code == 0, out
+            order += [n for n, was in zip(trio, before, strict=True) if len(n.invites) > was]
+        assert len(order) == 3 and len({n.port for n in order}) == 3
+        first, second, third = order
+        # the next call goes to `first`, fails over to `second`, then to `third`;
+        # Kamailio cannot know the two refuse: the next probe is a minute away
+        first.draining = second.draining = True
+        code, out = sipp_wait(sipp(tmp_path, k.port, calls=1, rate_cps=5, duration_ms=50, tag="f"))
+        assert code == 0, out
+        assert len(first.refused) == len(second.refused) == 1 and len(third.invites) == 2
+        log = k.log.read_text()
+        failed = re.findall(r"node sip:127\.0\.0\.1:(\d+) failed \(503\)", log)
+        assert [int(p) for p in failed] == [first.port, second.port], log[-2000:]
+        moved = re.findall(r"failover to sip:127\.0\.0\.1:(\d+)", log)
+        assert [int(p) for p in moved] == [second.port, third.port], log[-2000:]
+        flags = k.dispatcher_flags()
+        assert [flags[n.port][0] for n in order] == ["I", "I", "A"], flags
+    finally:
+        for n in trio:
+            n.close()
+
+
+def test_rate_limited_answer_goes_back_and_the_node_stays_active(
+    tmp_path: Path, kamailio: StartKamailio, nodes: list[SipNode]
+) -> None:
+    """A node's "503 Rate Limited" is a live node speaking about one caller: the
+    caller gets it with its Retry-After, no other node gets the call, and the
+    node stays active."""
+    a, b = nodes
+    k = kamailio([a.port, b.port], ping_interval_s=60)
+    assert k.wait_flags(a.port, "A", 10) and k.wait_flags(b.port, "A", 10)
+    a.rate_limited = True
+    code, out = sipp_wait(sipp(tmp_path, k.port, calls=4, rate_cps=20, duration_ms=100, tag="rl"))
+    assert code != 0, out  # the calls round robin sent to node a failed
+    assert len(a.refused) == 2 and a.invites == [], (a.refused, a.invites)
+    assert len(b.invites) == 2, "no refused call moved to node b"
+    errors = (tmp_path / "sipp-rl-errors.log").read_text()
+    assert "Rate Limited" in errors and "Retry-After: 3" in errors, errors[-2000:]
+    assert k.dispatcher_flags()[a.port].startswith("A"), k.dispatcher_flags()
+    assert "marking it inactive" not in k.log.read_text()
+
+
+def test_the_proxy_reports_the_caller_and_drops_a_forged_report(
+    kamailio: StartKamailio, nodes: list[SipNode]
+) -> None:
+    a, b = nodes
+    k = kamailio([a.port, b.port])
+    assert k.wait_flags(a.port, "A", 10) and k.wait_flags(b.port, "A", 10)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.7", 0))
+        port = s.getsockname()[1]
+        s.sendto(
+            (
+                f"INVITE sip:demo@127.0.0.1:{k.port} SIP/2.0\r\n"
+                f"Via: SIP/2.0/UDP 127.0.0.7:{port};branch=z9hG4bKforged1;rport\r\n"
+                f"From: <sip:c@127.0.0.7>;tag=f1\r\nTo: <sip:demo@127.0.0.1>\r\n"
+                "Call-ID: forged-1\r\nCSeq: 1 INVITE\r\n"
+                f"Contact: <sip:c@127.0.0.7:{port}>\r\nMax-Forwards: 70\r\n"
+                "X-Callbridge-Source: 198.51.100.99\r\nContent-Length: 0\r\n\r\n"
+            ).encode(),
+            ("127.0.0.1", k.port),
+        )
+        assert wait_until(lambda: len(a.sources) + len(b.sources) == 1, 5)
+    assert (a.sources + b.sources) == [["127.0.0.7"]]
+
+
 # ------------------------------------------------------- the real daemons
 
 
@@ -225,3 +305,64 @@ def test_calls_spread_over_two_daemons_and_drain(
     assert code == 0, out  # the draining node's calls completed normally
     assert pa.wait(30) == 0, "the drained daemon exits 0 once its calls are over"
     assert pb.poll() is None
+
+
+def test_300_calls_at_100_per_second_over_two_daemons(
+    tmp_path: Path,
+    kamailio: StartKamailio,
+    run_daemon: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """Five callers (SIPp from five loopback addresses) place 300 calls at 100
+    calls/s in all through Kamailio to two daemons that trust it, with the
+    default per-source INVITE limit (20/s): every call succeeds, none is
+    refused, and none moves off a live node (no failover, both nodes active).
+
+    The daemons' lag guard is off (max_loop_lag_ms = 0): on a loaded test host
+    it would refuse calls for a reason that is not this test's (it has its own
+    test, test_refusals.py). Where the calls landed is counted on each node's
+    /metrics; a moved call would show in Kamailio's log as a failover."""
+    daemons = []
+    for i, name in enumerate("ab"):
+        d = tmp_path / name
+        d.mkdir()
+        api, sip = free_port(), free_port(socket.SOCK_DGRAM)
+        lo = 36000 + 1000 * i
+        cfg = daemon_config(d, api=api, sip=sip, drain=5, rtp_lo=lo, rtp_hi=lo + 999)
+        text = cfg.read_text().replace("[sip]\n", '[sip]\ntrusted_proxies = ["127.0.0.1"]\n')
+        cfg.write_text(text.replace("[daemon]\n", "[daemon]\nmax_loop_lag_ms = 0\n"))
+        daemons.append((run_daemon(cfg, log=d / "daemon.log"), api, sip))
+    for _proc, api, sip in daemons:
+        assert wait_until(lambda api=api: http_get(f"http://127.0.0.1:{api}/readyz")[0] == 200, 60)
+        assert sip_options(sip, 2.0) == 200
+    (_, api_a, sip_a), (_, api_b, sip_b) = daemons
+
+    def metric(api: int, name: str) -> float:
+        return metric_sum(http_get(f"http://127.0.0.1:{api}/metrics")[1], name)
+
+    # a node slow to answer on a loaded host is not a dead one: Kamailio waits
+    # 10 s (x FACTOR) for a reply before failing over
+    k = kamailio([sip_a, sip_b], fr_timer_ms=int(10_000 * FACTOR))
+    assert k.wait_flags(sip_a, "A", 10) and k.wait_flags(sip_b, "A", 10), k.dispatcher_flags()
+
+    callers = [
+        sipp(tmp_path, k.port, calls=60, rate_cps=20, duration_ms=500, tag=f"c{i}", source=src)
+        for i, src in enumerate(f"127.0.0.{n}" for n in range(11, 16))
+    ]
+    for i, proc in enumerate(callers):
+        code, out = sipp_wait(proc, 120)
+        assert code == 0, f"caller {i}: {out}"
+
+    def landed() -> float:
+        return metric(api_a, "callbridge_calls_total") + metric(api_b, "callbridge_calls_total")
+
+    assert wait_until(lambda: landed() == 300, 30), landed()
+    assert (
+        metric(api_a, "callbridge_calls_total") > 0 and metric(api_b, "callbridge_calls_total") > 0
+    )
+    assert metric(api_a, "callbridge_rejected_total") == 0
+    assert metric(api_b, "callbridge_rejected_total") == 0
+    log = k.log.read_text()
+    moved = [line for line in log.splitlines() if "inactive" in line or "failover" in line]
+    assert moved == [], "a call moved off a live node"
+    flags = k.dispatcher_flags()
+    assert flags[sip_a].startswith("A") and flags[sip_b].startswith("A"), flags
