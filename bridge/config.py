@@ -93,7 +93,10 @@ class SipConfig:
     listen: tuple[str, ...] = ("127.0.0.1:5060",)
     transports: tuple[str, ...] = ("udp", "tcp")
     rtp_ports: tuple[int, int] = (20000, 20999)
-    rtp_address: str = ""
+    external_address: str = ""
+    """Address put in SDP and Contact (behind NAT: the public one); empty: the listen host."""
+    latching: str = "strict"
+    """``strict`` or ``learn``: symmetric RTP for callers behind NAT (bridge.rtp.session)."""
     codecs: tuple[str, ...] = CODECS
     allow: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     max_calls: int = 500
@@ -482,7 +485,9 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
     r.unknown(
         d,
         {
-            "enabled", "listen", "transports", "rtp_ports", "rtp_address", "codecs", "allow",
+            "enabled", "listen", "transports", "rtp_ports", "external_address", "latching",
+            "rtp_address",  # renamed: its own error below
+            "codecs", "allow",
             "max_calls", "invite_rate_per_source", "rtp_timeout_s", "session_expires_s",
             "auth", "registrations",
         },
@@ -496,6 +501,14 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
         if t not in ("udp", "tcp"):
             r.err("sip.transports", f"unknown transport {t!r} (expected udp, tcp)")
     ports = _read_port_range(r, d.get("rtp_ports", "20000-20999"))
+    if "rtp_address" in d:
+        r.err("sip.rtp_address", "renamed to sip.external_address")
+    external = r.str_(d, "external_address", p, "")
+    if external:
+        try:
+            ipaddress.ip_address(external)
+        except ValueError:
+            r.err("sip.external_address", f"expected an IP address, got {external!r}")
     codecs = r.str_list(d, "codecs", p, CODECS)
     for c in codecs:
         if c not in CODECS:
@@ -541,7 +554,8 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
         listen=listen,
         transports=transports,
         rtp_ports=ports,
-        rtp_address=r.str_(d, "rtp_address", p, ""),
+        external_address=external,
+        latching=r.choice(d, "latching", p, "strict", ("strict", "learn")),
         codecs=codecs,
         allow=allow,
         max_calls=r.int_(d, "max_calls", p, 500, 1, 100000),

@@ -189,13 +189,15 @@ class SipLeg:
         self.calls: dict[str, _SipCall] = {}
         self.draining = False
         self.secret = os.urandom(32)
-        self.pending_routes: dict[str, tuple[RouteConfig, str, str]] = {}
+        self.pending_routes: dict[str, tuple[RouteConfig, str, str, str]] = {}
+        """Outbound calls not answered yet: route, From, To and the next hop's host."""
 
     def _settings(self, host: str, port: int, transport: str) -> SipSettings:
         cfg = self.daemon.config.sip
         return SipSettings(
             local_host=host,
             local_port=port,
+            contact_host=cfg.external_address,
             transport=transport,
             allowed_sources=cfg.allow,
             auth_realm=cfg.auth_realm,
@@ -323,7 +325,11 @@ class SipLeg:
                     call.loop.time(),
                 )
                 if event.remote_rtp_addr is not None:
-                    call.rtp.set_remote(event.remote_rtp_addr)
+                    call.rtp.set_remote(
+                        event.remote_rtp_addr,
+                        now=call.loop.time(),
+                        latch_host=event.remote_rtp_addr[0],
+                    )
 
     async def _offered(self, ua: _UaRunner, event: CallOffered) -> None:
         loop = asyncio.get_running_loop()
@@ -363,9 +369,9 @@ class SipLeg:
             return
         call = bound[0]
         await call.attach(bound[1])
-        call.start_media(audio)
+        call.start_media(audio, event.source[0])
         self.calls[event.call_id] = call
-        rtp_host = cfg.sip.rtp_address or host
+        rtp_host = cfg.sip.external_address or host
         offer = parse_sdp(event.offer_sdp)
         answer = build_answer(
             offer, audio, rtp_host, call.rtp_port, int.from_bytes(os.urandom(4), "big") >> 1, 1
@@ -422,11 +428,11 @@ class SipLeg:
             raise ValueError("no RTP port free")
         call = bound[0]
         self.daemon.loop_task(call.attach(bound[1]))
-        offer = build_offer(cfg.sip.rtp_address or host, call.rtp_port, 1, 1, cfg.sip.codecs)
+        offer = build_offer(cfg.sip.external_address or host, call.rtp_port, 1, 1, cfg.sip.codecs)
         call_id = ua.ua.invite(to_uri, from_uri, offer, dest, call.loop.time())
         call.call_id, call.outbound = call_id, True
         self.calls[call_id] = call
-        self.pending_routes[call_id] = (route, from_uri, to_uri)
+        self.pending_routes[call_id] = (route, from_uri, to_uri, dest[0])
         ua.pump()
         return call_id
 
@@ -440,8 +446,8 @@ class SipLeg:
             call.hangup("no_codec")
             self._release(call)
             return
-        call.start_media(audio)
-        route, from_uri, to_uri = pending
+        route, from_uri, to_uri, next_hop = pending
+        call.start_media(audio, next_hop)
         self.daemon.metrics.call_setup_seconds.labels("sip").observe(
             call.loop.time() - call.created_at
         )
