@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge.sip.uri import outbound_target
+
 __all__ = [
     "PROTOCOLS",
     "ApiConfig",
@@ -97,6 +99,8 @@ class SipConfig:
     """Address put in SDP and Contact (behind NAT: the public one); empty: the listen host."""
     latching: str = "strict"
     """``strict`` or ``learn``: symmetric RTP for callers behind NAT (bridge.rtp.session)."""
+    outbound_proxy: str = ""
+    """``sip:`` URI every outbound call goes through (and tel: numbers are called at)."""
     codecs: tuple[str, ...] = CODECS
     allow: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     max_calls: int = 500
@@ -487,6 +491,7 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
         {
             "enabled", "listen", "transports", "rtp_ports", "external_address", "latching",
             "rtp_address",  # renamed: its own error below
+            "outbound_proxy",
             "codecs", "allow",
             "max_calls", "invite_rate_per_source", "rtp_timeout_s", "session_expires_s",
             "auth", "registrations",
@@ -503,6 +508,12 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
     ports = _read_port_range(r, d.get("rtp_ports", "20000-20999"))
     if "rtp_address" in d:
         r.err("sip.rtp_address", "renamed to sip.external_address")
+    proxy = r.str_(d, "outbound_proxy", p, "")
+    if proxy:
+        try:
+            outbound_target(proxy)
+        except ValueError as exc:
+            r.err("sip.outbound_proxy", str(exc))
     external = r.str_(d, "external_address", p, "")
     if external:
         try:
@@ -540,6 +551,11 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
         registrar = r.str_(rt, "registrar", rp, "")
         if not registrar.startswith(("sip:", "sips:")):
             r.err(f"{rp}.registrar", f"expected a sip: URI, got {registrar!r}")
+        else:
+            try:
+                outbound_target(registrar)
+            except ValueError as exc:
+                r.err(f"{rp}.registrar", str(exc))
         regs.append(
             SipRegistration(
                 name,
@@ -556,6 +572,7 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
         rtp_ports=ports,
         external_address=external,
         latching=r.choice(d, "latching", p, "strict", ("strict", "learn")),
+        outbound_proxy=proxy,
         codecs=codecs,
         allow=allow,
         max_calls=r.int_(d, "max_calls", p, 500, 1, 100000),

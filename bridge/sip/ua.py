@@ -79,6 +79,7 @@ class SipUserAgent(UasAgent):
         *,
         credentials: tuple[str, str] | DigestCredentials | None = None,
         headers: tuple[tuple[str, str], ...] = (),
+        conn_id: int | None = None,
     ) -> str:
         """Place an outbound call; returns its call id (the SIP Call-ID).
 
@@ -90,6 +91,8 @@ class SipUserAgent(UasAgent):
             credentials: what answers a 401/407 challenge: (username,
                 password), or ``DigestCredentials`` (a trunk's, optionally
                 bound to its realm). Per call, so each call may use its own.
+            conn_id: the stream connection to send on (an outbound TCP call; the
+                dialog keeps using it), None for a datagram.
         """
         call_id = f"{self._token()}@{self.settings.local_host}"
         request = SipRequest(method="INVITE", uri=to_uri)
@@ -107,7 +110,7 @@ class SipUserAgent(UasAgent):
             request.add(name, value)
         request.add("Content-Type", "application/sdp")
         request.body = offer_sdp.encode()
-        peer = Peer(destination)
+        peer = Peer(destination, conn_id)
         dialog = Dialog(call_id, request.from_(), request.to(), to_uri, [], 1, None, peer, False)
         call = Call(call_id, dialog, True, request, local_sdp=offer_sdp)
         if credentials is not None:

@@ -55,6 +55,15 @@ def test_bad_values_are_named() -> None:
     assert error.startswith("sip.latching: unknown value 'loose'")
 
 
+def test_tls_registrar_is_refused_by_key() -> None:
+    (error,) = errors_of(
+        '[sip.registrations.pbx]\nregistrar = "sips:pbx.example.com"\nuser = "u"\npassword = "p"\n'
+    )
+    assert error == (
+        "sip.registrations.pbx.registrar: sips:pbx.example.com: TLS transport not supported yet"
+    )
+
+
 def test_contact_carries_the_external_address() -> None:
     settings = SipSettings(local_host="10.0.0.5", contact_host="198.51.100.4", session_expires_s=0)
     ua = SipUserAgent(settings, random.Random(1))
