@@ -158,16 +158,20 @@ class _SipCall:
         self.outbound = False
         self.created_at = self.loop.time()
 
-    def start_media(self, audio: NegotiatedAudio, signalling_host: str | None = None) -> None:
+    def start_media(
+        self,
+        audio: NegotiatedAudio,
+        signalling_host: str | None = None,
+        latching: LatchingMode = "strict",
+    ) -> None:
         """Offer/answer is done: the RTP session for the negotiated stream.
 
-        ``signalling_host``: where the call's SIP came from (or went to), which
-        ``[sip] latching = "learn"`` compares with the SDP address.
+        ``latching``: ``[sip] latching``; ``signalling_host``: where the call's SIP
+        came from (or went to), which ``learn`` compares with the SDP address.
         """
         self.audio = audio
         host = audio.remote_addr[0] if audio.remote_addr else None
-        mode: LatchingMode = "learn" if self.leg.daemon.config.sip.latching == "learn" else "strict"
-        policy = latch_policy(mode, host, signalling_host)
+        policy = latch_policy(latching, host, signalling_host)
         self.rtp = RtpSession(
             RtpSessionConfig(
                 payload_types=frozenset({audio.payload_type}),

@@ -32,6 +32,7 @@ from bridge.io.sip_call import _DatagramProtocol, _SipCall
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.rtp.ports import RtpPortAllocator
+from bridge.rtp.session import LatchingMode
 from bridge.sip.digest import DigestCredentials
 from bridge.sip.errors import SipParseError
 from bridge.sip.events import (
@@ -404,7 +405,7 @@ class SipLeg:
             return
         call = bound[0]
         await call.attach(bound[1])
-        call.start_media(audio, event.source[0])
+        call.start_media(audio, event.source[0], _latching(cfg.sip.latching))
         self.calls[event.call_id] = call
         rtp_host = cfg.sip.external_address or host
         offer = parse_sdp(event.offer_sdp)
@@ -501,7 +502,7 @@ class SipLeg:
             self._release(call)
             return
         route, from_uri, to_uri, next_hop = pending
-        call.start_media(audio, next_hop)
+        call.start_media(audio, next_hop, _latching(self.daemon.config.sip.latching))
         self.daemon.metrics.call_setup_seconds.labels("sip").observe(
             call.loop.time() - call.created_at
         )
@@ -542,6 +543,10 @@ def _uri_hostport(uri: str) -> tuple[str, int] | None:
     if m is None:
         return None
     return m.group(1).strip("[]"), int(m.group(2) or 5060)
+
+
+def _latching(mode: str) -> LatchingMode:
+    return "learn" if mode == "learn" else "strict"
 
 
 def _credentials_for(
