@@ -4,9 +4,10 @@ Usage: python bench/bench_srtp.py [--quick] [--out NAME_OR_PATH]
 
 The budget (issue 34): protect + unprotect of a 160-byte G.711 payload (a
 172-byte RTP packet) within 2 µs including the Python call; libsrtp itself
-takes about 0.6-0.8 µs. Figures, in microseconds per packet (median over the
-repetitions of the mean over a batch; each repetition has fresh sessions,
-since libsrtp refuses a sequence number twice):
+takes about 0.6-0.8 µs. Figures, in **CPU** microseconds per packet
+(``time.process_time``, so that the other processes of a shared machine do not
+enter them; median over the repetitions of the mean over a batch; each
+repetition has fresh sessions, since libsrtp refuses a sequence number twice):
 
 * ``context``: ``bridge.rtp.srtp.SrtpContext.protect`` then ``.unprotect`` on
   the receiving side's context: what the leg will call per packet;
@@ -83,13 +84,13 @@ def raw_pair(suite: str, seed: int) -> Pair:
 def one_run(
     make: Callable[[str, int], Pair], suite: str, batch: list[bytes], seed: int
 ) -> tuple[float, float]:
-    """Mean µs per packet of protect, and of unprotect, over ``batch``."""
+    """Mean CPU µs per packet of protect, and of unprotect, over ``batch``."""
     protect, unprotect = make(suite, seed)
-    start = time.perf_counter()
+    start = time.process_time()
     protected = [protect(p) for p in batch]
-    middle = time.perf_counter()
+    middle = time.process_time()
     clear = [unprotect(p) for p in protected]
-    end = time.perf_counter()
+    end = time.process_time()
     if clear[-1] != batch[-1]:
         raise SystemExit(f"{suite}: the round trip changed the packet")
     n = len(batch)
