@@ -81,14 +81,22 @@ async def answered(signalling: Queue) -> SipResponse:
             return message
 
 
-async def send_rtp(sock: Queue, dest: tuple[str, int]) -> None:
-    """The caller's microphone: 20 ms PCMU silence packets, as a phone sends them."""
-    assert sock.transport is not None
-    seq = 0
-    while True:
-        sock.transport.sendto(build_rtp(0, seq, seq * 160, 0xCA11, b"\xff" * 160, seq == 0), dest)
-        seq += 1
-        await asyncio.sleep(0.02)
+class Phone:
+    """The caller's microphone: 20 ms PCMU silence packets, as a phone sends them, from
+    ``sock``; the NAT may move the flow to another socket (port) mid-call."""
+
+    def __init__(self, sock: Queue, dest: tuple[str, int]) -> None:
+        self.sock = sock
+        self.dest = dest
+
+    async def run(self) -> None:
+        seq = 0
+        while True:
+            assert self.sock.transport is not None
+            packet = build_rtp(0, seq, seq * 160, 0xCA11, b"\xff" * 160, seq == 0)
+            self.sock.transport.sendto(packet, self.dest)
+            seq += 1
+            await asyncio.sleep(0.02)  # the phone's packet clock, not a wait for an event
 
 
 @pytest.mark.parametrize("mode", ["learn", "strict"])
@@ -106,10 +114,17 @@ def test_caller_behind_nat_gets_the_daemons_rtp_only_in_learn_mode(mode: str) ->
             ok = await answered(signalling)
             media = [line for line in ok.body.decode().split("\r\n") if line.startswith("m=")]
             daemon_rtp = ("127.0.0.1", int(media[0].split()[1]))
-            sender = asyncio.ensure_future(send_rtp(caller_rtp, daemon_rtp))
+            phone = Phone(caller_rtp, daemon_rtp)
+            sender = asyncio.ensure_future(phone.run())
+            rebound: Queue | None = None
             try:
                 if mode == "learn":
                     data, source = await caller_rtp.next()  # the call's stream reaches the caller
+                    assert source == daemon_rtp and RtpPacket.parse(data).payload_type == 0
+                    # the NAT rebinds: the same stream now leaves from another port
+                    rebound = await bind("127.0.0.1")
+                    phone.sock = rebound
+                    data, source = await rebound.next()  # the daemon followed it
                     assert source == daemon_rtp and RtpPacket.parse(data).payload_type == 0
                 else:
                     for _ in range(25):  # half a second of the daemon's stream...
@@ -118,8 +133,8 @@ def test_caller_behind_nat_gets_the_daemons_rtp_only_in_learn_mode(mode: str) ->
                     assert caller_rtp.items.empty()  # ...all of it to the SDP address
             finally:
                 sender.cancel()
-                for sock in (signalling, caller_rtp, sdp_rtp):
-                    assert sock.transport is not None
-                    sock.transport.close()
+                for sock in (signalling, caller_rtp, sdp_rtp, rebound):
+                    if sock is not None and sock.transport is not None:
+                        sock.transport.close()
 
     asyncio.run(main())
