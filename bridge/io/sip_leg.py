@@ -127,8 +127,8 @@ class _UaRunner:
 
     def connect(self, addr: tuple[str, int]) -> int:
         """Open a TCP connection for an outbound call; its conn_id at once (what the
-        engine sends before it is up waits in ``pending``; if it fails, the INVITE
-        gets no answer and ends with Timer B, 408)."""
+        engine sends before it is up waits in ``pending``; if it cannot connect, the
+        call fails at once, as a 503)."""
         conn_id = self.next_conn_id
         self.next_conn_id += 1
         self.pending[conn_id] = []
@@ -142,6 +142,7 @@ class _UaRunner:
             self.pending.pop(conn_id, None)
             log.info("sip.connect_failed", host=addr[0], port=addr[1], error=str(exc))
             self.ua.connection_lost(conn_id)
+            self.ua.connection_failed(conn_id, self.loop.time())
             self.pump()
             return
         for data in self.pending.pop(conn_id, []):

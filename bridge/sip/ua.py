@@ -119,6 +119,15 @@ class SipUserAgent(UasAgent):
         self._start_client(request, peer, "invite", call_id, now)
         return call_id
 
+    def connection_failed(self, conn_id: int, now: float) -> None:
+        """The shell could not open stream connection ``conn_id`` (or lost it): every
+        outbound call not answered yet on it fails now, as a 503 (RFC 3261 §8.1.3.1),
+        rather than at Timer B."""
+        for call in list(self._calls.values()):
+            if call.is_outbound and not call.answered and call.dialog.peer.conn_id == conn_id:
+                self._calls.pop(call.call_id, None)
+                self._events.append(OutboundCallFailed(call.call_id, 503, "Service Unavailable"))
+
     def hangup(self, call_id: str, now: float) -> None:
         """End a call: BYE once answered, CANCEL (outbound) or 480 (inbound) before."""
         call = self._calls.get(call_id)

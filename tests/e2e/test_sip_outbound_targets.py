@@ -8,6 +8,7 @@ bounded by a timeout scaled by the suite's time factor.
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 
@@ -158,6 +159,24 @@ def test_transport_tcp_target_is_called_over_tcp() -> None:
             writer.close()
         server.close()
         await server.wait_closed()
+
+    asyncio.run(main())
+
+
+def test_tcp_target_that_refuses_the_connection_fails_the_call_at_once() -> None:
+    async def main() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:
+            closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+            port = closed.getsockname()[1]
+            async with stack(ROUTES) as st:
+                leg = sip_leg(st.daemon)
+                call_id = leg.originate(f"sip:bob@127.0.0.1:{port};transport=tcp", "sip:b@x", "")
+                assert call_id in leg.calls
+                for _ in range(int(WAIT_S / 0.01)):  # far less than Timer B's 32 s
+                    if call_id not in leg.calls:
+                        break
+                    await asyncio.sleep(0.01)
+                assert call_id not in leg.calls and leg.ports.allocated_count == 0
 
     asyncio.run(main())
 

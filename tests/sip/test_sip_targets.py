@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from bridge.sip.events import OutboundCallFailed, SendStream
+from bridge.sip.sdp import build_offer
+from bridge.sip.settings import SipSettings
+from bridge.sip.ua import SipUserAgent
 from bridge.sip.uri import OutboundTarget, TargetError, e164, outbound_target
 
 PROXY = "sip:proxy.example.com:5070"
@@ -70,3 +76,19 @@ def test_other_targets_are_clear_errors() -> None:
         outbound_target("bob@example.com")
     with pytest.raises(TargetError, match="transport 'sctp' not supported"):
         outbound_target("sip:bob@192.0.2.1;transport=sctp")
+
+
+def test_an_invite_on_a_stream_connection_fails_at_once_when_it_cannot_connect() -> None:
+    ua = SipUserAgent(SipSettings(transport="TCP", session_expires_s=0), random.Random(1))
+    offer = build_offer("127.0.0.1", 30000, 1, 1)
+    call_id = ua.invite("sip:bob@192.0.2.1;transport=tcp", "sip:a@x", offer, ("192.0.2.1", 5060),
+                        0.0, conn_id=7)  # fmt: skip
+    (action,) = ua.actions_to_send()
+    assert isinstance(action, SendStream) and action.conn_id == 7
+    assert action.data.split(b"\r\n")[1].startswith(b"Via: SIP/2.0/TCP ")
+    ua.connection_failed(8, 0.1)  # another connection: nothing
+    assert ua.events_received() == []
+    ua.connection_failed(7, 0.1)
+    assert ua.events_received() == [OutboundCallFailed(call_id, 503, "Service Unavailable")]
+    ua.handle_timer(100.0)  # the transaction's own end later reports nothing more
+    assert ua.events_received() == []
