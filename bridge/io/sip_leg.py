@@ -488,7 +488,7 @@ class SipLeg:
         )
         call.call_id, call.outbound = call_id, True
         self.calls[call_id] = call
-        self.pending_routes[call_id] = (route, from_uri, target.request_uri, dest[0])
+        self.pending_routes[call_id] = (route, from_uri, to_uri, dest[0])
         ua.pump()
         return call_id
 
