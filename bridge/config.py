@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge.sip.uri import outbound_target
+
 __all__ = [
     "PROTOCOLS",
     "ApiConfig",
@@ -93,7 +95,12 @@ class SipConfig:
     listen: tuple[str, ...] = ("127.0.0.1:5060",)
     transports: tuple[str, ...] = ("udp", "tcp")
     rtp_ports: tuple[int, int] = (20000, 20999)
-    rtp_address: str = ""
+    external_address: str = ""
+    """Address put in SDP and Contact (behind NAT: the public one); empty: the listen host."""
+    latching: str = "strict"
+    """``strict`` or ``learn``: symmetric RTP for callers behind NAT (bridge.rtp.session)."""
+    outbound_proxy: str = ""
+    """``sip:`` URI every outbound call goes through (and tel: numbers are called at)."""
     codecs: tuple[str, ...] = CODECS
     allow: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     trusted_proxies: tuple[str, ...] = ()
@@ -483,7 +490,10 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
     r.unknown(
         d,
         {
-            "enabled", "listen", "transports", "rtp_ports", "rtp_address", "codecs", "allow",
+            "enabled", "listen", "transports", "rtp_ports", "external_address", "latching",
+            "rtp_address",  # renamed: its own error below
+            "outbound_proxy",
+            "codecs", "allow",
             "max_calls", "invite_rate_per_source", "rtp_timeout_s", "session_expires_s",
             "auth", "registrations", "trusted_proxies",
         },
@@ -497,6 +507,20 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
         if t not in ("udp", "tcp"):
             r.err("sip.transports", f"unknown transport {t!r} (expected udp, tcp)")
     ports = _read_port_range(r, d.get("rtp_ports", "20000-20999"))
+    if "rtp_address" in d:
+        r.err("sip.rtp_address", "renamed to sip.external_address")
+    proxy = r.str_(d, "outbound_proxy", p, "")
+    if proxy:
+        try:
+            outbound_target(proxy)
+        except ValueError as exc:
+            r.err("sip.outbound_proxy", str(exc))
+    external = r.str_(d, "external_address", p, "")
+    if external:
+        try:
+            ipaddress.ip_address(external)
+        except ValueError:
+            r.err("sip.external_address", f"expected an IP address, got {external!r}")
     codecs = r.str_list(d, "codecs", p, CODECS)
     for c in codecs:
         if c not in CODECS:
@@ -534,6 +558,11 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
         registrar = r.str_(rt, "registrar", rp, "")
         if not registrar.startswith(("sip:", "sips:")):
             r.err(f"{rp}.registrar", f"expected a sip: URI, got {registrar!r}")
+        else:
+            try:
+                outbound_target(registrar)
+            except ValueError as exc:
+                r.err(f"{rp}.registrar", str(exc))
         regs.append(
             SipRegistration(
                 name,
@@ -548,7 +577,9 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
         listen=listen,
         transports=transports,
         rtp_ports=ports,
-        rtp_address=r.str_(d, "rtp_address", p, ""),
+        external_address=external,
+        latching=r.choice(d, "latching", p, "strict", ("strict", "learn")),
+        outbound_proxy=proxy,
         codecs=codecs,
         allow=allow,
         trusted_proxies=trusted_proxies,

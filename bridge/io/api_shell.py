@@ -13,6 +13,7 @@ from bridge.control.api import CallInfo, DirectoryError, handle
 from bridge.control.commands import Say
 from bridge.io.callrun import CallRunner
 from bridge.io.httpws import HttpRequest, HttpResponse
+from bridge.sip.uri import TargetError
 
 if TYPE_CHECKING:
     from bridge.io.daemon import Daemon
@@ -68,7 +69,8 @@ class Directory:
             return str(sip.originate(to, from_ or "sip:callbridge@localhost", route))  # type: ignore[attr-defined]
         except ValueError as e:
             field = "route" if route else "to"
-            status = 503 if "port" in str(e) or "transport" in str(e) else 422
+            unavailable = "port" in str(e) or "transport" in str(e)
+            status = 503 if unavailable and not isinstance(e, TargetError) else 422
             return DirectoryError(status, "cannot_originate", str(e), field)
 
     def say(self, call_id: str, say: Say) -> DirectoryError | None:

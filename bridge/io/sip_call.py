@@ -26,7 +26,15 @@ from bridge.logs import get_logger
 from bridge.rtp.dtmf import DtmfReceived, DtmfSender, InbandDtmf
 from bridge.rtp.jitter import FrameLost
 from bridge.rtp.packet import is_rtcp
-from bridge.rtp.session import RtpSession, RtpSessionConfig, RtpTimedOut, silence_frame
+from bridge.rtp.session import (
+    LatchingMode,
+    RemoteLatched,
+    RtpSession,
+    RtpSessionConfig,
+    RtpTimedOut,
+    latch_policy,
+    silence_frame,
+)
 from bridge.sip.sdp import NegotiatedAudio
 
 if TYPE_CHECKING:
@@ -150,16 +158,28 @@ class _SipCall:
         self.outbound = False
         self.created_at = self.loop.time()
 
-    def start_media(self, audio: NegotiatedAudio) -> None:
-        """Offer/answer is done: the RTP session for the negotiated stream."""
+    def start_media(
+        self,
+        audio: NegotiatedAudio,
+        signalling_host: str | None = None,
+        latching: LatchingMode = "strict",
+    ) -> None:
+        """Offer/answer is done: the RTP session for the negotiated stream.
+
+        ``latching``: ``[sip] latching``; ``signalling_host``: where the call's SIP
+        came from (or went to), which ``learn`` compares with the SDP address.
+        """
         self.audio = audio
         host = audio.remote_addr[0] if audio.remote_addr else None
+        policy = latch_policy(latching, host, signalling_host)
         self.rtp = RtpSession(
             RtpSessionConfig(
                 payload_types=frozenset({audio.payload_type}),
                 telephone_event_pt=audio.telephone_event_pt,
                 latch=True,
-                latch_host=host,
+                latch_host=policy.latch_host,
+                learn_window_s=policy.learn_window_s,
+                rebind_packets=policy.rebind_packets,
                 timeout_s=self.leg.daemon.config.sip.rtp_timeout_s,
             ),
             audio.remote_addr,
@@ -222,6 +242,8 @@ class _SipCall:
         for event in self.rtp.events_received():
             if isinstance(event, DtmfReceived) and self.runner is not None:
                 self.runner.caller_dtmf(event.digit)
+            elif isinstance(event, RemoteLatched):
+                log.info("sip.rtp_latched", call_id=self.call_id, addr=list(event.addr))
             elif isinstance(event, RtpTimedOut):
                 log.info("sip.rtp_timeout", call_id=self.call_id)
                 if self.runner is not None:

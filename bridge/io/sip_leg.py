@@ -24,7 +24,7 @@ import re
 import socket
 from typing import TYPE_CHECKING
 
-from bridge.config import RouteConfig, split_hostport
+from bridge.config import RouteConfig, SipRegistration, split_hostport
 from bridge.control import commands as cmd
 from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
@@ -32,6 +32,9 @@ from bridge.io.sip_call import _DatagramProtocol, _SipCall
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.rtp.ports import RtpPortAllocator
+from bridge.rtp.session import LatchingMode
+from bridge.sip.digest import DigestCredentials
+from bridge.sip.errors import SipParseError
 from bridge.sip.events import (
     CallCancelled,
     CallEnded,
@@ -48,6 +51,7 @@ from bridge.sip.events import (
 from bridge.sip.sdp import build_answer, build_offer, negotiate, parse_sdp
 from bridge.sip.settings import SipAuthUser, SipSettings
 from bridge.sip.ua import SipUserAgent
+from bridge.sip.uri import OutboundTarget, outbound_target, parse_uri
 
 if TYPE_CHECKING:
     from bridge.io.daemon import Daemon
@@ -83,6 +87,8 @@ class _UaRunner:
         self.udp: asyncio.DatagramTransport | None = None
         self.tcp: asyncio.Server | None = None
         self.writers: dict[int, asyncio.StreamWriter] = {}
+        self.pending: dict[int, list[bytes]] = {}
+        """Outbound TCP connections still opening: what the engine sent them so far."""
         self.next_conn_id = 1
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
@@ -117,6 +123,35 @@ class _UaRunner:
     async def _on_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn_id = self.next_conn_id
         self.next_conn_id += 1
+        await self._serve_stream(conn_id, reader, writer)
+
+    def connect(self, addr: tuple[str, int]) -> int:
+        """Open a TCP connection for an outbound call; its conn_id at once (what the
+        engine sends before it is up waits in ``pending``; if it cannot connect, the
+        call fails at once, as a 503)."""
+        conn_id = self.next_conn_id
+        self.next_conn_id += 1
+        self.pending[conn_id] = []
+        self.leg.daemon.loop_task(self._connect(conn_id, addr))
+        return conn_id
+
+    async def _connect(self, conn_id: int, addr: tuple[str, int]) -> None:
+        try:
+            reader, writer = await asyncio.open_connection(addr[0], addr[1])
+        except OSError as exc:
+            self.pending.pop(conn_id, None)
+            log.info("sip.connect_failed", host=addr[0], port=addr[1], error=str(exc))
+            self.ua.connection_lost(conn_id)
+            self.ua.connection_failed(conn_id, self.loop.time())
+            self.pump()
+            return
+        for data in self.pending.pop(conn_id, []):
+            writer.write(data)
+        await self._serve_stream(conn_id, reader, writer)
+
+    async def _serve_stream(
+        self, conn_id: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         self.writers[conn_id] = writer
         peer = writer.get_extra_info("peername")
         source = (peer[0], peer[1]) if peer else ("0.0.0.0", 0)
@@ -144,6 +179,8 @@ class _UaRunner:
                 writer = self.writers.get(action.conn_id)
                 if writer is not None:
                     writer.write(action.data)
+                elif action.conn_id in self.pending:
+                    self.pending[action.conn_id].append(action.data)
             elif isinstance(action, CloseStream):
                 writer = self.writers.pop(action.conn_id, None)
                 if writer is not None:
@@ -192,13 +229,15 @@ class SipLeg:
         self.calls: dict[str, _SipCall] = {}
         self.draining = False
         self.secret = os.urandom(32)
-        self.pending_routes: dict[str, tuple[RouteConfig, str, str]] = {}
+        self.pending_routes: dict[str, tuple[RouteConfig, str, str, str]] = {}
+        """Outbound calls not answered yet: route, From, To and the next hop's host."""
 
     def _settings(self, host: str, port: int, transport: str) -> SipSettings:
         cfg = self.daemon.config.sip
         return SipSettings(
             local_host=host,
             local_port=port,
+            contact_host=cfg.external_address,
             transport=transport,
             allowed_sources=cfg.allow,
             trusted_proxies=cfg.trusted_proxies,
@@ -327,7 +366,11 @@ class SipLeg:
                     call.loop.time(),
                 )
                 if event.remote_rtp_addr is not None:
-                    call.rtp.set_remote(event.remote_rtp_addr)
+                    call.rtp.set_remote(
+                        event.remote_rtp_addr,
+                        now=call.loop.time(),
+                        latch_host=event.remote_rtp_addr[0],
+                    )
 
     async def _offered(self, ua: _UaRunner, event: CallOffered) -> None:
         loop = asyncio.get_running_loop()
@@ -368,9 +411,9 @@ class SipLeg:
             return
         call = bound[0]
         await call.attach(bound[1])
-        call.start_media(audio)
+        call.start_media(audio, event.source[0], _latching(cfg.sip.latching))
         self.calls[event.call_id] = call
-        rtp_host = cfg.sip.rtp_address or host
+        rtp_host = cfg.sip.external_address or host
         offer = parse_sdp(event.offer_sdp)
         answer = build_answer(
             offer, audio, rtp_host, call.rtp_port, int.from_bytes(os.urandom(4), "big") >> 1, 1
@@ -405,21 +448,28 @@ class SipLeg:
     # ---------------------------------------------------------- outbound
 
     def originate(self, to_uri: str, from_uri: str, route_key: str) -> str:
-        """Place a call to ``to_uri`` over UDP; returns its Call-ID (answered later).
+        """Place a call to ``to_uri`` (``sip:`` or ``tel:+E164``); returns its Call-ID
+        (answered later). Over UDP, or TCP when the next hop says ``transport=tcp``;
+        through ``[sip] outbound_proxy`` when set; a tel: number goes to the proxy's
+        or the first registrar's host. Credentials for a 401/407: the registration
+        whose registrar host is the next hop's or the Request-URI's.
 
         Raises:
-            ValueError: no route, no UDP transport, a URI without a host, or no RTP port.
+            TargetError: the target cannot be called (TLS, not a global number, ...).
+            ValueError: no route, no transport of that kind, or no RTP port.
         """
         cfg = self.daemon.runtime.config if self.daemon.runtime else self.daemon.config
-        route = cfg.route_for(route_key or _route_key(to_uri))
+        registrar = cfg.sip.registrations[0].registrar if cfg.sip.registrations else None
+        target = outbound_target(
+            to_uri, cfg.sip.outbound_proxy or None, cfg.sip.outbound_proxy or registrar
+        )
+        route = cfg.route_for(route_key or _route_key(target.request_uri))
         if route is None:
             raise ValueError("no route matches")
-        ua = next((r for r in self.runners if r.kind == "UDP"), None)
+        ua = next((r for r in self.runners if r.kind == target.transport), None)
         if ua is None:
-            raise ValueError("no UDP transport to call out on")
-        dest = _uri_hostport(to_uri)
-        if dest is None:
-            raise ValueError(f"cannot find a host in {to_uri!r}")
+            raise ValueError(f"no {target.transport} transport to call out on")
+        dest = (target.host, target.port)
         host = ua.ua.settings.local_host
         key = f"out-{os.urandom(6).hex()}"
         bound = self._bind(ua, key, host)
@@ -427,11 +477,23 @@ class SipLeg:
             raise ValueError("no RTP port free")
         call = bound[0]
         self.daemon.loop_task(call.attach(bound[1]))
-        offer = build_offer(cfg.sip.rtp_address or host, call.rtp_port, 1, 1, cfg.sip.codecs)
-        call_id = ua.ua.invite(to_uri, from_uri, offer, dest, call.loop.time())
+        offer = build_offer(cfg.sip.external_address or host, call.rtp_port, 1, 1, cfg.sip.codecs)
+        credentials = _credentials_for(cfg.sip.registrations, target)
+        headers = (("Route", f"<{cfg.sip.outbound_proxy};lr>"),) if target.via_proxy else ()
+        conn_id = ua.connect(dest) if target.transport == "TCP" else None
+        call_id = ua.ua.invite(
+            target.request_uri,
+            from_uri,
+            offer,
+            dest,
+            call.loop.time(),
+            credentials=credentials,
+            headers=headers,
+            conn_id=conn_id,
+        )
         call.call_id, call.outbound = call_id, True
         self.calls[call_id] = call
-        self.pending_routes[call_id] = (route, from_uri, to_uri)
+        self.pending_routes[call_id] = (route, from_uri, to_uri, dest[0])
         ua.pump()
         return call_id
 
@@ -445,8 +507,8 @@ class SipLeg:
             call.hangup("no_codec")
             self._release(call)
             return
-        call.start_media(audio)
-        route, from_uri, to_uri = pending
+        route, from_uri, to_uri, next_hop = pending
+        call.start_media(audio, next_hop, _latching(self.daemon.config.sip.latching))
         self.daemon.metrics.call_setup_seconds.labels("sip").observe(
             call.loop.time() - call.created_at
         )
@@ -487,6 +549,24 @@ def _uri_hostport(uri: str) -> tuple[str, int] | None:
     if m is None:
         return None
     return m.group(1).strip("[]"), int(m.group(2) or 5060)
+
+
+def _latching(mode: str) -> LatchingMode:
+    return "learn" if mode == "learn" else "strict"
+
+
+def _credentials_for(
+    registrations: tuple[SipRegistration, ...], target: OutboundTarget
+) -> DigestCredentials | None:
+    """The credentials of the registration at the next hop's or the Request-URI's host."""
+    hosts = {target.host.lower()}
+    with contextlib.suppress(SipParseError):
+        hosts.add(parse_uri(target.request_uri).host.lower())
+    for reg in registrations:
+        with contextlib.suppress(SipParseError):
+            if parse_uri(reg.registrar).host.lower() in hosts:
+                return DigestCredentials(reg.user, reg.password)
+    return None
 
 
 def _bind_host(host: str) -> str:

@@ -35,7 +35,11 @@ Receiving, in the order the checks run on every datagram:
    source, optionally only from ``latch_host``, is learned and locked, and
    from then on replies go there. Other sources are dropped and counted.
    Only a new offer/answer (``set_remote``) re-opens learning, never
-   traffic;
+   traffic. Learning mode for callers behind NAT (``[sip] latching =
+   "learn"``, see ``latch_policy``): ``learn_window_s`` lets the first valid
+   packet from *any* host be learned within that window after the session
+   starts (or ``set_remote(..., now=)``), only ``latch_host`` after it; and
+   ``rebind_packets`` follows a NAT rebind (below);
 4. SSRC: a new SSRC from the locked source is accepted (``SsrcChanged``),
    with fresh sequence state, a flushed jitter buffer and a reset DTMF
    receiver;
@@ -47,6 +51,19 @@ Receiving, in the order the checks run on every datagram:
 7. telephone-event payloads go to the ``DtmfReceiver`` and leave a
    placeholder in the jitter buffer (so their sequence numbers are not seen
    as loss); audio goes into the jitter buffer.
+
+NAT rebind (``rebind_packets`` = N > 0): once locked, a packet from a new
+port on the locked source's *host* starts a candidate when it carries the
+current remote SSRC and a sequence number within ``MAX_DROPOUT`` after the
+highest one seen. The candidate replaces the locked source (``RemoteLatched``
+again, ``source_rebinds`` counted) on its N-th packet when all N came with
+consecutive sequence numbers and the locked source sent nothing accepted
+since the candidate's first packet (it went quiet: the NAT moved the flow).
+Anything else restarts or drops the candidate; its packets before the switch
+are dropped as wrong-source. At 20 ms packets N = 5 follows a rebind 80 ms
+after the new port's first packet. Another host is never followed (that
+takes a new offer), so injection from a third address is refused in every
+mode, and a blind injector on the same host needs the SSRC and sequence.
 
 Jitter buffer (``bridge.rtp.jitter``): frames keyed by extended sequence
 number, played in order from ``jitter_depth_frames`` on, one per
@@ -75,6 +92,7 @@ events, for per-packet drops.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import random
 import struct
@@ -106,6 +124,8 @@ from bridge.rtp.packet import (
 __all__ = [
     "Direction",
     "FrameLost",
+    "LatchPolicy",
+    "LatchingMode",
     "ReceptionStats",
     "RemoteLatched",
     "RtcpByeReceived",
@@ -116,10 +136,19 @@ __all__ = [
     "RtpSessionConfig",
     "RtpTimedOut",
     "SsrcChanged",
+    "latch_policy",
+    "needs_learning",
     "silence_frame",
 ]
 
 Direction = Literal["sendrecv", "sendonly", "recvonly", "inactive"]
+LatchingMode = Literal["strict", "learn"]
+
+LEARN_WINDOW_S: Final = 3.0
+"""``learn`` mode: how long after the answer a source from any host may be learned
+(rtpengine's default window; the first valid packet in it is learned)."""
+REBIND_PACKETS: Final = 5
+"""``learn`` mode: packets a new port must send to replace the locked one (100 ms at 20 ms)."""
 
 _SEQ_MOD: Final = 1 << 16
 _TS_MASK: Final = 0xFFFFFFFF
@@ -127,6 +156,20 @@ _MAX_DROPOUT: Final = 3000  # RFC 3550 A.1
 _MAX_MISORDER: Final = 100
 _NTP_UNIX_EPOCH_S: Final = 2_208_988_800  # 1900-01-01 to 1970-01-01
 _SILENCE_BYTE: Final = {0: 0xFF, 8: 0xD5}  # PCMU, PCMA (RFC 3551 static PTs)
+_PRIVATE_NETS: Final = tuple(
+    ipaddress.ip_network(net)
+    for net in (
+        "10.0.0.0/8",  # RFC 1918
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",  # RFC 6598: carrier-grade NAT
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "fc00::/7",  # RFC 4193
+        "fe80::/10",
+        "::1/128",
+    )
+)
 _new_tuple: Final = tuple.__new__
 _unpack_header: Final = RTP_FIXED_HEADER.unpack_from
 _pack_header: Final = RTP_FIXED_HEADER.pack
@@ -150,6 +193,12 @@ class RtpSessionConfig:
     """Symmetric RTP: learn and lock the first source instead of trusting only the SDP address."""
     latch_host: str | None = None
     """With ``latch``: only learn a source from this host (the SDP or signalling host)."""
+    learn_window_s: float = 0.0
+    """With ``latch``: for this long after the start (or ``set_remote(..., now=)``) the first
+    valid source from any host is learned, from ``latch_host`` only afterwards (0: never)."""
+    rebind_packets: int = 0
+    """With ``latch``: consecutive packets a new port on the locked host must send, the locked
+    source quiet, to replace it (a NAT rebind; 0: never followed)."""
     rtcp_mux: bool = False
     """RTCP shares the RTP port (RFC 5761)."""
     jitter_depth_frames: int = 3
@@ -232,6 +281,7 @@ class RtpCounters:
     octets_received: int
     dropped_malformed: int
     dropped_wrong_source: int
+    source_rebinds: int
     dropped_payload_type: int
     dropped_bad_sequence: int
     dropped_late: int
@@ -244,6 +294,42 @@ class RtpCounters:
     rtcp_received: int
     rtcp_malformed: int
     rtcp_wrong_source: int
+
+
+def needs_learning(sdp_host: str | None, signalling_host: str | None) -> bool:
+    """True when the offer's media address cannot be where the peer's RTP comes from:
+    none, unspecified (``0.0.0.0``, ``::``), private (RFC 1918, RFC 4193, loopback,
+    link-local, CGNAT), a name, or not the host the signalling came from."""
+    if not sdp_host:
+        return True
+    try:
+        ip = ipaddress.ip_address(sdp_host)
+    except ValueError:
+        return True
+    if ip.is_unspecified or any(ip in net for net in _PRIVATE_NETS):
+        return True
+    return signalling_host is not None and sdp_host != signalling_host
+
+
+@dataclass(frozen=True, slots=True)
+class LatchPolicy:
+    """The ``RtpSessionConfig`` latching fields for one call (``latch_policy``)."""
+
+    latch_host: str | None
+    learn_window_s: float
+    rebind_packets: int
+
+
+def latch_policy(
+    mode: LatchingMode, sdp_host: str | None, signalling_host: str | None
+) -> LatchPolicy:
+    """``[sip] latching``: ``strict`` learns only from the SDP host and never moves;
+    ``learn`` also learns from any host for ``LEARN_WINDOW_S`` when the SDP address
+    cannot be trusted (``needs_learning``), and follows a NAT rebind."""
+    if mode == "strict":
+        return LatchPolicy(sdp_host, 0.0, 0)
+    window = LEARN_WINDOW_S if needs_learning(sdp_host, signalling_host) else 0.0
+    return LatchPolicy(sdp_host, window, REBIND_PACKETS)
 
 
 def silence_frame(pt: int, samples: int = 160) -> bytes:
@@ -276,6 +362,10 @@ class RtpSession(Outbox):
         "_audio_pts",
         "_bad_seq",
         "_base_seq",
+        "_cand_addr",
+        "_cand_count",
+        "_cand_received",
+        "_cand_seq",
         "_clock_rate_hz",
         "_closed",
         "_config",
@@ -295,6 +385,8 @@ class RtpSession(Outbox):
         "_last_sent_ts",
         "_last_sr_at",
         "_last_sr_lsr",
+        "_latch_host",
+        "_learn_until",
         "_marker_pending",
         "_max_seq",
         "_octets_received",
@@ -318,6 +410,7 @@ class RtpSession(Outbox):
         "_sent_since_report",
         "_seq",
         "_sequence_resyncs",
+        "_source_rebinds",
         "_spf",
         "_ssrc_changes",
         "_te_pt",
@@ -368,6 +461,14 @@ class RtpSession(Outbox):
         self.remote_addr: Address | None = remote_addr
         """Where RTP is sent: the latched source, else the SDP address (read, never set)."""
         self._rtcp_addr: Address | None = None
+        self._learn_until = now + config.learn_window_s
+        self._latch_host = config.latch_host
+        self._cand_addr: Address | None = None
+        """A NAT rebind candidate: its address, packets so far, last sequence number and
+        ``_packets_received`` at its first packet (the locked source quiet since then)."""
+        self._cand_count = 0
+        self._cand_seq = 0
+        self._cand_received = 0
         self._direction: Direction = "sendrecv"
         self._sending = True  # direction sends and not closed
         self._closed = False
@@ -401,6 +502,7 @@ class RtpSession(Outbox):
         self._dropped_bad_sequence = 0
         self._ssrc_changes = 0
         self._sequence_resyncs = 0
+        self._source_rebinds = 0
         self._rtcp_received = 0
         self._rtcp_malformed = 0
         self._rtcp_wrong_source = 0
@@ -489,16 +591,29 @@ class RtpSession(Outbox):
         self._last_sent_at = now
         self._actions.append(SendDatagram(data, addr))
 
-    def set_remote(self, addr: Address | None, rtcp_addr: Address | None = None) -> None:
+    def set_remote(
+        self,
+        addr: Address | None,
+        rtcp_addr: Address | None = None,
+        now: float | None = None,
+        latch_host: str | None = None,
+    ) -> None:
         """A new offer/answer named this remote RTP (and optionally RTCP) address.
 
         Strict mode locks onto it; latching mode re-opens learning (and sends
-        to the SDP address until a packet is latched).
+        to the SDP address until a packet is latched). With ``now`` the
+        learning window (``learn_window_s``) starts again; ``latch_host``
+        replaces the configured one (the new offer's host).
         """
         self._sdp_addr = addr
         self._rtcp_addr = rtcp_addr
         self.remote_addr = addr
         self._peer = None if self._config.latch else addr
+        self._cand_addr = None
+        if now is not None:
+            self._learn_until = now + self._config.learn_window_s
+        if latch_host is not None:
+            self._latch_host = latch_host
 
     def set_direction(self, direction: Direction, now: float) -> None:
         """Our media direction after an offer/answer: hold stops sending and the timeout."""
@@ -554,9 +669,9 @@ class RtpSession(Outbox):
         if pt not in self._accepted_pts:
             self._dropped_payload_type += 1
             return False
-        if source_addr != self._peer and not self._latch(source_addr):
+        if source_addr != self._peer and not self._latch(source_addr, ssrc, seq, now):
             self._dropped_wrong_source += 1
-            return False
+            return bool(self._events)
         if ssrc != self._remote_ssrc:
             self._change_source(ssrc, seq)
         max_seq = self._max_seq
@@ -596,16 +711,53 @@ class RtpSession(Outbox):
         self._jitter_buffer.insert(ext, frame, now)
         return bool(self._events)
 
-    def _latch(self, source_addr: Address) -> bool:
-        """Symmetric RTP: lock onto the first valid source (only while learning)."""
+    def _latch(self, source_addr: Address, ssrc: int, seq: int, now: float) -> bool:
+        """Symmetric RTP: lock onto the first valid source (only while learning), or
+        follow a NAT rebind (module docstring). True: accept this packet."""
         config = self._config
-        if not config.latch or self._peer is not None:
+        if not config.latch:
             return False
-        if config.latch_host is not None and source_addr[0] != config.latch_host:
+        if self._peer is not None:
+            return config.rebind_packets > 0 and self._rebind(source_addr, ssrc, seq)
+        if (
+            self._latch_host is not None
+            and source_addr[0] != self._latch_host
+            and now >= self._learn_until
+        ):
             return False
+        self._lock(source_addr)
+        return True
+
+    def _lock(self, source_addr: Address) -> None:
         self._peer = source_addr
         self.remote_addr = source_addr
+        self._cand_addr = None
         self._events.append(RemoteLatched(source_addr))
+
+    def _rebind(self, source_addr: Address, ssrc: int, seq: int) -> bool:
+        peer = self._peer
+        if peer is None or source_addr[0] != peer[0] or ssrc != self._remote_ssrc:
+            return False
+        if (
+            source_addr == self._cand_addr
+            and seq == (self._cand_seq + 1) & 0xFFFF
+            and self._packets_received == self._cand_received
+        ):
+            self._cand_count += 1
+            self._cand_seq = seq
+        elif (seq - self._max_seq) & 0xFFFF < _MAX_DROPOUT:
+            self._cand_addr = source_addr  # a new candidate (or a restarted one)
+            self._cand_count = 1
+            self._cand_seq = seq
+            self._cand_received = self._packets_received
+        else:
+            return False
+        if self._cand_count < self._config.rebind_packets:
+            return False
+        self._source_rebinds += 1
+        if not self._rtcp_mux:
+            self._rtcp_addr = None  # learned again from the new flow's RTCP
+        self._lock(source_addr)
         return True
 
     def _change_source(self, ssrc: int, seq: int) -> None:
@@ -863,6 +1015,7 @@ class RtpSession(Outbox):
             octets_received=self._octets_received,
             dropped_malformed=self._dropped_malformed,
             dropped_wrong_source=self._dropped_wrong_source,
+            source_rebinds=self._source_rebinds,
             dropped_payload_type=self._dropped_payload_type,
             dropped_bad_sequence=self._dropped_bad_sequence,
             dropped_late=jitter.dropped_late,

@@ -30,6 +30,7 @@ import enum
 import ipaddress
 from dataclasses import dataclass, field
 
+from bridge.sip.digest import DigestClient
 from bridge.sip.message import SipRequest, SipResponse
 from bridge.sip.sdp import NegotiatedAudio
 from bridge.sip.uri import NameAddr, parse_name_addr, parse_uri
@@ -171,8 +172,8 @@ class Call:
     established: bool = False
     cancel_requested: bool = False
     provisional_seen: bool = False
-    auth_attempted: bool = False
-    credentials: tuple[str, str] | None = None
+    digest: DigestClient | None = None
+    """Answers 401/407 challenges to the outbound INVITE (and its retries)."""
     last_ack: SipRequest | None = None
     session_retry_done: bool = False
     # UAS 2xx retransmission (RFC 3261 §13.3.1.4)

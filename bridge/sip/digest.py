@@ -8,7 +8,9 @@ algorithm we support (a server may offer several, strongest first: RFC 8760
 §2.4), and ``authorization`` builds the ``Authorization`` /
 ``Proxy-Authorization`` value (``qop=auth`` with cnonce and nc when offered;
 ``-sess`` variants supported). The caller supplies the cnonce, so tests are
-deterministic.
+deterministic. :class:`DigestClient` keeps what one request sequence (an
+outbound INVITE and its retries, a registration) has answered, so each
+challenge is answered once and a refused answer never loops.
 
 Server side (UAS): :class:`DigestVerifier` issues challenges and verifies
 answers without per-challenge state. A nonce is
@@ -37,7 +39,7 @@ import hmac
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bridge.sip.errors import SipParseError
 from bridge.sip.uri import split_list, unquote
@@ -45,6 +47,8 @@ from bridge.sip.uri import split_list, unquote
 __all__ = [
     "AuthResult",
     "Challenge",
+    "DigestClient",
+    "DigestCredentials",
     "DigestVerifier",
     "authorization",
     "choose_challenge",
@@ -289,3 +293,113 @@ class DigestVerifier:
         if len(self._seen) > MAX_REPLAY_MEMORY:
             self._seen.popitem(last=False)
         return AuthResult.OK
+
+
+# --- client side: answering the challenges of one request sequence -------------------------
+
+MAX_DIGEST_ROUNDS = 4
+"""Most challenged answers one request sequence sends (a 407 and a 401, each stale once)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DigestCredentials:
+    """A username and password to answer challenges with (a registration's, or a trunk's).
+
+    ``realm`` restricts them to challenges of that realm (None: any realm).
+    The password is never in ``repr``.
+    """
+
+    username: str
+    password: str = field(repr=False)
+    realm: str | None = None
+
+
+class DigestClient:
+    """Answers the 401/407 challenges of one request sequence (RFC 3261 §22.2, §22.3).
+
+    One per outbound INVITE (its retries share it) and one per registration.
+    ``on_challenge(status, values)`` decides whether to send the request
+    again; ``headers(method, uri, cnonce)`` gives the Authorization /
+    Proxy-Authorization values for it: one per challenge held, so a retry
+    after a proxy's 407 and then the callee's 401 carries both answers, the
+    older one with its nonce count incremented (RFC 7616 §3.4).
+
+    Rules (never loop):
+
+    1. A challenge is answered once. Another challenge for a (header, realm)
+       we already answered means the answer was refused: it ends the attempt,
+       whatever its nonce, unless it says ``stale=true`` (the nonce expired,
+       the credentials were right: RFC 7616 §3.3), which is answered once
+       more per (header, realm).
+    2. No more than :data:`MAX_DIGEST_ROUNDS` answers per sequence.
+    3. ``reset()`` forgets everything (a registration refresh starts afresh).
+    """
+
+    __slots__ = ("_credentials", "_held", "_nc", "_rounds", "_stale_used")
+
+    def __init__(self, credentials: DigestCredentials) -> None:
+        self._credentials = credentials
+        self._held: dict[tuple[bool, str], Challenge] = {}
+        self._nc: dict[str, int] = {}
+        self._stale_used: set[tuple[bool, str]] = set()
+        self._rounds = 0
+
+    def __repr__(self) -> str:
+        return f"DigestClient(username={self._credentials.username!r}, held={len(self._held)})"
+
+    def reset(self) -> None:
+        self._held.clear()
+        self._nc.clear()
+        self._stale_used.clear()
+        self._rounds = 0
+
+    def _choose(self, values: Sequence[str]) -> Challenge | None:
+        realm = self._credentials.realm
+        for value in values:
+            challenge = parse_challenge(value)
+            if (
+                challenge is not None
+                and _base_algorithm(challenge.algorithm) in _HASHES
+                and (realm is None or challenge.realm == realm)
+            ):
+                return challenge
+        return None
+
+    def on_challenge(self, status: int, values: Sequence[str]) -> bool:
+        """A 401 (``WWW-Authenticate`` values) or 407 (``Proxy-Authenticate``) arrived.
+
+        Returns:
+            True: send the request again with ``headers()``; False: the
+            attempt has failed (no usable challenge, or rule 1 or 2).
+        """
+        if status not in (401, 407) or self._rounds >= MAX_DIGEST_ROUNDS:
+            return False
+        challenge = self._choose(values)
+        if challenge is None:
+            return False
+        key = (status == 407, challenge.realm)
+        if key in self._held:
+            if not challenge.stale or key in self._stale_used:
+                return False
+            self._stale_used.add(key)
+        self._held[key] = challenge
+        self._rounds += 1
+        return True
+
+    def headers(self, method: str, uri: str, cnonce: str) -> list[tuple[str, str]]:
+        """(header name, value) answering every held challenge, for one request."""
+        out: list[tuple[str, str]] = []
+        for (proxy, _realm), challenge in self._held.items():
+            nc = self._nc.get(challenge.nonce, 0) + 1
+            self._nc[challenge.nonce] = nc
+            value = authorization(
+                challenge,
+                username=self._credentials.username,
+                password=self._credentials.password,
+                method=method,
+                uri=uri,
+                cnonce=cnonce,
+                nc=nc,
+            )
+            out.append(("Proxy-Authorization" if proxy else "Authorization", value))
+        return out

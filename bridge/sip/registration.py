@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bridge.sip.dialog import Peer
+from bridge.sip.digest import DigestClient
 from bridge.sip.message import SipRequest, SipResponse
 from bridge.sip.uri import parse_name_addr
 
@@ -34,11 +35,11 @@ class Registration:
     call_id: str
     from_tag: str
     expires_s: int
-    credentials: tuple[str, str] | None = None
+    digest: DigestClient | None = None
+    """Answers the registrar's 401/407 (reset at every refresh and after a result)."""
     cseq: int = 0
     registered: bool = False
     refresh_at: float | None = None
-    auth_attempted: bool = False
 
     def build_request(self, expires_s: int | None = None) -> SipRequest:
         """The next REGISTER (no Via: the transaction layer adds it)."""

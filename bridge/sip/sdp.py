@@ -21,25 +21,39 @@ keeps the o= session id and version).
   reads the answer to it.
 * Hold (RFC 3264 §8.4): the remote side is on hold when it offers sendonly or
   inactive, or the legacy ``c=0.0.0.0`` (RFC 2543).
+* SDES (RFC 4568): ``SdesCrypto.parse`` / ``to_attribute`` / ``generate`` for
+  ``a=crypto`` with ``AES_CM_128_HMAC_SHA1_80`` and ``_32``; ``parse_sdp``
+  keeps every usable one of an ``m=`` line in ``MediaDescription.crypto``
+  (others, and malformed ones, are skipped: an offer may list suites we do
+  not have); ``choose_crypto`` answers an offer (§7.1.1: the first offered
+  suite we support, its tag, our own key). The key is never in a ``repr``,
+  so it cannot reach a log line through one. Not wired to the leg yet:
+  ``negotiate`` still takes only ``RTP/AVP``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import base64
+import binascii
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Literal
+from typing import Final, Literal
 
 __all__ = [
+    "SDES_SUITES",
     "Direction",
     "MediaDescription",
     "NegotiatedAudio",
     "Origin",
+    "SdesCrypto",
     "SdpError",
     "SessionDescription",
     "answer_direction",
     "build_answer",
     "build_offer",
+    "choose_crypto",
     "negotiate",
     "parse_sdp",
 ]
@@ -57,6 +71,93 @@ PTIME_MS = 20
 
 class SdpError(ValueError):
     """The SDP body is malformed."""
+
+
+SDES_SUITES: Final = ("AES_CM_128_HMAC_SHA1_80", "AES_CM_128_HMAC_SHA1_32")
+"""The RFC 4568 §6.2 suites we take, in our preference order."""
+SDES_KEY_SALT_BYTES: Final = 30
+"""Both suites: a 16-byte master key and a 14-byte master salt."""
+
+
+@dataclass(frozen=True, slots=True)
+class SdesCrypto:
+    """One ``a=crypto`` attribute (RFC 4568 §9.1) of a suite in ``SDES_SUITES``.
+
+    ``key_salt`` is never in ``repr`` (nor in any error message here).
+    """
+
+    tag: int
+    key_salt: bytes = field(repr=False)
+    lifetime: str | None = None
+    suite: str = SDES_SUITES[0]
+
+    @property
+    def auth_tag_bits(self) -> int:
+        """80 or 32: the length of the HMAC-SHA1 tag on each SRTP packet."""
+        return 32 if self.suite.endswith("_32") else 80
+
+    @classmethod
+    def generate(
+        cls, tag: int, random_bytes: Callable[[int], bytes], suite: str = SDES_SUITES[0]
+    ) -> SdesCrypto:
+        """A fresh key for our side (``random_bytes`` = ``secrets.token_bytes``)."""
+        if suite not in SDES_SUITES:
+            raise ValueError(f"unsupported crypto suite {suite}")
+        return cls(tag, random_bytes(SDES_KEY_SALT_BYTES), None, suite)
+
+    @classmethod
+    def parse(cls, attribute: str) -> SdesCrypto:
+        """Parse ``a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:KEY[|lifetime]``.
+
+        Raises:
+            SdpError: malformed attribute, another suite, a key that is not
+                30 bytes of base64, an MKI, or several keys.
+        """
+        text = attribute.strip().removeprefix("a=").removeprefix("crypto:")
+        fields = text.split()
+        if len(fields) < 3:
+            raise SdpError("crypto attribute needs tag, suite and key params")
+        tag_text, suite, key_params = fields[:3]
+        if not tag_text.isdigit() or len(tag_text) > 9:
+            raise SdpError(f"crypto tag must be 1-9 digits, got {tag_text[:12]!r}")
+        if suite not in SDES_SUITES:
+            raise SdpError(f"unsupported crypto suite {suite[:40]}, only {', '.join(SDES_SUITES)}")
+        if ";" in key_params:
+            raise SdpError("several crypto keys (';') are not supported")
+        method, _, key_info = key_params.partition(":")
+        if method != "inline":
+            raise SdpError(f"crypto key method must be inline, got {method[:12]!r}")
+        key_text, *params = key_info.split("|")
+        try:
+            key_salt = base64.b64decode(key_text, validate=True)
+        except (binascii.Error, ValueError):
+            raise SdpError("crypto key is not base64") from None
+        if len(key_salt) != SDES_KEY_SALT_BYTES:
+            raise SdpError(f"crypto key||salt is {len(key_salt)} bytes, {suite} needs 30")
+        lifetime = None
+        for param in params:
+            if ":" in param:
+                raise SdpError("crypto MKI is not supported")
+            lifetime = param
+        return cls(int(tag_text), key_salt, lifetime, suite)
+
+    def to_attribute(self) -> str:
+        """The SDP attribute value, without the ``a=`` prefix (it holds the key)."""
+        key = base64.b64encode(self.key_salt).decode("ascii")
+        lifetime = f"|{self.lifetime}" if self.lifetime else ""
+        return f"crypto:{self.tag} {self.suite} inline:{key}{lifetime}"
+
+
+def choose_crypto(
+    offered: Sequence[SdesCrypto], random_bytes: Callable[[int], bytes]
+) -> SdesCrypto | None:
+    """Our answer to an SDES offer (RFC 4568 §7.1.1): the first offered attribute
+    whose suite we support, with its tag and suite and our own fresh key; None if
+    there is none (a ``RTP/SAVP`` offer then gets 488)."""
+    for crypto in offered:
+        if crypto.suite in SDES_SUITES:
+            return SdesCrypto.generate(crypto.tag, random_bytes, crypto.suite)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +183,8 @@ class MediaDescription:
     direction: Direction | None = None
     rtcp_port: int | None = None
     rtcp_mux: bool = False
+    crypto: tuple[SdesCrypto, ...] = ()
+    """The usable ``a=crypto`` attributes, in the offered order (keys hidden from repr)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +295,7 @@ def _parse_media(block: list[str]) -> MediaDescription:
     ptime = rtcp = None
     direction: Direction | None = None
     rtcp_mux = False
+    crypto: list[SdesCrypto] = []
     for line in block[1:]:
         kind, value = line[0], line[2:]
         if kind == "c":
@@ -219,11 +323,15 @@ def _parse_media(block: list[str]) -> MediaDescription:
             rtcp = _int(arg.split()[0] if arg.split() else "", 65535, "rtcp port")
         elif name == "rtcp-mux":
             rtcp_mux = True
+        elif name == "crypto":
+            # a suite we do not have, or a malformed line: not offered to us
+            with contextlib.suppress(SdpError):
+                crypto.append(SdesCrypto.parse(arg))
         elif name in _DIRECTIONS:
             direction = _direction(name)
     return MediaDescription(
         media, port, proto, tuple(formats), connection, tuple(rtpmap), tuple(fmtp),
-        ptime, direction, rtcp, rtcp_mux,
+        ptime, direction, rtcp, rtcp_mux, tuple(crypto),
     )  # fmt: skip
 
 
@@ -306,10 +414,16 @@ def _session_lines(address: str, session_id: int, version: int, timing: str) -> 
 
 
 def _audio_lines(
-    port: int, codec_pts: Sequence[tuple[int, str]], event_pt: int | None, direction: Direction
+    port: int,
+    codec_pts: Sequence[tuple[int, str]],
+    event_pt: int | None,
+    direction: Direction,
+    crypto: Sequence[SdesCrypto] = (),
 ) -> list[str]:
     formats = [str(pt) for pt, _ in codec_pts] + ([str(event_pt)] if event_pt is not None else [])
-    lines = [f"m=audio {port} RTP/AVP {' '.join(formats)}"]
+    proto = "RTP/SAVP" if crypto else "RTP/AVP"
+    lines = [f"m=audio {port} {proto} {' '.join(formats)}"]
+    lines += [f"a={c.to_attribute()}" for c in crypto]
     lines += [f"a=rtpmap:{pt} {name}/{CLOCK_RATE_HZ}" for pt, name in codec_pts]
     if event_pt is not None:
         lines += [f"a=rtpmap:{event_pt} telephone-event/8000", f"a=fmtp:{event_pt} 0-16"]
@@ -325,14 +439,18 @@ def build_answer(
     session_id: int,
     version: int,
     wanted: Direction = "sendrecv",
+    crypto: SdesCrypto | None = None,
 ) -> str:
-    """The answer to ``offer``: same m= lines in the same order, ours for the audio."""
+    """The answer to ``offer``: same m= lines in the same order, ours for the audio
+    (``RTP/SAVP`` with our ``a=crypto`` when ``crypto``: ``choose_crypto``)."""
     lines = _session_lines(address, session_id, version, offer.timing)
     direction = answer_direction(audio.remote_direction, wanted)
     for index, media in enumerate(offer.media):
         if index == audio.media_index:
             codec = [(audio.payload_type, audio.codec)]
-            lines += _audio_lines(port, codec, audio.telephone_event_pt, direction)
+            lines += _audio_lines(
+                port, codec, audio.telephone_event_pt, direction, (crypto,) if crypto else ()
+            )
         else:
             lines.append(f"m={media.media} 0 {media.proto} {' '.join(media.formats)}")
     return "\r\n".join(lines) + "\r\n"
@@ -346,10 +464,12 @@ def build_offer(
     codecs: Sequence[str] = ("PCMU", "PCMA"),
     telephone_event_pt: int | None = 101,
     direction: Direction = "sendrecv",
+    crypto: Sequence[SdesCrypto] = (),
 ) -> str:
-    """An audio offer for an outbound call (static payload types 0/8)."""
+    """An audio offer for an outbound call (static payload types 0/8); ``RTP/SAVP``
+    with one ``a=crypto`` per key when ``crypto`` is given."""
     pts = {"PCMU": 0, "PCMA": 8}
     codec_pts = [(pts[name], name) for name in codecs if name in pts]
     lines = _session_lines(address, session_id, version, "0 0")
-    lines += _audio_lines(port, codec_pts, telephone_event_pt, direction)
+    lines += _audio_lines(port, codec_pts, telephone_event_pt, direction, crypto)
     return "\r\n".join(lines) + "\r\n"

@@ -39,6 +39,9 @@ class SipSettings:
     local_host: str = "127.0.0.1"
     """Host (IP or name) we put in Via sent-by and Contact."""
     local_port: int = 5060
+    contact_host: str = ""
+    """Host put in Contact instead of ``local_host`` (``[sip] external_address``: the
+    public address when the daemon sits behind NAT); empty: ``local_host``."""
     """Port of the listening transport."""
     transport: str = "UDP"
     """``UDP`` or ``TCP``: reliable transports do not retransmit (RFC 3261 §17)."""

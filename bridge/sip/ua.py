@@ -24,8 +24,9 @@ Client-side results are dispatched on the kind of request that was sent
 kind      on a final response
 ========  ==============================================================
 invite    2xx: dialog, ACK, ``OutboundCallAnswered`` (or BYE if hung up);
-          401/407: one retry with credentials; 422: one retry with Min-SE;
-          else ``OutboundCallFailed``
+          401/407: answered once per challenge (``DigestClient``: a refused
+          answer fails unless ``stale=true``, never a loop); 422: one
+          retry with Min-SE; else ``OutboundCallFailed``
 reinvite  2xx: ACK, session timer re-armed; 408/481: call ends
 register  2xx: ``RegistrationStateChanged``, refresh at half the expiry;
           401/407: one retry with credentials; else failure + retry later
@@ -41,7 +42,7 @@ from collections.abc import Callable
 
 from bridge.engine import LocalProtocolError
 from bridge.sip.dialog import Call, Dialog, DialogState, Peer
-from bridge.sip.digest import authorization, choose_challenge
+from bridge.sip.digest import DigestClient, DigestCredentials
 from bridge.sip.events import (
     OutboundCallAnswered,
     OutboundCallFailed,
@@ -76,8 +77,9 @@ class SipUserAgent(UasAgent):
         destination: tuple[str, int],
         now: float,
         *,
-        credentials: tuple[str, str] | None = None,
+        credentials: tuple[str, str] | DigestCredentials | None = None,
         headers: tuple[tuple[str, str], ...] = (),
+        conn_id: int | None = None,
     ) -> str:
         """Place an outbound call; returns its call id (the SIP Call-ID).
 
@@ -86,7 +88,11 @@ class SipUserAgent(UasAgent):
             from_uri: our identity (From).
             offer_sdp: the SDP offer (``bridge.sip.sdp.build_offer``).
             destination: next hop (an outbound proxy or the callee).
-            credentials: (username, password) for a 401/407 challenge.
+            credentials: what answers a 401/407 challenge: (username,
+                password), or ``DigestCredentials`` (a trunk's, optionally
+                bound to its realm). Per call, so each call may use its own.
+            conn_id: the stream connection to send on (an outbound TCP call; the
+                dialog keeps using it), None for a datagram.
         """
         call_id = f"{self._token()}@{self.settings.local_host}"
         request = SipRequest(method="INVITE", uri=to_uri)
@@ -104,12 +110,23 @@ class SipUserAgent(UasAgent):
             request.add(name, value)
         request.add("Content-Type", "application/sdp")
         request.body = offer_sdp.encode()
-        peer = Peer(destination)
+        peer = Peer(destination, conn_id)
         dialog = Dialog(call_id, request.from_(), request.to(), to_uri, [], 1, None, peer, False)
-        call = Call(call_id, dialog, True, request, local_sdp=offer_sdp, credentials=credentials)
+        call = Call(call_id, dialog, True, request, local_sdp=offer_sdp)
+        if credentials is not None:
+            call.digest = DigestClient(_as_credentials(credentials))
         self._calls[call_id] = call
         self._start_client(request, peer, "invite", call_id, now)
         return call_id
+
+    def connection_failed(self, conn_id: int, now: float) -> None:
+        """The shell could not open stream connection ``conn_id`` (or lost it): every
+        outbound call not answered yet on it fails now, as a 503 (RFC 3261 §8.1.3.1),
+        rather than at Timer B."""
+        for call in list(self._calls.values()):
+            if call.is_outbound and not call.answered and call.dialog.peer.conn_id == conn_id:
+                self._calls.pop(call.call_id, None)
+                self._events.append(OutboundCallFailed(call.call_id, 503, "Service Unavailable"))
 
     def hangup(self, call_id: str, now: float) -> None:
         """End a call: BYE once answered, CANCEL (outbound) or 480 (inbound) before."""
@@ -153,10 +170,9 @@ class SipUserAgent(UasAgent):
         cancel.add("CSeq", f"{invite.cseq().number} CANCEL")
         self._start_client(cancel, call.dialog.peer, "cancel", call.call_id, now, add_via=False)
 
-    def _retry_invite(
-        self, call: Call, now: float, header: tuple[str, str] | None, session_expires: int | None
-    ) -> None:
-        """A new INVITE with CSeq+1 and a new branch (RFC 3261 §22.2)."""
+    def _retry_invite(self, call: Call, now: float, session_expires: int | None) -> None:
+        """A new INVITE with CSeq+1 and a new branch, the same Call-ID, From tag and
+        Request-URI (RFC 3261 §22.2), answering every challenge held so far."""
         old = call.invite
         request = SipRequest(method="INVITE", uri=old.uri, body=old.body)
         request.headers = [
@@ -166,8 +182,9 @@ class SipUserAgent(UasAgent):
         ]
         number = old.cseq().number + 1
         request.add("CSeq", f"{number} INVITE")
-        if header is not None:
-            request.add(*header)
+        if call.digest is not None:
+            for name, value in call.digest.headers("INVITE", request.uri, self._token()):
+                request.add(name, value)
         if session_expires is not None:
             request.set("Session-Expires", str(session_expires))
             request.set("Min-SE", str(session_expires))
@@ -185,18 +202,16 @@ class SipUserAgent(UasAgent):
             self._on_invite_provisional(call, response, now)
         elif response.status < 300:
             self._on_invite_success(call, entry, response, now)
-        elif response.status in (401, 407) and call.credentials and not call.auth_attempted:
-            call.auth_attempted = True
-            header = self._authorization(entry.tx.request, response, call.credentials)
-            if header is None:
-                self._fail_outbound(call, response)
+        elif response.status in (401, 407) and call.digest is not None:
+            if call.digest.on_challenge(response.status, _challenges(response)):
+                self._retry_invite(call, now, None)
             else:
-                self._retry_invite(call, now, header, None)
+                self._fail_outbound(call, response)
         elif response.status == 422 and not call.session_retry_done:
             call.session_retry_done = True
             min_se = (response.get("min-se") or "").split(";")[0].strip()
             if min_se.isdigit():
-                self._retry_invite(call, now, None, int(min_se))
+                self._retry_invite(call, now, int(min_se))
             else:
                 self._fail_outbound(call, response)
         else:
@@ -265,25 +280,6 @@ class SipUserAgent(UasAgent):
         self._calls.pop(call.call_id, None)
         self._events.append(OutboundCallFailed(call.call_id, response.status, response.reason))
 
-    def _authorization(
-        self, request: SipRequest, response: SipResponse, credentials: tuple[str, str]
-    ) -> tuple[str, str] | None:
-        proxy = response.status == 407
-        challenge = choose_challenge(
-            response.get_lines("proxy-authenticate" if proxy else "www-authenticate")
-        )
-        if challenge is None:
-            return None
-        value = authorization(
-            challenge,
-            username=credentials[0],
-            password=credentials[1],
-            method=request.method,
-            uri=request.uri,
-            cnonce=self._token(),
-        )
-        return ("Proxy-Authorization" if proxy else "Authorization", value)
-
     # --- in-dialog client results -------------------------------------------------------------
     def _on_reinvite_response(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
         call = self._calls.get(entry.ref)
@@ -347,7 +343,7 @@ class SipUserAgent(UasAgent):
         aor: str,
         now: float,
         *,
-        credentials: tuple[str, str] | None = None,
+        credentials: tuple[str, str] | DigestCredentials | None = None,
         expires_s: int | None = None,
     ) -> str:
         """Register ``aor`` with our Contact; returns the registration id."""
@@ -361,7 +357,7 @@ class SipUserAgent(UasAgent):
             call_id=f"{self._token()}@{self.settings.local_host}",
             from_tag=self._token(),
             expires_s=expires_s or self.settings.register_expires_s,
-            credentials=credentials,
+            digest=DigestClient(_as_credentials(credentials)) if credentials else None,
         )
         self._registrations[registration_id] = registration
         self._send_register(registration, now)
@@ -376,12 +372,11 @@ class SipUserAgent(UasAgent):
         registration.refresh_at = None
         self._send_register(registration, now)
 
-    def _send_register(
-        self, registration: Registration, now: float, header: tuple[str, str] | None = None
-    ) -> None:
+    def _send_register(self, registration: Registration, now: float) -> None:
         request = registration.build_request()
-        if header is not None:
-            request.add(*header)
+        if registration.digest is not None:
+            for name, value in registration.digest.headers("REGISTER", request.uri, self._token()):
+                request.add(name, value)
         self._start_client(
             request, registration.peer, "register", registration.registration_id, now
         )
@@ -391,7 +386,8 @@ class SipUserAgent(UasAgent):
         if registration is None or response.status < 200:
             return
         if 200 <= response.status < 300:
-            registration.auth_attempted = False
+            if registration.digest is not None:
+                registration.digest.reset()
             granted = registration.granted_expires_s(response) if registration.expires_s else 0
             registration.schedule(now, granted)
             self._events.append(
@@ -402,14 +398,13 @@ class SipUserAgent(UasAgent):
             return
         if (
             response.status in (401, 407)
-            and registration.credentials
-            and not registration.auth_attempted
+            and registration.digest is not None
+            and registration.digest.on_challenge(response.status, _challenges(response))
         ):
-            registration.auth_attempted = True
-            header = self._authorization(entry.tx.request, response, registration.credentials)
-            if header is not None:
-                self._send_register(registration, now, header)
-                return
+            self._send_register(registration, now)
+            return
+        if registration.digest is not None:
+            registration.digest.reset()
         registration.schedule_retry(now)
         self._events.append(RegistrationStateChanged(entry.ref, False, response.status))
 
@@ -422,7 +417,8 @@ class SipUserAgent(UasAgent):
         for registration in list(self._registrations.values()):
             if registration.refresh_at is not None and registration.refresh_at <= now:
                 registration.refresh_at = None
-                registration.auth_attempted = False
+                if registration.digest is not None:
+                    registration.digest.reset()
                 self._send_register(registration, now)
 
 
@@ -432,3 +428,16 @@ _RESPONSE_HANDLERS: dict[str, ResponseHandler] = {
     "register": SipUserAgent._on_register_response,
     "refer": SipUserAgent._on_refer_response,
 }
+
+
+def _as_credentials(credentials: tuple[str, str] | DigestCredentials) -> DigestCredentials:
+    if isinstance(credentials, DigestCredentials):
+        return credentials
+    return DigestCredentials(credentials[0], credentials[1])
+
+
+def _challenges(response: SipResponse) -> list[str]:
+    """The challenge values of a 401 (WWW-Authenticate) or 407 (Proxy-Authenticate)."""
+    return response.get_lines(
+        "proxy-authenticate" if response.status == 407 else "www-authenticate"
+    )

@@ -161,7 +161,8 @@ class UaCore(Outbox):
     def _contact(self, user: str = "callbridge") -> str:
         s = self.settings
         transport = "" if s.transport.upper() == "UDP" else f";transport={s.transport.lower()}"
-        host = f"[{s.local_host}]" if ":" in s.local_host else s.local_host
+        name = s.contact_host or s.local_host
+        host = f"[{name}]" if ":" in name else name
         return f"<sip:{user}@{host}:{s.local_port}{transport}>"
 
     # --- input -------------------------------------------------------------------

@@ -31,10 +31,14 @@ from bridge.sip.errors import SipParseError
 
 __all__ = [
     "NameAddr",
+    "OutboundTarget",
     "Params",
+    "TargetError",
     "Uri",
+    "e164",
     "format_params",
     "is_token",
+    "outbound_target",
     "parse_name_addr",
     "parse_params",
     "parse_uri",
@@ -395,3 +399,94 @@ def _parse_bracketed(rest: str, display: str | None) -> NameAddr:
     if tail and not tail.startswith(";"):
         raise SipParseError("garbage after name-addr")
     return NameAddr(uri, display, parse_params(tail) if tail else ())
+
+
+# --- outbound targets ---------------------------------------------------------------------
+
+_TEL_VISUAL_SEPARATORS = str.maketrans("", "", "-.()")
+E164_MAX_DIGITS = 15
+
+
+class TargetError(ValueError):
+    """An outbound call target we cannot call; the message says why, for the API's answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundTarget:
+    """Where an outbound INVITE goes (``outbound_target``)."""
+
+    request_uri: str
+    """Request-URI and To."""
+    host: str
+    """Next hop: the outbound proxy, the tel: gateway, or the target's own host."""
+    port: int
+    transport: str
+    """``UDP`` or ``TCP`` (``TLS`` is refused until the TLS transport exists)."""
+    via_proxy: bool = False
+    """The next hop is the outbound proxy: put it in a Route header (``;lr``)."""
+
+
+def e164(number: str) -> str:
+    """A global tel: number (RFC 3966 §5.1.4) as ``+`` and digits, separators removed.
+
+    Raises:
+        TargetError: not ``+`` followed by 1-15 digits (local numbers need a
+            phone-context we do not have).
+    """
+    digits = number.translate(_TEL_VISUAL_SEPARATORS)
+    if not digits.startswith("+") or not digits[1:].isdigit():
+        raise TargetError(f"tel: target {number!r} is not a global number (+ and digits, E.164)")
+    if len(digits) - 1 > E164_MAX_DIGITS:
+        raise TargetError(f"tel: target {number!r} has more than {E164_MAX_DIGITS} digits")
+    return digits
+
+
+def _transport_of(uri: Uri) -> str:
+    transport = (uri.param("transport") or "udp").lower()
+    if uri.scheme == "sips" or transport == "tls":
+        raise TargetError(f"{uri}: TLS transport not supported yet")
+    if transport not in ("udp", "tcp"):
+        raise TargetError(f"{uri}: transport {transport!r} not supported (udp, tcp)")
+    return transport.upper()
+
+
+def outbound_target(
+    target: str, proxy: str | None = None, gateway: str | None = None
+) -> OutboundTarget:
+    """Resolve an outbound call target (``sip:``/``sips:`` URI or ``tel:+E164``).
+
+    Args:
+        target: what the caller of ``POST /v1/calls`` named.
+        proxy: the outbound proxy's ``sip:`` URI: every call's next hop when set.
+        gateway: the ``sip:`` URI whose host turns a ``tel:`` number into a call
+            (the outbound proxy or the registrar, until trunks exist).
+
+    Raises:
+        TargetError: unparseable, TLS (``sips:`` or ``transport=tls``, not
+            supported yet: never sent over UDP instead), a tel: number that
+            is not global, a tel: target without a gateway, another scheme.
+    """
+    try:
+        uri = parse_uri(target.strip().strip("<>"))
+        hop_uri = parse_uri(proxy) if proxy else None
+        gateway_uri = parse_uri(gateway) if gateway else hop_uri
+    except SipParseError as exc:
+        raise TargetError(f"cannot parse the target: {exc.reason}") from None
+    if uri.scheme == "tel":
+        number = e164(uri.user or "")
+        if gateway_uri is None or not gateway_uri.is_sip:
+            raise TargetError("tel: targets need [sip] outbound_proxy or a registration")
+        _transport_of(gateway_uri)
+        request_uri = f"sip:{number}@{gateway_uri.host_port};user=phone"
+        hop = hop_uri or gateway_uri
+    elif uri.is_sip:
+        _transport_of(uri)
+        request_uri = str(uri)
+        hop = hop_uri or uri
+    else:
+        raise TargetError(f"cannot call a {uri.scheme}: URI (sip:, tel:)")
+    if not hop.is_sip or not hop.host:
+        raise TargetError(f"no host to send the call to in {str(hop)!r}")
+    return OutboundTarget(
+        request_uri, hop.host, hop.port or 5060, _transport_of(hop), via_proxy=hop_uri is not None
+    )

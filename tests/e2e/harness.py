@@ -54,6 +54,7 @@ drain_timeout_s = 2
 [sip]
 listen = ["{kw.get("sip_host", "127.0.0.1")}:{kw.get("sip", free_port(socket.SOCK_DGRAM))}"]
 rtp_ports = "{kw.get("rtp", _rtp_window())}"
+{kw.get("sip_extra", "")}
 
 [media_streams]
 listen = "127.0.0.1:{kw.get("ms", 0)}"

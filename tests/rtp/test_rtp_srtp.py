@@ -31,7 +31,7 @@ def test_parse_rfc4568_example_and_build_back() -> None:
     [
         ("crypto:1 AES_CM_128_HMAC_SHA1_80", "needs tag, suite and key params"),
         (f"crypto:x AES_CM_128_HMAC_SHA1_80 inline:{RFC4568_KEY}", "tag must be 1-9 digits"),
-        (f"crypto:1 AES_CM_128_HMAC_SHA1_32 inline:{RFC4568_KEY}", "unsupported crypto suite"),
+        (f"crypto:1 AES_256_CM_HMAC_SHA1_80 inline:{RFC4568_KEY}", "unsupported crypto suite"),
         (f"crypto:1 AES_CM_128_HMAC_SHA1_80 uri:{RFC4568_KEY}", "method must be inline"),
         ("crypto:1 AES_CM_128_HMAC_SHA1_80 inline:not*base64", "not base64"),
         ("crypto:1 AES_CM_128_HMAC_SHA1_80 inline:AAAA", "is 3 bytes"),
