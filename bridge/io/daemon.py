@@ -196,7 +196,16 @@ class Daemon:
         )
         if self.config.api.enabled:
             host, port = split_hostport(self.config.api.listen)
-            self.api = await serve_http_ws(host, port, http=self._api, ws=self._no_ws)
+            from bridge.control.api import MAX_BODY_BYTES as API_BODY_BYTES
+
+            self.api = await serve_http_ws(
+                host,
+                port,
+                http=self._api,
+                ws=self._no_ws,
+                limits=self.config.api.limits,
+                max_body_bytes=API_BODY_BYTES,
+            )
         for factory in LEG_FACTORIES:
             leg = factory(self)
             if leg is not None:

@@ -28,6 +28,7 @@ from bridge.config import RouteConfig, split_hostport
 from bridge.control import commands as cmd
 from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
+from bridge.io.connlimits import ConnectionGate
 from bridge.io.sip_call import _DatagramProtocol, _SipCall
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
@@ -87,6 +88,12 @@ class _UaRunner:
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
         """The deadline ``timer`` is armed for (while it is not None)."""
+        self.gate = ConnectionGate(leg.daemon.config.sip.limits)
+        """The TCP listener's connection caps (``[sip] max_connections``...)."""
+        self.refused_not_allowed = 0
+        """TCP connections closed at accept: their source is outside ``[sip] allow``."""
+        self.timed_out = 0
+        """TCP connections closed by ``header_timeout_s`` or ``idle_timeout_s``."""
 
     async def start(self, host: str, port: int) -> None:
         if self.kind == "UDP":
@@ -115,19 +122,59 @@ class _UaRunner:
         self.leg.daemon.ticker.run_if_due()
 
     async def _on_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        source = (peer[0], peer[1]) if peer else ("0.0.0.0", 0)
+        # checked at accept, before anything is read: a source outside [sip] allow, or
+        # one connection too many (in all or from this source), is closed at once
+        if not self.ua.allows_source(source[0]):
+            self.refused_not_allowed += 1
+            writer.transport.abort()
+            return
+        if self.gate.admit(source[0]) is not None:
+            writer.transport.abort()
+            return
         conn_id = self.next_conn_id
         self.next_conn_id += 1
         self.writers[conn_id] = writer
-        peer = writer.get_extra_info("peername")
-        source = (peer[0], peer[1]) if peer else ("0.0.0.0", 0)
+        limits = self.gate.limits
+        started = self.loop.time()  # of the message not complete yet (or of the connection)
+        last_complete: float | None = None
         try:
-            while data := await reader.read(65536):
-                self.ua.receive_stream(conn_id, data, source, self.loop.time())
+            while True:
+                now = self.loop.time()
+                if last_complete is None or self.ua.stream_partial_bytes(conn_id):
+                    deadline: float | None = started + limits.header_timeout_s
+                elif limits.idle_timeout_s > 0:
+                    deadline = last_complete + limits.idle_timeout_s
+                else:
+                    deadline = None
+                try:
+                    data = await asyncio.wait_for(
+                        reader.read(65536), None if deadline is None else max(0.0, deadline - now)
+                    )
+                except TimeoutError:  # a dribbled message, or an idle connection
+                    self.timed_out += 1
+                    log.info(
+                        "sip.tcp_timeout",
+                        source=source[0],
+                        partial=self.ua.stream_partial_bytes(conn_id) > 0,
+                    )
+                    break
+                if not data:
+                    break
+                now = self.loop.time()
+                before = self.ua.stream_partial_bytes(conn_id)
+                self.ua.receive_stream(conn_id, data, source, now)
+                if self.ua.stream_partial_bytes(conn_id) < before + len(data):
+                    # bytes were consumed: a message (or a keepalive) is complete, and
+                    # what is left over began in this read
+                    last_complete = started = now
                 self.pump()
                 self.leg.daemon.ticker.run_if_due()
         except (ConnectionError, OSError):
             pass
         finally:
+            self.gate.release(source[0])
             self.writers.pop(conn_id, None)
             self.ua.connection_lost(conn_id)
             self.pump()

@@ -177,6 +177,15 @@ class UaCore(Outbox):
     def connection_lost(self, conn_id: int) -> None:
         self._framers.pop(conn_id, None)
 
+    def allows_source(self, host: str) -> bool:
+        """Whether ``host`` is inside the allowlist (a stream transport asks at accept)."""
+        return self._allowlist.allows(host)
+
+    def stream_partial_bytes(self, conn_id: int) -> int:
+        """Bytes of a message not complete yet on stream connection ``conn_id``."""
+        framer = self._framers.get(conn_id)
+        return 0 if framer is None else framer.buffered_bytes
+
     def _receive_message(self, data: bytes, peer: Peer, now: float) -> None:
         try:
             message = parse_message(data)

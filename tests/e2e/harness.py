@@ -54,6 +54,7 @@ drain_timeout_s = 2
 [sip]
 listen = ["{kw.get("sip_host", "127.0.0.1")}:{kw.get("sip", free_port(socket.SOCK_DGRAM))}"]
 rtp_ports = "{kw.get("rtp", _rtp_window())}"
+{kw.get("sip_extra", "")}
 
 [media_streams]
 listen = "127.0.0.1:{kw.get("ms", 0)}"
@@ -61,6 +62,7 @@ listen = "127.0.0.1:{kw.get("ms", 0)}"
 
 [api]
 listen = "127.0.0.1:{kw.get("api", 0)}"
+{kw.get("api_extra", "")}
 
 [providers.main]
 protocol = "{protocol}"
