@@ -304,8 +304,13 @@ class Daemon:
         if path == "/healthz":
             return HttpResponse.json(200, b'{"ok": true}')
         if path == "/readyz":
-            ok = self.ready and not self.draining
-            body = json.dumps({"ready": ok, "draining": self.draining}).encode()
+            # a leg that could not take a call now (no RTP port usable) makes the node unready
+            full = [
+                leg.name for leg in self.legs if not getattr(leg, "can_take_calls", lambda: True)()
+            ]
+            ok = self.ready and not self.draining and not full
+            state = {"ready": ok, "draining": self.draining, **({"unable": full} if full else {})}
+            body = json.dumps(state).encode()
             return HttpResponse.json(200 if ok else 503, body)
         if path == "/metrics":
             return HttpResponse(200, self.metrics.render(), "text/plain; version=0.0.4")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import os
 import re
@@ -32,7 +33,7 @@ from bridge.io.connlimits import ConnectionGate
 from bridge.io.sip_call import _DatagramProtocol, _SipCall
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
-from bridge.rtp.ports import RtpPortAllocator
+from bridge.rtp.ports import UNUSABLE_COOLDOWN_S, RtpPortAllocator
 from bridge.sip.events import (
     CallCancelled,
     CallEnded,
@@ -232,6 +233,8 @@ class SipLeg:
         self.daemon = daemon
         cfg = daemon.config.sip
         self.ports = RtpPortAllocator(cfg.rtp_ports)
+        self.port_cooldown_s = UNUSABLE_COOLDOWN_S
+        """How long a port found in use by another process is left out (``RtpPortAllocator``)."""
         self.runners: list[_UaRunner] = []
         self.calls: dict[str, _SipCall] = {}
         self.draining = False
@@ -466,7 +469,7 @@ class SipLeg:
         key = f"out-{os.urandom(6).hex()}"
         bound = self._bind(ua, key, host)
         if bound is None:
-            raise ValueError("no RTP port free")
+            raise ValueError("no RTP port could be bound")
         call = bound[0]
         self.daemon.loop_task(call.attach(bound[1]))
         offer = build_offer(cfg.sip.rtp_address or host, call.rtp_port, 1, 1, cfg.sip.codecs)
@@ -498,16 +501,33 @@ class SipLeg:
         self, ua: _UaRunner, call_id: str, host: str
     ) -> tuple[_SipCall, tuple[socket.socket, socket.socket]] | None:
         for _ in range(MAX_BIND_ATTEMPTS):
-            port = self.ports.allocate(call_id)
+            now = ua.loop.time()
+            port = self.ports.allocate(call_id, now)
             if port is None:
+                log.warning("sip.rtp_ports_exhausted", call_id=call_id)
                 return None
             call = _SipCall(self, ua, call_id, port)
             try:
                 return call, call.bind_sockets(_bind_host(host))
-            except OSError:
+            except OSError as e:
                 self.ports.release(call_id)
-                self.ports.mark_unusable(port)
+                if e.errno != errno.EADDRINUSE:
+                    # descriptors or buffers exhausted (EMFILE, ENFILE, ENOBUFS...): nothing
+                    # wrong with the port, which stays in the queue; this call is refused
+                    log.warning(
+                        "sip.rtp_bind_failed",
+                        call_id=call_id,
+                        port=port,
+                        error=errno.errorcode.get(e.errno or 0, str(e.errno)),
+                    )
+                    return None
+                # another process has it: tried again after the cool-down
+                self.ports.mark_unusable(port, now, self.port_cooldown_s)
         return None
+
+    def can_take_calls(self) -> bool:
+        """False while no RTP port could be given to a new call (``/readyz``)."""
+        return self.ports.usable_count(asyncio.get_running_loop().time()) > 0
 
     def _runner_finished(self, call: _SipCall) -> None:
         if not call.ended:

@@ -74,7 +74,7 @@ def _tcp_runner(s: Stack) -> _UaRunner:
 
 def _tcp_port(runner: _UaRunner) -> int:
     assert runner.tcp is not None
-    return int(list(runner.tcp.sockets)[0].getsockname()[1])
+    return int(next(iter(runner.tcp.sockets)).getsockname()[1])
 
 
 def _options(port: int, source: str, call_id: str) -> bytes:
