@@ -323,26 +323,55 @@ class Daemon:
     # ------------------------------------------------------ reload, drain
 
     async def reload(self) -> None:
+        """SIGHUP: apply the config file's new contents, or keep the old config whole.
+
+        Whatever the outcome, ``RELOADING=1`` is followed by ``READY=1`` (and a
+        ``STATUS=`` saying what happened): systemd leaves its reloading state.
+        """
         self.notifier.reloading()
+        outcome = "reload rejected: config invalid"
         try:
-            cfg = load_config(self.config.path)
-        except ConfigError as e:
-            log.error("config.reload_rejected", errors=e.errors)
-            self.notifier.status(self.status_line() + " (reload rejected: config invalid)")
-            return
-        try:
-            runtime = await self._build_runtime(cfg)
-        except (RuntimeError, OSError) as e:
-            log.error("config.reload_failed", error=str(e))
-            return
-        old, self.runtime, self.config = self.runtime, runtime, cfg
+            try:
+                cfg = load_config(self.config.path)
+            except ConfigError as e:
+                log.error("config.reload_rejected", errors=e.errors)
+                return
+            fixed = restart_keys(self.config, cfg)
+            if fixed:  # a listener cannot be rebound live: nothing of the new file applies
+                for key in fixed:
+                    log.error("daemon.reload_refused", key=key, reason="a restart is needed")
+                outcome = f"reload refused: {', '.join(fixed)} changed, restart needed"
+                return
+            try:
+                runtime = await self._build_runtime(cfg)
+            except (RuntimeError, OSError) as e:
+                log.error("config.reload_failed", error=str(e))
+                outcome = "reload failed"
+                return
+            old, self.runtime, self.config = self.runtime, runtime, cfg
+            self._apply_live(cfg)
+            if old is not None:
+                self._old_runtimes.append(old)  # calls in progress keep their providers
+                self.retire_runtimes()
+            log.info("config.reloaded", summary=cfg.summary())
+            outcome = ""
+        finally:
+            self.notifier.ready(self.status_line() + (f" ({outcome})" if outcome else ""))
+
+    def _apply_live(self, cfg: Config) -> None:
+        """What a reload changes beyond the runtime: the GC policy, the SIP engines'
+        allowlist, digest users and rate limits, every listener's connection limits."""
         self.gc_policy.freeze_every_s = cfg.daemon.gc_freeze_s
         self.gc_policy.thaw_every_s = cfg.daemon.gc_thaw_s
-        if old is not None:
-            self._old_runtimes.append(old)  # calls in progress keep their providers
-            self.retire_runtimes()
-        log.info("config.reloaded", summary=cfg.summary())
-        self.notifier.ready(self.status_line())
+        if self.api is not None:
+            self.api.set_limits(cfg.api.limits)
+        for leg in self.legs:
+            apply = getattr(leg, "apply_config", None)
+            if apply is not None:
+                apply()
+            server = getattr(leg, "server", None)
+            if leg.name == "media_streams" and isinstance(server, HttpWsServer):
+                server.set_limits(cfg.media_streams.limits)
 
     def retire_runtimes(self) -> None:
         """Close replaced config generations once their last call has ended."""
@@ -409,6 +438,27 @@ class Daemon:
             await self.close()
         log.info("daemon.stopped")
         return 0
+
+
+RESTART_KEYS: tuple[tuple[str, Callable[[Config], object]], ...] = (
+    ("daemon.event_loop", lambda c: c.daemon.event_loop),
+    ("sip.enabled", lambda c: c.sip.enabled),
+    ("sip.listen", lambda c: c.sip.listen),
+    ("sip.transports", lambda c: c.sip.transports),
+    ("sip.rtp_ports", lambda c: c.sip.rtp_ports),
+    ("sip.registrations", lambda c: c.sip.registrations),
+    ("media_streams.enabled", lambda c: c.media_streams.enabled),
+    ("media_streams.listen", lambda c: c.media_streams.listen),
+    ("media_streams.max_message_bytes", lambda c: c.media_streams.max_message_bytes),
+    ("api.enabled", lambda c: c.api.enabled),
+    ("api.listen", lambda c: c.api.listen),
+)
+"""What a reload cannot apply: sockets, the RTP range, the loop, the registrations."""
+
+
+def restart_keys(old: Config, new: Config) -> list[str]:
+    """The keys whose change only a restart can apply (a reload refuses them)."""
+    return [key for key, value in RESTART_KEYS if value(old) != value(new)]
 
 
 def run_daemon(cfg: Config) -> int:

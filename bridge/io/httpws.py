@@ -523,6 +523,11 @@ class HttpWsServer:
     timed_out: int = 0
     """Connections closed because their request was not complete within ``header_timeout_s``."""
 
+    def set_limits(self, limits: ConnectionLimits) -> None:
+        """New caps and timeout (a reload) for connections accepted from now on."""
+        if self.gate is not None:
+            self.gate.limits = limits
+
     @property
     def port(self) -> int:
         server: Any = self.server  # uvloop's ``sockets`` is a list, asyncio's a tuple
@@ -637,10 +642,11 @@ async def serve_http_ws(
 
     async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
+        timeout_s = gate.limits.header_timeout_s if gate is not None else lim.header_timeout_s
         try:
             got = await asyncio.wait_for(
                 _read_request(reader, tuple(peer[:2]) if peer else None, max_body),
-                lim.header_timeout_s,
+                timeout_s,
             )
         except TimeoutError:  # a slow or silent client (slowloris): no answer
             if result:

@@ -268,6 +268,15 @@ class SipLeg:
         log.info("sip.listening", listen=list(cfg.listen), transports=list(cfg.transports))
         self._register_all()
 
+    def apply_config(self) -> None:
+        """After a reload (``daemon.config`` is the new one): ``allow``, the digest users,
+        the INVITE rate limit, ``max_calls``... and the TCP connection limits, from the
+        next request or connection on. Addresses and transports cannot change here."""
+        for runner in self.runners:
+            s = runner.ua.settings
+            runner.ua.apply_settings(self._settings(s.local_host, s.local_port, runner.kind))
+            runner.gate.limits = self.daemon.config.sip.limits
+
     def _register_all(self) -> None:
         """Keep a binding at every ``[sip.registrations]`` registrar (refreshed by the engine)."""
         ua = next((r for r in self.runners if r.kind == "UDP"), None)
