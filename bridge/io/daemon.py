@@ -450,6 +450,8 @@ RESTART_KEYS: tuple[tuple[str, Callable[[Config], object]], ...] = (
     ("media_streams.enabled", lambda c: c.media_streams.enabled),
     ("media_streams.listen", lambda c: c.media_streams.listen),
     ("media_streams.max_message_bytes", lambda c: c.media_streams.max_message_bytes),
+    ("media_streams.single_use_tokens", lambda c: c.media_streams.single_use_tokens),
+    ("media_streams.token_secret", lambda c: c.media_streams.token_secret),
     ("api.enabled", lambda c: c.api.enabled),
     ("api.listen", lambda c: c.api.listen),
 )
