@@ -30,6 +30,7 @@ from bridge.control import commands as cmd
 from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
 from bridge.io.connlimits import ConnectionGate
+from bridge.io.dns import DnsCache, DnsError, is_ip_literal
 from bridge.io.sip_call import _DatagramProtocol, _SipCall
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
@@ -60,6 +61,8 @@ log = get_logger("callbridge.sip")
 
 _URI_USER = re.compile(r"^sips?:([^@;>]+)@", re.IGNORECASE)
 MAX_BIND_ATTEMPTS = 8
+TIMER_RETRY_S = 0.1
+"""After ``handle_timer`` raised, the engine's timer is tried again no sooner than this."""
 
 SIP_UDP_RCVBUF_BYTES = 4 * 1024 * 1024
 """Receive buffer asked for the SIP UDP socket. The kernel's default (``net.core.rmem_default``,
@@ -89,12 +92,19 @@ class _UaRunner:
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
         """The deadline ``timer`` is armed for (while it is not None)."""
+        self.timer_floor = 0.0
+        """No timer before this (set after a failed ``handle_timer``)."""
         self.gate = ConnectionGate(leg.daemon.config.sip.limits)
         """The TCP listener's connection caps (``[sip] max_connections``...)."""
         self.refused_not_allowed = 0
         """TCP connections closed at accept: their source is outside ``[sip] allow``."""
         self.timed_out = 0
         """TCP connections closed by ``header_timeout_s`` or ``idle_timeout_s``."""
+        family = socket.AF_INET6 if ":" in settings.local_host else socket.AF_INET
+        self.dns = DnsCache(family)
+        """Host names the engine sends to (``bridge.io.dns``), resolved off the media path."""
+        self.awaiting_dns: dict[str, list[tuple[bytes, int]]] = {}
+        """Datagrams for a name being looked up: (data, port), sent once it resolves."""
 
     async def start(self, host: str, port: int) -> None:
         if self.kind == "UDP":
@@ -115,7 +125,10 @@ class _UaRunner:
             self.tcp = await asyncio.start_server(self._on_stream, host, port)
 
     def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.ua.receive_datagram(data, addr, self.loop.time())
+        try:
+            self.ua.receive_datagram(data, addr, self.loop.time())
+        except Exception:  # an engine bug on one datagram must not stop the listener
+            log.exception("sip.receive_failed", source=addr[0])
         self.pump()
         # the loop hands a socket's queued datagrams over in one pass: a burst
         # of INVITEs (a few hundred microseconds each) must not hold every
@@ -182,23 +195,77 @@ class _UaRunner:
             writer.close()
 
     def pump(self) -> None:
-        for action in self.ua.actions_to_send():
-            if isinstance(action, SendDatagram):
-                self.leg.count_response(action.data)
-                if self.udp is not None:
+        """Send the engine's actions, hand its events to the leg, re-arm its timer.
+
+        One failing action or event is logged and the rest of the batch goes on;
+        the timer is re-armed whatever happened (an engine left without its timer
+        would never retransmit or time out again).
+        """
+        try:
+            for action in self.ua.actions_to_send():
+                try:
+                    self._perform(action)
+                except Exception:
+                    log.exception("sip.action_failed", action=type(action).__name__)
+            for event in self.ua.events_received():
+                try:
+                    self.leg.on_sip_event(self, event)
+                except Exception:
+                    log.exception("sip.event_failed", sip_event=type(event).__name__)
+        finally:
+            self._arm_timer()
+
+    def _perform(self, action: object) -> None:
+        if isinstance(action, SendDatagram):
+            self.leg.count_response(action.data)
+            if self.udp is not None:
+                if is_ip_literal(action.addr[0]):
                     self.udp.sendto(action.data, action.addr)
-            elif isinstance(action, SendStream):
-                self.leg.count_response(action.data)
-                writer = self.writers.get(action.conn_id)
-                if writer is not None:
-                    writer.write(action.data)
-            elif isinstance(action, CloseStream):
-                writer = self.writers.pop(action.conn_id, None)
-                if writer is not None:
-                    writer.close()
-        for event in self.ua.events_received():
-            self.leg.on_sip_event(self, event)
+                else:
+                    self._send_to_name(action.data, action.addr[0], action.addr[1])
+        elif isinstance(action, SendStream):
+            self.leg.count_response(action.data)
+            writer = self.writers.get(action.conn_id)
+            if writer is not None:
+                writer.write(action.data)
+        elif isinstance(action, CloseStream):
+            writer = self.writers.pop(action.conn_id, None)
+            if writer is not None:
+                writer.close()
+
+    def _send_to_name(self, data: bytes, host: str, port: int) -> None:
+        """A datagram for a host name (a registrar, a Contact): sent to its address from
+        the cache, or once the lookup ends; dropped if the name does not resolve (the
+        engine's transaction then times out, as with an unreachable host)."""
+        cached = self.dns.get(host, self.loop.time())
+        if cached is not None:
+            address, why = cached
+            if address is None:
+                log.info("sip.dns_failed", host=host, error=why)
+            elif self.udp is not None:
+                self.udp.sendto(data, (address, port))
+            return
+        waiting = self.awaiting_dns.get(host)
+        if waiting is not None:
+            waiting.append((data, port))
+            return
+        self.awaiting_dns[host] = [(data, port)]
+        self.leg.daemon.loop_task(self._resolve_and_send(host))
+
+    async def _resolve_and_send(self, host: str) -> None:
+        try:
+            address: str | None = await self.dns.lookup(host, self.loop.time())
+        except DnsError as e:
+            log.warning("sip.dns_failed", host=host, error=str(e))
+            address = None
+        for data, port in self.awaiting_dns.pop(host, []):
+            if address is not None and self.udp is not None:
+                self.udp.sendto(data, (address, port))
+
+    def _arm_timer(self) -> None:
         deadline = self.ua.next_deadline()
+        if deadline is not None and deadline < self.timer_floor:
+            deadline = self.timer_floor  # the last timer failed: no busy loop of failures
         if self.timer is not None:
             if deadline == self.timer_at:
                 return  # armed for that already: no new handle per message
@@ -210,7 +277,12 @@ class _UaRunner:
 
     def _on_timer(self) -> None:
         self.timer = None
-        self.ua.handle_timer(self.loop.time())
+        now = self.loop.time()
+        try:
+            self.ua.handle_timer(now)
+        except Exception:
+            log.exception("sip.timer_failed")
+            self.timer_floor = now + TIMER_RETRY_S
         self.pump()
 
     async def stop(self) -> None:
@@ -458,8 +530,14 @@ class SipLeg:
 
     # ---------------------------------------------------------- outbound
 
-    def originate(self, to_uri: str, from_uri: str, route_key: str) -> str:
+    def originate(
+        self, to_uri: str, from_uri: str, route_key: str, resolved: dict[str, str] | None = None
+    ) -> str:
         """Place a call to ``to_uri`` over UDP; returns its Call-ID (answered later).
+
+        A host name in ``to_uri`` is sent to at its address in ``resolved`` (the
+        API looks it up first, so its caller hears of a name that does not
+        resolve); without one the name is resolved as the INVITE leaves.
 
         Raises:
             ValueError: no route, no UDP transport, a URI without a host, or no RTP port.
@@ -474,6 +552,8 @@ class SipLeg:
         dest = _uri_hostport(to_uri)
         if dest is None:
             raise ValueError(f"cannot find a host in {to_uri!r}")
+        if resolved and dest[0] in resolved:
+            dest = (resolved[dest[0]], dest[1])
         host = ua.ua.settings.local_host
         key = f"out-{os.urandom(6).hex()}"
         bound = self._bind(ua, key, host)
