@@ -42,6 +42,9 @@ from bridge.tts.base import ProviderSettings
 __all__ = ["Daemon", "Leg", "Runtime", "provider_settings", "run_daemon"]
 
 GC_TICK_S = 0.1
+BYE_WAIT_MIN_S = 4.0
+"""At shutdown, how long the BYEs of the calls the drain ended get, at the least, to be
+answered (retransmitted meanwhile); beyond the drain deadline only up to this."""
 """How often the GC policy is asked what to do (a freeze is O(1))."""
 
 log = get_logger("callbridge.daemon")
@@ -395,6 +398,15 @@ class Daemon:
         remaining = sum(leg.active_calls() for leg in self.legs)
         log.info("daemon.drained", calls_ended_by_drain=remaining)
         await asyncio.gather(*(leg.end_all_calls("shutdown") for leg in self.legs))
+        # the BYEs are retransmitted until answered: up to the drain deadline, and for at
+        # least BYE_WAIT_MIN_S (the retransmissions at 0.5, 1.5 and 3.5 s)
+        until = max(deadline, loop.time() + BYE_WAIT_MIN_S)
+        for leg in self.legs:
+            wait = getattr(leg, "wait_hangups", None)
+            if remaining and wait is not None:
+                unanswered = await wait(until)
+                if unanswered:
+                    log.warning("daemon.bye_unanswered", calls=unanswered)
         self._stop.set()
 
     async def close(self) -> None:

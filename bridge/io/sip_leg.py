@@ -392,6 +392,19 @@ class SipLeg:
                 call.hangup(reason)
         await asyncio.sleep(0.05)
 
+    async def wait_hangups(self, until: float) -> int:
+        """After ``end_all_calls``: wait, until loop time ``until``, while a call has not
+        sent its BYE or a BYE has no answer (its client transaction retransmits it, RFC
+        3261 §17.1.2); how many were still unanswered then."""
+        loop = asyncio.get_running_loop()
+        while True:
+            waiting = sum(not c.ended for c in self.calls.values()) + sum(
+                r.ua.unanswered_requests("bye") for r in self.runners
+            )
+            if not waiting or loop.time() >= until:
+                return waiting
+            await asyncio.sleep(0.05)
+
     async def stop(self) -> None:
         for call in list(self.calls.values()):
             self._release(call)

@@ -66,6 +66,7 @@ from bridge.sip.transaction import (
     ClientTransaction,
     ResponseReceived,
     ServerTransaction,
+    State,
     TransactionTerminated,
     TransactionTimedOut,
     TransmitMessage,
@@ -180,6 +181,15 @@ class UaCore(Outbox):
     def allows_source(self, host: str) -> bool:
         """Whether ``host`` is inside the allowlist (a stream transport asks at accept)."""
         return self._allowlist.allows(host)
+
+    def unanswered_requests(self, kind: str) -> int:
+        """Client transactions of ``kind`` (``bye``...) with no final response yet (their
+        transactions retransmit them until one comes or they time out)."""
+        return sum(
+            1
+            for e in self._client_txs.values()
+            if e.kind == kind and e.tx.state in (State.CALLING, State.TRYING, State.PROCEEDING)
+        )
 
     def stream_partial_bytes(self, conn_id: int) -> int:
         """Bytes of a message not complete yet on stream connection ``conn_id``."""
