@@ -352,7 +352,7 @@ class Daemon:
                 outcome = "reload failed"
                 return
             old, self.runtime, self.config = self.runtime, runtime, cfg
-            self._apply_live(cfg)
+            self._apply_live(cfg, old.config if old is not None else cfg)
             if old is not None:
                 self._old_runtimes.append(old)  # calls in progress keep their providers
                 self.retire_runtimes()
@@ -361,9 +361,15 @@ class Daemon:
         finally:
             self.notifier.ready(self.status_line() + (f" ({outcome})" if outcome else ""))
 
-    def _apply_live(self, cfg: Config) -> None:
-        """What a reload changes beyond the runtime: the GC policy, the SIP engines'
-        allowlist, digest users and rate limits, every listener's connection limits."""
+    def _apply_live(self, cfg: Config, was: Config) -> None:
+        """What a reload changes beyond the runtime: the log level and format, the GC
+        policy, the SIP engines' allowlist, digest users and rate limits, every
+        listener's connection limits."""
+        if (cfg.daemon.log_level, cfg.daemon.log_format) != (
+            was.daemon.log_level,
+            was.daemon.log_format,
+        ):
+            configure(cfg.daemon.log_level, cfg.daemon.log_format)
         self.gc_policy.freeze_every_s = cfg.daemon.gc_freeze_s
         self.gc_policy.thaw_every_s = cfg.daemon.gc_thaw_s
         if self.api is not None:

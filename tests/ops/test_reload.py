@@ -158,15 +158,17 @@ def test_reload_applies_allow_and_auth_refuses_listener_changes_and_always_repor
             assert rx.seen("READY") == readies + 1, rx.messages
             return next(m for _, m in reversed(rx.messages) if "READY" in m)
 
-        # the password is revoked and allow narrowed: both hold from the next request on
-        done = reload(_with(base, "127.0.0.2/32", "pw2"))
+        # the password is revoked, allow narrowed and the log level raised: all three
+        # hold from the next request (and line) on
+        quiet = base.replace("[daemon]\n", '[daemon]\nlog_level = "warning"\n')
+        done = reload(_with(quiet, "127.0.0.2/32", "pw2"))
         assert "reload" not in done["STATUS"], done
         assert _invite_as_alice(sip, "127.0.0.2", "pw1", 3) == 401
         assert _invite_as_alice(sip, "127.0.0.2", "pw2", 5) == 404
         assert _closed_at_accept(sip, "127.0.0.1")
 
         # a changed listener: refused whole, the old config stays (allow included)
-        moved = _with(base, "127.0.0.0/8", "pw2").replace(f"127.0.0.1:{api}", "127.0.0.1:0")
+        moved = _with(quiet, "127.0.0.0/8", "pw2").replace(f"127.0.0.1:{api}", "127.0.0.1:0")
         done = reload(moved)
         assert "refused" in done["STATUS"] and "api.listen" in done["STATUS"], done
         assert _closed_at_accept(sip, "127.0.0.1")
@@ -194,4 +196,7 @@ def test_reload_applies_allow_and_auth_refuses_listener_changes_and_always_repor
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     refused = [line for line in lines if line.get("event") == "daemon.reload_refused"]
     assert [r["key"] for r in refused] == ["api.listen"], refused
+    events = [line.get("event") for line in lines]
+    assert "daemon.ready" in events  # at info, before the reload raised the level
+    assert "config.reloaded" not in events  # at info, after it
     assert "pw1" not in out and "pw2" not in out  # the passwords never reach the log
