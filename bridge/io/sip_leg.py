@@ -25,7 +25,7 @@ import re
 import socket
 from typing import TYPE_CHECKING
 
-from bridge.config import RouteConfig, split_hostport
+from bridge.config import ConnectionLimits, RouteConfig, split_hostport
 from bridge.control import commands as cmd
 from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
@@ -80,7 +80,9 @@ def _route_key(request_uri: str) -> str:
 class _UaRunner:
     """One SIP transport and its user agent engine."""
 
-    def __init__(self, leg: SipLeg, settings: SipSettings) -> None:
+    def __init__(
+        self, leg: SipLeg, settings: SipSettings, limits: ConnectionLimits | None = None
+    ) -> None:
         self.leg = leg
         self.ua = SipUserAgent(settings)
         self.kind = settings.transport
@@ -94,7 +96,7 @@ class _UaRunner:
         """The deadline ``timer`` is armed for (while it is not None)."""
         self.timer_floor = 0.0
         """No timer before this (set after a failed ``handle_timer``)."""
-        self.gate = ConnectionGate(leg.daemon.config.sip.limits)
+        self.gate = ConnectionGate(limits or ConnectionLimits())
         """The TCP listener's connection caps (``[sip] max_connections``...)."""
         self.refused_not_allowed = 0
         """TCP connections closed at accept: their source is outside ``[sip] allow``."""
@@ -334,7 +336,7 @@ class SipLeg:
         for listen in cfg.listen:
             host, port = split_hostport(listen)
             for transport in cfg.transports:
-                runner = _UaRunner(self, self._settings(host, port, transport.upper()))
+                runner = _UaRunner(self, self._settings(host, port, transport.upper()), cfg.limits)
                 await runner.start(host, port)
                 self.runners.append(runner)
         log.info("sip.listening", listen=list(cfg.listen), transports=list(cfg.transports))
