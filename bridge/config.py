@@ -38,6 +38,7 @@ __all__ = [
     "BargeInConfig",
     "Config",
     "ConfigError",
+    "ConnectionLimits",
     "DaemonConfig",
     "FlowConfig",
     "FlowStep",
@@ -88,6 +89,22 @@ class SipAuthUser:
 
 
 @dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """A listener's bounds on its TCP connections (``max_connections`` ... in its section).
+
+    ``header_timeout_s``: a connection must complete its request (HTTP head and
+    body) or its SIP message within this time of opening or of the message's
+    first byte. ``idle_timeout_s`` (SIP over TCP only; 0 = never): a
+    connection that carried no complete message for this long is closed.
+    """
+
+    max_connections: int = 4096
+    max_connections_per_source: int = 1024
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class SipConfig:
     """``[sip]``: the SIP/RTP leg."""
 
@@ -111,6 +128,7 @@ class SipConfig:
     auth_realm: str = "callbridge"
     auth_users: tuple[SipAuthUser, ...] = ()
     registrations: tuple[SipRegistration, ...] = ()
+    limits: ConnectionLimits = ConnectionLimits(idle_timeout_s=1800.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +145,7 @@ class MediaStreamsConfig:
     stream_token: str = field(default="", repr=False)
     max_message_bytes: int = 64 * 1024
     lead_ms: int = 60
+    limits: ConnectionLimits = ConnectionLimits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +155,7 @@ class ApiConfig:
     enabled: bool = True
     listen: str = "127.0.0.1:8081"
     token: str = field(default="", repr=False)
+    limits: ConnectionLimits = ConnectionLimits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +365,7 @@ class _Reader:
         return v
 
     def unknown(self, data: Mapping[str, Any], known: set[str], path: str) -> None:
+        known = known | _LIMIT_KEYS.get(path, set())  # read by _read_limits
         for k in data:
             base = k.removesuffix("_file").removesuffix("_env")
             if k not in known and base not in known:
@@ -446,6 +467,33 @@ class _Reader:
     def hostport(self, value: str, key: str) -> None:
         if not _parse_hostport(value):
             self.err(key, f"expected HOST:PORT (IPv6 as [ADDR]:PORT), got {value!r}")
+
+
+_LIMIT_KEYS = {
+    "sip": {"max_connections", "max_connections_per_source", "header_timeout_s", "idle_timeout_s"},
+    "media_streams": {"max_connections", "max_connections_per_source", "header_timeout_s"},
+    "api": {"max_connections", "max_connections_per_source", "header_timeout_s"},
+}
+
+
+def _read_limits(r: _Reader, d: dict[str, Any], p: str) -> ConnectionLimits:
+    """``max_connections``, ``max_connections_per_source``, ``header_timeout_s`` (and
+    ``idle_timeout_s`` for SIP over TCP) of the listener section ``p``."""
+    b = ConnectionLimits(idle_timeout_s=1800.0) if p == "sip" else ConnectionLimits()
+    most = r.int_(d, "max_connections", p, b.max_connections, 1, 1_000_000)
+    per_source = r.int_(
+        d, "max_connections_per_source", p, min(b.max_connections_per_source, most), 1, 1_000_000
+    )
+    if per_source > most:
+        r.err(f"{p}.max_connections_per_source", f"{per_source} exceeds max_connections ({most})")
+    return ConnectionLimits(
+        max_connections=most,
+        max_connections_per_source=per_source,
+        header_timeout_s=r.num(d, "header_timeout_s", p, b.header_timeout_s, 0.1, 3600),
+        idle_timeout_s=(
+            r.num(d, "idle_timeout_s", p, b.idle_timeout_s, 0, 86400) if p == "sip" else 0.0
+        ),
+    )
 
 
 def _join(path: str, key: str) -> str:
@@ -590,6 +638,7 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
         auth_realm=r.str_(auth, "realm", "sip.auth", "callbridge"),
         auth_users=tuple(users),
         registrations=tuple(regs),
+        limits=_read_limits(r, d, p),
     )
 
 
@@ -633,6 +682,7 @@ def _read_media_streams(r: _Reader, d: dict[str, Any]) -> MediaStreamsConfig:
         stream_token=r.secret(d, "stream_token", p),
         max_message_bytes=r.int_(d, "max_message_bytes", p, 64 * 1024, 1024, 16 * 1024 * 1024),
         lead_ms=r.int_(d, "lead_ms", p, 60, 20, 1000),
+        limits=_read_limits(r, d, p),
     )
 
 
@@ -651,7 +701,12 @@ def _read_api(r: _Reader, d: dict[str, Any]) -> ApiConfig:
     hp = _parse_hostport(listen)
     if hp and not token and not _is_loopback(hp[0]):
         r.err("api.token", f"required when api.listen is not loopback ({listen})")
-    return ApiConfig(enabled=r.bool_(d, "enabled", p, True), listen=listen, token=token)
+    return ApiConfig(
+        enabled=r.bool_(d, "enabled", p, True),
+        listen=listen,
+        token=token,
+        limits=_read_limits(r, d, p),
+    )
 
 
 def _is_loopback(host: str) -> bool:

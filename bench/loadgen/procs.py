@@ -173,6 +173,8 @@ rtp_timeout_s = 60
 listen = "127.0.0.1:{ms_port}"
 lead_ms = {lead_ms}
 max_message_bytes = 1048576
+max_connections = 8192
+max_connections_per_source = 8192
 
 [api]
 listen = "127.0.0.1:{api_port}"

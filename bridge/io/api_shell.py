@@ -7,11 +7,13 @@ calls up in every leg, places outbound calls through the SIP leg, and runs
 
 from __future__ import annotations
 
+import socket
 from typing import TYPE_CHECKING
 
 from bridge.control.api import CallInfo, DirectoryError, handle
 from bridge.control.commands import Say
 from bridge.io.callrun import CallRunner
+from bridge.io.dns import DnsError, is_ip_literal, resolve
 from bridge.io.httpws import HttpRequest, HttpResponse
 from bridge.sip.uri import TargetError
 
@@ -24,8 +26,12 @@ __all__ = ["Directory", "api_handler"]
 class Directory:
     """The daemon's calls, as the API handlers see them."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Daemon, resolved: dict[str, str | DnsError] | None = None) -> None:
         self.daemon = daemon
+        self.resolved = resolved
+        """Host names of ``originate`` targets looked up (address or failure); None: not
+        yet, and a name to look up is left in ``lookup``."""
+        self.lookup: str | None = None
 
     def _runners(self) -> dict[str, CallRunner]:
         out: dict[str, CallRunner] = {}
@@ -65,8 +71,20 @@ class Directory:
         sip = next((leg for leg in self.daemon.legs if leg.name == "sip"), None)
         if sip is None or self.daemon.draining:
             return DirectoryError(503, "unavailable", "the SIP leg is not available")
+        from bridge.io.sip_leg import _uri_hostport
+
+        dest = _uri_hostport(to)
+        addresses: dict[str, str] = {}
+        if dest is not None and not is_ip_literal(dest[0]):
+            found = None if self.resolved is None else self.resolved.get(dest[0])
+            if found is None:  # looked up by api_handler, which then asks again
+                self.lookup = dest[0]
+                return DirectoryError(503, "resolving", f"looking up {dest[0]!r}", "to")
+            if isinstance(found, DnsError):
+                return DirectoryError(422, "cannot_resolve", str(found), "to")
+            addresses[dest[0]] = found
         try:
-            return str(sip.originate(to, from_ or "sip:callbridge@localhost", route))  # type: ignore[attr-defined]
+            return str(sip.originate(to, from_ or "sip:callbridge@localhost", route, addresses))  # type: ignore[attr-defined]
         except ValueError as e:
             field = "route" if route else "to"
             unavailable = "port" in str(e) or "transport" in str(e)
@@ -93,14 +111,32 @@ class Directory:
 async def api_handler(daemon: Daemon, request: HttpRequest) -> HttpResponse | None:
     if not (request.path.startswith("/v1/") or request.path == "/openapi.json"):
         return None
+    directory = Directory(daemon)
     resp = handle(
         request.method,
         request.target,
         request.headers,
         request.body,
-        Directory(daemon),
+        directory,
         daemon.config.api.token,
     )
+    if directory.lookup is not None:  # an authorized, valid originate to a host name
+        host = directory.lookup
+        sip = next((leg for leg in daemon.legs if leg.name == "sip"), None)
+        udp = next((r for r in getattr(sip, "runners", ()) if r.kind == "UDP"), None)
+        answer: str | DnsError
+        try:  # off the media path: the loop's resolver, with a timeout
+            answer = await resolve(host, udp.dns.family if udp is not None else socket.AF_INET)
+        except DnsError as e:
+            answer = e
+        resp = handle(
+            request.method,
+            request.target,
+            request.headers,
+            request.body,
+            Directory(daemon, {host: answer}),
+            daemon.config.api.token,
+        )
     content_type = dict(resp.headers).get("Content-Type", "application/json")
     extra = tuple((k, v) for k, v in resp.headers if k.lower() != "content-type")
     return HttpResponse(resp.status, resp.body, content_type, extra)

@@ -42,6 +42,9 @@ from bridge.tts.base import ProviderSettings
 __all__ = ["Daemon", "Leg", "Runtime", "provider_settings", "run_daemon"]
 
 GC_TICK_S = 0.1
+BYE_WAIT_MIN_S = 4.0
+"""At shutdown, how long the BYEs of the calls the drain ended get, at the least, to be
+answered (retransmitted meanwhile); beyond the drain deadline only up to this."""
 """How often the GC policy is asked what to do (a freeze is O(1))."""
 
 log = get_logger("callbridge.daemon")
@@ -196,7 +199,16 @@ class Daemon:
         )
         if self.config.api.enabled:
             host, port = split_hostport(self.config.api.listen)
-            self.api = await serve_http_ws(host, port, http=self._api, ws=self._no_ws)
+            from bridge.control.api import MAX_BODY_BYTES as API_BODY_BYTES
+
+            self.api = await serve_http_ws(
+                host,
+                port,
+                http=self._api,
+                ws=self._no_ws,
+                limits=self.config.api.limits,
+                max_body_bytes=API_BODY_BYTES,
+            )
         for factory in LEG_FACTORIES:
             leg = factory(self)
             if leg is not None:
@@ -295,8 +307,13 @@ class Daemon:
         if path == "/healthz":
             return HttpResponse.json(200, b'{"ok": true}')
         if path == "/readyz":
-            ok = self.ready and not self.draining
-            body = json.dumps({"ready": ok, "draining": self.draining}).encode()
+            # a leg that could not take a call now (no RTP port usable) makes the node unready
+            full = [
+                leg.name for leg in self.legs if not getattr(leg, "can_take_calls", lambda: True)()
+            ]
+            ok = self.ready and not self.draining and not full
+            state = {"ready": ok, "draining": self.draining, **({"unable": full} if full else {})}
+            body = json.dumps(state).encode()
             return HttpResponse.json(200 if ok else 503, body)
         if path == "/metrics":
             return HttpResponse(200, self.metrics.render(), "text/plain; version=0.0.4")
@@ -309,26 +326,61 @@ class Daemon:
     # ------------------------------------------------------ reload, drain
 
     async def reload(self) -> None:
+        """SIGHUP: apply the config file's new contents, or keep the old config whole.
+
+        Whatever the outcome, ``RELOADING=1`` is followed by ``READY=1`` (and a
+        ``STATUS=`` saying what happened): systemd leaves its reloading state.
+        """
         self.notifier.reloading()
+        outcome = "reload rejected: config invalid"
         try:
-            cfg = load_config(self.config.path)
-        except ConfigError as e:
-            log.error("config.reload_rejected", errors=e.errors)
-            self.notifier.status(self.status_line() + " (reload rejected: config invalid)")
-            return
-        try:
-            runtime = await self._build_runtime(cfg)
-        except (RuntimeError, OSError) as e:
-            log.error("config.reload_failed", error=str(e))
-            return
-        old, self.runtime, self.config = self.runtime, runtime, cfg
+            try:
+                cfg = load_config(self.config.path)
+            except ConfigError as e:
+                log.error("config.reload_rejected", errors=e.errors)
+                return
+            fixed = restart_keys(self.config, cfg)
+            if fixed:  # a listener cannot be rebound live: nothing of the new file applies
+                for key in fixed:
+                    log.error("daemon.reload_refused", key=key, reason="a restart is needed")
+                outcome = f"reload refused: {', '.join(fixed)} changed, restart needed"
+                return
+            try:
+                runtime = await self._build_runtime(cfg)
+            except (RuntimeError, OSError) as e:
+                log.error("config.reload_failed", error=str(e))
+                outcome = "reload failed"
+                return
+            old, self.runtime, self.config = self.runtime, runtime, cfg
+            self._apply_live(cfg, old.config if old is not None else cfg)
+            if old is not None:
+                self._old_runtimes.append(old)  # calls in progress keep their providers
+                self.retire_runtimes()
+            log.info("config.reloaded", summary=cfg.summary())
+            outcome = ""
+        finally:
+            self.notifier.ready(self.status_line() + (f" ({outcome})" if outcome else ""))
+
+    def _apply_live(self, cfg: Config, was: Config) -> None:
+        """What a reload changes beyond the runtime: the log level and format, the GC
+        policy, the SIP engines' allowlist, digest users and rate limits, every
+        listener's connection limits."""
+        if (cfg.daemon.log_level, cfg.daemon.log_format) != (
+            was.daemon.log_level,
+            was.daemon.log_format,
+        ):
+            configure(cfg.daemon.log_level, cfg.daemon.log_format)
         self.gc_policy.freeze_every_s = cfg.daemon.gc_freeze_s
         self.gc_policy.thaw_every_s = cfg.daemon.gc_thaw_s
-        if old is not None:
-            self._old_runtimes.append(old)  # calls in progress keep their providers
-            self.retire_runtimes()
-        log.info("config.reloaded", summary=cfg.summary())
-        self.notifier.ready(self.status_line())
+        if self.api is not None:
+            self.api.set_limits(cfg.api.limits)
+        for leg in self.legs:
+            apply = getattr(leg, "apply_config", None)
+            if apply is not None:
+                apply()
+            server = getattr(leg, "server", None)
+            if leg.name == "media_streams" and isinstance(server, HttpWsServer):
+                server.set_limits(cfg.media_streams.limits)
 
     def retire_runtimes(self) -> None:
         """Close replaced config generations once their last call has ended."""
@@ -357,6 +409,15 @@ class Daemon:
         remaining = sum(leg.active_calls() for leg in self.legs)
         log.info("daemon.drained", calls_ended_by_drain=remaining)
         await asyncio.gather(*(leg.end_all_calls("shutdown") for leg in self.legs))
+        # the BYEs are retransmitted until answered: up to the drain deadline, and for at
+        # least BYE_WAIT_MIN_S (the retransmissions at 0.5, 1.5 and 3.5 s)
+        until = max(deadline, loop.time() + BYE_WAIT_MIN_S)
+        for leg in self.legs:
+            wait = getattr(leg, "wait_hangups", None)
+            if remaining and wait is not None:
+                unanswered = await wait(until)
+                if unanswered:
+                    log.warning("daemon.bye_unanswered", calls=unanswered)
         self._stop.set()
 
     async def close(self) -> None:
@@ -400,6 +461,29 @@ class Daemon:
             await self.close()
         log.info("daemon.stopped")
         return 0
+
+
+RESTART_KEYS: tuple[tuple[str, Callable[[Config], object]], ...] = (
+    ("daemon.event_loop", lambda c: c.daemon.event_loop),
+    ("sip.enabled", lambda c: c.sip.enabled),
+    ("sip.listen", lambda c: c.sip.listen),
+    ("sip.transports", lambda c: c.sip.transports),
+    ("sip.rtp_ports", lambda c: c.sip.rtp_ports),
+    ("sip.registrations", lambda c: c.sip.registrations),
+    ("media_streams.enabled", lambda c: c.media_streams.enabled),
+    ("media_streams.listen", lambda c: c.media_streams.listen),
+    ("media_streams.max_message_bytes", lambda c: c.media_streams.max_message_bytes),
+    ("media_streams.single_use_tokens", lambda c: c.media_streams.single_use_tokens),
+    ("media_streams.token_secret", lambda c: c.media_streams.token_secret),
+    ("api.enabled", lambda c: c.api.enabled),
+    ("api.listen", lambda c: c.api.listen),
+)
+"""What a reload cannot apply: sockets, the RTP range, the loop, the registrations."""
+
+
+def restart_keys(old: Config, new: Config) -> list[str]:
+    """The keys whose change only a restart can apply (a reload refuses them)."""
+    return [key for key, value in RESTART_KEYS if value(old) != value(new)]
 
 
 def run_daemon(cfg: Config) -> int:

@@ -32,6 +32,8 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
+from bridge.config import ConnectionLimits
+from bridge.io.connlimits import ConnectionGate
 from bridge.logs import get_logger
 
 try:  # websockets' C unmasking, as its own parser uses
@@ -45,6 +47,8 @@ log = get_logger("callbridge.http")
 
 MAX_HEAD_BYTES = 16 * 1024
 MAX_BODY_BYTES = 1024 * 1024
+_NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
+"""Methods no route here takes a body with: a request of these with one gets 413 unread."""
 READ_CHUNK_BYTES = 64 * 1024
 CLOSE_TIMEOUT_S = 2.0
 _FIN_TEXT = 0x80 | Opcode.TEXT.value  # FIN set, opcode 1 (RFC 6455 §5.2)
@@ -514,6 +518,15 @@ class HttpWsServer:
 
     server: asyncio.Server
     connections: set[asyncio.Task[Any]]
+    gate: ConnectionGate | None = None
+    """The connection caps checked at accept, and their refusal counts."""
+    timed_out: int = 0
+    """Connections closed because their request was not complete within ``header_timeout_s``."""
+
+    def set_limits(self, limits: ConnectionLimits) -> None:
+        """New caps and timeout (a reload) for connections accepted from now on."""
+        if self.gate is not None:
+            self.gate.limits = limits
 
     @property
     def port(self) -> int:
@@ -530,8 +543,12 @@ class HttpWsServer:
 
 
 async def _read_request(
-    reader: asyncio.StreamReader, peer: tuple[str, int] | None
+    reader: asyncio.StreamReader,
+    peer: tuple[str, int] | None,
+    max_body: Callable[[str, str], int] | None = None,
 ) -> tuple[HttpRequest, bytes] | HttpResponse | None:
+    """The next request; or the response that refuses it (a body is measured against
+    ``max_body(method, path)`` from its Content-Length, before any of it is read)."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.LimitOverrunError:
@@ -553,8 +570,13 @@ async def _read_request(
         length = int(headers.get("content-length", "0"))
     except ValueError:
         return HttpResponse.text(400, "malformed HTTP request")
-    if length < 0 or length > MAX_BODY_BYTES:
-        return HttpResponse.text(413, "request body too large")
+    if length < 0:
+        return HttpResponse.text(400, "malformed HTTP request")
+    allowed = MAX_BODY_BYTES if max_body is None else max_body(method, urlsplit(target).path)
+    if length > allowed:
+        return HttpResponse.text(
+            413, "this route takes no request body" if allowed == 0 else "request body too large"
+        )
     body = await reader.readexactly(length) if length else b""
     return HttpRequest(method, target, headers, body, peer), head
 
@@ -567,15 +589,37 @@ async def serve_http_ws(
     ws: WsRouter,
     subprotocols: Callable[[HttpRequest], Sequence[str]] | None = None,
     max_message_bytes: int = 1024 * 1024,
+    limits: ConnectionLimits | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> HttpWsServer:
     """Listen on ``host:port``; plain requests go to ``http``, upgrades to ``ws``.
 
     ``subprotocols(request)`` names the subprotocols offered on that request's
     path (none by default: a client offering one then gets none back).
+
+    ``limits``: connections beyond ``max_connections`` in all or
+    ``max_connections_per_source`` from one address are closed as they are
+    accepted, before anything is read; a request (head and body) not complete
+    within ``header_timeout_s`` of the connection's start is closed unanswered.
+    Without ``limits`` only the timeout applies, at its default.
+    ``max_body_bytes``: the largest body a request may carry; a ``GET``
+    (``HEAD``, ``DELETE``...) may carry none. A larger one gets 413 before
+    its first byte is read.
     """
     tasks: set[asyncio.Task[Any]] = set()
+    lim = limits if limits is not None else ConnectionLimits()
+    gate = ConnectionGate(lim) if limits is not None else None
+    result: list[HttpWsServer] = []
+
+    def max_body(method: str, path: str) -> int:
+        return 0 if method in _NO_BODY_METHODS else max_body_bytes
 
     async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        source = str(peer[0]) if peer else ""
+        if gate is not None and gate.admit(source) is not None:
+            writer.transport.abort()  # at once: nothing read, nothing buffered
+            return
         task = asyncio.current_task()
         assert task is not None
         tasks.add(task)
@@ -591,12 +635,24 @@ async def serve_http_ws(
             log.exception("http.connection_failed")
         finally:
             tasks.discard(task)
+            if gate is not None:
+                gate.release(source)
             with contextlib.suppress(Exception):
                 writer.close()
 
     async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        got = await _read_request(reader, tuple(peer[:2]) if peer else None)
+        timeout_s = gate.limits.header_timeout_s if gate is not None else lim.header_timeout_s
+        try:
+            got = await asyncio.wait_for(
+                _read_request(reader, tuple(peer[:2]) if peer else None, max_body),
+                timeout_s,
+            )
+        except TimeoutError:  # a slow or silent client (slowloris): no answer
+            if result:
+                result[0].timed_out += 1
+            writer.transport.abort()
+            return
         if got is None:
             return
         if isinstance(got, HttpResponse):
@@ -639,4 +695,5 @@ async def serve_http_ws(
             await conn.close(1000, "")
 
     server = await asyncio.start_server(on_connection, host, port, limit=MAX_HEAD_BYTES)
-    return HttpWsServer(server, tasks)
+    result.append(HttpWsServer(server, tasks, gate))
+    return result[0]

@@ -18,20 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import os
 import re
 import socket
 from typing import TYPE_CHECKING
 
-from bridge.config import RouteConfig, SipRegistration, split_hostport
+from bridge.config import ConnectionLimits, RouteConfig, SipRegistration, split_hostport
 from bridge.control import commands as cmd
 from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
+from bridge.io.connlimits import ConnectionGate
+from bridge.io.dns import DnsCache, DnsError, is_ip_literal
 from bridge.io.sip_call import _DatagramProtocol, _SipCall
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
-from bridge.rtp.ports import RtpPortAllocator
+from bridge.rtp.ports import UNUSABLE_COOLDOWN_S, RtpPortAllocator
 from bridge.rtp.session import LatchingMode
 from bridge.sip.digest import DigestCredentials
 from bridge.sip.errors import SipParseError
@@ -62,6 +65,8 @@ log = get_logger("callbridge.sip")
 
 _URI_USER = re.compile(r"^sips?:([^@;>]+)@", re.IGNORECASE)
 MAX_BIND_ATTEMPTS = 8
+TIMER_RETRY_S = 0.1
+"""After ``handle_timer`` raised, the engine's timer is tried again no sooner than this."""
 
 SIP_UDP_RCVBUF_BYTES = 4 * 1024 * 1024
 """Receive buffer asked for the SIP UDP socket. The kernel's default (``net.core.rmem_default``,
@@ -79,7 +84,9 @@ def _route_key(request_uri: str) -> str:
 class _UaRunner:
     """One SIP transport and its user agent engine."""
 
-    def __init__(self, leg: SipLeg, settings: SipSettings) -> None:
+    def __init__(
+        self, leg: SipLeg, settings: SipSettings, limits: ConnectionLimits | None = None
+    ) -> None:
         self.leg = leg
         self.ua = SipUserAgent(settings)
         self.kind = settings.transport
@@ -93,6 +100,19 @@ class _UaRunner:
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
         """The deadline ``timer`` is armed for (while it is not None)."""
+        self.timer_floor = 0.0
+        """No timer before this (set after a failed ``handle_timer``)."""
+        self.gate = ConnectionGate(limits or ConnectionLimits())
+        """The TCP listener's connection caps (``[sip] max_connections``...)."""
+        self.refused_not_allowed = 0
+        """TCP connections closed at accept: their source is outside ``[sip] allow``."""
+        self.timed_out = 0
+        """TCP connections closed by ``header_timeout_s`` or ``idle_timeout_s``."""
+        family = socket.AF_INET6 if ":" in settings.local_host else socket.AF_INET
+        self.dns = DnsCache(family)
+        """Host names the engine sends to (``bridge.io.dns``), resolved off the media path."""
+        self.awaiting_dns: dict[str, list[tuple[bytes, int]]] = {}
+        """Datagrams for a name being looked up: (data, port), sent once it resolves."""
 
     async def start(self, host: str, port: int) -> None:
         if self.kind == "UDP":
@@ -113,7 +133,10 @@ class _UaRunner:
             self.tcp = await asyncio.start_server(self._on_stream, host, port)
 
     def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.ua.receive_datagram(data, addr, self.loop.time())
+        try:
+            self.ua.receive_datagram(data, addr, self.loop.time())
+        except Exception:  # an engine bug on one datagram must not stop the listener
+            log.exception("sip.receive_failed", source=addr[0])
         self.pump()
         # the loop hands a socket's queued datagrams over in one pass: a burst
         # of INVITEs (a few hundred microseconds each) must not hold every
@@ -121,9 +144,20 @@ class _UaRunner:
         self.leg.daemon.ticker.run_if_due()
 
     async def _on_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        source = (peer[0], peer[1]) if peer else ("0.0.0.0", 0)
+        # checked at accept, before anything is read: a source outside [sip] allow, or
+        # one connection too many (in all or from this source), is closed at once
+        if not self.ua.allows_source(source[0]):
+            self.refused_not_allowed += 1
+            writer.transport.abort()
+            return
+        if self.gate.admit(source[0]) is not None:
+            writer.transport.abort()
+            return
         conn_id = self.next_conn_id
         self.next_conn_id += 1
-        await self._serve_stream(conn_id, reader, writer)
+        await self._serve_stream(conn_id, reader, writer, source, gated=True)
 
     def connect(self, addr: tuple[str, int]) -> int:
         """Open a TCP connection for an outbound call; its conn_id at once (what the
@@ -147,50 +181,143 @@ class _UaRunner:
             return
         for data in self.pending.pop(conn_id, []):
             writer.write(data)
-        await self._serve_stream(conn_id, reader, writer)
+        peer = writer.get_extra_info("peername")
+        source = (peer[0], peer[1]) if peer else (addr[0], addr[1])
+        await self._serve_stream(conn_id, reader, writer, source, gated=False)
 
     async def _serve_stream(
-        self, conn_id: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        conn_id: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        source: tuple[str, int],
+        gated: bool,
     ) -> None:
+        """Read one connection until it closes or times out; ``gated``: it holds a place
+        in the listener's connection gate (an inbound one), given back at its end."""
         self.writers[conn_id] = writer
-        peer = writer.get_extra_info("peername")
-        source = (peer[0], peer[1]) if peer else ("0.0.0.0", 0)
+        limits = self.gate.limits
+        started = self.loop.time()  # of the message not complete yet (or of the connection)
+        last_complete: float | None = None
         try:
-            while data := await reader.read(65536):
-                self.ua.receive_stream(conn_id, data, source, self.loop.time())
+            while True:
+                now = self.loop.time()
+                if last_complete is None or self.ua.stream_partial_bytes(conn_id):
+                    deadline: float | None = started + limits.header_timeout_s
+                elif limits.idle_timeout_s > 0:
+                    deadline = last_complete + limits.idle_timeout_s
+                else:
+                    deadline = None
+                try:
+                    data = await asyncio.wait_for(
+                        reader.read(65536), None if deadline is None else max(0.0, deadline - now)
+                    )
+                except TimeoutError:  # a dribbled message, or an idle connection
+                    self.timed_out += 1
+                    log.info(
+                        "sip.tcp_timeout",
+                        source=source[0],
+                        partial=self.ua.stream_partial_bytes(conn_id) > 0,
+                    )
+                    break
+                if not data:
+                    break
+                now = self.loop.time()
+                before = self.ua.stream_partial_bytes(conn_id)
+                self.ua.receive_stream(conn_id, data, source, now)
+                if self.ua.stream_partial_bytes(conn_id) < before + len(data):
+                    # bytes were consumed: a message (or a keepalive) is complete, and
+                    # what is left over began in this read
+                    last_complete = started = now
                 self.pump()
                 self.leg.daemon.ticker.run_if_due()
         except (ConnectionError, OSError):
             pass
         finally:
+            if gated:
+                self.gate.release(source[0])
             self.writers.pop(conn_id, None)
             self.ua.connection_lost(conn_id)
             self.pump()
             writer.close()
 
     def pump(self) -> None:
-        for action in self.ua.actions_to_send():
-            if isinstance(action, SendDatagram):
-                self.leg.count_response(action.data)
-                if self.udp is not None:
+        """Send the engine's actions, hand its events to the leg, re-arm its timer.
+
+        One failing action or event is logged and the rest of the batch goes on;
+        the timer is re-armed whatever happened (an engine left without its timer
+        would never retransmit or time out again).
+        """
+        try:
+            for action in self.ua.actions_to_send():
+                try:
+                    self._perform(action)
+                except Exception:
+                    log.exception("sip.action_failed", action=type(action).__name__)
+            if self.ua.refusals:  # what the engine refused: allowlist, rate, drain, limit, auth
+                for reason, count in self.ua.take_refusals().items():
+                    self.leg.daemon.metrics.rejected_total.labels(reason).inc(count)
+            for event in self.ua.events_received():
+                try:
+                    self.leg.on_sip_event(self, event)
+                except Exception:
+                    log.exception("sip.event_failed", sip_event=type(event).__name__)
+        finally:
+            self._arm_timer()
+
+    def _perform(self, action: object) -> None:
+        if isinstance(action, SendDatagram):
+            self.leg.count_response(action.data)
+            if self.udp is not None:
+                if is_ip_literal(action.addr[0]):
                     self.udp.sendto(action.data, action.addr)
-            elif isinstance(action, SendStream):
-                self.leg.count_response(action.data)
-                writer = self.writers.get(action.conn_id)
-                if writer is not None:
-                    writer.write(action.data)
-                elif action.conn_id in self.pending:
-                    self.pending[action.conn_id].append(action.data)
-            elif isinstance(action, CloseStream):
-                writer = self.writers.pop(action.conn_id, None)
-                if writer is not None:
-                    writer.close()
-        if self.ua.refusals:  # what the engine refused: allowlist, rate, drain, limit, auth
-            for reason, count in self.ua.take_refusals().items():
-                self.leg.daemon.metrics.rejected_total.labels(reason).inc(count)
-        for event in self.ua.events_received():
-            self.leg.on_sip_event(self, event)
+                else:
+                    self._send_to_name(action.data, action.addr[0], action.addr[1])
+        elif isinstance(action, SendStream):
+            self.leg.count_response(action.data)
+            writer = self.writers.get(action.conn_id)
+            if writer is not None:
+                writer.write(action.data)
+            elif action.conn_id in self.pending:  # an outbound connection still opening
+                self.pending[action.conn_id].append(action.data)
+        elif isinstance(action, CloseStream):
+            writer = self.writers.pop(action.conn_id, None)
+            if writer is not None:
+                writer.close()
+
+    def _send_to_name(self, data: bytes, host: str, port: int) -> None:
+        """A datagram for a host name (a registrar, a Contact): sent to its address from
+        the cache, or once the lookup ends; dropped if the name does not resolve (the
+        engine's transaction then times out, as with an unreachable host)."""
+        cached = self.dns.get(host, self.loop.time())
+        if cached is not None:
+            address, why = cached
+            if address is None:
+                log.info("sip.dns_failed", host=host, error=why)
+            elif self.udp is not None:
+                self.udp.sendto(data, (address, port))
+            return
+        waiting = self.awaiting_dns.get(host)
+        if waiting is not None:
+            waiting.append((data, port))
+            return
+        self.awaiting_dns[host] = [(data, port)]
+        self.leg.daemon.loop_task(self._resolve_and_send(host))
+
+    async def _resolve_and_send(self, host: str) -> None:
+        try:
+            address: str | None = await self.dns.lookup(host, self.loop.time())
+        except DnsError as e:
+            log.warning("sip.dns_failed", host=host, error=str(e))
+            address = None
+        for data, port in self.awaiting_dns.pop(host, []):
+            if address is not None and self.udp is not None:
+                self.udp.sendto(data, (address, port))
+
+    def _arm_timer(self) -> None:
         deadline = self.ua.next_deadline()
+        if deadline is not None and deadline < self.timer_floor:
+            deadline = self.timer_floor  # the last timer failed: no busy loop of failures
         if self.timer is not None:
             if deadline == self.timer_at:
                 return  # armed for that already: no new handle per message
@@ -202,7 +329,12 @@ class _UaRunner:
 
     def _on_timer(self) -> None:
         self.timer = None
-        self.ua.handle_timer(self.loop.time())
+        now = self.loop.time()
+        try:
+            self.ua.handle_timer(now)
+        except Exception:
+            log.exception("sip.timer_failed")
+            self.timer_floor = now + TIMER_RETRY_S
         self.pump()
 
     async def stop(self) -> None:
@@ -225,6 +357,8 @@ class SipLeg:
         self.daemon = daemon
         cfg = daemon.config.sip
         self.ports = RtpPortAllocator(cfg.rtp_ports)
+        self.port_cooldown_s = UNUSABLE_COOLDOWN_S
+        """How long a port found in use by another process is left out (``RtpPortAllocator``)."""
         self.runners: list[_UaRunner] = []
         self.calls: dict[str, _SipCall] = {}
         self.draining = False
@@ -255,11 +389,20 @@ class SipLeg:
         for listen in cfg.listen:
             host, port = split_hostport(listen)
             for transport in cfg.transports:
-                runner = _UaRunner(self, self._settings(host, port, transport.upper()))
+                runner = _UaRunner(self, self._settings(host, port, transport.upper()), cfg.limits)
                 await runner.start(host, port)
                 self.runners.append(runner)
         log.info("sip.listening", listen=list(cfg.listen), transports=list(cfg.transports))
         self._register_all()
+
+    def apply_config(self) -> None:
+        """After a reload (``daemon.config`` is the new one): ``allow``, the digest users,
+        the INVITE rate limit, ``max_calls``... and the TCP connection limits, from the
+        next request or connection on. Addresses and transports cannot change here."""
+        for runner in self.runners:
+            s = runner.ua.settings
+            runner.ua.apply_settings(self._settings(s.local_host, s.local_port, runner.kind))
+            runner.gate.limits = self.daemon.config.sip.limits
 
     def _register_all(self) -> None:
         """Keep a binding at every ``[sip.registrations]`` registrar (refreshed by the engine)."""
@@ -303,6 +446,19 @@ class SipLeg:
             else:
                 call.hangup(reason)
         await asyncio.sleep(0.05)
+
+    async def wait_hangups(self, until: float) -> int:
+        """After ``end_all_calls``: wait, until loop time ``until``, while a call has not
+        sent its BYE or a BYE has no answer (its client transaction retransmits it, RFC
+        3261 §17.1.2); how many were still unanswered then."""
+        loop = asyncio.get_running_loop()
+        while True:
+            waiting = sum(not c.ended for c in self.calls.values()) + sum(
+                r.ua.unanswered_requests("bye") for r in self.runners
+            )
+            if not waiting or loop.time() >= until:
+                return waiting
+            await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
         for call in list(self.calls.values()):
@@ -447,12 +603,18 @@ class SipLeg:
 
     # ---------------------------------------------------------- outbound
 
-    def originate(self, to_uri: str, from_uri: str, route_key: str) -> str:
+    def originate(
+        self, to_uri: str, from_uri: str, route_key: str, resolved: dict[str, str] | None = None
+    ) -> str:
         """Place a call to ``to_uri`` (``sip:`` or ``tel:+E164``); returns its Call-ID
         (answered later). Over UDP, or TCP when the next hop says ``transport=tcp``;
         through ``[sip] outbound_proxy`` when set; a tel: number goes to the proxy's
         or the first registrar's host. Credentials for a 401/407: the registration
         whose registrar host is the next hop's or the Request-URI's.
+
+        A host name in ``to_uri`` is sent to at its address in ``resolved`` (the
+        API looks it up first, so its caller hears of a name that does not
+        resolve); without one the name is resolved as the INVITE leaves.
 
         Raises:
             TargetError: the target cannot be called (TLS, not a global number, ...).
@@ -470,11 +632,13 @@ class SipLeg:
         if ua is None:
             raise ValueError(f"no {target.transport} transport to call out on")
         dest = (target.host, target.port)
+        if resolved and dest[0] in resolved:
+            dest = (resolved[dest[0]], dest[1])
         host = ua.ua.settings.local_host
         key = f"out-{os.urandom(6).hex()}"
         bound = self._bind(ua, key, host)
         if bound is None:
-            raise ValueError("no RTP port free")
+            raise ValueError("no RTP port could be bound")
         call = bound[0]
         self.daemon.loop_task(call.attach(bound[1]))
         offer = build_offer(cfg.sip.external_address or host, call.rtp_port, 1, 1, cfg.sip.codecs)
@@ -518,16 +682,33 @@ class SipLeg:
         self, ua: _UaRunner, call_id: str, host: str
     ) -> tuple[_SipCall, tuple[socket.socket, socket.socket]] | None:
         for _ in range(MAX_BIND_ATTEMPTS):
-            port = self.ports.allocate(call_id)
+            now = ua.loop.time()
+            port = self.ports.allocate(call_id, now)
             if port is None:
+                log.warning("sip.rtp_ports_exhausted", call_id=call_id)
                 return None
             call = _SipCall(self, ua, call_id, port)
             try:
                 return call, call.bind_sockets(_bind_host(host))
-            except OSError:
+            except OSError as e:
                 self.ports.release(call_id)
-                self.ports.mark_unusable(port)
+                if e.errno != errno.EADDRINUSE:
+                    # descriptors or buffers exhausted (EMFILE, ENFILE, ENOBUFS...): nothing
+                    # wrong with the port, which stays in the queue; this call is refused
+                    log.warning(
+                        "sip.rtp_bind_failed",
+                        call_id=call_id,
+                        port=port,
+                        error=errno.errorcode.get(e.errno or 0, str(e.errno)),
+                    )
+                    return None
+                # another process has it: tried again after the cool-down
+                self.ports.mark_unusable(port, now, self.port_cooldown_s)
         return None
+
+    def can_take_calls(self) -> bool:
+        """False while no RTP port could be given to a new call (``/readyz``)."""
+        return self.ports.usable_count(asyncio.get_running_loop().time()) > 0
 
     def _runner_finished(self, call: _SipCall) -> None:
         if not call.ended:

@@ -54,6 +54,8 @@ __all__ = ["MediaStreamsLeg"]
 log = get_logger("callbridge.streams")
 
 CAN_CLEAR = {"twilio", "telnyx", "plivo", "exotel", "vonage"}
+TWIML_BODY_BYTES = 64 * 1024
+"""The largest body a POST here may carry (Twilio's webhook form is a few hundred bytes)."""
 
 
 class MediaStreamsLeg:
@@ -84,6 +86,8 @@ class MediaStreamsLeg:
             http=self._http,
             ws=self._ws,
             max_message_bytes=self.daemon.config.media_streams.max_message_bytes,
+            limits=self.daemon.config.media_streams.limits,
+            max_body_bytes=TWIML_BODY_BYTES,
         )
 
     @property

@@ -99,6 +99,25 @@ CLOSE_IDLE_AFTER_S = 60.0
 close_idle_after_s=...)``; provider key ``close_idle_after_s``), keeping the newest idle
 one of each kind as the spare and never going below ``warm``. With one turn per
 connection a pool opens one per call in progress; this hands them back after a peak."""
+SESSION_TIMEOUT_S = 10.0
+"""A session route's answer (zwst's POST) must be whole within this time."""
+SESSION_REPLY_MAX_BYTES = 64 * 1024
+"""And no larger than this (its JSON holds one URL)."""
+BACKOFF_STABLE_S = 30.0
+"""A connection that stayed up this long resets the pool's reconnect backoff, as does one
+that carried a turn to its end; merely opening does not (a provider that accepts and then
+closes, 1008 for a bad key, would otherwise be reconnected to at the base delay forever)."""
+TURN_STALL_S = 10.0
+"""A turn fails (``TurnFailed(kind="timeout")``) when the provider owes it a reply (text
+sent since its last audio, or the turn ended and not done) and nothing came for this long."""
+TURN_BASE_S = 15.0
+TURN_S_PER_CHAR = 0.25
+"""And when it is not done ``TURN_BASE_S`` + this much per character of its text + the
+duration of the audio it sent, after its last text: about 4 characters a second, a quarter
+of speech's rate, so a provider that trickles a frame every few seconds cannot hold a call
+silent for ever, while one that sent a turn's audio has the time it takes to play."""
+TURN_CHECK_S = 1.0
+"""How often a connection with turns in progress looks at their deadlines."""
 NO_FLOW_CONTROL = frozenset({"zwst"})
 """Protocols whose servers punish a client that lets their send queue grow (zwst drops
 audio over ~2 s of backlog and closes a slow reader with 1008): never paused."""
@@ -144,23 +163,42 @@ class Backoff:
         self.attempt = 0
 
 
+class SessionRouteError(Exception):
+    """A session route's answer that is no HTTP response, or too large."""
+
+
 async def _http_request(req: HttpRequest) -> tuple[int, bytes]:
-    """A minimal HTTP/1.1 client for session routes (no dependency for one POST)."""
+    """A minimal HTTP/1.1 client for session routes (no dependency for one POST).
+
+    Bounded: the whole exchange within ``SESSION_TIMEOUT_S`` (else
+    ``TimeoutError``), the answer at most ``SESSION_REPLY_MAX_BYTES``; an
+    answer that is not an HTTP status line raises ``SessionRouteError``.
+    """
     u = urlsplit(req.url)
     secure = u.scheme in ("https", "wss")
     port = u.port or (443 if secure else 80)
-    reader, writer = await asyncio.open_connection(u.hostname, port, ssl=secure or None)
-    path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-    head = [f"{req.method} {path} HTTP/1.1", f"Host: {u.netloc}", "Connection: close"]
-    head += [f"{k}: {v}" for k, v in req.headers]
-    head.append(f"Content-Length: {len(req.body)}")
-    writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + req.body)
-    await writer.drain()
-    raw = await reader.read()
-    writer.close()
-    status_line, _, rest = raw.partition(b"\r\n")
+    async with asyncio.timeout(SESSION_TIMEOUT_S):
+        reader, writer = await asyncio.open_connection(u.hostname, port, ssl=secure or None)
+        try:
+            path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+            head = [f"{req.method} {path} HTTP/1.1", f"Host: {u.netloc}", "Connection: close"]
+            head += [f"{k}: {v}" for k, v in req.headers]
+            head.append(f"Content-Length: {len(req.body)}")
+            writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + req.body)
+            await writer.drain()
+            raw = bytearray()
+            while chunk := await reader.read(65536):
+                raw += chunk
+                if len(raw) > SESSION_REPLY_MAX_BYTES:
+                    raise SessionRouteError(f"answer over {SESSION_REPLY_MAX_BYTES} bytes")
+        finally:
+            writer.close()
+    status_line, _, rest = bytes(raw).partition(b"\r\n")
+    parts = status_line.split()
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise SessionRouteError(f"not an HTTP response: {status_line[:40]!r}")
     _, _, body = rest.partition(b"\r\n\r\n")
-    return int(status_line.split()[1]), body
+    return int(parts[1]), body
 
 
 def _ignore_message(msg: str | bytes) -> None:
@@ -358,6 +396,33 @@ class _DryWatch:
     on_provider: Callable[[], None]
 
 
+class _TurnWatch:
+    """A turn's progress, for its deadlines (``TURN_STALL_S``, ``TURN_S_PER_CHAR``)."""
+
+    __slots__ = ("audio_s", "chars", "ended", "owed_since", "progress_at", "text_at")
+
+    def __init__(self, now: float) -> None:
+        self.chars = 0
+        self.text_at = now
+        """When it was opened or last given text (or ended)."""
+        self.progress_at = now
+        """When the provider last sent anything for it."""
+        self.owed_since: float | None = None
+        """Since when the provider owes a reply (None: it has answered all it was sent)."""
+        self.ended = False
+        self.audio_s = 0.0
+        """Seconds of audio received: the caller listens to that much anyway."""
+
+    def progress(self, now: float, audio: bytes | None, audio_format: AudioFormat | None) -> None:
+        self.progress_at = now
+        if not self.ended:
+            self.owed_since = None
+        if audio is not None and audio_format is not None:
+            self.audio_s += len(audio) / (
+                audio_format.sample_rate_hz * audio_format.bytes_per_sample
+            )
+
+
 class _Connection:
     """One WebSocket to the provider and the engine that speaks its protocol.
 
@@ -408,6 +473,13 @@ class _Connection:
         """When it last became idle (``note_idle``): what the pool's idle closing reads."""
         self.retiring = False
         """Closed by the pool for being idle (``ProviderPool._close_idle``): takes no turn."""
+        self.watches: dict[str, _TurnWatch] = {}
+        """Turns in progress and their deadlines (``_check_turns``)."""
+        self.watch_timer: asyncio.TimerHandle | None = None
+        self.ready_at: float | None = None
+        """When the engine said ready (``BACKOFF_STABLE_S``)."""
+        self.engine_failed = False
+        """The engine reported ``ProviderFailed``: this connection is done."""
 
     def now(self) -> float:
         return self.loop.time()
@@ -545,12 +617,22 @@ class _Connection:
                 code, reason = None, f"{type(exc).__name__}: {exc}"
         except (TimeoutError, OSError, websockets.WebSocketException) as e:
             code, reason = None, f"{type(e).__name__}: {e}"
+        except Exception as e:  # a malformed session answer, an engine's refusal: this
+            # connection ends like any other (its turns fail, the pool reconnects)
+            log.warning("tts.connect_failed", provider=self.pool.name, error=repr(e)[:200])
+            code, reason = None, f"{type(e).__name__}: {e}"
         finally:
             self.closed = True
             if self.timer is not None:
                 self.timer.cancel()
+            if self.watch_timer is not None:
+                self.watch_timer.cancel()
+                self.watch_timer = None
             self.resume()
-        self.engine.connection_lost(code, reason, self.now())
+        if self.ready_at is not None and self.now() - self.ready_at >= BACKOFF_STABLE_S:
+            self.pool.backoff.reset()  # it stayed up: the next drop is not a storm
+        with contextlib.suppress(LocalProtocolError):  # an engine that failed itself already
+            self.engine.connection_lost(code, reason, self.now())
         self.pump()
         self.ready_event.set()
         self.pool._connection_ended(self)
@@ -582,15 +664,89 @@ class _Connection:
             piece = self.engine.receive_bytes_fast(msg, now)
         if piece is None:
             self.pump()
-        elif len(piece) == 3:
+            self._after_message()
+            return
+        watch = self.watches.get(piece[0]) if self.watches else None
+        if watch is not None:
+            if len(piece) == 3:
+                watch.progress(now, piece[1], piece[2])  # type: ignore[misc]
+            else:
+                watch.progress(now, None, None)
+        if len(piece) == 3:
             self._audio(piece)
         else:
             self._words(piece)
+        self._after_message()
+
+    def _after_message(self) -> None:
         if self.dry_watches:
             self._dry_settle()
         # a burst (many turns' audio at once) is read in one data_received, without
         # a return to the loop: let frames due meanwhile leave on time
         self.pool.preempt()
+
+    # ------------------------------------------------------------ turn deadlines
+
+    def _watch(self, wire_id: str) -> _TurnWatch | None:
+        if wire_id not in self.sinks or self.closed:
+            return None
+        watch = self.watches.get(wire_id)
+        if watch is None:
+            watch = self.watches[wire_id] = _TurnWatch(self.now())
+            if self.watch_timer is None:
+                self.watch_timer = self.loop.call_later(TURN_CHECK_S, self._check_turns)
+        return watch
+
+    def note_text(self, wire_id: str, chars: int) -> None:
+        """The turn was given ``chars`` characters of text: the provider owes audio."""
+        watch = self._watch(wire_id)
+        if watch is not None:
+            now = self.now()
+            watch.chars += chars
+            watch.text_at = now
+            if watch.owed_since is None:
+                watch.owed_since = now
+
+    def note_end(self, wire_id: str) -> None:
+        """The turn's text is complete: the provider owes the rest and its end."""
+        watch = self._watch(wire_id)
+        if watch is not None:
+            watch.ended = True
+            watch.text_at = self.now()
+            if watch.owed_since is None:
+                watch.owed_since = watch.text_at
+
+    def _check_turns(self) -> None:
+        self.watch_timer = None
+        if self.closed:
+            return
+        now = self.now()
+        pool = self.pool
+        late: list[tuple[str, str]] = []
+        for wire_id, w in self.watches.items():
+            if w.owed_since is not None and now - max(w.owed_since, w.progress_at) >= (
+                pool.turn_stall_s
+            ):
+                late.append((wire_id, f"no audio from the provider for {pool.turn_stall_s:g} s"))
+            elif w.chars and now - w.text_at >= (
+                pool.turn_base_s + w.chars * pool.turn_s_per_char + w.audio_s
+            ):
+                late.append((wire_id, f"not done {now - w.text_at:.0f} s after its last text"))
+        for wire_id, message in late:
+            self._fail_turn(wire_id, message)
+        if self.watches and not self.closed:
+            self.watch_timer = self.loop.call_later(TURN_CHECK_S, self._check_turns)
+
+    def _fail_turn(self, wire_id: str, message: str) -> None:
+        """End a turn the provider does not deliver: its cancel goes out, it fails."""
+        sink = self.drop_turn(wire_id)
+        with contextlib.suppress(LocalProtocolError):
+            self.engine.cancel(wire_id, self.now())
+        self.pump()
+        self.pool.note_error("timeout")
+        log.warning("tts.turn_timeout", provider=self.pool.name, detail=message)
+        if sink is not None:
+            sink(TurnFailed(wire_id, "timeout", message, retryable=True))
 
     def _audio(self, piece: AudioPiece) -> None:
         turn_id, audio, audio_format = piece
@@ -620,6 +776,7 @@ class _Connection:
         self.audio_sinks.pop(wire_id, None)
         self.words_sinks.pop(wire_id, None)
         self.clocks.pop(wire_id, None)
+        self.watches.pop(wire_id, None)
         sink = self.sinks.pop(wire_id, None)
         if self.paused and not self.clocks:
             # no turn left to hold back: read what is left of the dropped one (a
@@ -656,6 +813,8 @@ class _Connection:
             status, body = await _http_request(req)
             self.engine.session_response(status, body, self.now())
             self.pump()
+            if self.engine_failed:  # refused, or an answer with no usable URL: no connect
+                raise SessionRouteError(f"session route answer not usable (HTTP {status})")
         params = self.engine.connect_params()
         self.ws = await websockets.connect(
             params.url,
@@ -760,6 +919,13 @@ class _Connection:
         if cls is AudioReceived and self.dry_watches:
             self._dry_audio(event.turn_id)  # type: ignore[attr-defined]
         if cls is AudioReceived or cls is WordsTimed:  # the bulk of a turn: straight to its sink
+            watch = self.watches.get(event.turn_id) if self.watches else None  # type: ignore[attr-defined]
+            if watch is not None:
+                if cls is AudioReceived:
+                    got: AudioReceived = event  # type: ignore[assignment]
+                    watch.progress(self.loop.time(), got.audio, got.audio_format)
+                else:
+                    watch.progress(self.loop.time(), None, None)
             if cls is AudioReceived and self.clocks:  # flow control on
                 clock = self.clocks.get(event.turn_id)  # type: ignore[attr-defined]
                 if clock is not None:
@@ -771,9 +937,10 @@ class _Connection:
                 return
         if isinstance(event, ConnectionReady):
             self.ready_event.set()
-            self.pool.backoff.reset()
+            self.ready_at = self.loop.time()  # the backoff resets only once it proves stable
             return
         if isinstance(event, ProviderFailed):
+            self.engine_failed = True
             self.pool.note_error(event.kind)
             if self.catch_all is not None:
                 self.catch_all(event)
@@ -791,7 +958,13 @@ class _Connection:
         if isinstance(event, TurnFailed):
             self.pool.note_error(event.kind)
         if isinstance(event, TurnDone | TurnFailed):
+            if isinstance(event, TurnDone) and not event.cancelled:
+                self.pool.backoff.reset()  # it carried a turn to its end
             self.drop_turn(event.turn_id)
+        else:
+            watch = self.watches.get(event.turn_id) if self.watches else None  # type: ignore[attr-defined]
+            if watch is not None:
+                watch.progress(self.loop.time(), None, None)
         sink(event)
 
 
@@ -831,6 +1004,10 @@ class ProviderPool:
         have closed or taken a turn): where a new turn is placed without a scan of every
         connection, which at one turn per connection means every call's."""
         self.backoff = Backoff()
+        self.turn_stall_s = TURN_STALL_S
+        self.turn_base_s = TURN_BASE_S
+        self.turn_s_per_char = TURN_S_PER_CHAR
+        """A turn's deadlines (``_Connection._check_turns``)."""
         self.errors: dict[str, int] = {}
         self.reconnects = 0
         self._closing = False
@@ -1184,9 +1361,11 @@ class _TurnHandle:
         self._flush()
 
     def send_text(self, text: str) -> None:
+        self.conn.note_text(self.turn_id, len(text))
         self.call(lambda e, now: e.send_text(self.turn_id, text, now))
 
     def end(self) -> None:
+        self.conn.note_end(self.turn_id)
         self.call(lambda e, now: e.end_turn(self.turn_id, now))
 
     def cancel(self) -> None:

@@ -5,7 +5,13 @@ Theory of operation
 Each call gets one even port for RTP; the odd port above it is its RTCP port
 (RFC 3550 §11), so only even ports whose odd partner is inside the range are
 handed out. The allocator is pure bookkeeping: the shell binds the sockets,
-and if binding fails it calls ``mark_unusable(port)`` and allocates again.
+and if binding fails because the port is in use by another process
+(EADDRINUSE) it calls ``mark_unusable(port, now)`` and allocates again. A
+marked port is out of the queue for ``cooldown_s`` only: ``allocate(call,
+now)`` puts it back once that has passed (another process's socket is
+usually gone by then), so no failure burns the range for good. Other bind
+failures (descriptors exhausted: EMFILE, ENFILE, ENOBUFS) say nothing about
+the port and must not mark it: the shell releases it and refuses the call.
 
 Free ports sit in a queue, shuffled once at start (ports are not predictable
 from the range, reliability notes §2.3 rule 5). ``allocate`` takes a random
@@ -27,9 +33,11 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Final
 
-__all__ = ["RtpPortAllocator"]
+__all__ = ["UNUSABLE_COOLDOWN_S", "RtpPortAllocator"]
 
 _PICK_WINDOW: Final = 16
+UNUSABLE_COOLDOWN_S: Final = 60.0
+"""How long a port another process held stays out of the queue before it is tried again."""
 
 
 class RtpPortAllocator:
@@ -43,7 +51,7 @@ class RtpPortAllocator:
         ValueError: the range holds no even/odd pair.
     """
 
-    __slots__ = ("_by_call", "_free", "_owner", "_rng", "_unusable")
+    __slots__ = ("_by_call", "_cooling", "_free", "_owner", "_rng", "_unusable")
 
     def __init__(self, port_range: tuple[int, int], rng: random.Random | None = None) -> None:
         low, high = port_range
@@ -56,11 +64,25 @@ class RtpPortAllocator:
         self._free: deque[int] = deque(ports)
         self._by_call: dict[Hashable, int] = {}
         self._owner: dict[int, Hashable] = {}
-        self._unusable: set[int] = set()
+        self._unusable: dict[int, float] = {}
+        """Marked ports and the time each may be tried again."""
+        self._cooling: deque[tuple[float, int]] = deque()
+        """``(retry_at, port)`` in marking order; an entry whose time is no longer its
+        port's (marked again later) is skipped."""
 
     @property
     def free_count(self) -> int:
         """Ports that can still be allocated."""
+        return len(self._free)
+
+    @property
+    def unusable_count(self) -> int:
+        """Ports marked unusable and still cooling down."""
+        return len(self._unusable)
+
+    def usable_count(self, now: float) -> int:
+        """Ports a new call could get at ``now`` (cooled-down ports back in the queue)."""
+        self._revive(now)
         return len(self._free)
 
     @property
@@ -72,11 +94,16 @@ class RtpPortAllocator:
         """The RTP port held by ``call_id``, if any."""
         return self._by_call.get(call_id)
 
-    def allocate(self, call_id: Hashable) -> int | None:
-        """An even RTP port for ``call_id`` (its RTCP port is +1), or ``None`` if exhausted."""
+    def allocate(self, call_id: Hashable, now: float | None = None) -> int | None:
+        """An even RTP port for ``call_id`` (its RTCP port is +1), or ``None`` if exhausted.
+
+        With ``now``, ports marked unusable whose cool-down has ended are usable again.
+        """
         held = self._by_call.get(call_id)
         if held is not None:
             return held
+        if now is not None:
+            self._revive(now)
         free = self._free
         if not free:
             return None
@@ -97,16 +124,29 @@ class RtpPortAllocator:
         if port not in self._unusable:
             self._free.append(port)
 
-    def mark_unusable(self, port: int) -> None:
-        """The shell could not bind ``port`` (or ``port + 1``): never hand it out again.
+    def mark_unusable(self, port: int, now: float, cooldown_s: float = UNUSABLE_COOLDOWN_S) -> None:
+        """``port`` (or ``port + 1``) is in use by someone else (EADDRINUSE): out of the
+        queue until ``now + cooldown_s``, then handed out again.
 
         If a call holds it, the call loses it (allocate again for that call).
+        Marking a port already marked pushes its retry time out.
         """
-        if port in self._unusable:
-            return
-        self._unusable.add(port)
+        retry_at = now + cooldown_s
+        self._unusable[port] = retry_at
+        self._cooling.append((retry_at, port))
         call_id = self._owner.pop(port, None)
         if call_id is not None:
             del self._by_call[call_id]
         elif port in self._free:
             self._free.remove(port)
+
+    def _revive(self, now: float) -> None:
+        cooling = self._cooling
+        unusable = self._unusable
+        while cooling and cooling[0][0] <= now:
+            retry_at, port = cooling.popleft()
+            if unusable.get(port) != retry_at:
+                continue  # marked again later: its newer entry decides
+            del unusable[port]
+            if port not in self._owner:
+                self._free.append(port)

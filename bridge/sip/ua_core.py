@@ -67,6 +67,7 @@ from bridge.sip.transaction import (
     ClientTransaction,
     ResponseReceived,
     ServerTransaction,
+    State,
     TransactionTerminated,
     TransactionTimedOut,
     TransmitMessage,
@@ -187,6 +188,25 @@ class UaCore(Outbox):
 
     def connection_lost(self, conn_id: int) -> None:
         self._framers.pop(conn_id, None)
+
+    def allows_source(self, host: str) -> bool:
+        """Whether ``host`` may connect: inside the allowlist, or a trusted proxy (a
+        stream transport asks at accept)."""
+        return self._allowlist.allows(host) or self._trusted.trusts(host)
+
+    def unanswered_requests(self, kind: str) -> int:
+        """Client transactions of ``kind`` (``bye``...) with no final response yet (their
+        transactions retransmit them until one comes or they time out)."""
+        return sum(
+            1
+            for e in self._client_txs.values()
+            if e.kind == kind and e.tx.state in (State.CALLING, State.TRYING, State.PROCEEDING)
+        )
+
+    def stream_partial_bytes(self, conn_id: int) -> int:
+        """Bytes of a message not complete yet on stream connection ``conn_id``."""
+        framer = self._framers.get(conn_id)
+        return 0 if framer is None else framer.buffered_bytes
 
     def _receive_message(self, data: bytes, peer: Peer, now: float) -> None:
         try:

@@ -67,7 +67,7 @@ from bridge.sip.events import (
     HoldChanged,
     TransferProgress,
 )
-from bridge.sip.guard import CALLER_HEADER, InviteRateLimiter, TrustedProxies
+from bridge.sip.guard import CALLER_HEADER, InviteRateLimiter, SourceAllowlist, TrustedProxies
 from bridge.sip.message import SipRequest, SipResponse
 from bridge.sip.sdp import NegotiatedAudio, SdpError, build_answer, negotiate, parse_sdp
 from bridge.sip.settings import SipSettings
@@ -98,15 +98,48 @@ class UasAgent(UaCore):
         super().__init__(settings, rng)
         self._calls: dict[str, Call] = {}
         self._rate = InviteRateLimiter(settings.invite_rate_per_s, settings.invite_burst)
-        users = {u.username: u.password for u in settings.auth_users}
-        self._verifier = (
-            DigestVerifier(
-                settings.auth_realm, settings.auth_secret, users, settings.auth_nonce_lifetime_s
-            )
-            if users
-            else None
-        )
+        self._verifier = self._digest_verifier(settings)
         self.draining = False
+
+    @staticmethod
+    def _digest_verifier(settings: SipSettings) -> DigestVerifier | None:
+        users = {u.username: u.password for u in settings.auth_users}
+        if not users:
+            return None
+        return DigestVerifier(
+            settings.auth_realm, settings.auth_secret, users, settings.auth_nonce_lifetime_s
+        )
+
+    def apply_settings(self, settings: SipSettings) -> None:
+        """Take reloaded settings (SIGHUP): the allowlist, the digest users and realm,
+        the INVITE rate limit, ``max_calls``, codecs and session timers apply from the
+        next request on; calls in progress go on.
+
+        Raises:
+            ValueError: the address or transport differs (that needs a new socket).
+        """
+        old = self.settings
+        if (settings.local_host, settings.local_port, settings.transport) != (
+            old.local_host,
+            old.local_port,
+            old.transport,
+        ):
+            raise ValueError("the address or transport of a user agent cannot change")
+        self.settings = settings
+        self._allowlist = SourceAllowlist(settings.allowed_sources)
+        self._trusted = TrustedProxies(settings.trusted_proxies)
+        if (settings.invite_rate_per_s, settings.invite_burst) != (
+            old.invite_rate_per_s,
+            old.invite_burst,
+        ):
+            self._rate = InviteRateLimiter(settings.invite_rate_per_s, settings.invite_burst)
+        if (
+            settings.auth_users,
+            settings.auth_realm,
+            settings.auth_secret,
+            settings.auth_nonce_lifetime_s,
+        ) != (old.auth_users, old.auth_realm, old.auth_secret, old.auth_nonce_lifetime_s):
+            self._verifier = self._digest_verifier(settings)  # a revoked user fails at once
 
     @property
     def active_calls(self) -> int:

@@ -62,6 +62,7 @@ listen = "127.0.0.1:{kw.get("ms", 0)}"
 
 [api]
 listen = "127.0.0.1:{kw.get("api", 0)}"
+{kw.get("api_extra", "")}
 
 [providers.main]
 protocol = "{protocol}"

@@ -504,7 +504,10 @@ def test_reload_keeps_calls_on_their_generation_and_retires_it_when_they_end(
     async def body() -> None:
         async with stack(GREETING_ROUTE) as st:
             path = tmp_path / "callbridge.toml"
-            path.write_text(config_text(st.tts.port, GREETING_ROUTE.replace("Hello", "Reloaded")))
+            lo, hi = st.config.sip.rtp_ports  # the listeners unchanged: a reload may not move them
+            sip = st.config.sip.listen[0].rsplit(":", 1)[1]
+            reloaded = GREETING_ROUTE.replace("Hello", "Reloaded")
+            path.write_text(config_text(st.tts.port, reloaded, sip=sip, rtp=f"{lo}-{hi}"))
             st.daemon.config = replace(st.daemon.config, path=str(path))
             leg = next(leg for leg in st.daemon.legs if leg.name == "media_streams")
             old = st.daemon.runtime

@@ -68,19 +68,53 @@ def test_released_port_is_not_reused_while_others_are_free() -> None:
 
 def test_mark_unusable() -> None:
     allocator = RtpPortAllocator((20000, 20005), random.Random(7))
-    port = allocator.allocate("a")
+    port = allocator.allocate("a", 0.0)
     assert port is not None
-    allocator.mark_unusable(port)  # bind failed: the call loses it
+    allocator.mark_unusable(port, 0.0)  # bind failed: the call loses it
     assert allocator.port_of("a") is None
-    replacement = allocator.allocate("a")
+    replacement = allocator.allocate("a", 1.0)
     assert replacement not in (None, port)
     allocator.release("a")
-    others = {allocator.allocate(i) for i in range(3)}
+    others = {allocator.allocate(i, 2.0) for i in range(3)}
     assert port not in others and None in others  # only 2 usable ports remain
-    allocator.mark_unusable(port)  # twice: no-op
     free_port = RtpPortAllocator((20000, 20003), random.Random(7))
-    free_port.mark_unusable(20002)
-    assert {free_port.allocate(1), free_port.allocate(2)} == {20000, None}
+    free_port.mark_unusable(20002, 0.0)
+    assert {free_port.allocate(1, 1.0), free_port.allocate(2, 1.0)} == {20000, None}
+
+
+def test_an_unusable_port_is_tried_again_after_its_cool_down() -> None:
+    allocator = RtpPortAllocator((20000, 20003), random.Random(8))  # ports 20000 and 20002
+    for port in (20000, 20002):
+        allocator.mark_unusable(port, 100.0, cooldown_s=60.0)
+    assert allocator.usable_count(100.0) == 0 and allocator.unusable_count == 2
+    assert allocator.allocate("a", 159.9) is None  # still cooling down
+    assert allocator.usable_count(160.0) == 2 and allocator.unusable_count == 0
+    assert allocator.allocate("a", 160.0) in (20000, 20002)
+    assert allocator.allocate("b", 160.0) in (20000, 20002)
+    assert allocator.allocate("c", 160.0) is None  # both held: exhausted, not unusable
+
+
+def test_marking_again_pushes_the_retry_out_and_a_held_port_is_not_duplicated() -> None:
+    allocator = RtpPortAllocator((20000, 20001), random.Random(9))  # one port: 20000
+    assert allocator.allocate("a", 0.0) == 20000
+    allocator.mark_unusable(20000, 0.0, cooldown_s=10.0)  # the call loses it
+    allocator.mark_unusable(20000, 5.0, cooldown_s=10.0)  # failed again: retry at 15
+    assert allocator.allocate("a", 12.0) is None  # the first mark's time is stale
+    assert allocator.allocate("a", 15.0) == 20000
+    allocator.release("a")
+    allocator.release("a")
+    assert allocator.usable_count(100.0) == 1  # back once, never twice in the queue
+    assert allocator.allocate("b", 100.0) == 20000 and allocator.allocate("c", 100.0) is None
+
+
+def test_a_marked_port_held_by_no_call_comes_back_after_release_and_cool_down() -> None:
+    allocator = RtpPortAllocator((20000, 20003), random.Random(10))
+    port = allocator.allocate("a", 0.0)
+    assert port is not None
+    allocator.mark_unusable(port, 0.0, cooldown_s=1.0)
+    allocator.release("a")  # the call ends: nothing to give back, the mark stands
+    assert allocator.usable_count(0.5) == 1
+    assert allocator.usable_count(1.0) == 2
 
 
 def test_start_is_randomised() -> None:
