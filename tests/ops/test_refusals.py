@@ -156,8 +156,11 @@ class Overloaded:
 class NoPorts:
     """An RTP port allocator with every pair taken."""
 
-    def allocate(self, key: str) -> int | None:
+    def allocate(self, key: str, now: float | None = None) -> int | None:
         return None
+
+    def usable_count(self, now: float) -> int:
+        return 0
 
     def release(self, key: str) -> None:
         pass
