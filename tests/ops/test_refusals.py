@@ -105,6 +105,7 @@ class SipClient:
         self.host, self.port = self.sock.getsockname()
         self.target = target
         self.answers: list[str] = []
+        self.answered: set[str] = set()
 
     def invite(self, caller: str | None = None, user: str = "demo", sdp: str = "") -> None:
         branch = "z9hG4bK" + uuid.uuid4().hex[:16]
@@ -122,11 +123,15 @@ class SipClient:
         self.sock.sendto(msg.encode(), self.target)
 
     def read(self) -> list[str]:
+        """The final answers so far, one per call: this client sends no ACK, so the
+        daemon retransmits a final answer (Timer G) and a copy can arrive late."""
         with contextlib.suppress(BlockingIOError):
             while True:
                 data = self.sock.recv(65535).decode("utf-8", "replace")
                 m = re.match(r"SIP/2\.0 (\d{3}) ([^\r]*)", data)
-                if m and int(m.group(1)) >= 200:
+                call = re.search(r"^Call-ID: *(\S+)", data, re.M | re.I)
+                if m and int(m.group(1)) >= 200 and call and call.group(1) not in self.answered:
+                    self.answered.add(call.group(1))
                     self.answers.append(f"{m.group(1)} {m.group(2)}")
         return self.answers
 
