@@ -211,6 +211,8 @@ class RouteConfig:
     app: str = ""
     voice: str = ""
     fallback_flow: str = ""
+    fallback_prompt: str = ""
+    """Heard in place of a turn no provider could render (``""``: ``[daemon]``'s)."""
 
     def matches(self, key: str) -> bool:
         if self.match == "*":
@@ -260,6 +262,8 @@ class DaemonConfig:
     max_loop_lag_ms: float = 20.0
     gc_freeze_s: float = 0.1
     gc_thaw_s: float = 600.0
+    prerender_wait_s: float = 60.0
+    fallback_prompt: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -702,7 +706,12 @@ def _read_routes(
         if not isinstance(t, dict):
             r.err(p, "expected a table")
             continue
-        r.unknown(t, {"match", "provider", "greeting", "flow", "app", "voice", "fallback_flow"}, p)
+        r.unknown(
+            t,
+            {"match", "provider", "greeting", "flow", "app", "voice", "fallback_flow",
+             "fallback_prompt"},
+            p,
+        )  # fmt: skip
         chain = r.str_list(t, "provider", p, ())
         if not chain:
             r.err(f"{p}.provider", "missing (a provider name or a failover list)")
@@ -726,6 +735,7 @@ def _read_routes(
                 app=app,
                 voice=r.str_(t, "voice", p, ""),
                 fallback_flow=fallback,
+                fallback_prompt=r.str_(t, "fallback_prompt", p, ""),
             )
         )
     return tuple(out)
@@ -853,7 +863,8 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
     r.unknown(
         d,
         {"drain_timeout_s", "log_level", "log_format", "event_loop", "cache_dir",
-         "prompt_cache_bytes", "max_loop_lag_ms", "gc_freeze_s", "gc_thaw_s"},
+         "prompt_cache_bytes", "max_loop_lag_ms", "gc_freeze_s", "gc_thaw_s",
+         "prerender_wait_s", "fallback_prompt"},
         p,
     )  # fmt: skip
     return DaemonConfig(
@@ -866,6 +877,8 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         max_loop_lag_ms=r.num(d, "max_loop_lag_ms", p, 20.0, 0, 1000),
         gc_freeze_s=r.num(d, "gc_freeze_s", p, 0.1, 0, 3600),
         gc_thaw_s=r.num(d, "gc_thaw_s", p, 600.0, 1, 86400),
+        prerender_wait_s=r.num(d, "prerender_wait_s", p, 60.0, 0, 3600),
+        fallback_prompt=r.str_(d, "fallback_prompt", p, ""),
     )
 
 

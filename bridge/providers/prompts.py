@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from bridge.config import Config, RouteConfig
 from bridge.engine import Event
 from bridge.tts.base import (
     ALAW_8K,
@@ -59,6 +60,7 @@ from bridge.tts.base import (
     ProviderSettings,
     TurnDone,
     TurnFailed,
+    TurnStarted,
     WordsTimed,
     WordTiming,
 )
@@ -71,10 +73,15 @@ __all__ = [
     "PromptFileError",
     "PromptKey",
     "Rendered",
+    "StaticPrompt",
+    "TurnFellBack",
     "Waiter",
     "decode_prompt",
     "encode_prompt",
+    "prerender_formats",
     "provider_identity",
+    "route_fallback_prompt",
+    "static_prompts",
 ]
 
 Sink = Callable[[Event], None]
@@ -112,6 +119,17 @@ def provider_identity(settings: ProviderSettings, engine: str = "") -> str:
         [settings.protocol, url, settings.model, options, engine], sort_keys=True, default=str
     )
     return hashlib.sha256(material.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFellBack(Event):
+    """A turn could not be rendered by any provider: its caller hears the fallback prompt
+    instead (the turn's own audio and ``TurnDone`` follow, under its turn id); the call
+    reports the provider error as for a failed turn."""
+
+    turn_id: str
+    kind: str
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,9 +215,13 @@ class Flight:
 class PromptCache:
     """Rendered prompts, LRU-bounded in bytes, with single-flight rendering (module doc)."""
 
-    def __init__(self, max_bytes: int = 32 * 1024 * 1024, retries: int = 1) -> None:
+    def __init__(
+        self, max_bytes: int = 32 * 1024 * 1024, retries: int = 1, *, persist: bool = False
+    ) -> None:
         self.max_bytes = max_bytes
         self.retries = retries
+        self.persist = persist
+        """Whether ``stored`` and ``evicted`` are kept (for a disk store to drain)."""
         self._items: OrderedDict[str, Rendered] = OrderedDict()
         self._keys: dict[str, PromptKey] = {}
         self._flights: dict[str, Flight] = {}
@@ -256,14 +278,19 @@ class PromptCache:
         self._items[digest] = item
         self._keys[digest] = key
         self.size_bytes += size
-        if persist:
+        if persist and self.persist:
             self.stored.append((digest, key, item))
+        self.trim()
+        return True
+
+    def trim(self) -> None:
+        """Evict the least recently used prompts until the cache is within ``max_bytes``."""
         while self.size_bytes > self.max_bytes:
             gone, evicted = self._items.popitem(last=False)
             self._keys.pop(gone, None)
             self.size_bytes -= evicted.size_bytes
-            self.evicted.append(gone)
-        return True
+            if self.persist:
+                self.evicted.append(gone)
 
     def load(self, key: PromptKey, events: list[Event]) -> bool:
         """A prompt a previous run rendered (the disk store's, oldest first)."""
@@ -317,11 +344,14 @@ class PromptCache:
             flight.events.append(_retag(event, ""))
             for w in list(flight.waiters):
                 w.sink(_retag(event, w.turn_id))
+        elif isinstance(event, TurnStarted):  # (not recorded: a hit has no provider turn)
+            for w in list(flight.waiters):
+                w.sink(TurnStarted(w.turn_id, event.provider_ref))
         elif isinstance(event, TurnDone):
             self._land(flight)
             if not event.cancelled:
                 self.put(flight.key, flight.events)
-            for w in flight.waiters:
+            for w in list(flight.waiters):  # (a sink may make a turn leave)
                 w.sink(TurnDone(w.turn_id, event.cancelled))
 
     def flight_failed(self, flight: Flight, kind: str, message: str, retryable: bool) -> bool:
@@ -335,7 +365,7 @@ class PromptCache:
             return True
         self._land(flight)
         self.failures += 1
-        for w in flight.waiters:
+        for w in list(flight.waiters):
             w.sink(TurnFailed(w.turn_id, kind, message, retryable))
         return False
 
@@ -343,6 +373,52 @@ class PromptCache:
         flight.done = True
         if self._flights.get(flight.digest) is flight:
             del self._flights[flight.digest]
+
+
+# ------------------------------------------------------------ static prompts
+
+
+@dataclass(frozen=True, slots=True)
+class StaticPrompt:
+    """A prompt the config names: rendered at start-up and reload (``static_prompts``)."""
+
+    provider: str
+    voice: str
+    text: str
+
+
+def route_fallback_prompt(config: Config, route: RouteConfig) -> str:
+    """What a caller on ``route`` hears in place of a turn no provider could render."""
+    return route.fallback_prompt or config.daemon.fallback_prompt
+
+
+def static_prompts(config: Config) -> list[StaticPrompt]:
+    """Every static prompt of the config, once: each route's greeting, every ``say`` of
+    its flow and fallback flow, and its fallback prompt, on the route's first provider in
+    the route's voice (what its calls ask for)."""
+    out: dict[StaticPrompt, None] = {}
+    flows = {f.name: f for f in config.flows}
+    for route in config.routes:
+        if not route.provider:
+            continue
+        texts = [route.greeting]
+        for name in (route.flow, route.fallback_flow):
+            if name in flows:
+                texts.extend(step.say for step in flows[name].steps)
+        texts.append(route_fallback_prompt(config, route))
+        for text in texts:
+            if text:
+                out[StaticPrompt(route.provider[0], route.voice, text)] = None
+    return list(out)
+
+
+def prerender_formats(config: Config) -> list[AudioFormat]:
+    """The formats calls ask prompts in: 8 kHz mu-law (every carrier dialect's default and
+    PCMU), and A-law as well where SIP prefers PCMA."""
+    formats = [MULAW_8K]
+    if config.sip.enabled and config.sip.codecs[:1] == ("PCMA",):
+        formats.append(ALAW_8K)
+    return formats
 
 
 # ------------------------------------------------------------------ file format

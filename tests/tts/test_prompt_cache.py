@@ -123,7 +123,7 @@ def test_a_waiter_that_leaves_leaves_the_render_and_the_others_alone() -> None:
 
 
 def test_lru_bounded_in_bytes_and_evictions_listed() -> None:
-    cache = PromptCache(max_bytes=10)
+    cache = PromptCache(max_bytes=10, persist=True)
     for text in ("a", "b", "c"):
         cache.put(_key(text), [AudioReceived("", b"x" * 4, MULAW_8K)])
     assert cache.size_bytes == 8 and not cache.holds(_key("a"))
