@@ -60,6 +60,7 @@ class PromptStore:
         """Load every good file into ``cache`` (oldest first); delete bad ones and what the
         cache's bound leaves out. The number of prompts loaded."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        cache.persist = True  # what it evicts from now on is deleted here too
         for tmp in self.directory.glob(f".*{SUFFIX}.tmp*"):  # a write a crash cut short
             with contextlib.suppress(OSError):
                 tmp.unlink()
