@@ -858,6 +858,11 @@ def _read_bargein(r: _Reader, d: dict[str, Any]) -> BargeInConfig:
     )
 
 
+def _path_from(r: _Reader, raw: str) -> str:
+    """A relative path is relative to the config file's directory (``""`` stays ``""``)."""
+    return str(r.base_dir / raw) if raw else ""
+
+
 def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
     p = "daemon"
     r.unknown(
@@ -872,7 +877,7 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         log_level=r.choice(d, "log_level", p, "info", ("debug", "info", "warning", "error")),
         log_format=r.choice(d, "log_format", p, "auto", ("auto", "json", "console")),
         event_loop=r.choice(d, "event_loop", p, "uvloop", ("uvloop", "asyncio")),
-        cache_dir=r.str_(d, "cache_dir", p, ""),
+        cache_dir=_path_from(r, r.str_(d, "cache_dir", p, "")),
         prompt_cache_bytes=r.int_(d, "prompt_cache_bytes", p, 32 * 1024 * 1024, 0, 1 << 34),
         max_loop_lag_ms=r.num(d, "max_loop_lag_ms", p, 20.0, 0, 1000),
         gc_freeze_s=r.num(d, "gc_freeze_s", p, 0.1, 0, 3600),
