@@ -395,12 +395,14 @@ def route_fallback_prompt(config: Config, route: RouteConfig) -> str:
 def static_prompts(config: Config) -> list[StaticPrompt]:
     """Every static prompt of the config, once: each route's greeting, every ``say`` of
     its flow and fallback flow, and its fallback prompt, on the route's first provider in
-    the route's voice (what its calls ask for)."""
+    the route's voice (what its calls ask for); none for a route whose first provider is a
+    voice agent (``kletso``)."""
     out: dict[StaticPrompt, None] = {}
     flows = {f.name: f for f in config.flows}
+    agents = {p.name for p in config.providers if p.protocol == "kletso"}
     for route in config.routes:
-        if not route.provider:
-            continue
+        if not route.provider or route.provider[0] in agents:
+            continue  # (a voice agent answers a text; it does not read it out)
         texts = [route.greeting]
         for name in (route.flow, route.fallback_flow):
             if name in flows:

@@ -30,6 +30,11 @@ protocol = "kova"
 url = "wss://b.example/v1"
 api_key = "k"
 
+[providers.agent]
+protocol = "kletso"
+url = "wss://c.example/v1/realtime"
+api_key = "k"
+
 [flows.menu]
 start = "menu"
 
@@ -48,6 +53,11 @@ greeting = "Hello."
 flow = "menu"
 voice = "anna"
 fallback_prompt = "We are having trouble."
+
+[[routes]]
+match = "2*"
+provider = "agent"
+greeting = "Agent here."
 
 [[routes]]
 match = "*"
