@@ -53,6 +53,9 @@ GC_TICK_S = 0.1
 PRERENDER_CONCURRENCY = 2
 """Static prompts rendered at once at start-up and reload (identical ones are one render
 anyway): a few, so a provider with a bounded queue is not flooded."""
+PRERENDER_AGAIN_AFTER_S = 1.0
+"""A static prompt whose render failed (retried once at once by the cache) is tried once
+more this much later, one at a time (a provider with a full queue refuses at once)."""
 PROMPT_STORE_EVERY_S = 1.0
 """How often newly rendered prompts are written to ``cache_dir`` (in a worker thread)."""
 
@@ -256,32 +259,42 @@ class Daemon:
             return
         loop = asyncio.get_running_loop()
         slots = asyncio.Semaphore(PRERENDER_CONCURRENCY)
+        again = asyncio.Semaphore(1)
+        Job = tuple[ProviderPool, TurnSettings, str]
 
-        async def one(n: int, pool: ProviderPool, settings: TurnSettings, text: str) -> None:
+        async def attempt(n: int, job: Job) -> tuple[bool, bool]:
+            """(rendered, started by this pass): one request through the cache."""
+            pool, settings, text = job
+            done: asyncio.Future[bool] = loop.create_future()
+
+            def sink(event: Event) -> None:
+                if done.done():
+                    return
+                if isinstance(event, TurnDone):
+                    done.set_result(not event.cancelled)
+                elif isinstance(event, TurnFailed | ProviderFailed):
+                    done.set_result(False)
+
+            outcome, _ = render_prompt(runtime.cache, pool, settings, text, f"prerender-{n}", sink)
+            return await done, outcome == "lead"
+
+        async def one(n: int, job: Job) -> None:
             async with slots:
-                done: asyncio.Future[bool] = loop.create_future()
-
-                def sink(event: Event) -> None:
-                    if done.done():
-                        return
-                    if isinstance(event, TurnDone):
-                        done.set_result(not event.cancelled)
-                    elif isinstance(event, TurnFailed | ProviderFailed):
-                        done.set_result(False)
-
-                outcome, _ = render_prompt(
-                    runtime.cache, pool, settings, text, f"prerender-{n}", sink
-                )
-                progress.rendered += outcome == "lead"
-                ok = await done
+                ok, led = await attempt(n, job)
+            if not ok:  # a busy provider refuses at once: once more, a little later, alone
+                await asyncio.sleep(PRERENDER_AGAIN_AFTER_S)
+                async with again:
+                    ok, led_again = await attempt(n, job)
+                led = led or led_again
             progress.done += 1
+            progress.rendered += ok and led
             progress.failed += not ok
             if not ok:
-                log.warning("prompt.prerender_failed", provider=pool.name, text_chars=len(text))
+                log.warning("prompt.prerender_failed", provider=job[0].name, text_chars=len(job[2]))
             self.notifier.status(f"rendering prompts {progress.done}/{progress.total}")
 
         self.notifier.status(f"rendering prompts 0/{progress.total}")
-        await asyncio.gather(*(one(n, *job) for n, job in enumerate(jobs)))
+        await asyncio.gather(*(one(n, job) for n, job in enumerate(jobs)))
         log.info("prompt.prerendered", **progress.as_json())
         await self._store_prompts()
 

@@ -196,3 +196,26 @@ def test_the_store_keeps_the_cache_bound_on_disk(tmp_path: Path) -> None:
     assert store.load_into(fresh) == 2 and len(fresh) == 1
     assert fresh.holds(PromptKey("p", "i", "v", MULAW_8K, None, "c"))
     assert len(list(tmp_path.glob(f"*{SUFFIX}"))) == 1
+
+
+def test_a_provider_that_cannot_render_delays_ready_by_the_wait_only(tmp_path: Path) -> None:
+    async def body(tmp: Path, server: TtsServer, engine: CountingTone) -> None:
+        path = _config(tmp, server)
+        text = path.read_text().replace(server.url("kova"), "ws://127.0.0.1:1/v1/ws/kova")
+        path.write_text(text.replace("[daemon]\n", "[daemon]\nprerender_wait_s = 0.5\n", 1))
+        daemon = await _daemon(path)  # returns once the wait is over: READY=1 went out
+        try:
+            notifier = daemon.notifier
+            assert isinstance(notifier, RecordingNotifier)
+            assert notifier.statuses_before_ready()[0] == "rendering prompts 0/4"
+            status, ready = await _readyz(daemon)
+            assert status == 200 and ready["ready"] is True  # cold prompts do not fail it
+            prompts = ready["prompts"]
+            assert isinstance(prompts, dict) and prompts["warm"] is False
+            assert prompts["total"] == 4 and prompts["done"] < 4
+        finally:
+            await daemon.drain_and_stop()
+            await daemon.close()
+        assert engine.texts == []
+
+    _run(body, tmp_path)
