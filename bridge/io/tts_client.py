@@ -1519,6 +1519,7 @@ class Speaker:
             return
         if isinstance(event, TurnDone | TurnFailed | ProviderFailed):
             self.turns.pop(turn.turn_id, None)
+            turn.waiter = None  # its sink holds the turn: no cycle left behind
         turn.sink(event)
 
     def _fall_back(self, turn: _SpokenTurn, event: Event) -> bool:

@@ -351,7 +351,8 @@ class PromptCache:
             self._land(flight)
             if not event.cancelled:
                 self.put(flight.key, flight.events)
-            for w in list(flight.waiters):  # (a sink may make a turn leave)
+            waiters, flight.waiters = flight.waiters, []  # (no waiter <-> flight cycle left)
+            for w in waiters:
                 w.sink(TurnDone(w.turn_id, event.cancelled))
 
     def flight_failed(self, flight: Flight, kind: str, message: str, retryable: bool) -> bool:
@@ -365,7 +366,8 @@ class PromptCache:
             return True
         self._land(flight)
         self.failures += 1
-        for w in list(flight.waiters):
+        waiters, flight.waiters = flight.waiters, []
+        for w in waiters:
             w.sink(TurnFailed(w.turn_id, kind, message, retryable))
         return False
 

@@ -207,3 +207,55 @@ def test_without_a_cached_fallback_a_refused_turn_fails_as_before() -> None:
     speaker = Speaker([down], cache, "Sorry.", "tone")  # type: ignore[list-item]
     speaker.speak("menu", "Press two.", TurnSettings("tone", MULAW_8K), failed.append, True)
     assert [type(e) for e in failed] == [TurnFailed] and speaker.fallbacks == 0
+
+
+class _FeedPool:
+    """A provider whose turn events the test feeds by hand."""
+
+    def __init__(self) -> None:
+        self.settings = ProviderSettings("p", "kova", "ws://127.0.0.1:9/", voice="tone")
+        self.name = "p"
+        self.prompt_engine = ""
+        self.prompt_identity: str | None = None
+        self.sinks: list[Callable[[Event], None]] = []
+
+    def open_turn(self, turn_id: str, settings: object, sink: Callable[[Event], None]) -> object:
+        self.sinks.append(sink)
+
+        class _Handle:
+            def send_text(self, text: str) -> None:
+                pass
+
+            def end(self) -> None:
+                pass
+
+        return _Handle()
+
+
+class _Call:
+    """Stands for the call runner a turn's sink belongs to."""
+
+    def sink(self, event: Event) -> None:
+        pass
+
+
+def test_a_finished_or_cancelled_prompt_turn_is_freed_by_reference_counting() -> None:
+    import gc
+    import weakref
+
+    pool, cache = _FeedPool(), PromptCache()
+    gc.disable()
+    try:
+        calls = [_Call(), _Call()]
+        refs = [weakref.ref(c) for c in calls]
+        speakers = [Speaker([pool], cache) for _ in calls]  # type: ignore[list-item]
+        for speaker, call in zip(speakers, calls, strict=True):
+            speaker.speak("greeting", PROMPT, TurnSettings("tone", MULAW_8K), call.sink, True)
+        speakers[1].cancel("greeting")  # one caller hangs up mid-render
+        (render,) = pool.sinks
+        render(AudioReceived("w", b"\x01" * 160, MULAW_8K))
+        render(TurnDone("w"))
+        del calls, speakers, speaker, call
+        assert [r() for r in refs] == [None, None]  # no cycle kept either call
+    finally:
+        gc.enable()

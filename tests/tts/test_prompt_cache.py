@@ -73,6 +73,7 @@ def test_a_hundred_simultaneous_requests_are_one_render() -> None:
     cache.flight_event(flight, TurnDone("x"))
     assert all(_audio(s) == b"abc" and s[-1] == TurnDone(f"t{i}") for i, s in enumerate(sinks))
     assert cache.flights == 0 and cache.holds(_key())
+    assert flight.waiters == []  # no waiter <-> flight cycle outlives the render
 
 
 def test_a_failed_render_is_retried_once_then_its_waiters_fail_together() -> None:
