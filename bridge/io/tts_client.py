@@ -855,8 +855,8 @@ class ProviderPool:
         self._turn_serial = 0
 
     prompt_engine: str = ""
-    """What else names this provider's voice for the prompt cache (the embedded server's
-    engine and model); the daemon sets it."""
+    """What else names this provider's voice for the prompt cache (an embedded provider's
+    synthesis engine, ``tone`` or ``piper``); the daemon sets it."""
     prompt_identity: str | None = None
     """``pool_identity``'s memo."""
 
@@ -1342,7 +1342,7 @@ def _start_flight(
         cache.flight_event(flight, event)
 
     try:
-        handle = pool.open_turn(flight.wire_id, settings, on_event)
+        handle = flight.handle = pool.open_turn(flight.wire_id, settings, on_event)
         handle.send_text(text)
         handle.end()
     except LocalProtocolError as e:
@@ -1419,9 +1419,15 @@ class Speaker:
         """The turn ran dry: whether its connection holds bytes unread (``_Connection.
         watch_dry``, which may call ``on_provider`` later); ``None``: not a turn here."""
         turn = self.turns.get(turn_id)
-        if turn is None or turn.handle is None:
+        if turn is None:
             return None
-        return turn.handle.conn.watch_dry(turn.handle.turn_id, on_provider)
+        handle = turn.handle
+        if handle is None and turn.waiter is not None:  # a prompt: its render's turn
+            flight_handle = turn.waiter.flight.handle
+            handle = flight_handle if isinstance(flight_handle, _TurnHandle) else None
+        if handle is None:
+            return None
+        return handle.conn.watch_dry(handle.turn_id, on_provider)
 
     def send_text(self, turn_id: str, text: str) -> None:
         turn = self.turns.get(turn_id)

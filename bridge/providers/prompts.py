@@ -205,6 +205,9 @@ class Flight:
     events: list[Event] = field(default_factory=list)
     waiters: list[Waiter] = field(default_factory=list)
     done: bool = False
+    handle: object = None
+    """The shell's provider turn of the current attempt (what an underrun's cause is
+    looked up on); the engine never touches it."""
 
     @property
     def wire_id(self) -> str:
