@@ -303,7 +303,13 @@ class Daemon:
         rendering goes on in the background."""
         task = asyncio.ensure_future(self._prerender(runtime))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("prompt.prerender_error", error=repr(t.exception()))
+
+        task.add_done_callback(done)
         wait_s = runtime.config.daemon.prerender_wait_s
         if wait_s <= 0:
             return
@@ -311,8 +317,8 @@ class Daemon:
             await asyncio.wait_for(asyncio.shield(task), wait_s)
         except TimeoutError:
             log.warning("prompt.prerender_wait_elapsed", wait_s=wait_s, **self.prerender.as_json())
-        except Exception as e:  # a bug in rendering must not keep the daemon from serving
-            log.error("prompt.prerender_error", error=repr(e))
+        except Exception:  # logged by ``done``: a bug in rendering must not stop serving
+            pass
 
     async def _store_prompts(self) -> None:
         """Write what the cache rendered (and delete what it evicted) in ``cache_dir``."""
