@@ -489,7 +489,6 @@ def cache_hit_first_frame(turns: int) -> list[float]:
     class _Pool:  # a cache hit never reaches the provider: the pool is only its key
         name = "local"
         settings = provider
-        prompt_engine = ""
         prompt_identity: str | None = None
 
     pool = _Pool()

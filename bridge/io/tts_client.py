@@ -854,11 +854,9 @@ class ProviderPool:
         self._reconnect_task: asyncio.Task[None] | None = None
         self._turn_serial = 0
 
-    prompt_engine: str = ""
-    """What else names this provider's voice for the prompt cache (an embedded provider's
-    synthesis engine, ``tone`` or ``piper``); the daemon sets it."""
     prompt_identity: str | None = None
-    """``pool_identity``'s memo."""
+    """The provider's part of its prompts' cache key: ``provider_identity`` of its
+    settings unless set (the daemon sets it: an embedded provider's names its engine)."""
 
     @property
     def name(self) -> str:
@@ -1290,7 +1288,7 @@ def pool_identity(pool: ProviderPool) -> str:
     """``provider_identity`` of the pool's provider (computed once per pool)."""
     ident = pool.prompt_identity
     if ident is None:
-        ident = pool.prompt_identity = provider_identity(pool.settings, pool.prompt_engine)
+        ident = pool.prompt_identity = provider_identity(pool.settings)
     return ident
 
 

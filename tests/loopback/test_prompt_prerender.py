@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 from test_prompt_single_flight import CountingTone
@@ -219,3 +220,23 @@ def test_a_provider_that_cannot_render_delays_ready_by_the_wait_only(tmp_path: P
         assert engine.texts == []
 
     _run(body, tmp_path)
+
+
+def test_an_embedded_providers_prompts_outlive_its_childs_port() -> None:
+    from bridge.config import parse_config
+    from bridge.io.daemon import prompt_identity
+    from bridge.tts.base import ProviderSettings
+
+    cfg = parse_config(
+        '[providers.local]\nprotocol = "kova"\nurl = "embedded"\nengine = "tone"\nvoice = "tone"\n'
+        '[[routes]]\nmatch = "*"\nprovider = "local"\n',
+        "c.toml",
+    )
+    (p,) = cfg.providers
+
+    def on(port: int, engine: str = "tone") -> str:
+        settings = ProviderSettings("local", "kova", f"ws://127.0.0.1:{port}/v1/ws/kova", "")
+        return prompt_identity(p if engine == "tone" else replace(p, engine=engine), settings)
+
+    assert on(40001) == on(40002)  # the child's port changes at every start
+    assert on(40001) != on(40001, "piper")  # its engine changes the voice

@@ -156,7 +156,6 @@ class _RefusingPool:
     def __init__(self) -> None:
         self.settings = ProviderSettings("down", "kova", "ws://127.0.0.1:9/", voice="tone")
         self.name = "down"
-        self.prompt_engine = ""
         self.prompt_identity: str | None = None
         self.opened = 0
 
@@ -215,7 +214,6 @@ class _FeedPool:
     def __init__(self) -> None:
         self.settings = ProviderSettings("p", "kova", "ws://127.0.0.1:9/", voice="tone")
         self.name = "p"
-        self.prompt_engine = ""
         self.prompt_identity: str | None = None
         self.sinks: list[Callable[[Event], None]] = []
 
