@@ -226,7 +226,6 @@ class PromptCache:
         self.persist = persist
         """Whether ``stored`` and ``evicted`` are kept (for a disk store to drain)."""
         self._items: OrderedDict[str, Rendered] = OrderedDict()
-        self._keys: dict[str, PromptKey] = {}
         self._flights: dict[str, Flight] = {}
         self._flight_no = 0
         self.size_bytes = 0
@@ -279,7 +278,6 @@ class PromptCache:
             self.size_bytes -= old.size_bytes
         item = Rendered([_retag(e, "") for e in events], size)
         self._items[digest] = item
-        self._keys[digest] = key
         self.size_bytes += size
         if persist and self.persist:
             self.stored.append((digest, key, item))
@@ -290,7 +288,6 @@ class PromptCache:
         """Evict the least recently used prompts until the cache is within ``max_bytes``."""
         while self.size_bytes > self.max_bytes:
             gone, evicted = self._items.popitem(last=False)
-            self._keys.pop(gone, None)
             self.size_bytes -= evicted.size_bytes
             if self.persist:
                 self.evicted.append(gone)
