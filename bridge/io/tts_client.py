@@ -60,6 +60,7 @@ from bridge.tts.base import (
     TurnDone,
     TurnFailed,
     TurnSettings,
+    UsageReported,
     WordsPiece,
     WordsTimed,
     WordTiming,
@@ -1336,6 +1337,9 @@ def _start_flight(
                 _start_flight(cache, pool, flight, settings, text)
             elif flight.done:
                 log.warning("tts.prompt_failed", provider=pool.name, kind=kind)
+            return
+        if isinstance(event, UsageReported):  # a render shared by many calls: logged once
+            log.info("provider.usage", provider=pool.name, prompt=flight.wire_id, usage=event.usage)
             return
         cache.flight_event(flight, event)
 
