@@ -19,7 +19,7 @@ from bridge.io.ttsd_server import start_tts_server
 from bridge.providers.prompts import PromptCache
 from bridge.ttsd.synth import SynthChunk, ToneEngine
 
-from .harness import FACTOR, TwilioCall, config_text, tone_turn_ms
+from .harness import FACTOR, AppServer, TwilioCall, app_route, config_text, stack, tone_turn_ms
 
 GREETING = "Hello and welcome to the prompt test."
 CALLS = 20
@@ -88,3 +88,35 @@ def test_calls_arriving_together_on_a_cold_greeting_cause_one_synthesis() -> Non
             await tts.close()
 
     asyncio.run(asyncio.wait_for(body(), 90 * FACTOR))
+
+
+class _CrashingTone(ToneEngine):
+    def synthesize(self, text: str, voice: str, speed: float = 1.0) -> Iterator[SynthChunk]:
+        raise RuntimeError("the voice crashed")
+
+
+def test_a_turn_the_provider_fails_plays_the_fallback_prompt_and_the_app_learns_it() -> None:
+    fallback = "Sorry, one moment please."
+    route = f'fallback_prompt = "{fallback}"'
+
+    async def body() -> None:
+        async with AppServer() as app:
+            app.on_started = [
+                {"type": "say", "turn_id": "t1", "text": "Your balance is ten.", "final": True}
+            ]
+            async with stack(app_route(app.url, route)) as st:
+                # the fallback was rendered at start-up; from now on every synthesis fails
+                tone = st.tts.engine
+                assert isinstance(tone, ToneEngine)
+                tone.at_rate = lambda rate: _CrashingTone(rate)  # type: ignore[method-assign]
+                async with TwilioCall(st.ms_port) as call:
+                    error = await app.wait_for("provider.error")
+                    assert error["turn_id"] == "t1"
+                    ended = await app.wait_for("turn.interrupted")
+                    assert ended["turn_id"] == "t1" and ended["reason"] == "provider_error"
+                    frames = tone_turn_ms(fallback) // 20
+                    await _until(lambda: len(call.carrier.arrival_times()) >= frames - 3, 10)
+                    # what the caller heard is the fallback, not silence
+                    assert abs(int(ended["heard_ms"]) - tone_turn_ms(fallback)) <= 60  # type: ignore[call-overload]
+
+    asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
