@@ -108,7 +108,7 @@ def test_a_turn_the_provider_fails_plays_the_fallback_prompt_and_the_app_learns_
                 # the fallback was rendered at start-up; from now on every synthesis fails
                 tone = st.tts.engine
                 assert isinstance(tone, ToneEngine)
-                tone.at_rate = lambda rate: _CrashingTone(rate)  # type: ignore[method-assign]
+                tone.at_rate = lambda rate: _CrashingTone(rate)  # type: ignore[method-assign,assignment]
                 async with TwilioCall(st.ms_port) as call:
                     error = await app.wait_for("provider.error")
                     assert error["turn_id"] == "t1"
