@@ -203,6 +203,8 @@ class Daemon:
     _reconnects_seen: dict[str, int] = field(default_factory=dict)
     prerender: Prerender = field(default_factory=Prerender)
     prompt_store: PromptStore | None = None
+    _store_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """One batch of prompt files at a time, in order (a write never follows its delete)."""
 
     # ------------------------------------------------------------ start-up
 
@@ -350,9 +352,10 @@ class Daemon:
         store, runtime = self.prompt_store, self.runtime
         if store is None or runtime is None:
             return
-        work = store.take(runtime.cache)
-        if work:
-            await asyncio.to_thread(store.apply, work)
+        async with self._store_lock:
+            work = store.take(runtime.cache)
+            if work:
+                await asyncio.to_thread(store.apply, work)
 
     async def _store_prompts_every(self) -> None:
         while not self._stop.is_set():
