@@ -33,6 +33,16 @@ feed's.
 
     python bench/bench_tts.py --record FILE [--turns N] [--format F]
     python bench/bench_tts.py --replay FILE [--replay-reps R]
+
+A prompt cache hit (``--cache-hit``): the greeting rendered once through the
+reference server (in this process, ``tone`` engine) into the ``PromptCache``,
+then ``--turns`` calls each open it as ``CallRunner`` does (a fresh
+``CallBridge``, ``Say(cacheable=True)``, its ``OpenTurn``/``EndTurn`` to a
+``Speaker`` on the same cache). The figure is the wall time from the turn's
+``Say`` to the bridge's first frame ready (``frame_ready()``), p50/p99 (goal:
+p99 <= 5 ms); written to ``bench/results/tts_cache_hit.json``.
+
+    python bench/bench_tts.py --cache-hit [--turns N]
 """
 
 from __future__ import annotations
@@ -59,9 +69,11 @@ from websockets.client import ClientProtocol
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
+from bridge.control.commands import Say
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
 from bridge.io.tts_client import (
+    PromptCache,
     ProviderPool,
     Speaker,
     _Connection,
@@ -69,6 +81,8 @@ from bridge.io.tts_client import (
     engine_class,
 )
 from bridge.io.ttsd_server import start_tts_server
+from bridge.media.call import CallBridge
+from bridge.media.call_types import CallOptions, EndTurn, LegProfile, OpenTurn
 from bridge.tts.base import (
     MULAW_8K,
     AudioFormat,
@@ -444,6 +458,66 @@ def replay_path(file: Path, reps: int) -> None:
     )
 
 
+async def _render_greeting(cache: PromptCache) -> ProviderSettings:
+    server = await start_tts_server(engine="tone")
+    try:
+        pool = ProviderPool(ProviderSettings("local", "kova", server.url("kova"), voice="tone"))
+        await pool.start()
+        done = asyncio.Event()
+
+        def sink(event: Event) -> None:
+            if isinstance(event, TurnDone | TurnFailed):
+                done.set()
+
+        Speaker([pool], cache).speak(
+            "greeting", GREETING, TurnSettings("tone", MULAW_8K), sink, cacheable=True
+        )
+        await asyncio.wait_for(done.wait(), 30)
+        await pool.close()
+        return pool.settings
+    finally:
+        await server.close()
+
+
+def cache_hit_first_frame(turns: int) -> list[float]:
+    """Seconds from a cached greeting's ``Say`` to its first frame ready, per call."""
+    cache = PromptCache()
+    provider = asyncio.run(_render_greeting(cache))
+    assert len(cache) == 1, "the greeting did not render"
+    leg = LegProfile(kind="sip", codec="mulaw", sample_rate_hz=8000, heard_from="frames")
+
+    class _Pool:  # a cache hit never reaches the provider: the pool is only its key
+        name = "local"
+        settings = provider
+        prompt_identity: str | None = None
+
+    pool = _Pool()
+    out: list[float] = []
+    for n in range(turns):
+        bridge = CallBridge(f"call-{n}", leg, None, 0.0, options=CallOptions(default_voice="tone"))
+        speaker = Speaker([pool], cache)  # type: ignore[list-item]
+        first: list[float] = []
+
+        def sink(event: Event, bridge: CallBridge = bridge, first: list[float] = first) -> None:
+            bridge.provider_event(event, 0.001)
+            if not first and bridge.frame_ready():
+                first.append(time.perf_counter())
+
+        started = time.perf_counter()
+        bridge.execute(Say("greeting", GREETING, cacheable=True), 0.001)
+        opened: OpenTurn | None = None
+        for action in bridge.actions_to_send():
+            if isinstance(action, OpenTurn):
+                opened = action
+            elif isinstance(action, EndTurn) and opened is not None:
+                speaker.speak(action.turn_id, GREETING, opened.settings, sink, cacheable=True)
+        if not first:
+            raise SystemExit("a cache hit queued no frame")
+        out.append(first[0] - started)
+    assert cache.renders == 1 and cache.hits == turns
+    return out
+
+
 def _row(protocol: str, engine: str, s: dict[str, float]) -> None:
     print(
         f"{protocol:<12} {engine:<6} {s['n']:>5} {s['p50_ms']:>8} {s['p95_ms']:>8} {s['p99_ms']:>8}"
@@ -471,7 +545,14 @@ def main() -> None:
         choices=["kova", "kugelaudio", "coda", "zwst"],
         help="provider path: the protocol (results are written for kova only)",
     )
+    ap.add_argument("--cache-hit", action="store_true", help="only the prompt cache hit figure")
     args = ap.parse_args()
+    if args.cache_hit:
+        s = summary_ms(cache_hit_first_frame(args.turns))
+        print(f"cache hit, Say to first frame ready: {s} (goal: p99 <= 5 ms)")
+        settings = {"turns": args.turns, "text": GREETING, "format": "mulaw/8000"}
+        print(f"wrote {write('tts_cache_hit', {'cache_hit_first_frame': s}, settings)}")
+        return
     if args.protocol != "kova":
         provider_path(args.turns, args.reps or 5, args.profile, args.format, args.protocol)
         return

@@ -239,6 +239,8 @@ class RouteConfig:
     app: str = ""
     voice: str = ""
     fallback_flow: str = ""
+    fallback_prompt: str = ""
+    """Heard in place of a turn no provider could render (``""``: ``[daemon]``'s)."""
 
     def matches(self, key: str) -> bool:
         if self.match == "*":
@@ -288,6 +290,8 @@ class DaemonConfig:
     max_loop_lag_ms: float = 20.0
     gc_freeze_s: float = 0.1
     gc_thaw_s: float = 600.0
+    prerender_wait_s: float = 60.0
+    fallback_prompt: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -796,7 +800,12 @@ def _read_routes(
         if not isinstance(t, dict):
             r.err(p, "expected a table")
             continue
-        r.unknown(t, {"match", "provider", "greeting", "flow", "app", "voice", "fallback_flow"}, p)
+        r.unknown(
+            t,
+            {"match", "provider", "greeting", "flow", "app", "voice", "fallback_flow",
+             "fallback_prompt"},
+            p,
+        )  # fmt: skip
         chain = r.str_list(t, "provider", p, ())
         if not chain:
             r.err(f"{p}.provider", "missing (a provider name or a failover list)")
@@ -820,6 +829,7 @@ def _read_routes(
                 app=app,
                 voice=r.str_(t, "voice", p, ""),
                 fallback_flow=fallback,
+                fallback_prompt=r.str_(t, "fallback_prompt", p, ""),
             )
         )
     return tuple(out)
@@ -942,12 +952,18 @@ def _read_bargein(r: _Reader, d: dict[str, Any]) -> BargeInConfig:
     )
 
 
+def _path_from(r: _Reader, raw: str) -> str:
+    """A relative path is relative to the config file's directory (``""`` stays ``""``)."""
+    return str(r.base_dir / raw) if raw else ""
+
+
 def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
     p = "daemon"
     r.unknown(
         d,
         {"drain_timeout_s", "log_level", "log_format", "event_loop", "cache_dir",
-         "prompt_cache_bytes", "max_loop_lag_ms", "gc_freeze_s", "gc_thaw_s"},
+         "prompt_cache_bytes", "max_loop_lag_ms", "gc_freeze_s", "gc_thaw_s",
+         "prerender_wait_s", "fallback_prompt"},
         p,
     )  # fmt: skip
     return DaemonConfig(
@@ -955,11 +971,13 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         log_level=r.choice(d, "log_level", p, "info", ("debug", "info", "warning", "error")),
         log_format=r.choice(d, "log_format", p, "auto", ("auto", "json", "console")),
         event_loop=r.choice(d, "event_loop", p, "uvloop", ("uvloop", "asyncio")),
-        cache_dir=r.str_(d, "cache_dir", p, ""),
+        cache_dir=_path_from(r, r.str_(d, "cache_dir", p, "")),
         prompt_cache_bytes=r.int_(d, "prompt_cache_bytes", p, 32 * 1024 * 1024, 0, 1 << 34),
         max_loop_lag_ms=r.num(d, "max_loop_lag_ms", p, 20.0, 0, 1000),
         gc_freeze_s=r.num(d, "gc_freeze_s", p, 0.1, 0, 3600),
         gc_thaw_s=r.num(d, "gc_thaw_s", p, 600.0, 1, 86400),
+        prerender_wait_s=r.num(d, "prerender_wait_s", p, 60.0, 0, 3600),
+        fallback_prompt=r.str_(d, "fallback_prompt", p, ""),
     )
 
 

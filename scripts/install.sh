@@ -104,7 +104,9 @@ install -d -m 0700 "$ETC/callbridge/credentials"
 if [ -e "$ETC/callbridge/callbridge.toml" ]; then
     say "keeping the existing $SYSCONFDIR/callbridge/callbridge.toml"
 else
-    install -m 0644 "$SRC/config/callbridge.toml" "$ETC/callbridge/callbridge.toml"
+    sed -e 's|^cache_dir = .*|cache_dir = "/var/cache/callbridge"|' \
+        "$SRC/config/callbridge.toml" > "$ETC/callbridge/callbridge.toml"
+    chmod 0644 "$ETC/callbridge/callbridge.toml"
     say "installed the default config $SYSCONFDIR/callbridge/callbridge.toml"
 fi
 for cred in $(sed -n 's|^LoadCredential=[^:]*:/etc/callbridge/credentials/||p' \

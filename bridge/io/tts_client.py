@@ -26,7 +26,7 @@ import random
 import socket
 import termios
 from array import array
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,6 +39,14 @@ from websockets.protocol import State
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes, SendText
 from bridge.logs import get_logger
+from bridge.providers.prompts import (
+    Flight,
+    PromptCache,
+    PromptKey,
+    TurnFellBack,
+    Waiter,
+    provider_identity,
+)
 from bridge.tts.base import (
     MULAW_8K,
     AudioFormat,
@@ -52,12 +60,22 @@ from bridge.tts.base import (
     TurnDone,
     TurnFailed,
     TurnSettings,
+    UsageReported,
     WordsPiece,
     WordsTimed,
     WordTiming,
 )
 
-__all__ = ["Backoff", "PromptCache", "ProviderPool", "Speaker", "engine_class"]
+__all__ = [
+    "Backoff",
+    "PromptCache",
+    "ProviderPool",
+    "Speaker",
+    "TurnFellBack",
+    "engine_class",
+    "prompt_key",
+    "render_prompt",
+]
 
 log = get_logger("callbridge.tts")
 _INQ = array("i", [0])
@@ -1014,6 +1032,10 @@ class ProviderPool:
         self._reconnect_task: asyncio.Task[None] | None = None
         self._turn_serial = 0
 
+    prompt_identity: str | None = None
+    """The provider's part of its prompts' cache key: ``provider_identity`` of its
+    settings unless set (the daemon sets it: an embedded provider's names its engine)."""
+
     @property
     def name(self) -> str:
         return self.settings.name
@@ -1438,45 +1460,74 @@ class AgentSession:
 
 
 # ------------------------------------------------------------ prompt cache
+# The cache itself is the pure engine ``bridge.providers.prompts.PromptCache``; this
+# shell starts its renders on a pool and feeds their events back to it.
 
 
-@dataclass
-class _Rendered:
-    events: list[Event]
-    size_bytes: int
+def pool_identity(pool: ProviderPool) -> str:
+    """``provider_identity`` of the pool's provider (computed once per pool)."""
+    ident = pool.prompt_identity
+    if ident is None:
+        ident = pool.prompt_identity = provider_identity(pool.settings)
+    return ident
 
 
-class PromptCache:
-    """Rendered static prompts, keyed by (provider, voice, format, text), LRU-bounded in bytes."""
+def prompt_key(pool: ProviderPool, settings: TurnSettings, text: str) -> PromptKey:
+    """What names a prompt's audio, for ``text`` spoken by ``pool`` with ``settings``."""
+    voice = settings.voice or pool.settings.voice
+    return PromptKey(pool.name, pool_identity(pool), voice, settings.audio_format,
+                     settings.speed, text)  # fmt: skip
 
-    def __init__(self, max_bytes: int = 32 * 1024 * 1024) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[tuple[Any, ...], _Rendered] = OrderedDict()
-        self.size_bytes = 0
-        self.hits = 0
-        self.misses = 0
 
-    def get(self, key: tuple[Any, ...]) -> list[Event] | None:
-        item = self._items.get(key)
-        if item is None:
-            self.misses += 1
-            return None
-        self._items.move_to_end(key)
-        self.hits += 1
-        return item.events
+def _turn_settings(pool: ProviderPool, settings: TurnSettings) -> TurnSettings:
+    if not settings.voice and pool.settings.voice:
+        return replace(settings, voice=pool.settings.voice)
+    return settings
 
-    def put(self, key: tuple[Any, ...], events: list[Event]) -> None:
-        size = sum(len(e.audio) for e in events if isinstance(e, AudioReceived))
-        if size > self.max_bytes:
+
+def render_prompt(
+    cache: PromptCache,
+    pool: ProviderPool,
+    settings: TurnSettings,
+    text: str,
+    turn_id: str,
+    sink: Sink,
+    *,
+    lead: bool = True,
+) -> tuple[str | None, Waiter | None]:
+    """``text`` as a prompt for turn ``turn_id``: from the cache, by joining the render in
+    flight, or by starting one on ``pool`` (``PromptCache.request``'s answer)."""
+    outcome, waiter = cache.request(prompt_key(pool, settings, text), turn_id, sink, lead=lead)
+    if outcome == "lead" and waiter is not None:
+        _start_flight(cache, pool, waiter.flight, _turn_settings(pool, settings), text)
+    return outcome, waiter
+
+
+def _start_flight(
+    cache: PromptCache, pool: ProviderPool, flight: Flight, settings: TurnSettings, text: str
+) -> None:
+    """One attempt at a render; a failure before audio is retried once (the engine says)."""
+
+    def on_event(event: Event) -> None:
+        if isinstance(event, TurnFailed | ProviderFailed):
+            kind, message, retryable = event.kind, event.message, event.retryable
+            if cache.flight_failed(flight, kind, message, retryable):
+                log.warning("tts.prompt_retry", provider=pool.name, kind=kind)
+                _start_flight(cache, pool, flight, settings, text)
+            elif flight.done:
+                log.warning("tts.prompt_failed", provider=pool.name, kind=kind)
             return
-        old = self._items.pop(key, None)
-        if old is not None:
-            self.size_bytes -= old.size_bytes
-        self._items[key] = _Rendered(events, size)
-        self.size_bytes += size
-        while self.size_bytes > self.max_bytes:
-            _, evicted = self._items.popitem(last=False)
-            self.size_bytes -= evicted.size_bytes
+        if isinstance(event, UsageReported):  # a render shared by many calls: logged once
+            log.info("provider.usage", provider=pool.name, prompt=flight.wire_id, usage=event.usage)
+            return
+        cache.flight_event(flight, event)
+
+    try:
+        handle = flight.handle = pool.open_turn(flight.wire_id, settings, on_event)
+        handle.send_text(text)
+        handle.end()
+    except LocalProtocolError as e:
+        on_event(TurnFailed(flight.wire_id, "open_refused", str(e), retryable=True))
 
 
 # ----------------------------------------------------------------- speaker
@@ -1493,44 +1544,50 @@ class _SpokenTurn:
         self.chain_index = 0
         self.handle: _TurnHandle | None = None
         self.cacheable = cacheable
-        self.recorded: list[Event] = []
+        self.waiter: Waiter | None = None
+        """The render this turn waits on (a prompt, or the fallback prompt)."""
+        self.fell_back = False
 
 
 class Speaker:
-    """One route's providers: a failover chain and the prompt cache.
+    """One route's providers: a failover chain, the prompt cache and the fallback prompt.
 
     A turn that fails (``TurnFailed`` or ``ProviderFailed``) before its first
     audio is replayed on the next provider of the chain with all the text it
     had; one that fails after audio started ends with the failure event (a
-    caller cannot un-hear half a sentence).
+    caller cannot un-hear half a sentence). A cacheable turn (a prompt) is
+    served by the cache: a hit, a render in flight, or a new render shared
+    with every identical request (``bridge.providers.prompts``). A turn that
+    fails on every provider before its first audio plays ``fallback_prompt``
+    when the cache holds it (or is rendering it): ``TurnFellBack`` first, so
+    the call reports the error, then the fallback's audio as the turn's own.
     """
 
-    def __init__(self, pools: list[ProviderPool], cache: PromptCache | None = None) -> None:
+    def __init__(
+        self,
+        pools: list[ProviderPool],
+        cache: PromptCache | None = None,
+        fallback_prompt: str = "",
+        fallback_voice: str = "",
+    ) -> None:
         if not pools:
             raise ValueError("a Speaker needs at least one provider")
         self.pools = pools
         self.cache = cache
+        self.fallback_prompt = fallback_prompt
+        self.fallback_voice = fallback_voice
+        """The voice the fallback prompt was rendered in (the route's: ``static_prompts``)."""
         self.turns: dict[str, _SpokenTurn] = {}
         self.failovers = 0
-
-    def _cache_key(self, turn: _SpokenTurn) -> tuple[Any, ...]:
-        pool = self.pools[turn.chain_index]
-        s = turn.settings
-        return (pool.name, s.voice, s.audio_format, s.speed, "".join(turn.text))
+        self.fallbacks = 0
 
     def speak(
         self, turn_id: str, text: str, settings: TurnSettings, sink: Sink, cacheable: bool = False
     ) -> None:
         """A complete-text turn (greetings, menus); served from the cache when it can be."""
-        turn = _SpokenTurn(turn_id, settings, sink, cacheable)
+        turn = _SpokenTurn(turn_id, settings, sink, cacheable and self.cache is not None)
         turn.text.append(text)
         turn.ended = True
-        if self.cache is not None and cacheable:
-            hit = self.cache.get(self._cache_key(turn))
-            if hit is not None:
-                for ev in hit:
-                    sink(replace(ev, turn_id=turn_id))  # type: ignore[type-var]
-                return
         self.turns[turn_id] = turn
         self._start(turn)
 
@@ -1543,9 +1600,15 @@ class Speaker:
         """The turn ran dry: whether its connection holds bytes unread (``_Connection.
         watch_dry``, which may call ``on_provider`` later); ``None``: not a turn here."""
         turn = self.turns.get(turn_id)
-        if turn is None or turn.handle is None:
+        if turn is None:
             return None
-        return turn.handle.conn.watch_dry(turn.handle.turn_id, on_provider)
+        handle = turn.handle
+        if handle is None and turn.waiter is not None:  # a prompt: its render's turn
+            flight_handle = turn.waiter.flight.handle
+            handle = flight_handle if isinstance(flight_handle, _TurnHandle) else None
+        if handle is None:
+            return None
+        return handle.conn.watch_dry(handle.turn_id, on_provider)
 
     def send_text(self, turn_id: str, text: str) -> None:
         turn = self.turns.get(turn_id)
@@ -1561,14 +1624,23 @@ class Speaker:
 
     def cancel(self, turn_id: str) -> None:
         turn = self.turns.pop(turn_id, None)
-        if turn is not None and turn.handle is not None:
+        if turn is None:
+            return
+        if turn.handle is not None:
             turn.handle.cancel()
+        if turn.waiter is not None and self.cache is not None:
+            self.cache.leave(turn.waiter)  # the render goes on for the others and the cache
+            turn.waiter = None
 
     def _start(self, turn: _SpokenTurn) -> None:
         pool = self.pools[turn.chain_index]
-        settings = turn.settings
-        if not settings.voice and pool.settings.voice:
-            settings = replace(settings, voice=pool.settings.voice)
+        if turn.cacheable and self.cache is not None:
+            sink = functools.partial(self._on_event, turn)
+            _, turn.waiter = render_prompt(
+                self.cache, pool, turn.settings, "".join(turn.text), turn.turn_id, sink
+            )
+            return
+        settings = _turn_settings(pool, turn.settings)
         try:
             direct = self._direct_sinks(turn)
             turn.handle = pool.open_turn(
@@ -1591,9 +1663,7 @@ class Speaker:
 
     def _direct_sinks(self, turn: _SpokenTurn) -> tuple[AudioSink | None, WordsSink | None]:
         """The turn's audio and word timings straight to its sink (what ``_on_event``
-        does with them), or none for a cacheable turn, whose events ``_on_event`` records."""
-        if turn.cacheable:
-            return None, None
+        does with them)."""
         turns, turn_id, sink = self.turns, turn.turn_id, turn.sink
 
         def audio_sink(audio: bytes, audio_format: AudioFormat) -> None:
@@ -1610,15 +1680,14 @@ class Speaker:
     def _on_event(self, turn: _SpokenTurn, event: Event) -> None:
         if self.turns.get(turn.turn_id) is not turn:
             return  # cancelled: late events are dropped here too
-        if not turn.cacheable:  # the bulk of a turn, with nothing to record: straight on
-            cls = type(event)
-            if cls is AudioReceived:
-                turn.got_audio = True
-                turn.sink(event)
-                return
-            if cls is WordsTimed:
-                turn.sink(event)
-                return
+        cls = type(event)
+        if cls is AudioReceived:  # the bulk of a turn: straight on
+            turn.got_audio = True
+            turn.sink(event)
+            return
+        if cls is WordsTimed:
+            turn.sink(event)
+            return
         failed = isinstance(event, TurnFailed | ProviderFailed)
         if failed and not turn.got_audio and turn.chain_index + 1 < len(self.pools):
             log.warning(
@@ -1630,14 +1699,38 @@ class Speaker:
             )
             self.failovers += 1
             turn.chain_index += 1
+            turn.waiter = None
             self._start(turn)
             return
-        if isinstance(event, AudioReceived):
-            turn.got_audio = True
-        if turn.cacheable and isinstance(event, AudioReceived | WordsTimed | TurnDone):
-            turn.recorded.append(event)
+        if failed and not turn.got_audio and self._fall_back(turn, event):
+            return
         if isinstance(event, TurnDone | TurnFailed | ProviderFailed):
             self.turns.pop(turn.turn_id, None)
-            if isinstance(event, TurnDone) and turn.cacheable and self.cache is not None:
-                self.cache.put(self._cache_key(turn), turn.recorded)
+            turn.waiter = None  # its sink holds the turn: no cycle left behind
         turn.sink(event)
+
+    def _fall_back(self, turn: _SpokenTurn, event: Event) -> bool:
+        """Play the fallback prompt as the failed turn's audio, if the cache holds it or is
+        rendering it (``TurnFellBack`` first); ``False``: nothing to play, fail as before."""
+        if turn.fell_back or not self.fallback_prompt or self.cache is None:
+            return False
+        settings = TurnSettings(self.fallback_voice, turn.settings.audio_format)
+        for pool in self.pools:
+            key = prompt_key(pool, settings, self.fallback_prompt)
+            if not (self.cache.holds(key) or self.cache.in_flight(key)):
+                continue
+            turn.fell_back = True
+            self.fallbacks += 1
+            if turn.handle is not None:
+                turn.handle = None  # failed: the text still to come has nowhere to go
+            kind, message = getattr(event, "kind", ""), getattr(event, "message", "")
+            log.warning("tts.fallback_prompt", turn_id=turn.turn_id, provider=pool.name, kind=kind)
+            turn.sink(TurnFellBack(turn.turn_id, kind, message))
+            if self.turns.get(turn.turn_id) is not turn:
+                return True  # the call let go of the turn meanwhile
+            sink = functools.partial(self._on_event, turn)
+            _, turn.waiter = render_prompt(
+                self.cache, pool, settings, self.fallback_prompt, turn.turn_id, sink, lead=False
+            )
+            return True
+        return False

@@ -181,6 +181,7 @@ from bridge.media.playout import (
 )
 from bridge.media.text_pacing import TextPacer
 from bridge.media.vad import Vad
+from bridge.providers.prompts import TurnFellBack
 from bridge.tts.base import (
     AudioFormat,
     AudioReceived,
@@ -864,6 +865,8 @@ class CallBridge:
                     self._end_audio(turn)
             case TurnFailed(turn_id=turn_id, kind=kind, message=message):
                 self._on_turn_failed(turn_id, kind, message)
+            case TurnFellBack(turn_id=turn_id, kind=kind, message=message):
+                self._on_turn_fell_back(turn_id, kind, message)
             case ProviderFailed(kind=kind, message=message, turn_ids=turn_ids):
                 self._on_provider_failed(kind, message, turn_ids)
             case VoiceInterrupted(item_id=item_id, audio_end_ms=audio_end_ms):
@@ -1085,6 +1088,18 @@ class CallBridge:
         if turn is None or turn.phase is DONE:
             return
         self._fail_turn(turn, kind, message)
+
+    def _on_turn_fell_back(self, turn_id: str, kind: str, message: str) -> None:
+        """The turn failed on every provider and its caller hears the fallback prompt in
+        its place: reported as a failed turn (``provider_error``) with what was heard."""
+        turn = self._turns.get(turn_id)
+        if turn is None or turn.phase is DONE or not turn.audio_open:
+            return
+        self._provider_errors += 1
+        self._events.append(cmd.ProviderErrored(turn.turn_id, turn.provider, kind, message))
+        turn.text_open = False
+        self._drop_text(turn)
+        turn.end_reason = "provider_error"
 
     def _on_provider_failed(self, kind: str, message: str, turn_ids: tuple[str, ...]) -> None:
         ours = [t for t in map(self._turns.get, turn_ids) if t and t.phase is not DONE]

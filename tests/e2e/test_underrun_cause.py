@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from bridge.io.tts_client import _Connection, _ProviderWebSocket
+from bridge.io.tts_client import PromptCache, _Connection, _ProviderWebSocket
 
 from .harness import FACTOR, Stack, TwilioCall, stack
 
@@ -67,6 +67,8 @@ def _underruns(
     async def body() -> tuple[float, float, float]:
         async with stack(ROUTE, ms_extra=f"lead_ms = {lead_ms}") as st:
             assert st.daemon.runtime is not None
+            # the greeting was rendered at start-up: this call's must come from the provider
+            st.daemon.runtime.cache = PromptCache()
             conn = st.daemon.runtime.pools["main"].connections[0]
             _hold_after_first_word(conn, in_kernel, hold_s)
             async with TwilioCall(st.ms_port) as call:

@@ -132,8 +132,11 @@ def test_notify_sequence_reload_and_stop(
     try:
         rx.poll(lambda: rx.seen("READY") >= 1 or proc.poll() is not None, 60)
         assert rx.seen("READY") == 1, _not_ready(proc, rx)
-        first = rx.messages[0][1]
-        assert first.get("READY") == "1" and "STATUS" in first
+        at = next(i for i, (_, m) in enumerate(rx.messages) if "READY" in m)
+        ready = rx.messages[at][1]
+        assert ready.get("READY") == "1" and "STATUS" in ready
+        # before it, only the static prompts' rendering progress
+        assert all(m["STATUS"].startswith("rendering prompts") for _, m in rx.messages[:at])
         assert _get(f"http://127.0.0.1:{api}/readyz")[0] == 200
         rx.poll(lambda: rx.seen("WATCHDOG") >= 3, 10)
         assert rx.seen("WATCHDOG") >= 3
