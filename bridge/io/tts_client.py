@@ -687,7 +687,7 @@ class _Connection:
         watch = self.watches.get(piece[0]) if self.watches else None
         if watch is not None:
             if len(piece) == 3:
-                watch.progress(now, piece[1], piece[2])  # type: ignore[misc]
+                watch.progress(now, piece[1], piece[2])
             else:
                 watch.progress(now, None, None)
         if len(piece) == 3:
