@@ -3,8 +3,20 @@
 The shell around the sans-I/O server sessions of ``bridge/ttsd/<protocol>.py``:
 it accepts WebSockets, routes them by path to a session of the right
 protocol, moves messages in and actions out, runs ``Synthesize`` jobs on the
-engine (``tone`` inline, ``piper`` on one worker thread so two sessions do not
-fight over two cores), and serves zwst's session route (``POST``).
+engine, and serves zwst's session route (``POST``).
+
+Synthesis capacity (``SynthLimits``): the ``tone`` engine runs inline (it
+costs next to nothing); any other engine (``piper``) runs its jobs on
+``workers`` threads, one job per worker from its first chunk to its last, so
+an admitted job renders at the speed of a whole core. Threads, not processes:
+onnxruntime releases the GIL inside ``session.run`` (most of a Piper
+rendering) and Piper's phonemizer has its own lock, and each run uses one
+intra-op thread (``PiperEngine``), so N workers keep N cores busy without
+oversubscribing them. A job that finds every worker busy waits in a queue of
+``queue`` places for at most ``max_wait_s``; a job that finds the queue full,
+or is still waiting then, is refused at once with the protocol's own error
+frame (``ServerSession.synthesis_refused``), so the client fails over in
+milliseconds instead of waiting for its own timeout.
 """
 
 from __future__ import annotations
@@ -14,10 +26,12 @@ import concurrent.futures
 import contextlib
 import importlib
 import json
+import os
 import signal
 import sys
+from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,7 +43,14 @@ from bridge.logs import configure, get_logger
 from bridge.ttsd.base import CancelSynthesis, ServerOptions, ServerSession, Synthesize
 from bridge.ttsd.synth import SynthChunk, SynthEngine, ToneEngine, render
 
-__all__ = ["PROTOCOL_MODULES", "TtsServer", "run_tts_server", "start_tts_server"]
+__all__ = [
+    "PROTOCOL_MODULES",
+    "SynthLimits",
+    "TtsServer",
+    "default_workers",
+    "run_tts_server",
+    "start_tts_server",
+]
 
 log = get_logger("callbridge.ttsd")
 
@@ -54,6 +75,91 @@ def make_engine(name: str) -> SynthEngine:
     return PiperEngine()
 
 
+def default_workers() -> int:
+    """Synthesis workers by default: the cores this process may run on, less one (>= 1)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class SynthLimits:
+    """How much synthesis the server takes on (engines that run on workers)."""
+
+    workers: int = field(default_factory=default_workers)
+    """Jobs rendered at once, each on its own thread."""
+    queue: int = 8
+    """Jobs that may wait for a worker; one more is refused at once."""
+    max_wait_s: float = 1.0
+    """A job still waiting for a worker this long after it asked is refused."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
+        if self.queue < 0:
+            raise ValueError(f"queue must be 0 or more, got {self.queue}")
+        if not self.max_wait_s > 0:
+            raise ValueError(f"max_wait_s must be more than 0, got {self.max_wait_s}")
+
+
+class _Workers:
+    """Admission to the synthesis workers: ``workers`` jobs at once, a bounded wait."""
+
+    def __init__(self, limits: SynthLimits) -> None:
+        self.limits = limits
+        self.pool = concurrent.futures.ThreadPoolExecutor(limits.workers, "synth")
+        self.running = 0
+        self.waiting: deque[asyncio.Future[bool]] = deque()
+        self.refused = 0
+
+    async def acquire(self) -> str | None:
+        """Wait for a worker: None once the job holds one, else why it was refused."""
+        limits = self.limits
+        if self.running < limits.workers and not self.waiting:
+            self.running += 1
+            return None
+        if len(self.waiting) >= limits.queue:
+            self.refused += 1
+            return f"server busy: {self.running} jobs rendering, {len(self.waiting)} waiting"
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        self.waiting.append(fut)
+        timer = loop.call_later(limits.max_wait_s, self._expire, fut)
+        try:
+            granted = await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.result():
+                self.release()  # granted, but the job was cancelled before it ran
+            elif fut in self.waiting:
+                self.waiting.remove(fut)
+            raise
+        finally:
+            timer.cancel()
+        if granted:
+            return None
+        self.refused += 1
+        return f"server busy: no synthesis worker free within {limits.max_wait_s:g} s"
+
+    def _expire(self, fut: asyncio.Future[bool]) -> None:
+        if not fut.done():
+            self.waiting.remove(fut)
+            fut.set_result(False)
+
+    def release(self) -> None:
+        self.running -= 1
+        while self.waiting:
+            fut = self.waiting.popleft()
+            if not fut.done():
+                self.running += 1
+                fut.set_result(True)
+                return
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
 @dataclass
 class TtsServer:
     """A running TTS server (what tests and the daemon's supervisor hold)."""
@@ -61,6 +167,8 @@ class TtsServer:
     http: HttpWsServer
     engine: SynthEngine
     paths: dict[str, str]
+    workers: _Workers | None = None
+    """The synthesis workers (None: the engine runs inline)."""
 
     @property
     def port(self) -> int:
@@ -74,6 +182,8 @@ class TtsServer:
 
     async def close(self) -> None:
         await self.http.close()
+        if self.workers is not None:
+            self.workers.close()
 
 
 class _SessionRunner:
@@ -84,12 +194,13 @@ class _SessionRunner:
         conn: WsConnection,
         session: ServerSession,
         engine: SynthEngine,
-        pool: concurrent.futures.Executor | None,
+        workers: _Workers | None,
     ) -> None:
         self.conn = conn
         self.session = session
         self.engine = engine
-        self.pool = pool
+        self.workers = workers
+        self.pool = workers.pool if workers is not None else None
         self.loop = asyncio.get_running_loop()
         self.jobs: dict[str, asyncio.Task[None]] = {}
         self.timer: asyncio.TimerHandle | None = None
@@ -141,6 +252,15 @@ class _SessionRunner:
         return await self.loop.run_in_executor(self.pool, next, it, None)
 
     async def _run_job(self, job: Synthesize) -> None:
+        workers = self.workers
+        if workers is not None:
+            refused = await workers.acquire()
+            if refused is not None:
+                log.warning("ttsd.synthesis_refused", job_id=job.job_id, reason=refused)
+                self.jobs.pop(job.job_id, None)
+                self.session.synthesis_refused(job.job_id, refused, self.now())
+                self.pump()
+                return
         it = render(self.engine, job)
         try:
             while (chunk := await self._next_chunk(it)) is not None:
@@ -164,6 +284,8 @@ class _SessionRunner:
             self.session.synthesis_done(job.job_id, self.now())
         finally:
             self.jobs.pop(job.job_id, None)
+            if workers is not None:
+                workers.release()
         self.pump()
 
     async def run(self) -> None:
@@ -192,11 +314,16 @@ async def start_tts_server(
     port: int = 0,
     engine: SynthEngine | str = "tone",
     options: ServerOptions | None = None,
+    limits: SynthLimits | None = None,
 ) -> TtsServer:
-    """Start serving every available protocol; returns once listening."""
+    """Start serving every available protocol; returns once listening.
+
+    ``limits`` applies to an engine that runs on workers (any but ``tone``,
+    whose jobs run inline).
+    """
     synth = make_engine(engine) if isinstance(engine, str) else engine
     opts = options or ServerOptions()
-    pool = concurrent.futures.ThreadPoolExecutor(1, "piper") if synth.name == "piper" else None
+    workers = None if getattr(synth, "inline", False) else _Workers(limits or SynthLimits())
     mods = _load_protocols()
     by_path: dict[str, str] = {}
     for name, mod in mods.items():
@@ -234,15 +361,22 @@ async def start_tts_server(
 
         async def handler(conn: WsConnection) -> None:
             session: ServerSession = mods[name].SESSION(opts)
-            await _SessionRunner(conn, session, synth, pool).run()
+            await _SessionRunner(conn, session, synth, workers).run()
 
         return handler
 
     http_server = await serve_http_ws(
         host, port, http=http, ws=ws, subprotocols=subprotocols, max_message_bytes=1 << 20
     )
-    server = TtsServer(http_server, synth, by_path)
-    log.info("ttsd.listening", port=server.port, engine=synth.name, paths=sorted(by_path))
+    server = TtsServer(http_server, synth, by_path, workers)
+    log.info(
+        "ttsd.listening",
+        port=server.port,
+        engine=synth.name,
+        paths=sorted(by_path),
+        workers=workers.limits.workers if workers else 0,
+        queue=workers.limits.queue if workers else 0,
+    )
     return server
 
 

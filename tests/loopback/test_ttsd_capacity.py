@@ -1,0 +1,258 @@
+"""``callbridge tts-server`` knows its limits: N workers, a bounded queue, refusals at once.
+
+A gated fake engine (the ``tone`` audio behind a gate the test opens, run on
+the server's synthesis workers like Piper) makes the workers and the queue
+fill deterministically; it records how many jobs render at once. The
+clients are the daemon's own provider pools and engines, over loopback.
+Every wait is bounded by ``TIMEOUT_S`` (scaled by
+``CALLBRIDGE_TEST_TIME_FACTOR``); nothing asserts a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+
+from bridge.engine import Event
+from bridge.io.embedded import PROTOCOL_PATHS
+from bridge.io.tts_client import ProviderPool, Speaker
+from bridge.io.ttsd_server import SynthLimits, TtsServer, _Workers, start_tts_server
+from bridge.tts.base import (
+    MULAW_8K,
+    AudioReceived,
+    ProviderFailed,
+    ProviderSettings,
+    TurnDone,
+    TurnFailed,
+    TurnSettings,
+)
+from bridge.ttsd.synth import SynthChunk, ToneEngine
+
+FACTOR = float(os.environ.get("CALLBRIDGE_TEST_TIME_FACTOR", "1"))
+TIMEOUT_S = 10.0 * FACTOR
+
+#: What each protocol's refusal becomes in the daemon's client engine: the
+#: protocol's own error (kind) and whether the protocol says to retry it.
+REFUSAL_KINDS = {
+    "kova": "error",  # Kova's per-context ``error`` frame has no code
+    "kugelaudio": "SERVICE_UNAVAILABLE",
+    "kletso": "voice_rate_limited",
+    "coda": "unavailable",
+    "zwst": "provider_error",  # zwst's ``error`` frame has no code either
+}
+
+
+class GatedEngine:
+    """Tone audio, each job held at its start until the gate opens; counts jobs at once."""
+
+    name = "gated"
+    native_rate_hz = 24000
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.cond = threading.Condition()
+        self.running = 0
+        self.peak = 0
+        self.started = 0
+
+    def synthesize(self, text: str, voice: str, speed: float = 1.0) -> Iterator[SynthChunk]:
+        with self.cond:
+            self.running += 1
+            self.started += 1
+            self.peak = max(self.peak, self.running)
+            self.cond.notify_all()
+        try:
+            if not self.gate.wait(TIMEOUT_S):
+                raise RuntimeError("the test never opened the gate")
+            yield from ToneEngine(self.native_rate_hz).synthesize(text, voice, speed)
+        finally:
+            with self.cond:
+                self.running -= 1
+                self.cond.notify_all()
+
+    async def started_at_least(self, n: int) -> None:
+        """Return once ``n`` jobs have started (waits in a thread: the jobs run in threads)."""
+
+        def wait() -> bool:
+            with self.cond:
+                return self.cond.wait_for(lambda: self.started >= n, TIMEOUT_S)
+
+        assert await asyncio.to_thread(wait), f"{n} jobs never started ({self.started})"
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.done = asyncio.Event()
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+        if isinstance(event, TurnDone | TurnFailed | ProviderFailed):
+            self.done.set()
+
+    @property
+    def last(self) -> Event:
+        return self.events[-1]
+
+
+def _settings(server: TtsServer, protocol: str, name: str) -> ProviderSettings:
+    url = f"ws://127.0.0.1:{server.port}{PROTOCOL_PATHS[protocol]}"
+    if protocol == "zwst":
+        url = f"http://127.0.0.1:{server.port}"
+    return ProviderSettings(name=name, protocol=protocol, url=url, api_key="k", voice="tone")
+
+
+def _run(
+    engine: GatedEngine, limits: SynthLimits, body: Callable[[TtsServer], Awaitable[None]]
+) -> None:
+    async def main() -> None:
+        server = await start_tts_server(engine=engine, limits=limits)  # type: ignore[arg-type]
+        try:
+            await asyncio.wait_for(body(server), TIMEOUT_S)
+        finally:
+            engine.gate.set()
+            await server.close()
+
+    asyncio.run(main())
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Return once ``condition()`` holds (looked at every few ms; the test's timeout bounds it)."""
+    while not condition():
+        await asyncio.sleep(0.002)
+
+
+async def _speak(server: TtsServer, protocol: str, name: str, text: str) -> Collector:
+    pool = ProviderPool(_settings(server, protocol, name))
+    assert await pool.start(), f"{name}: warm connection not ready"
+    sink = Collector()
+    Speaker([pool]).speak(name, text, TurnSettings("tone", MULAW_8K), sink)
+    sink.pool = pool  # type: ignore[attr-defined]
+    return sink
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_n_workers_render_n_jobs_at_once(workers: int) -> None:
+    engine = GatedEngine()
+    turns = workers + 2
+
+    async def body(server: TtsServer) -> None:
+        sinks = [await _speak(server, "kova", f"t{i}", "Hello there.") for i in range(turns)]
+        await engine.started_at_least(workers)
+        pool = server.workers
+        assert pool is not None
+        await _until(lambda: len(pool.waiting) == turns - workers)
+        # every worker holds a job; the other jobs wait in the queue, not started
+        assert pool.running == workers
+        assert engine.started == workers
+        engine.gate.set()
+        for sink in sinks:
+            await sink.done.wait()
+            await sink.pool.close()  # type: ignore[attr-defined]
+        assert [type(s.last) for s in sinks] == [TurnDone] * turns
+        assert engine.peak == workers
+        assert engine.started == turns
+        assert pool.running == 0 and not pool.waiting
+
+    _run(engine, SynthLimits(workers=workers, queue=8, max_wait_s=TIMEOUT_S), body)
+
+
+@pytest.mark.parametrize("protocol", sorted(REFUSAL_KINDS))
+def test_a_full_queue_is_refused_at_once_with_the_protocols_error(protocol: str) -> None:
+    engine = GatedEngine()
+
+    async def body(server: TtsServer) -> None:
+        first = await _speak(server, protocol, "first", "Hello there.")
+        await engine.started_at_least(1)
+        refused = await _speak(server, protocol, "second", "How are you?")
+        await refused.done.wait()
+        # refused while the only worker is still held: no timeout, no worker freed
+        assert not engine.gate.is_set() and engine.running == 1
+        failed = refused.last
+        assert isinstance(failed, TurnFailed), refused.events
+        assert failed.turn_id == "second"
+        assert failed.kind == REFUSAL_KINDS[protocol]
+        assert failed.retryable
+        assert not any(isinstance(e, AudioReceived) for e in refused.events)
+        assert engine.started == 1  # the refused job never reached the engine
+        engine.gate.set()
+        await first.done.wait()
+        assert isinstance(first.last, TurnDone), first.events
+        assert any(isinstance(e, AudioReceived) for e in first.events)
+        for sink in (first, refused):
+            await sink.pool.close()  # type: ignore[attr-defined]
+
+    _run(engine, SynthLimits(workers=1, queue=0, max_wait_s=TIMEOUT_S), body)
+
+
+def test_a_job_that_waits_too_long_is_refused() -> None:
+    engine = GatedEngine()
+
+    async def body(server: TtsServer) -> None:
+        first = await _speak(server, "coda", "first", "Hello there.")
+        await engine.started_at_least(1)
+        waited = await _speak(server, "coda", "second", "How are you?")
+        await waited.done.wait()  # its place in the queue ran out before a worker freed
+        assert not engine.gate.is_set()
+        assert isinstance(waited.last, TurnFailed) and waited.last.kind == "unavailable"
+        assert server.workers is not None and not server.workers.waiting
+        engine.gate.set()
+        await first.done.wait()
+        assert isinstance(first.last, TurnDone)
+        assert engine.started == 1
+        for sink in (first, waited):
+            await sink.pool.close()  # type: ignore[attr-defined]
+
+    _run(engine, SynthLimits(workers=1, queue=4, max_wait_s=0.05), body)
+
+
+def test_admission_order_and_cancellation() -> None:
+    """The admission rules alone: FIFO grants, a full queue refused, a cancelled waiter's
+    place (and a worker granted to a job cancelled before it ran) given back."""
+
+    async def main() -> None:
+        workers = _Workers(SynthLimits(workers=1, queue=2, max_wait_s=TIMEOUT_S))
+        try:
+            assert await workers.acquire() is None  # the worker
+            order: list[str] = []
+
+            async def job(name: str) -> None:
+                refused = await workers.acquire()
+                order.append(name if refused is None else f"{name} refused")
+
+            b = asyncio.create_task(job("b"))
+            c = asyncio.create_task(job("c"))
+            await asyncio.sleep(0)
+            assert len(workers.waiting) == 2
+            refusal = await workers.acquire()
+            assert refusal is not None and "busy" in refusal  # queue full
+            b.cancel()  # a waiting job cancelled: its place is given back
+            await asyncio.gather(b, return_exceptions=True)
+            assert len(workers.waiting) == 1
+            d = asyncio.create_task(job("d"))
+            await asyncio.sleep(0)
+            workers.release()  # the worker goes to c, the oldest waiter
+            await c
+            assert order == ["c"] and workers.running == 1
+            workers.release()  # to d, then d's job is cancelled before it resumes
+            d.cancel()
+            await asyncio.gather(d, return_exceptions=True)
+            assert workers.running == 0 and not workers.waiting
+            assert workers.refused == 1
+        finally:
+            workers.close()
+
+    asyncio.run(asyncio.wait_for(main(), TIMEOUT_S))
+
+
+def test_limits_reject_nonsense() -> None:
+    with pytest.raises(ValueError, match="workers"):
+        SynthLimits(workers=0)
+    with pytest.raises(ValueError, match="queue"):
+        SynthLimits(queue=-1)
+    with pytest.raises(ValueError, match="max_wait_s"):
+        SynthLimits(max_wait_s=0)
