@@ -260,6 +260,12 @@ class DaemonConfig:
     max_loop_lag_ms: float = 20.0
     gc_freeze_s: float = 0.1
     gc_thaw_s: float = 600.0
+    embedded_tts_workers: int = 0
+    """Synthesis workers of the embedded TTS child (0: its cores less one, at least one)."""
+    embedded_tts_queue: int = 8
+    embedded_tts_max_wait_s: float = 1.0
+    embedded_tts_nice: int = 10
+    """How much lower the embedded TTS child's CPU priority is than the daemon's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -853,7 +859,9 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
     r.unknown(
         d,
         {"drain_timeout_s", "log_level", "log_format", "event_loop", "cache_dir",
-         "prompt_cache_bytes", "max_loop_lag_ms", "gc_freeze_s", "gc_thaw_s"},
+         "prompt_cache_bytes", "max_loop_lag_ms", "gc_freeze_s", "gc_thaw_s",
+         "embedded_tts_workers", "embedded_tts_queue", "embedded_tts_max_wait_s",
+         "embedded_tts_nice"},
         p,
     )  # fmt: skip
     return DaemonConfig(
@@ -866,6 +874,10 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         max_loop_lag_ms=r.num(d, "max_loop_lag_ms", p, 20.0, 0, 1000),
         gc_freeze_s=r.num(d, "gc_freeze_s", p, 0.1, 0, 3600),
         gc_thaw_s=r.num(d, "gc_thaw_s", p, 600.0, 1, 86400),
+        embedded_tts_workers=r.int_(d, "embedded_tts_workers", p, 0, 0, 256),
+        embedded_tts_queue=r.int_(d, "embedded_tts_queue", p, 8, 0, 10000),
+        embedded_tts_max_wait_s=r.num(d, "embedded_tts_max_wait_s", p, 1.0, 0.001, 60),
+        embedded_tts_nice=r.int_(d, "embedded_tts_nice", p, 10, 0, 19),
     )
 
 

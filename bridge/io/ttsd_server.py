@@ -48,6 +48,7 @@ __all__ = [
     "SynthLimits",
     "TtsServer",
     "default_workers",
+    "lower_priority",
     "run_tts_server",
     "start_tts_server",
 ]
@@ -390,12 +391,33 @@ class _UntilEof(asyncio.Protocol):
         self.stop.set()
 
 
+def lower_priority(steps: int) -> None:
+    """Lower the CPU priority of every thread of this process by ``steps`` (nice).
+
+    Linux keeps a nice value per thread and ``os.nice`` changes only the
+    caller's; threads already started (numpy's BLAS pool starts at import)
+    are lowered one by one, and threads started later (the synthesis workers,
+    onnxruntime's) inherit the main thread's.
+    """
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        os.nice(steps)
+        return
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
+            now = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + steps))
+
+
 def run_tts_server(
     listen: str,
     engine: str,
     api_keys: tuple[str, ...] = (),
     port_file: str | None = None,
     exit_with_stdin: bool = False,
+    limits: SynthLimits | None = None,
+    nice: int = 0,
 ) -> int:
     """The ``callbridge tts-server`` command: serve until SIGTERM/SIGINT.
 
@@ -403,15 +425,22 @@ def run_tts_server(
     daemon starts its embedded server with a pipe there and keeps the other
     end: if the daemon dies, even by SIGKILL, the pipe closes and its child
     stops instead of living on as an orphan holding the port.
+
+    ``nice``: lower this process's CPU priority by that much first (see
+    ``lower_priority``).
     """
     configure("info", "auto")
+    if nice > 0:
+        lower_priority(nice)
     host, port = split_hostport(listen)
 
     async def main() -> None:
         opts = ServerOptions(api_keys=frozenset(api_keys))
-        server = await start_tts_server(host, port, engine, opts)
-        if port_file:
-            Path(port_file).write_text(f"{server.port}\n")
+        server = await start_tts_server(host, port, engine, opts, limits)
+        if port_file:  # written whole, then renamed: a reader never sees it half-written
+            tmp = Path(f"{port_file}.tmp")
+            tmp.write_text(f"{server.port}\n")
+            tmp.replace(port_file)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
