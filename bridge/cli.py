@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from bridge import __version__
-from bridge.config import ConfigError, load_config
+from bridge.config import ConfigError, load_config, parse_cpu_list
 
 EXIT_CONFIG = 2
 
@@ -55,8 +55,12 @@ def _cmd_tts_server(args: argparse.Namespace) -> int:
             return EXIT_CONFIG
         keys.append(key)
     try:
-        limits = SynthLimits(args.workers or default_workers(), args.queue, args.max_wait_s)
-    except ValueError as e:
+        cpus = parse_cpu_list(args.cpus)
+        if cpus:  # CPUs of its own (the daemon's are others): a worker on each
+            os.sched_setaffinity(0, cpus)
+        workers = args.workers or (len(cpus) if cpus else default_workers())
+        limits = SynthLimits(workers, args.queue, args.max_wait_s)
+    except (ValueError, OSError) as e:
         print(f"error: tts-server: {e}", file=sys.stderr)
         return EXIT_CONFIG
     return run_tts_server(
@@ -67,6 +71,7 @@ def _cmd_tts_server(args: argparse.Namespace) -> int:
         exit_with_stdin=args.exit_with_stdin,
         limits=limits,
         nice=args.nice,
+        cpus=cpus,
     )
 
 
@@ -102,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=0,
-        help="synthesis workers, renderings at once (default 0: the cores less one, at least 1)",
+        help="synthesis workers, renderings at once (default 0: one per --cpus CPU, else the "
+        "cores less one, at least 1)",
     )
     t.add_argument(
         "--queue", type=int, default=8, help="renderings that may wait for a worker (default 8)"
@@ -116,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--nice", type=int, default=0, help="lower this process's CPU priority by N at start"
     )
+    t.add_argument("--cpus", default="", help='run on these CPUs only ("1", "0,2-3")')
     t.add_argument("--port-file", help="write the bound port here once listening")
     t.add_argument(
         "--exit-with-stdin",

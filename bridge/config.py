@@ -266,6 +266,8 @@ class DaemonConfig:
     embedded_tts_max_wait_s: float = 1.0
     embedded_tts_nice: int = 10
     """How much lower the embedded TTS child's CPU priority is than the daemon's."""
+    embedded_tts_cpus: str = ""
+    """CPUs the embedded TTS child runs on (``taskset`` list: "1", "2-3,6"); "": the daemon's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -861,7 +863,7 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         {"drain_timeout_s", "log_level", "log_format", "event_loop", "cache_dir",
          "prompt_cache_bytes", "max_loop_lag_ms", "gc_freeze_s", "gc_thaw_s",
          "embedded_tts_workers", "embedded_tts_queue", "embedded_tts_max_wait_s",
-         "embedded_tts_nice"},
+         "embedded_tts_nice", "embedded_tts_cpus"},
         p,
     )  # fmt: skip
     return DaemonConfig(
@@ -878,7 +880,38 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         embedded_tts_queue=r.int_(d, "embedded_tts_queue", p, 8, 0, 10000),
         embedded_tts_max_wait_s=r.num(d, "embedded_tts_max_wait_s", p, 1.0, 0.001, 60),
         embedded_tts_nice=r.int_(d, "embedded_tts_nice", p, 10, 0, 19),
+        embedded_tts_cpus=_cpu_list(r, d, p),
     )
+
+
+def _cpu_list(r: _Reader, d: dict[str, Any], p: str) -> str:
+    value = r.str_(d, "embedded_tts_cpus", p, "")
+    try:
+        parse_cpu_list(value)
+    except ValueError as e:
+        r.err(f"{p}.embedded_tts_cpus", str(e))
+        return ""
+    return value
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """A ``taskset -c`` CPU list ("1", "0,2-3") as a set; "" is the empty set."""
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        low, dash, high = part.partition("-")
+        if (
+            not low.isascii()
+            or not low.isdigit()
+            or (dash and not (high.isascii() and high.isdigit()))
+        ):
+            raise ValueError(
+                f'expected CPU numbers and ranges such as "1" or "0,2-3", got {text!r}'
+            )
+        first, last = int(low), int(high) if dash else int(low)
+        if last < first:
+            raise ValueError(f"range {part!r} runs backwards")
+        cpus.update(range(first, last + 1))
+    return frozenset(cpus)
 
 
 # ------------------------------------------------------------------ entry

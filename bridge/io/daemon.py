@@ -167,6 +167,7 @@ class Daemon:
                     queue=d.embedded_tts_queue,
                     max_wait_s=d.embedded_tts_max_wait_s,
                     nice=d.embedded_tts_nice,
+                    cpus=d.embedded_tts_cpus,
                 )
                 await child.start()
                 self.embedded[engine] = child

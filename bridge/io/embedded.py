@@ -13,7 +13,8 @@ environment, never on its command line; so a local process that is not the
 daemon cannot use it. It runs ``nice`` steps below the daemon's CPU priority
 (it lowers its own priority as it starts: ``tts-server --nice``), so a burst
 of synthesis never delays the daemon's frames; its synthesis workers, queue
-and wait bound are the ``[daemon] embedded_tts_*`` keys.
+and wait bound, and the CPUs it may run on, are the ``[daemon]
+embedded_tts_*`` keys.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class EmbeddedTts:
         queue: int = 8,
         max_wait_s: float = 1.0,
         nice: int = 10,
+        cpus: str = "",
     ) -> None:
         self.engine = engine
         self.port = 0
@@ -68,6 +70,7 @@ class EmbeddedTts:
         self.queue = queue
         self.max_wait_s = max_wait_s
         self.nice = nice
+        self.cpus = cpus
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
         self._supervisor: asyncio.Task[None] | None = None
@@ -86,6 +89,7 @@ class EmbeddedTts:
             *("--port-file", port_file, "--api-key-env", KEY_ENV),
             *("--workers", str(self.workers), "--queue", str(self.queue)),
             *("--max-wait-s", repr(self.max_wait_s), "--nice", str(self.nice)),
+            *(("--cpus", self.cpus) if self.cpus else ()),
             # our end of its stdin pipe closes when this process ends, however it
             # ends (SIGKILL included): the child stops then, never an orphan
             "--exit-with-stdin",

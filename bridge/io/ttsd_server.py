@@ -6,17 +6,19 @@ protocol, moves messages in and actions out, runs ``Synthesize`` jobs on the
 engine, and serves zwst's session route (``POST``).
 
 Synthesis capacity (``SynthLimits``): the ``tone`` engine runs inline (it
-costs next to nothing); any other engine (``piper``) runs its jobs on
-``workers`` threads, one job per worker from its first chunk to its last, so
-an admitted job renders at the speed of a whole core. Threads, not processes:
-onnxruntime releases the GIL inside ``session.run`` (most of a Piper
-rendering) and Piper's phonemizer has its own lock, and each run uses one
-intra-op thread (``PiperEngine``), so N workers keep N cores busy without
-oversubscribing them. A job that finds every worker busy waits in a queue of
-``queue`` places for at most ``max_wait_s``; a job that finds the queue full,
-or is still waiting then, is refused at once with the protocol's own error
-frame (``ServerSession.synthesis_refused``), so the client fails over in
-milliseconds instead of waiting for its own timeout.
+costs next to nothing); any other engine (``piper``) runs on ``workers``
+threads. A job renders a chunk (a clause) at a time, and the threads serve
+the chunks of every job in progress first come, first served, so the jobs
+take turns: a call's next sentence never waits for another call's whole
+text. At most ``workers + queue`` jobs are in progress; one more is refused
+at once, and so is a job whose first chunk no thread has begun within
+``max_wait_s``, with the protocol's own error frame
+(``ServerSession.synthesis_refused``): the client fails over in milliseconds
+instead of waiting for its own timeout. Threads, not processes: onnxruntime
+releases the GIL inside ``session.run`` (most of a Piper rendering) and
+Piper's phonemizer has its own lock, and each run uses one intra-op thread
+(``PiperEngine``), so N workers keep N cores busy without oversubscribing
+them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import json
 import os
 import signal
 import sys
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ __all__ = [
     "TtsServer",
     "default_workers",
     "lower_priority",
+    "pin_cpus",
     "run_tts_server",
     "start_tts_server",
 ]
@@ -90,11 +92,11 @@ class SynthLimits:
     """How much synthesis the server takes on (engines that run on workers)."""
 
     workers: int = field(default_factory=default_workers)
-    """Jobs rendered at once, each on its own thread."""
+    """Threads rendering at once (one chunk of one job each)."""
     queue: int = 8
-    """Jobs that may wait for a worker; one more is refused at once."""
+    """Jobs in progress beyond one per worker; one more is refused at once."""
     max_wait_s: float = 1.0
-    """A job still waiting for a worker this long after it asked is refused."""
+    """A job whose first chunk has not started this long after it asked is refused."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -104,58 +106,63 @@ class SynthLimits:
         if not self.max_wait_s > 0:
             raise ValueError(f"max_wait_s must be more than 0, got {self.max_wait_s}")
 
+    @property
+    def max_jobs(self) -> int:
+        return self.workers + self.queue
+
+
+class _Expired:
+    """What ``_Workers.first_chunk`` returns when the job's first chunk did not start in time."""
+
+
+_EXPIRED = _Expired()
+
 
 class _Workers:
-    """Admission to the synthesis workers: ``workers`` jobs at once, a bounded wait."""
+    """The synthesis workers: ``workers`` threads, at most ``max_jobs`` jobs in progress.
+
+    Every job asks for one chunk at a time; the thread pool serves the asks in
+    the order they came (first in, first out), so jobs in progress take turns a
+    chunk (a clause) each rather than one job's whole text holding a worker
+    while another turn's next sentence waits behind it.
+    """
 
     def __init__(self, limits: SynthLimits) -> None:
         self.limits = limits
         self.pool = concurrent.futures.ThreadPoolExecutor(limits.workers, "synth")
-        self.running = 0
-        self.waiting: deque[asyncio.Future[bool]] = deque()
+        self.jobs = 0
         self.refused = 0
 
-    async def acquire(self) -> str | None:
-        """Wait for a worker: None once the job holds one, else why it was refused."""
-        limits = self.limits
-        if self.running < limits.workers and not self.waiting:
-            self.running += 1
-            return None
-        if len(self.waiting) >= limits.queue:
+    def admit(self) -> str | None:
+        """Take a job on (None), or say why not: every place is taken."""
+        if self.jobs >= self.limits.max_jobs:
             self.refused += 1
-            return f"server busy: {self.running} jobs rendering, {len(self.waiting)} waiting"
+            return f"server busy: {self.jobs} renderings in progress"
+        self.jobs += 1
+        return None
+
+    def release(self) -> None:
+        self.jobs -= 1
+
+    async def first_chunk(self, it: Iterator[SynthChunk]) -> SynthChunk | _Expired | None:
+        """The job's first chunk, or ``_EXPIRED`` if no worker began it within ``max_wait_s``."""
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[bool] = loop.create_future()
-        self.waiting.append(fut)
-        timer = loop.call_later(limits.max_wait_s, self._expire, fut)
+        ask = self.pool.submit(next, it, None)
+        expired: list[bool] = []
+        # Future.cancel() succeeds only while the ask waits for a thread
+        timer = loop.call_later(self.limits.max_wait_s, lambda: expired.append(ask.cancel()))
         try:
-            granted = await fut
+            return await asyncio.wrap_future(ask)
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled() and fut.result():
-                self.release()  # granted, but the job was cancelled before it ran
-            elif fut in self.waiting:
-                self.waiting.remove(fut)
+            if any(expired):
+                self.refused += 1
+                return _EXPIRED
             raise
         finally:
             timer.cancel()
-        if granted:
-            return None
-        self.refused += 1
-        return f"server busy: no synthesis worker free within {limits.max_wait_s:g} s"
 
-    def _expire(self, fut: asyncio.Future[bool]) -> None:
-        if not fut.done():
-            self.waiting.remove(fut)
-            fut.set_result(False)
-
-    def release(self) -> None:
-        self.running -= 1
-        while self.waiting:
-            fut = self.waiting.popleft()
-            if not fut.done():
-                self.running += 1
-                fut.set_result(True)
-                return
+    async def next_chunk(self, it: Iterator[SynthChunk]) -> SynthChunk | None:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, next, it, None)
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -201,7 +208,6 @@ class _SessionRunner:
         self.session = session
         self.engine = engine
         self.workers = workers
-        self.pool = workers.pool if workers is not None else None
         self.loop = asyncio.get_running_loop()
         self.jobs: dict[str, asyncio.Task[None]] = {}
         self.timer: asyncio.TimerHandle | None = None
@@ -248,23 +254,33 @@ class _SessionRunner:
         self.pump()
 
     async def _next_chunk(self, it: Iterator[SynthChunk]) -> SynthChunk | None:
-        if self.pool is None:
+        if self.workers is None:
             return next(it, None)
-        return await self.loop.run_in_executor(self.pool, next, it, None)
+        return await self.workers.next_chunk(it)
+
+    def _refuse(self, job: Synthesize, reason: str) -> None:
+        log.warning("ttsd.synthesis_refused", job_id=job.job_id, reason=reason)
+        self.jobs.pop(job.job_id, None)
+        self.session.synthesis_refused(job.job_id, reason, self.now())
+        self.pump()
 
     async def _run_job(self, job: Synthesize) -> None:
         workers = self.workers
-        if workers is not None:
-            refused = await workers.acquire()
-            if refused is not None:
-                log.warning("ttsd.synthesis_refused", job_id=job.job_id, reason=refused)
-                self.jobs.pop(job.job_id, None)
-                self.session.synthesis_refused(job.job_id, refused, self.now())
-                self.pump()
-                return
+        if workers is not None and (refused := workers.admit()) is not None:
+            self._refuse(job, refused)
+            return
         it = render(self.engine, job)
         try:
-            while (chunk := await self._next_chunk(it)) is not None:
+            if workers is None:
+                chunk = next(it, None)
+            else:
+                first = await workers.first_chunk(it)
+                if isinstance(first, _Expired):
+                    wait_s = workers.limits.max_wait_s
+                    self._refuse(job, f"server busy: no synthesis worker free within {wait_s:g} s")
+                    return
+                chunk = first
+            while chunk is not None:
                 self.session.synthesis_audio(job.job_id, chunk.pcm, chunk.words, self.now())
                 self.pump()
                 # Make no more while the client is not reading what is sent: its audio
@@ -276,6 +292,7 @@ class _SessionRunner:
                 if self.backlog is None:
                     await self.conn.drain()
                 await asyncio.sleep(0)  # let other sessions and readers run between chunks
+                chunk = await self._next_chunk(it)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the engine failed: the session reports it in its protocol
@@ -376,7 +393,7 @@ async def start_tts_server(
         engine=synth.name,
         paths=sorted(by_path),
         workers=workers.limits.workers if workers else 0,
-        queue=workers.limits.queue if workers else 0,
+        max_jobs=workers.limits.max_jobs if workers else 0,
     )
     return server
 
@@ -410,6 +427,17 @@ def lower_priority(steps: int) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, min(19, now + steps))
 
 
+def pin_cpus(cpus: frozenset[int]) -> None:
+    """Run every thread of this process (and those it starts later) on ``cpus`` only."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(tid, cpus)
+
+
 def run_tts_server(
     listen: str,
     engine: str,
@@ -418,6 +446,7 @@ def run_tts_server(
     exit_with_stdin: bool = False,
     limits: SynthLimits | None = None,
     nice: int = 0,
+    cpus: frozenset[int] = frozenset(),
 ) -> int:
     """The ``callbridge tts-server`` command: serve until SIGTERM/SIGINT.
 
@@ -427,11 +456,13 @@ def run_tts_server(
     stops instead of living on as an orphan holding the port.
 
     ``nice``: lower this process's CPU priority by that much first (see
-    ``lower_priority``).
+    ``lower_priority``); ``cpus``: run on those CPUs only (``pin_cpus``).
     """
     configure("info", "auto")
     if nice > 0:
         lower_priority(nice)
+    if cpus:
+        pin_cpus(cpus)
     host, port = split_hostport(listen)
 
     async def main() -> None:

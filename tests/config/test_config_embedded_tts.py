@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.config import ConfigError, parse_config
+from bridge.config import ConfigError, parse_config, parse_cpu_list
 
 ROUTE = """
 [providers.p]
@@ -25,9 +25,11 @@ def test_defaults() -> None:
 def test_values_are_read() -> None:
     text = (
         "[daemon]\nembedded_tts_workers = 3\nembedded_tts_queue = 0\n"
-        "embedded_tts_max_wait_s = 0.25\nembedded_tts_nice = 19\n" + ROUTE
+        "embedded_tts_max_wait_s = 0.25\nembedded_tts_nice = 19\n"
+        'embedded_tts_cpus = "1,3-4"\n' + ROUTE
     )
     d = parse_config(text).daemon
+    assert parse_cpu_list(d.embedded_tts_cpus) == {1, 3, 4}
     assert (d.embedded_tts_workers, d.embedded_tts_queue) == (3, 0)
     assert (d.embedded_tts_max_wait_s, d.embedded_tts_nice) == (0.25, 19)
 
@@ -40,6 +42,9 @@ def test_values_are_read() -> None:
         "embedded_tts_max_wait_s = 0",
         "embedded_tts_nice = 20",
         'embedded_tts_workers = "two"',
+        'embedded_tts_cpus = "1-"',
+        'embedded_tts_cpus = "3-1"',
+        'embedded_tts_cpus = "²"',
     ],
 )
 def test_bad_values_are_errors_naming_the_key(line: str) -> None:

@@ -101,6 +101,17 @@ def test_tts_server_with_exit_with_stdin_stops_when_its_stdin_ends(tmp_path: Pat
             proc.wait()
 
 
+def _affinity(tid: int) -> set[int] | None:
+    try:
+        return os.sched_getaffinity(tid)
+    except ProcessLookupError:  # a thread that ended while we looked
+        return None
+
+
+def _frozen(cpus: set[int] | None) -> frozenset[int] | None:
+    return None if cpus is None else frozenset(cpus)
+
+
 def _nice_of_threads(pid: int) -> set[int]:
     """The nice value of every thread of ``pid`` (Linux keeps one per thread)."""
     out = set()
@@ -110,9 +121,11 @@ def _nice_of_threads(pid: int) -> set[int]:
     return out
 
 
-def test_the_child_runs_at_a_lower_priority_with_its_secret_off_its_command_line() -> None:
+def test_the_child_runs_lower_on_its_cpus_with_its_secret_off_its_command_line() -> None:
+    cpu = max(os.sched_getaffinity(0))
+
     async def main() -> None:
-        child = EmbeddedTts("tone", nice=5, workers=2, queue=3)
+        child = EmbeddedTts("tone", nice=5, workers=2, queue=3, cpus=str(cpu))
         await child.start()
         try:
             assert child.proc is not None
@@ -120,6 +133,8 @@ def test_the_child_runs_at_a_lower_priority_with_its_secret_off_its_command_line
             ours = os.getpriority(os.PRIO_PROCESS, 0)
             assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, ours + 5)
             assert _nice_of_threads(pid) == {min(19, ours + 5)}
+            tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+            assert tids and {_frozen(_affinity(t)) for t in tids} <= {frozenset({cpu}), None}
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             assert b"--nice" in cmdline and b"--workers" in cmdline
             assert child.api_key.encode() not in b" ".join(cmdline)

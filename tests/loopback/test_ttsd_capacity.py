@@ -20,7 +20,7 @@ import pytest
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
 from bridge.io.tts_client import ProviderPool, Speaker
-from bridge.io.ttsd_server import SynthLimits, TtsServer, _Workers, start_tts_server
+from bridge.io.ttsd_server import SynthLimits, TtsServer, _Expired, _Workers, start_tts_server
 from bridge.tts.base import (
     MULAW_8K,
     AudioReceived,
@@ -47,7 +47,8 @@ REFUSAL_KINDS = {
 
 
 class GatedEngine:
-    """Tone audio, each job held at its start until the gate opens; counts jobs at once."""
+    """Tone audio, each job's first chunk held until the gate opens; counts chunks rendered
+    at once (``peak``) and jobs begun (``started``)."""
 
     name = "gated"
     native_rate_hz = 24000
@@ -59,20 +60,30 @@ class GatedEngine:
         self.peak = 0
         self.started = 0
 
-    def synthesize(self, text: str, voice: str, speed: float = 1.0) -> Iterator[SynthChunk]:
+    def _enter(self, first: bool) -> None:
         with self.cond:
             self.running += 1
-            self.started += 1
+            self.started += first
             self.peak = max(self.peak, self.running)
             self.cond.notify_all()
-        try:
-            if not self.gate.wait(TIMEOUT_S):
-                raise RuntimeError("the test never opened the gate")
-            yield from ToneEngine(self.native_rate_hz).synthesize(text, voice, speed)
-        finally:
-            with self.cond:
-                self.running -= 1
-                self.cond.notify_all()
+
+    def _leave(self) -> None:
+        with self.cond:
+            self.running -= 1
+            self.cond.notify_all()
+
+    def synthesize(self, text: str, voice: str, speed: float = 1.0) -> Iterator[SynthChunk]:
+        self._enter(first=True)
+        if not self.gate.wait(TIMEOUT_S):
+            self._leave()
+            raise RuntimeError("the test never opened the gate")
+        first = True
+        for chunk in ToneEngine(self.native_rate_hz).synthesize(text, voice, speed):
+            if not first:
+                self._enter(first=False)
+            first = False
+            self._leave()  # the chunk is made: the thread hands it over
+            yield chunk
 
     async def started_at_least(self, n: int) -> None:
         """Return once ``n`` jobs have started (waits in a thread: the jobs run in threads)."""
@@ -141,22 +152,22 @@ def test_n_workers_render_n_jobs_at_once(workers: int) -> None:
     turns = workers + 2
 
     async def body(server: TtsServer) -> None:
-        sinks = [await _speak(server, "kova", f"t{i}", "Hello there.") for i in range(turns)]
-        await engine.started_at_least(workers)
+        text = "Hello there, how are you today?"
+        sinks = [await _speak(server, "kova", f"t{i}", text) for i in range(turns)]
         pool = server.workers
         assert pool is not None
-        await _until(lambda: len(pool.waiting) == turns - workers)
-        # every worker holds a job; the other jobs wait in the queue, not started
-        assert pool.running == workers
-        assert engine.started == workers
+        await _until(lambda: pool.jobs == turns)  # every job taken on
+        await engine.started_at_least(workers)
+        # every worker renders a job's first chunk; the other jobs' first chunks wait
+        assert engine.started == workers and engine.running == workers
         engine.gate.set()
         for sink in sinks:
             await sink.done.wait()
             await sink.pool.close()  # type: ignore[attr-defined]
         assert [type(s.last) for s in sinks] == [TurnDone] * turns
-        assert engine.peak == workers
+        assert engine.peak == workers  # never more chunks at once than workers
         assert engine.started == turns
-        assert pool.running == 0 and not pool.waiting
+        assert pool.jobs == 0 and pool.refused == 0
 
     _run(engine, SynthLimits(workers=workers, queue=8, max_wait_s=TIMEOUT_S), body)
 
@@ -199,7 +210,7 @@ def test_a_job_that_waits_too_long_is_refused() -> None:
         await waited.done.wait()  # its place in the queue ran out before a worker freed
         assert not engine.gate.is_set()
         assert isinstance(waited.last, TurnFailed) and waited.last.kind == "unavailable"
-        assert server.workers is not None and not server.workers.waiting
+        assert server.workers is not None and server.workers.jobs == 1
         engine.gate.set()
         await first.done.wait()
         assert isinstance(first.last, TurnDone)
@@ -210,40 +221,38 @@ def test_a_job_that_waits_too_long_is_refused() -> None:
     _run(engine, SynthLimits(workers=1, queue=4, max_wait_s=0.05), body)
 
 
-def test_admission_order_and_cancellation() -> None:
-    """The admission rules alone: FIFO grants, a full queue refused, a cancelled waiter's
-    place (and a worker granted to a job cancelled before it ran) given back."""
+def test_admission_and_a_first_chunk_that_waits_too_long() -> None:
+    """The admission rules alone: ``workers + queue`` jobs in progress, one more refused;
+    a first chunk no thread began in time expires (and never runs), one begun does not."""
 
     async def main() -> None:
-        workers = _Workers(SynthLimits(workers=1, queue=2, max_wait_s=TIMEOUT_S))
+        gate = threading.Event()
+        ran: list[str] = []
+
+        def held(name: str) -> Iterator[SynthChunk]:
+            ran.append(name)
+            gate.wait(TIMEOUT_S)
+            yield SynthChunk(b"\0\0", ())
+
+        workers = _Workers(SynthLimits(workers=1, queue=1, max_wait_s=0.05))
         try:
-            assert await workers.acquire() is None  # the worker
-            order: list[str] = []
-
-            async def job(name: str) -> None:
-                refused = await workers.acquire()
-                order.append(name if refused is None else f"{name} refused")
-
-            b = asyncio.create_task(job("b"))
-            c = asyncio.create_task(job("c"))
-            await asyncio.sleep(0)
-            assert len(workers.waiting) == 2
-            refusal = await workers.acquire()
-            assert refusal is not None and "busy" in refusal  # queue full
-            b.cancel()  # a waiting job cancelled: its place is given back
-            await asyncio.gather(b, return_exceptions=True)
-            assert len(workers.waiting) == 1
-            d = asyncio.create_task(job("d"))
-            await asyncio.sleep(0)
-            workers.release()  # the worker goes to c, the oldest waiter
-            await c
-            assert order == ["c"] and workers.running == 1
-            workers.release()  # to d, then d's job is cancelled before it resumes
-            d.cancel()
-            await asyncio.gather(d, return_exceptions=True)
-            assert workers.running == 0 and not workers.waiting
-            assert workers.refused == 1
+            assert workers.admit() is None and workers.admit() is None
+            refusal = workers.admit()
+            assert refusal is not None and "busy" in refusal
+            first = asyncio.create_task(workers.first_chunk(held("a")))
+            await _until(lambda: ran == ["a"])  # a thread runs "a" and is held there
+            second = await workers.first_chunk(held("b"))  # waits behind "a": expires
+            assert isinstance(second, _Expired)
+            gate.set()
+            chunk = await first  # begun in time: it finishes, however long it takes
+            assert isinstance(chunk, SynthChunk)
+            assert ran == ["a"]  # the expired ask never ran
+            assert workers.refused == 2
+            workers.release()
+            workers.release()
+            assert workers.jobs == 0 and workers.admit() is None
         finally:
+            gate.set()
             workers.close()
 
     asyncio.run(asyncio.wait_for(main(), TIMEOUT_S))
