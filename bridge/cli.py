@@ -111,7 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
         "cores less one, at least 1)",
     )
     t.add_argument(
-        "--queue", type=int, default=8, help="renderings that may wait for a worker (default 8)"
+        "--queue",
+        type=int,
+        default=2,
+        help="renderings in progress beyond one per worker; one more is refused (default 2)",
     )
     t.add_argument(
         "--max-wait-s",
