@@ -19,6 +19,7 @@ import pytest
 
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
+from bridge.io.httpws import WsConnection
 from bridge.io.tts_client import ProviderPool, Speaker
 from bridge.io.ttsd_server import SynthLimits, TtsServer, _Expired, _Workers, start_tts_server
 from bridge.tts.base import (
@@ -37,6 +38,15 @@ TIMEOUT_S = 10.0 * FACTOR
 
 #: What each protocol's refusal becomes in the daemon's client engine: the
 #: protocol's own error (kind) and whether the protocol says to retry it.
+#: What each protocol's refusal frame holds (the server's own words, as sent).
+REFUSAL_FRAMES = {
+    "kova": {'{"error":', '"context_id":'},
+    "kugelaudio": {'"error_code":"SERVICE_UNAVAILABLE"', '"code":503'},
+    "kletso": {'"type":"error"', '"code":"voice_rate_limited"'},
+    "coda": {'"kind":"unavailable"', '"contextId"'},
+    "zwst": {'"type":"error"', '"context_id"'},
+}
+
 REFUSAL_KINDS = {
     "kova": "error",  # Kova's per-context ``error`` frame has no code
     "kugelaudio": "SERVICE_UNAVAILABLE",
@@ -173,8 +183,18 @@ def test_n_workers_render_n_jobs_at_once(workers: int) -> None:
 
 
 @pytest.mark.parametrize("protocol", sorted(REFUSAL_KINDS))
-def test_a_full_queue_is_refused_at_once_with_the_protocols_error(protocol: str) -> None:
+def test_a_full_queue_is_refused_at_once_with_the_protocols_error(
+    protocol: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = GatedEngine()
+    sent: list[str] = []
+    send = WsConnection.send_text_nowait
+
+    def recorded(conn: WsConnection, text: str) -> None:
+        sent.append(text)
+        send(conn, text)
+
+    monkeypatch.setattr(WsConnection, "send_text_nowait", recorded)
 
     async def body(server: TtsServer) -> None:
         first = await _speak(server, protocol, "first", "Hello there.")
@@ -190,10 +210,19 @@ def test_a_full_queue_is_refused_at_once_with_the_protocols_error(protocol: str)
         assert failed.retryable
         assert not any(isinstance(e, AudioReceived) for e in refused.events)
         assert engine.started == 1  # the refused job never reached the engine
+        frames = [t for t in sent if "busy" in t]
+        assert len(frames) == 1, sent
+        assert all(part in frames[0] for part in REFUSAL_FRAMES[protocol]), frames
         engine.gate.set()
         await first.done.wait()
         assert isinstance(first.last, TurnDone), first.events
         assert any(isinstance(e, AudioReceived) for e in first.events)
+        # the refused turn's connection serves the next turn
+        again = Collector()
+        pool = refused.pool  # type: ignore[attr-defined]
+        Speaker([pool]).speak("third", "Fine.", TurnSettings("tone", MULAW_8K), again)
+        await again.done.wait()
+        assert isinstance(again.last, TurnDone), again.events
         for sink in (first, refused):
             await sink.pool.close()  # type: ignore[attr-defined]
 
