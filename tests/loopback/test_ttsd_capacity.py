@@ -294,3 +294,34 @@ def test_limits_reject_nonsense() -> None:
         SynthLimits(queue=-1)
     with pytest.raises(ValueError, match="max_wait_s"):
         SynthLimits(max_wait_s=0)
+
+
+def test_a_refused_turn_fails_over_to_the_next_provider_at_once() -> None:
+    """The route's chain: the busy embedded voice refuses, the next provider speaks the turn."""
+    engine = GatedEngine()
+
+    async def body(server: TtsServer) -> None:
+        backup_server = await start_tts_server(engine="tone")
+        try:
+            first = await _speak(server, "kova", "first", "Hello there.")
+            await engine.started_at_least(1)
+            busy = ProviderPool(_settings(server, "kova", "busy"))
+            backup = ProviderPool(_settings(backup_server, "coda", "backup"))
+            assert await busy.start() and await backup.start()
+            speaker = Speaker([busy, backup])
+            sink = Collector()
+            speaker.speak("second", "How are you?", TurnSettings("tone", MULAW_8K), sink)
+            await sink.done.wait()
+            # spoken whole by the backup while the busy voice's only worker is still held
+            assert not engine.gate.is_set()
+            assert isinstance(sink.last, TurnDone), sink.events
+            assert any(isinstance(e, AudioReceived) for e in sink.events)
+            assert speaker.failovers == 1
+            engine.gate.set()
+            await first.done.wait()
+            for pool in (busy, backup, first.pool):  # type: ignore[attr-defined]
+                await pool.close()
+        finally:
+            await backup_server.close()
+
+    _run(engine, SynthLimits(workers=1, queue=0, max_wait_s=TIMEOUT_S), body)
