@@ -72,7 +72,9 @@ class Request:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __call__(self, event: Event) -> None:
-        now = time.monotonic()
+        self.received(event, time.monotonic())
+
+    def received(self, event: Event, now: float) -> None:
         if isinstance(event, AudioReceived):
             fmt = event.audio_format
             self.chunks.append((now, self.audio_s))

@@ -15,10 +15,11 @@ at once, and so is a job whose first chunk no thread has begun within
 ``max_wait_s``, with the protocol's own error frame
 (``ServerSession.synthesis_refused``): the client fails over in milliseconds
 instead of waiting for its own timeout. Threads, not processes: onnxruntime
-releases the GIL inside ``session.run`` (most of a Piper rendering) and
-Piper's phonemizer has its own lock, and each run uses one intra-op thread
-(``PiperEngine``), so N workers keep N cores busy without oversubscribing
-them.
+releases the GIL inside ``session.run``, which is 99 % of a Piper
+rendering's CPU time (measured with ``time.thread_time`` around it: 5.21 of
+5.26 s), Piper's phonemizer has its own lock, and each run uses one
+intra-op thread (``PiperEngine``), so N workers keep N cores busy without
+oversubscribing them.
 """
 
 from __future__ import annotations
