@@ -887,9 +887,13 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
 def _cpu_list(r: _Reader, d: dict[str, Any], p: str) -> str:
     value = r.str_(d, "embedded_tts_cpus", p, "")
     try:
-        parse_cpu_list(value)
+        cpus = parse_cpu_list(value)
     except ValueError as e:
         r.err(f"{p}.embedded_tts_cpus", str(e))
+        return ""
+    count = os.cpu_count() or 1
+    if cpus and max(cpus) >= count:
+        r.err(f"{p}.embedded_tts_cpus", f"no CPU {max(cpus)} here (CPUs: 0-{count - 1})")
         return ""
     return value
 

@@ -370,7 +370,15 @@ async def start_tts_server(
             )
             return HttpResponse.json(status, body)
         if request.path == "/healthz":
-            return HttpResponse.json(200, json.dumps({"engine": synth.name}).encode())
+            health: dict[str, object] = {"engine": synth.name}
+            if workers is not None:  # what the synthesis workers carry, and refused
+                health |= {
+                    "workers": workers.limits.workers,
+                    "max_jobs": workers.limits.max_jobs,
+                    "jobs": workers.jobs,
+                    "refused": workers.refused,
+                }
+            return HttpResponse.json(200, json.dumps(health).encode())
         return HttpResponse.text(404, "not found")
 
     async def ws(request: HttpRequest) -> Any:

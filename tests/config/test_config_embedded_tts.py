@@ -26,10 +26,11 @@ def test_values_are_read() -> None:
     text = (
         "[daemon]\nembedded_tts_workers = 3\nembedded_tts_queue = 0\n"
         "embedded_tts_max_wait_s = 0.25\nembedded_tts_nice = 19\n"
-        'embedded_tts_cpus = "1,3-4"\n' + ROUTE
+        'embedded_tts_cpus = "0"\n' + ROUTE
     )
     d = parse_config(text).daemon
-    assert parse_cpu_list(d.embedded_tts_cpus) == {1, 3, 4}
+    assert d.embedded_tts_cpus == "0"
+    assert parse_cpu_list(" 1, 3-4") == {1, 3, 4}
     assert (d.embedded_tts_workers, d.embedded_tts_queue) == (3, 0)
     assert (d.embedded_tts_max_wait_s, d.embedded_tts_nice) == (0.25, 19)
 
@@ -45,6 +46,7 @@ def test_values_are_read() -> None:
         'embedded_tts_cpus = "1-"',
         'embedded_tts_cpus = "3-1"',
         'embedded_tts_cpus = "²"',
+        'embedded_tts_cpus = "4096"',
     ],
 )
 def test_bad_values_are_errors_naming_the_key(line: str) -> None:

@@ -11,6 +11,7 @@ Every wait is bounded by ``TIMEOUT_S`` (scaled by
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -141,6 +142,16 @@ def _run(
     asyncio.run(main())
 
 
+async def _health(server: TtsServer) -> dict[str, object]:
+    """The server's ``GET /healthz`` answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    raw = await reader.read()
+    writer.close()
+    body: dict[str, object] = json.loads(raw.partition(b"\r\n\r\n")[2])
+    return body
+
+
 async def _until(condition: Callable[[], bool]) -> None:
     """Return once ``condition()`` holds (looked at every few ms; the test's timeout bounds it)."""
     while not condition():
@@ -212,6 +223,8 @@ def test_a_full_queue_is_refused_at_once_with_the_protocols_error(
         assert engine.started == 1  # the refused job never reached the engine
         frames = [t for t in sent if "busy" in t]
         assert len(frames) == 1, sent
+        health = await _health(server)
+        assert (health["jobs"], health["max_jobs"], health["refused"]) == (1, 1, 1), health
         assert all(part in frames[0] for part in REFUSAL_FRAMES[protocol]), frames
         engine.gate.set()
         await first.done.wait()
