@@ -40,7 +40,7 @@ class PiperEngine:
     One onnxruntime session shared by the server's synthesis workers
     (``InferenceSession.run`` is thread-safe and releases the GIL), each run
     on ``threads_per_run`` threads (default 1: the server gets its
-    parallelism from running one job per worker thread, one per core; the
+    parallelism from its worker threads, one chunk of a job each, one per core; the
     onnxruntime default of a thread per core in every run oversubscribes the
     cores as soon as two jobs run at once).
     """
