@@ -113,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--queue",
         type=int,
-        default=2,
-        help="renderings in progress beyond one per worker; one more is refused (default 2)",
+        default=1,
+        help="renderings in progress beyond one per worker; one more is refused (default 1)",
     )
     t.add_argument(
         "--max-wait-s",

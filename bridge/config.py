@@ -262,7 +262,7 @@ class DaemonConfig:
     gc_thaw_s: float = 600.0
     embedded_tts_workers: int = 0
     """Synthesis workers of the embedded TTS child (0: its cores less one, at least one)."""
-    embedded_tts_queue: int = 2
+    embedded_tts_queue: int = 1
     embedded_tts_max_wait_s: float = 1.0
     embedded_tts_nice: int = 10
     """How much lower the embedded TTS child's CPU priority is than the daemon's."""
@@ -877,7 +877,7 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         gc_freeze_s=r.num(d, "gc_freeze_s", p, 0.1, 0, 3600),
         gc_thaw_s=r.num(d, "gc_thaw_s", p, 600.0, 1, 86400),
         embedded_tts_workers=r.int_(d, "embedded_tts_workers", p, 0, 0, 256),
-        embedded_tts_queue=r.int_(d, "embedded_tts_queue", p, 2, 0, 10000),
+        embedded_tts_queue=r.int_(d, "embedded_tts_queue", p, 1, 0, 10000),
         embedded_tts_max_wait_s=r.num(d, "embedded_tts_max_wait_s", p, 1.0, 0.001, 60),
         embedded_tts_nice=r.int_(d, "embedded_tts_nice", p, 10, 0, 19),
         embedded_tts_cpus=_cpu_list(r, d, p),

@@ -55,7 +55,7 @@ class EmbeddedTts:
         startup_timeout_s: float = 60.0,
         *,
         workers: int = 0,
-        queue: int = 2,
+        queue: int = 1,
         max_wait_s: float = 1.0,
         nice: int = 10,
         cpus: str = "",

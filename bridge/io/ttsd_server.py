@@ -94,7 +94,7 @@ class SynthLimits:
 
     workers: int = field(default_factory=default_workers)
     """Threads rendering at once (one chunk of one job each)."""
-    queue: int = 2
+    queue: int = 1
     """Jobs in progress beyond one per worker; one more is refused at once."""
     max_wait_s: float = 1.0
     """A job whose first chunk has not started this long after it asked is refused."""

@@ -18,7 +18,7 @@ provider = "p"
 
 def test_defaults() -> None:
     d = parse_config(ROUTE).daemon
-    assert (d.embedded_tts_workers, d.embedded_tts_queue) == (0, 2)
+    assert (d.embedded_tts_workers, d.embedded_tts_queue) == (0, 1)
     assert (d.embedded_tts_max_wait_s, d.embedded_tts_nice) == (1.0, 10)
 
 
