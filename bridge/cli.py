@@ -10,11 +10,12 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from bridge import __version__
-from bridge.config import ConfigError, load_config
+from bridge.config import ConfigError, load_config, parse_cpu_list
 
 EXIT_CONFIG = 2
 
@@ -44,14 +45,33 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_tts_server(args: argparse.Namespace) -> int:
-    from bridge.io.ttsd_server import run_tts_server
+    from bridge.io.ttsd_server import SynthLimits, default_workers, run_tts_server
 
+    keys = list(args.api_key or ())
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env, "")
+        if not key:
+            print(f"error: --api-key-env: ${args.api_key_env} is not set", file=sys.stderr)
+            return EXIT_CONFIG
+        keys.append(key)
+    try:
+        cpus = parse_cpu_list(args.cpus)
+        if cpus:  # CPUs of its own (the daemon's are others): a worker on each
+            os.sched_setaffinity(0, cpus)
+        workers = args.workers or (len(cpus) if cpus else default_workers())
+        limits = SynthLimits(workers, args.queue, args.max_wait_s)
+    except (ValueError, OSError) as e:
+        print(f"error: tts-server: {e}", file=sys.stderr)
+        return EXIT_CONFIG
     return run_tts_server(
         listen=args.listen,
         engine=args.engine,
-        api_keys=tuple(args.api_key or ()),
+        api_keys=tuple(keys),
         port_file=args.port_file,
         exit_with_stdin=args.exit_with_stdin,
+        limits=limits,
+        nice=args.nice,
+        cpus=cpus,
     )
 
 
@@ -78,6 +98,34 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--listen", default="127.0.0.1:8765", help="HOST:PORT (port 0: any free port)")
     t.add_argument("--engine", choices=("piper", "tone"), default="piper")
     t.add_argument("--api-key", action="append", help="accepted key (repeatable; none: any)")
+    t.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="also accept the key in this environment variable (kept off the command line)",
+    )
+    t.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="synthesis workers, renderings at once (default 0: one per --cpus CPU, else the "
+        "cores less one, at least 1)",
+    )
+    t.add_argument(
+        "--queue",
+        type=int,
+        default=1,
+        help="renderings in progress beyond one per worker; one more is refused (default 1)",
+    )
+    t.add_argument(
+        "--max-wait-s",
+        type=float,
+        default=1.0,
+        help="refuse a rendering still waiting for a worker after this long (default 1)",
+    )
+    t.add_argument(
+        "--nice", type=int, default=0, help="lower this process's CPU priority by N at start"
+    )
+    t.add_argument("--cpus", default="", help='run on these CPUs only ("1", "0,2-3")')
     t.add_argument("--port-file", help="write the bound port here once listening")
     t.add_argument(
         "--exit-with-stdin",

@@ -292,6 +292,14 @@ class DaemonConfig:
     gc_thaw_s: float = 600.0
     prerender_wait_s: float = 60.0
     fallback_prompt: str = ""
+    embedded_tts_workers: int = 0
+    """Synthesis workers of the embedded TTS child (0: its cores less one, at least one)."""
+    embedded_tts_queue: int = 1
+    embedded_tts_max_wait_s: float = 1.0
+    embedded_tts_nice: int = 10
+    """How much lower the embedded TTS child's CPU priority is than the daemon's."""
+    embedded_tts_cpus: str = ""
+    """CPUs the embedded TTS child runs on (``taskset`` list: "1", "2-3,6"); "": the daemon's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -963,7 +971,9 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         d,
         {"drain_timeout_s", "log_level", "log_format", "event_loop", "cache_dir",
          "prompt_cache_bytes", "max_loop_lag_ms", "gc_freeze_s", "gc_thaw_s",
-         "prerender_wait_s", "fallback_prompt"},
+         "prerender_wait_s", "fallback_prompt",
+         "embedded_tts_workers", "embedded_tts_queue", "embedded_tts_max_wait_s",
+         "embedded_tts_nice", "embedded_tts_cpus"},
         p,
     )  # fmt: skip
     return DaemonConfig(
@@ -978,7 +988,46 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         gc_thaw_s=r.num(d, "gc_thaw_s", p, 600.0, 1, 86400),
         prerender_wait_s=r.num(d, "prerender_wait_s", p, 60.0, 0, 3600),
         fallback_prompt=r.str_(d, "fallback_prompt", p, ""),
+        embedded_tts_workers=r.int_(d, "embedded_tts_workers", p, 0, 0, 256),
+        embedded_tts_queue=r.int_(d, "embedded_tts_queue", p, 1, 0, 10000),
+        embedded_tts_max_wait_s=r.num(d, "embedded_tts_max_wait_s", p, 1.0, 0.001, 60),
+        embedded_tts_nice=r.int_(d, "embedded_tts_nice", p, 10, 0, 19),
+        embedded_tts_cpus=_cpu_list(r, d, p),
     )
+
+
+def _cpu_list(r: _Reader, d: dict[str, Any], p: str) -> str:
+    value = r.str_(d, "embedded_tts_cpus", p, "")
+    try:
+        cpus = parse_cpu_list(value)
+    except ValueError as e:
+        r.err(f"{p}.embedded_tts_cpus", str(e))
+        return ""
+    count = os.cpu_count() or 1
+    if cpus and max(cpus) >= count:
+        r.err(f"{p}.embedded_tts_cpus", f"no CPU {max(cpus)} here (CPUs: 0-{count - 1})")
+        return ""
+    return value
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """A ``taskset -c`` CPU list ("1", "0,2-3") as a set; "" is the empty set."""
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        low, dash, high = part.partition("-")
+        if (
+            not low.isascii()
+            or not low.isdigit()
+            or (dash and not (high.isascii() and high.isdigit()))
+        ):
+            raise ValueError(
+                f'expected CPU numbers and ranges such as "1" or "0,2-3", got {text!r}'
+            )
+        first, last = int(low), int(high) if dash else int(low)
+        if last < first:
+            raise ValueError(f"range {part!r} runs backwards")
+        cpus.update(range(first, last + 1))
+    return frozenset(cpus)
 
 
 # ------------------------------------------------------------------ entry

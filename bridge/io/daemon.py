@@ -67,12 +67,12 @@ log = get_logger("callbridge.daemon")
 
 
 def provider_settings(p: ProviderConfig, embedded: dict[str, EmbeddedTts]) -> ProviderSettings:
-    url = embedded[p.engine].url(p.protocol) if p.embedded else p.url
+    child = embedded[p.engine] if p.embedded else None
     return ProviderSettings(
         name=p.name,
         protocol=p.protocol,
-        url=url,
-        api_key=p.api_key,
+        url=child.url(p.protocol) if child else p.url,
+        api_key=child.api_key if child else p.api_key,
         voice=p.voice,
         model=p.model,
         options=p.options,
@@ -226,7 +226,15 @@ class Daemon:
     async def _ensure_embedded(self, cfg: Config) -> None:
         for engine in sorted({p.engine for p in cfg.providers if p.embedded}):
             if engine not in self.embedded:
-                child = EmbeddedTts(engine)
+                d = cfg.daemon
+                child = EmbeddedTts(
+                    engine,
+                    workers=d.embedded_tts_workers,
+                    queue=d.embedded_tts_queue,
+                    max_wait_s=d.embedded_tts_max_wait_s,
+                    nice=d.embedded_tts_nice,
+                    cpus=d.embedded_tts_cpus,
+                )
                 await child.start()
                 self.embedded[engine] = child
 

@@ -1,10 +1,20 @@
 """The embedded provider: ``callbridge tts-server`` as a supervised child process.
 
-A provider with ``url = "embedded"`` gets its URL from here. One child per
-synthesis engine (``piper`` or ``tone``) serves every protocol on one
-loopback port, chosen once so that a restarted child comes back on the same
-URL and the provider pools simply reconnect. The child is restarted with
-capped backoff whenever it dies, and stopped with SIGTERM on shutdown.
+A provider with ``url = "embedded"`` gets its URL and key from here. One
+child per synthesis engine (``piper`` or ``tone``) serves every protocol on
+one loopback port: the first child binds any free port (port 0, no
+bind-then-release race) and reports it; a restarted child comes back on the
+same port, so the provider pools simply reconnect. The child is restarted
+with capped backoff whenever it dies, and stopped with SIGTERM on shutdown.
+
+The child requires a secret made at each daemon start on every connection
+(as the provider's API key, in each protocol's own way), passed to it in its
+environment, never on its command line; so a local process that is not the
+daemon cannot use it. It runs ``nice`` steps below the daemon's CPU priority
+(it lowers its own priority as it starts: ``tts-server --nice``), so a burst
+of synthesis never delays the daemon's frames; its synthesis workers, queue
+and wait bound, and the CPUs it may run on, are the ``[daemon]
+embedded_tts_*`` keys.
 """
 
 from __future__ import annotations
@@ -12,15 +22,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
-import socket
 import sys
 import tempfile
 from pathlib import Path
 
 from bridge.logs import get_logger
 
-__all__ = ["PROTOCOL_PATHS", "EmbeddedTts"]
+__all__ = ["KEY_ENV", "PROTOCOL_PATHS", "EmbeddedTts"]
 
 log = get_logger("callbridge.embedded")
 
@@ -32,47 +42,65 @@ PROTOCOL_PATHS = {
     "coda": "/ws",
     "zwst": "/v1/stream",
 }
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+KEY_ENV = "CALLBRIDGE_TTS_SERVER_KEY"
+"""The child's environment variable holding the key it requires."""
 
 
 class EmbeddedTts:
     """One supervised ``callbridge tts-server`` child."""
 
-    def __init__(self, engine: str, startup_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        engine: str,
+        startup_timeout_s: float = 60.0,
+        *,
+        workers: int = 0,
+        queue: int = 1,
+        max_wait_s: float = 1.0,
+        nice: int = 10,
+        cpus: str = "",
+    ) -> None:
         self.engine = engine
-        self.port = _free_port()
+        self.port = 0
+        """0 until the first child has bound one; then every restart binds it again."""
+        self.api_key = secrets.token_urlsafe(32)
+        """What the child requires of every connection (the embedded providers' key)."""
         self.startup_timeout_s = startup_timeout_s
+        self.workers = workers
+        self.queue = queue
+        self.max_wait_s = max_wait_s
+        self.nice = nice
+        self.cpus = cpus
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
 
     def url(self, protocol: str) -> str:
+        if not self.port:
+            raise RuntimeError("the embedded TTS server has not started")
         return f"ws://127.0.0.1:{self.port}{PROTOCOL_PATHS[protocol]}"
+
+    def command(self, port_file: str) -> list[str]:
+        """The child's command line (no secret on it: that is in its environment)."""
+        return [
+            *(sys.executable, "-m", "bridge.cli", "tts-server"),
+            *("--listen", f"127.0.0.1:{self.port}", "--engine", self.engine),
+            *("--port-file", port_file, "--api-key-env", KEY_ENV),
+            *("--workers", str(self.workers), "--queue", str(self.queue)),
+            *("--max-wait-s", repr(self.max_wait_s), "--nice", str(self.nice)),
+            *(("--cpus", self.cpus) if self.cpus else ()),
+            # our end of its stdin pipe closes when this process ends, however it
+            # ends (SIGKILL included): the child stops then, never an orphan
+            "--exit-with-stdin",
+        ]
 
     async def _spawn(self) -> None:
         with tempfile.TemporaryDirectory() as d:
             port_file = Path(d) / "port"
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "bridge.cli",
-                "tts-server",
-                "--listen",
-                f"127.0.0.1:{self.port}",
-                "--engine",
-                self.engine,
-                "--port-file",
-                str(port_file),
-                # our end of its stdin pipe closes when this process ends, however it
-                # ends (SIGKILL included): the child stops then, never an orphan
-                "--exit-with-stdin",
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                *self.command(str(port_file)),
+                env={**os.environ, "PYTHONUNBUFFERED": "1", KEY_ENV: self.api_key},
                 stdin=asyncio.subprocess.PIPE,
             )
             loop = asyncio.get_running_loop()
@@ -83,7 +111,15 @@ class EmbeddedTts:
                 if loop.time() > deadline:
                     raise RuntimeError("tts-server did not start in time")
                 await asyncio.sleep(0.05)
-        log.info("embedded.started", engine=self.engine, port=self.port, pid=self.proc.pid)
+            self.port = int(port_file.read_text().strip() or 0)
+        log.info(
+            "embedded.started",
+            engine=self.engine,
+            port=self.port,
+            pid=self.proc.pid,
+            nice=self.nice,
+            workers=self.workers or "auto",
+        )
 
     async def start(self) -> None:
         """Start the child and return once it listens; then supervise it."""

@@ -15,6 +15,11 @@ thread) and feeds results back:
 * ``synthesis_done(job_id, now)`` once the job has produced everything;
 * ``synthesis_failed(job_id, message, now)`` when the engine failed.
 
+* ``synthesis_refused(job_id, message, now)`` when the job could not start
+  (every synthesis worker busy and the queue full, or the wait too long): the
+  session answers with its protocol's own "at capacity" error frame, so the
+  client fails the turn at once.
+
 The session encodes the audio into the wire format the client asked for
 (base64 JSON, binary frames with headers, mu-law, A-law...) and emits the
 protocol's frames in the order the document prescribes. ``CancelSynthesis``
@@ -106,6 +111,10 @@ class ServerSession(Protocol):
     def synthesis_done(self, job_id: str, now: float) -> None: ...
 
     def synthesis_failed(self, job_id: str, message: str, now: float) -> None: ...
+
+    def synthesis_refused(self, job_id: str, message: str, now: float) -> None:
+        """The job never started (the server is at capacity): the protocol's busy error."""
+        ...
 
     def handle_timer(self, now: float) -> None: ...
 

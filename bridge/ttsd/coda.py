@@ -85,6 +85,9 @@ __all__ = [
 
 PATHS: tuple[str, ...] = ("/ws", "/v1/ws/coda")
 CODA_MAX_CONTEXTS = 16
+ERROR_KIND_INTERNAL = "internal"
+ERROR_KIND_UNAVAILABLE = "unavailable"
+"""The seed's kind for "the server cannot take the request right now (at capacity)"."""
 """The seed's limit of open contexts per socket."""
 #: Subprotocols we accept. ``rime.v1.binary`` is not: its Protobuf schema is unpublished.
 SUBcodaCOLS: tuple[str, ...] = (SUBPROTOCOL,)
@@ -384,11 +387,18 @@ class CodaServerSession(Outbox):
         self._pump(ctx)
 
     def synthesis_failed(self, job_id: str, message: str, now: float) -> None:
+        self._fail_job(job_id, ERROR_KIND_INTERNAL, message)
+
+    def synthesis_refused(self, job_id: str, message: str, now: float) -> None:
+        """At capacity: the seed's ``unavailable`` kind, scoped to the context."""
+        self._fail_job(job_id, ERROR_KIND_UNAVAILABLE, message)
+
+    def _fail_job(self, job_id: str, kind: str, message: str) -> None:
         ctx = self._jobs.pop(job_id, None)
         if ctx is None:
             return
         self._contexts.pop(ctx.context_id, None)
-        body = {"kind": "internal", "message": message, "requestId": ctx.request_id}
+        body = {"kind": kind, "message": message, "requestId": ctx.request_id}
         self._send({"contextId": ctx.context_id, "error": body})
 
     # ------------------------------------------------------------- helpers

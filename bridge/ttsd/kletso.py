@@ -76,6 +76,9 @@ STOP_REASONS: Final = frozenset({"user", "background"})
 #: Security limits (ours; the seed states none for JSON).
 MAX_FRAME_CHARS: Final = 64 * 1024
 MAX_ITEMS_REMEMBERED: Final = 256
+ERROR_RATE_LIMITED: Final = "voice_rate_limited"
+"""The seed's error code for a voice model that takes no more work now (a start rate
+over the limit, or every synthesis worker busy)."""
 #: Deterministic price list for ``usage.costMicros`` (micro-units per second).
 COST_IN_MICROS_PER_S: Final = 100
 COST_OUT_MICROS_PER_S: Final = 250
@@ -466,6 +469,15 @@ class KletsoServerSession(Outbox):
             return
         self._item = None
         self._error("voice_provider_error", f"synthesis failed: {message}")
+        self._end_session("error")
+
+    def synthesis_refused(self, job_id: str, message: str, now: float) -> None:
+        """At capacity: ``voice_rate_limited``, then ``voice.ended`` (error)."""
+        item = self._item
+        if item is None or item.item_id != job_id:
+            return
+        self._item = None
+        self._error(ERROR_RATE_LIMITED, message)
         self._end_session("error")
 
     def _interrupt(self, item: _Item, now: float) -> None:

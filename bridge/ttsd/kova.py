@@ -268,6 +268,13 @@ class KovaServerSession(Outbox):
 
     def synthesis_failed(self, job_id: str, message: str, now: float) -> None:
         """Report ``error`` for the utterance; its flush will not complete."""
+        self._fail_job(job_id, f"synthesis failed: {message}")
+
+    def synthesis_refused(self, job_id: str, message: str, now: float) -> None:
+        """At capacity: the same per-context ``error`` frame (the seed has no codes)."""
+        self._fail_job(job_id, message)
+
+    def _fail_job(self, job_id: str, message: str) -> None:
         ctx = self._jobs.pop(job_id, None)
         if ctx is None:
             return
@@ -277,7 +284,7 @@ class KovaServerSession(Outbox):
         while ctx.queue and flush_id is None:
             item = ctx.queue.popleft()
             flush_id = item.flush_id if isinstance(item, _Flush) else None
-        self._send_error(f"synthesis failed: {message}", ctx.context_id, flush_id)
+        self._send_error(message, ctx.context_id, flush_id)
         self._pump(ctx)
 
     # ------------------------------------------------------------- helpers

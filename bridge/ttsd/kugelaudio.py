@@ -79,6 +79,10 @@ IDENTITY_FIELDS = frozenset(
     {"voice_id", "model_id", "sample_rate", "output_format", "project_id", "dictionary_ids"}
 )
 CLOSE_POLICY_VIOLATION = 1008
+BUSY_ERROR = ("SERVICE_UNAVAILABLE", 503)
+"""``error_code`` and ``code`` of a turn refused at capacity (the seed's error table is
+not in the document we have; the client treats any code but ``VALIDATION_ERROR`` as
+retryable)."""
 _SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+")
 
 
@@ -436,11 +440,18 @@ class KugelAudioServerSession(Outbox):
         self._pump(now)
 
     def synthesis_failed(self, job_id: str, message: str, now: float) -> None:
+        logger.warning("! synthesis of job %s failed: %s", job_id, message)
+        self._fail_job(job_id, _Invalid("Generation failed", "INTERNAL_ERROR", 500), now)
+
+    def synthesis_refused(self, job_id: str, message: str, now: float) -> None:
+        """At capacity: ``SERVICE_UNAVAILABLE`` (503), the turn ends as on a failure."""
+        self._fail_job(job_id, _Invalid(f"Service unavailable: {message}", *BUSY_ERROR), now)
+
+    def _fail_job(self, job_id: str, error: _Invalid, now: float) -> None:
         session, job = self._job(job_id)
         if session is None or job is None:
             return
-        logger.warning("! synthesis of job %s failed: %s", job_id, message)
-        self._send_error(_Invalid("Generation failed", "INTERNAL_ERROR", 500))
+        self._send_error(error)
         self._session = None
         self._state = _State.IDLE
         self._replay_held(now)

