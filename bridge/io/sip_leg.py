@@ -33,6 +33,7 @@ from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.rtp.ports import RtpPortAllocator
 from bridge.sip.events import (
+    AuthFailed,
     CallCancelled,
     CallEnded,
     CallOffered,
@@ -324,6 +325,16 @@ class SipLeg:
                 )
                 if event.remote_rtp_addr is not None:
                     call.rtp.set_remote(event.remote_rtp_addr)
+        elif isinstance(event, AuthFailed):
+            # one line per failed answer (fail2ban reads these), one more when the
+            # source is blocked; later refusals of a blocked source are not logged
+            self.daemon.metrics.rejected_total.labels("auth_failed").inc()
+            log.warning(
+                "sip.auth_blocked" if event.blocked else "sip.auth_failed",
+                source=event.source,
+                transport=event.transport,
+                username=event.username,
+            )
 
     async def _offered(self, ua: _UaRunner, event: CallOffered) -> None:
         loop = asyncio.get_running_loop()

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
+from bridge.sip.uri import ascii_digits
+
 __all__ = [
     "Direction",
     "MediaDescription",
@@ -162,7 +164,7 @@ def _direction(value: str) -> Direction:
 
 def _parse_origin(value: str) -> Origin:
     parts = value.split()
-    if len(parts) != 6 or not parts[2].isdigit() or len(parts[2]) > 20:
+    if len(parts) != 6 or not ascii_digits(parts[2]) or len(parts[2]) > 20:
         raise SdpError("malformed o= line")
     return Origin(parts[0], parts[1], int(parts[2]), parts[4], parts[5])
 
@@ -175,7 +177,7 @@ def _parse_connection(value: str) -> str:
 
 
 def _int(text: str, limit: int, what: str) -> int:
-    if not text.isdigit() or len(text) > 10 or int(text) > limit:
+    if not ascii_digits(text) or len(text) > 10 or int(text) > limit:
         raise SdpError(f"bad {what}")
     return int(text)
 
@@ -228,7 +230,7 @@ def _parse_media(block: list[str]) -> MediaDescription:
 
 
 def _codec_of(media: MediaDescription, fmt: str) -> tuple[int, str, int] | None:
-    if not fmt.isdigit() or int(fmt) > 127:
+    if not ascii_digits(fmt) or int(fmt) > 127:
         return None
     pt = int(fmt)
     for mapped_pt, encoding, rate in media.rtpmap:
