@@ -119,6 +119,8 @@ class MediaStreamsConfig:
     stream_token: str = field(default="", repr=False)
     max_message_bytes: int = 64 * 1024
     lead_ms: int = 60
+    token_ttl_s: float = 30.0
+    max_streams: int = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,7 @@ class ApiConfig:
     enabled: bool = True
     listen: str = "127.0.0.1:8081"
     token: str = field(default="", repr=False)
+    metrics_auth: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,14 +426,18 @@ class _Reader:
             if not file.is_absolute():
                 file = self.base_dir / file
             try:
-                return file.read_text().strip()
+                value = file.read_text().strip()
             except OSError as e:
                 self.err(_join(path, f"{key}_file"), f"cannot read {raw!r}: {e.strerror}")
                 return ""
+            if not value:  # the installer's placeholder: never a silent "check off"
+                self.err(_join(path, f"{key}_file"), f"{raw!r} is empty")
+            return value
         if f"{key}_env" in data:
             name = self.str_(data, f"{key}_env", path, "")
-            if name not in self.env:
-                self.err(_join(path, f"{key}_env"), f"environment variable {name!r} is not set")
+            if not self.env.get(name):
+                why = "is empty" if name in self.env else "is not set"
+                self.err(_join(path, f"{key}_env"), f"environment variable {name!r} {why}")
                 return ""
             return self.env[name]
         return self.str_(data, key, path, "")
@@ -575,7 +582,8 @@ def _read_media_streams(r: _Reader, d: dict[str, Any]) -> MediaStreamsConfig:
         d,
         {"enabled", "listen", "public_url", "twilio_auth_token", "plivo_auth_token",
          "single_use_tokens",
-         "token_secret", "stream_token", "max_message_bytes", "lead_ms"},
+         "token_secret", "stream_token", "max_message_bytes", "lead_ms", "token_ttl_s",
+         "max_streams"},
         p,
     )  # fmt: skip
     listen = r.str_(d, "listen", p, "127.0.0.1:8080")
@@ -583,17 +591,39 @@ def _read_media_streams(r: _Reader, d: dict[str, Any]) -> MediaStreamsConfig:
     public_url = r.str_(d, "public_url", p, "")
     if public_url and not public_url.startswith(("ws://", "wss://")):
         r.err("media_streams.public_url", f"expected a ws:// or wss:// URL, got {public_url!r}")
+    enabled = r.bool_(d, "enabled", p, True)
+    twilio_auth_token = r.secret(d, "twilio_auth_token", p)
+    plivo_auth_token = r.secret(d, "plivo_auth_token", p)
+    stream_token = r.secret(d, "stream_token", p)
+    single_use_tokens = r.bool_(d, "single_use_tokens", p, False)
+    hp = _parse_hostport(listen)
+    if enabled and hp and not _is_loopback(hp[0]):
+        # a public listener fails closed: no credential, no listener
+        if not (twilio_auth_token or plivo_auth_token or stream_token or single_use_tokens):
+            r.err(
+                "media_streams.stream_token",
+                f"a credential is required when media_streams.listen is not loopback ({listen}):"
+                " set stream_token, twilio_auth_token, plivo_auth_token or single_use_tokens",
+            )
+        if not public_url:
+            r.err(
+                "media_streams.public_url",
+                f"required when media_streams.listen is not loopback ({listen}): signatures"
+                " are checked against it, never against the request's Host header",
+            )
     return MediaStreamsConfig(
-        enabled=r.bool_(d, "enabled", p, True),
+        enabled=enabled,
         listen=listen,
         public_url=public_url,
-        twilio_auth_token=r.secret(d, "twilio_auth_token", p),
-        plivo_auth_token=r.secret(d, "plivo_auth_token", p),
-        single_use_tokens=r.bool_(d, "single_use_tokens", p, False),
+        twilio_auth_token=twilio_auth_token,
+        plivo_auth_token=plivo_auth_token,
+        single_use_tokens=single_use_tokens,
         token_secret=_min_len(r, r.secret(d, "token_secret", p), 16, "media_streams.token_secret"),
-        stream_token=r.secret(d, "stream_token", p),
+        stream_token=stream_token,
         max_message_bytes=r.int_(d, "max_message_bytes", p, 64 * 1024, 1024, 16 * 1024 * 1024),
         lead_ms=r.int_(d, "lead_ms", p, 60, 20, 1000),
+        token_ttl_s=r.num(d, "token_ttl_s", p, 30.0, 1, 3600),
+        max_streams=r.int_(d, "max_streams", p, 1000, 1, 1_000_000),
     )
 
 
@@ -605,14 +635,19 @@ def _min_len(r: _Reader, value: str, n: int, key: str) -> str:
 
 def _read_api(r: _Reader, d: dict[str, Any]) -> ApiConfig:
     p = "api"
-    r.unknown(d, {"enabled", "listen", "token"}, p)
+    r.unknown(d, {"enabled", "listen", "token", "metrics_auth"}, p)
     listen = r.str_(d, "listen", p, "127.0.0.1:8081")
     r.hostport(listen, "api.listen")
     token = r.secret(d, "token", p)
     hp = _parse_hostport(listen)
     if hp and not token and not _is_loopback(hp[0]):
         r.err("api.token", f"required when api.listen is not loopback ({listen})")
-    return ApiConfig(enabled=r.bool_(d, "enabled", p, True), listen=listen, token=token)
+    return ApiConfig(
+        enabled=r.bool_(d, "enabled", p, True),
+        listen=listen,
+        token=token,
+        metrics_auth=r.bool_(d, "metrics_auth", p, True),
+    )
 
 
 def _is_loopback(host: str) -> bool:

@@ -299,6 +299,11 @@ class Daemon:
             body = json.dumps({"ready": ok, "draining": self.draining}).encode()
             return HttpResponse.json(200 if ok else 503, body)
         if path == "/metrics":
+            from bridge.io.api_shell import metrics_refusal
+
+            refusal = metrics_refusal(self.config.api, request)
+            if refusal is not None:
+                return refusal
             return HttpResponse(200, self.metrics.render(), "text/plain; version=0.0.4")
         for handler in API_HANDLERS:
             response = await handler(self, request)
