@@ -65,7 +65,7 @@ class SdesCrypto:
         if len(fields) < 3:
             raise ValueError(f"crypto attribute needs tag, suite and key params: {attribute!r}")
         tag_text, suite, key_params = fields[:3]
-        if not tag_text.isdigit() or len(tag_text) > 9:
+        if not (tag_text.isascii() and tag_text.isdigit()) or len(tag_text) > 9:
             raise ValueError(f"crypto tag must be 1-9 digits, got {tag_text!r}")
         if suite != SRTP_SUITE:
             raise ValueError(f"unsupported crypto suite {suite}, only {SRTP_SUITE}")
