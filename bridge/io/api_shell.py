@@ -80,6 +80,10 @@ class Directory:
             return DirectoryError(404, "not_found", f"no call {call_id!r}")
         if r.finished:
             return DirectoryError(409, "ending", "the call is ending")
+        if not r.knows_provider(say.provider):
+            return DirectoryError(
+                422, "invalid_field", f"no provider {say.provider!r} on this node", "provider"
+            )
         r.say(say)
         return None
 
