@@ -20,6 +20,7 @@ The keys documented in ``config/README.md`` are the public interface.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import math
 import os
@@ -47,6 +48,7 @@ __all__ = [
     "SipRegistration",
     "load_config",
     "parse_config",
+    "secret_values",
 ]
 
 PROTOCOLS = ("kova", "kugelaudio", "kletso", "coda", "zwst")
@@ -263,6 +265,7 @@ class DaemonConfig:
     max_loop_lag_ms: float = 20.0
     gc_freeze_s: float = 0.1
     gc_thaw_s: float = 600.0
+    log_caller_data: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -888,7 +891,8 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
     r.unknown(
         d,
         {"drain_timeout_s", "log_level", "log_format", "event_loop", "cache_dir",
-         "prompt_cache_bytes", "max_loop_lag_ms", "gc_freeze_s", "gc_thaw_s"},
+         "prompt_cache_bytes", "max_loop_lag_ms", "gc_freeze_s", "gc_thaw_s",
+         "log_caller_data"},
         p,
     )  # fmt: skip
     return DaemonConfig(
@@ -901,6 +905,7 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         max_loop_lag_ms=r.num(d, "max_loop_lag_ms", p, 20.0, 0, 1000),
         gc_freeze_s=r.num(d, "gc_freeze_s", p, 0.1, 0, 3600),
         gc_thaw_s=r.num(d, "gc_thaw_s", p, 600.0, 1, 86400),
+        log_caller_data=r.bool_(d, "log_caller_data", p, False),
     )
 
 
@@ -944,6 +949,25 @@ def parse_config(
     if errors:
         raise ConfigError(errors)
     return cfg
+
+
+def secret_values(value: object) -> tuple[str, ...]:
+    """Every secret in ``value`` (a ``Config`` or any part): the fields kept out of ``repr``.
+
+    The log sink masks these wherever they appear (``bridge.logs.configure``).
+    """
+    found: list[str] = []
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            if not f.repr and isinstance(item, str) and item:
+                found.append(item)
+            else:
+                found.extend(secret_values(item))
+    elif isinstance(value, tuple | list):
+        for item in value:
+            found.extend(secret_values(item))
+    return tuple(found)
 
 
 def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:

@@ -100,6 +100,11 @@ class Metrics:
         )
         self.draining = Gauge("callbridge_draining", "1 while draining", registry=r)
         self.tasks = Gauge("callbridge_tasks", "asyncio tasks alive in the daemon", registry=r)
+        self.log_lines_dropped = Gauge(
+            "callbridge_log_lines_dropped",
+            "Log lines the sink could not write (EPIPE, ENOSPC...) since start",
+            registry=r,
+        )
         self.gc_thaw_collected_total = Counter(
             "callbridge_gc_thaw_collected",
             "objects found unreachable by a thaw's full collection (cycles; should stay low)",

@@ -27,7 +27,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from bridge import __version__, native
-from bridge.config import Config, ConfigError, ProviderConfig, load_config, split_hostport
+from bridge.config import (
+    Config,
+    ConfigError,
+    ProviderConfig,
+    load_config,
+    secret_values,
+    split_hostport,
+)
 from bridge.io.embedded import EmbeddedTts
 from bridge.io.gcpolicy import GcPolicy, ReleaseWatch, YoungFinds, thaw_described
 from bridge.io.gcpolicy import apply as gc_apply
@@ -35,7 +42,7 @@ from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, serve_http
 from bridge.io.notify import Notifier
 from bridge.io.ticker import MediaTicker
 from bridge.io.tts_client import PromptCache, ProviderPool
-from bridge.logs import configure, get_logger
+from bridge.logs import configure, dropped_lines, get_logger
 from bridge.metrics import Metrics
 from bridge.tts.base import ProviderSettings
 
@@ -396,6 +403,7 @@ class Daemon:
                     self.notifier.status(self.status_line())
                     self._export_pool_counters()
                     self.metrics.tasks.set(len(asyncio.all_tasks()))
+                    self.metrics.log_lines_dropped.set(dropped_lines())
         finally:
             await self.close()
         log.info("daemon.stopped")
@@ -403,7 +411,12 @@ class Daemon:
 
 
 def run_daemon(cfg: Config) -> int:
-    configure(cfg.daemon.log_level, cfg.daemon.log_format)
+    configure(
+        cfg.daemon.log_level,
+        cfg.daemon.log_format,
+        log_caller_data=cfg.daemon.log_caller_data,
+        secrets=secret_values(cfg),
+    )
     if cfg.daemon.event_loop == "uvloop":
         try:
             import uvloop

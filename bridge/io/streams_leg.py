@@ -68,6 +68,7 @@ __all__ = ["MediaStreamsLeg"]
 log = get_logger("callbridge.streams")
 
 CAN_CLEAR = {"twilio", "telnyx", "plivo", "exotel", "vonage"}
+_CREDENTIAL_PARAMS = frozenset({"token", "stream_token"})
 _UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
 TWIML_REPLAY_WINDOW_S = 86400.0
 """How long a CallSid that got a stream token is remembered (a replayed /twiml: 409)."""
@@ -207,7 +208,10 @@ class MediaStreamsLeg:
             leg=stream.engine.DIALECT,
             from_=event.custom_parameters.get("from", ""),
             to=event.custom_parameters.get("to", ""),
-            custom_parameters=dict(event.custom_parameters),
+            # the credentials it carried stay here: the application never sees them
+            custom_parameters={
+                k: v for k, v in event.custom_parameters.items() if k not in _CREDENTIAL_PARAMS
+            },
         )
         lead = max(0, self.daemon.config.media_streams.lead_ms // 20 - 1)
         call = CallRunner(
