@@ -489,8 +489,10 @@ class SipLeg:
 
 
 def _uri_hostport(uri: str) -> tuple[str, int] | None:
-    m = re.match(r"^sips?:(?:[^@]*@)?(\[[^\]]+\]|[^:;>?]+)(?::(\d+))?", uri.strip("<>"), re.I)
-    if m is None:
+    # [0-9], not \d (which takes non-ASCII digits); a port past 65535 raised at sendto
+    pattern = r"^sips?:(?:[^@]*@)?(\[[^\]]+\]|[^:;>?]+)(?::([0-9]{1,5}))?(?=$|[;?>])"
+    m = re.match(pattern, uri.strip("<>"), re.I)
+    if m is None or int(m.group(2) or 5060) > 65535:
         return None
     return m.group(1).strip("[]"), int(m.group(2) or 5060)
 
