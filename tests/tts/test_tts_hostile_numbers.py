@@ -7,6 +7,9 @@ large for a double (``float()`` raises ``OverflowError``), Unicode digits
 frame is fed to a client with a live turn; nothing may raise. The first run
 found three (``OverflowError``): KugelAudio's ``sr`` and word times, Kletso's
 numbers (``_opt_num``); the test fails for those two protocols without the fix.
+The server sessions (``callbridge tts-server``) get the same treatment with
+the client frames of the same sessions: Kletso's ``voice.played`` position
+and KugelAudio's clamped numbers raised before.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import pytest
 
 from bridge.tts.base import AudioFormat, ProviderSettings, TurnSettings
+from bridge.ttsd.base import ServerOptions
 
 HERE = Path(__file__).parent
 PROTOCOLS = ["coda", "kletso", "kova", "kugelaudio", "zwst"]
@@ -43,13 +47,13 @@ def replaced(obj: object, value: object) -> tuple[object, int]:
     return obj, 0
 
 
-def inbound_frames(protocol: str) -> list[dict[str, Any]]:
+def inbound_frames(protocol: str, direction: str = "in") -> list[dict[str, Any]]:
     frames = []
     for path in sorted((HERE / protocol / "fixtures").glob("*.jsonl")):
         for line in path.read_text().splitlines():
             entry = json.loads(line)
             msg = entry.get("msg")
-            inbound = entry.get("dir") == "in" and isinstance(msg, dict)
+            inbound = entry.get("dir") == direction and isinstance(msg, dict)
             if inbound and not {"b64", "raw", "close"} & set(msg):
                 frames.append(msg)
     return frames
@@ -89,4 +93,33 @@ def test_hostile_numbers_in_any_recorded_frame_never_raise(protocol: str) -> Non
             engine.handle_timer(100.0)
             engine.actions_to_send()
             engine.events_received()
+    assert mutated > 0
+
+
+def server_session(protocol: str, opening: list[dict[str, Any]]) -> Any:
+    module = importlib.import_module(f"bridge.ttsd.{protocol}")
+    session = module.SESSION(ServerOptions(voices=frozenset({"v", "cal", "lyra"})))
+    query = {"voice_id": "v", "format": "pcm_s16le", "sample_rate": "16000"}
+    session.connection_made(
+        module.PATHS[0], query if protocol == "zwst" else {}, {"authorization": "Bearer k"}, 0.0
+    )
+    for frame in opening:
+        session.receive_text(json.dumps(frame), 0.0)
+    return session
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_hostile_numbers_in_any_client_frame_never_raise_out_of_the_server(protocol: str) -> None:
+    frames = inbound_frames(protocol, "out")  # what clients sent, in the recorded sessions
+    assert frames, protocol
+    mutated = 0
+    for frame in frames:
+        for value in HOSTILE:
+            hostile, n = replaced(frame, value)
+            if n == 0:
+                continue
+            mutated += 1
+            session = server_session(protocol, frames[:3])
+            session.receive_text(json.dumps(hostile), 1.0)
+            session.actions_to_send()
     assert mutated > 0
