@@ -27,7 +27,7 @@ from bridge.sip.digest import (
     parse_challenge,
 )
 from bridge.sip.errors import SipParseError
-from bridge.sip.events import AuthFailed, CallOffered
+from bridge.sip.events import AuthFailed, CallEstablished, CallOffered
 from bridge.sip.message import SipResponse, parse_content_length, parse_message
 from bridge.sip.sdp import SdpError, parse_sdp
 from bridge.sip.settings import SipAuthUser, SipSettings
@@ -379,3 +379,78 @@ def test_malformed_require_is_a_400_not_an_exception() -> None:
     settle(ua, 0.0)
     assert ua._server_txs == {}
     assert_normal_call_still_offered(ua, 100.0)
+
+
+ANSWER = (
+    "v=0\r\no=- 2 2 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+    "m=audio 40000 RTP/AVP 0 101\r\na=rtpmap:0 PCMU/8000\r\n"
+    "a=rtpmap:101 telephone-event/8000\r\na=sendrecv\r\n"
+)
+BODIES = st.sampled_from(
+    [
+        ("application/dtmf-relay", "Signal={v}\r\nDuration={v}\r\n"),
+        ("application/dtmf", "{v}"),
+        ("application/sdp", SDP.replace("4000", "{v}")),
+        ("application/sdp", SDP.replace("0 101", "{v}")),
+        ("message/sipfrag", "SIP/2.0 {v} OK"),
+        ("text/plain", "{v}"),
+    ]
+)
+IN_DIALOG = st.sampled_from(["INFO", "UPDATE", "INVITE", "OPTIONS", "NOTIFY", "BYE", "REFER"])
+
+
+def in_dialog(method: str, to_tag: str, cseq: int, extra: str = "", body: bytes = b"") -> bytes:
+    head = (
+        f"{method} sip:bot@127.0.0.1:5060 SIP/2.0\r\n"
+        f"Via: SIP/2.0/UDP 192.0.2.10:5070;branch=z9hG4bKd{method}{cseq};rport\r\n"
+        "Max-Forwards: 70\r\n"
+        f"From: <{A_URI}>;tag=fd1\r\n"
+        f"To: <{B_URI}>;tag={to_tag}\r\n"
+        "Call-ID: d1\r\n"
+        f"CSeq: {cseq} {method}\r\n"
+        f"Contact: <{A_URI}>\r\n"
+        f"{extra}"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("utf-8", "surrogatepass") + body
+
+
+@FUZZ
+@given(method=IN_DIALOG, header=st.sampled_from(HEADERS), value=WEIRD, body=BODIES)
+def test_unicode_inside_a_dialog_never_escapes_and_the_call_still_ends_cleanly(
+    method: str, header: str, value: str, body: tuple[str, str]
+) -> None:
+    ua = SipUserAgent(BASE, random.Random(12))
+    offer = SDP.encode()
+    opening = (
+        invite("d1", "fd1", "Content-Type: application/sdp\r\n", str(len(offer))).replace(
+            b"tag=ffd1", b"tag=fd1"
+        )
+        + offer
+    )
+    ua.receive_datagram(opening, A_ADDR, 0.0)
+    (offered,) = [e for e in ua.events_received() if isinstance(e, CallOffered)]
+    ua.answer(offered.call_id, ANSWER, 0.1)
+    (ok,) = [r for r in responses(ua) if r.status == 200]
+    to_tag = ok.to().tag
+    assert to_tag
+    ua.receive_datagram(in_dialog("ACK", to_tag, 1), A_ADDR, 0.2)
+    assert [type(e) for e in ua.events_received()] == [CallEstablished]
+    ctype, template = body
+    raw_body = template.replace("{v}", value).encode("utf-8", "surrogatepass")
+    extra = f"Content-Type: {ctype}\r\n"
+    if header not in ("Content-Length", "CSeq", "Via", "From", "To", "Call-ID"):
+        extra += f"{header}: {value}\r\n"
+    ua.receive_datagram(in_dialog(method, to_tag, 2, extra, raw_body), A_ADDR, 1.0)
+    ua.actions_to_send()
+    ua.events_received()
+    if ua._calls:
+        ua.receive_datagram(in_dialog("BYE", to_tag, 3), A_ADDR, 2.0)
+    ua.actions_to_send()
+    ua.events_received()
+    settle(ua, 2.0)
+    for call_id in list(ua._calls):  # (a re-INVITE left waiting for its ACK, say)
+        ua.hangup(call_id, 70.0)
+    settle(ua, 70.0)
+    assert ua._server_txs == {} and ua._calls == {}
+    assert_normal_call_still_offered(ua, 200.0)
