@@ -233,9 +233,11 @@ class MediaStreamsLeg:
         unbind_call()
 
     def _public_url(self, request: HttpRequest) -> str:
-        base = self.daemon.config.media_streams.public_url
+        base = self.daemon.config.media_streams.public_url.rstrip("/")
+        for path in DIALECTS:  # public_url may name the /twilio URL itself
+            base = base.removesuffix(path)
         if base:
-            return base.rstrip("/") + request.target
+            return base + request.target
         return f"ws://{request.headers.get('host', '')}{request.target}"
 
     def _webhook_url(self, request: HttpRequest) -> str:

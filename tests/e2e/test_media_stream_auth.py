@@ -269,9 +269,14 @@ def public_stack(ms_extra: str) -> AbstractAsyncContextManager[Stack]:
     return stack_with(ms_extra, (old, '[media_streams]\nlisten = "0.0.0.0:0"'))
 
 
-def test_public_listener_refuses_every_dialect_and_twiml_without_a_credential() -> None:
+@pytest.mark.parametrize(
+    "configured", ["wss://bridge.example.com", "wss://bridge.example.com/twilio"]
+)
+def test_public_listener_refuses_every_dialect_and_twiml_without_a_credential(
+    configured: str,
+) -> None:
     public = "wss://bridge.example.com"
-    extra = f'twilio_auth_token = "{AUTH_TOKEN}"\npublic_url = "{public}"'
+    extra = f'twilio_auth_token = "{AUTH_TOKEN}"\npublic_url = "{configured}"'
 
     async def body() -> None:
         async with public_stack(extra) as st:
