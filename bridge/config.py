@@ -20,6 +20,7 @@ The keys documented in ``config/README.md`` are the public interface.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import math
 import os
@@ -50,6 +51,7 @@ __all__ = [
     "SipRegistration",
     "load_config",
     "parse_config",
+    "secret_values",
 ]
 
 PROTOCOLS = ("kova", "kugelaudio", "kletso", "coda", "zwst")
@@ -146,6 +148,8 @@ class MediaStreamsConfig:
     max_message_bytes: int = 64 * 1024
     lead_ms: int = 60
     limits: ConnectionLimits = ConnectionLimits()
+    token_ttl_s: float = 30.0
+    max_streams: int = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +160,7 @@ class ApiConfig:
     listen: str = "127.0.0.1:8081"
     token: str = field(default="", repr=False)
     limits: ConnectionLimits = ConnectionLimits()
+    metrics_auth: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +305,7 @@ class DaemonConfig:
     """How much lower the embedded TTS child's CPU priority is than the daemon's."""
     embedded_tts_cpus: str = ""
     """CPUs the embedded TTS child runs on (``taskset`` list: "1", "2-3,6"); "": the daemon's."""
+    log_caller_data: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,14 +470,18 @@ class _Reader:
             if not file.is_absolute():
                 file = self.base_dir / file
             try:
-                return file.read_text().strip()
+                value = file.read_text().strip()
             except OSError as e:
                 self.err(_join(path, f"{key}_file"), f"cannot read {raw!r}: {e.strerror}")
                 return ""
+            if not value:  # the installer's placeholder: never a silent "check off"
+                self.err(_join(path, f"{key}_file"), f"{raw!r} is empty")
+            return value
         if f"{key}_env" in data:
             name = self.str_(data, f"{key}_env", path, "")
-            if name not in self.env:
-                self.err(_join(path, f"{key}_env"), f"environment variable {name!r} is not set")
+            if not self.env.get(name):
+                why = "is empty" if name in self.env else "is not set"
+                self.err(_join(path, f"{key}_env"), f"environment variable {name!r} {why}")
                 return ""
             return self.env[name]
         return self.str_(data, key, path, "")
@@ -675,7 +685,8 @@ def _read_media_streams(r: _Reader, d: dict[str, Any]) -> MediaStreamsConfig:
         d,
         {"enabled", "listen", "public_url", "twilio_auth_token", "plivo_auth_token",
          "single_use_tokens",
-         "token_secret", "stream_token", "max_message_bytes", "lead_ms"},
+         "token_secret", "stream_token", "max_message_bytes", "lead_ms", "token_ttl_s",
+         "max_streams"},
         p,
     )  # fmt: skip
     listen = r.str_(d, "listen", p, "127.0.0.1:8080")
@@ -683,18 +694,40 @@ def _read_media_streams(r: _Reader, d: dict[str, Any]) -> MediaStreamsConfig:
     public_url = r.str_(d, "public_url", p, "")
     if public_url and not public_url.startswith(("ws://", "wss://")):
         r.err("media_streams.public_url", f"expected a ws:// or wss:// URL, got {public_url!r}")
+    enabled = r.bool_(d, "enabled", p, True)
+    twilio_auth_token = r.secret(d, "twilio_auth_token", p)
+    plivo_auth_token = r.secret(d, "plivo_auth_token", p)
+    stream_token = r.secret(d, "stream_token", p)
+    single_use_tokens = r.bool_(d, "single_use_tokens", p, False)
+    hp = _parse_hostport(listen)
+    if enabled and hp and not _is_loopback(hp[0]):
+        # a public listener fails closed: no credential, no listener
+        if not (twilio_auth_token or plivo_auth_token or stream_token or single_use_tokens):
+            r.err(
+                "media_streams.stream_token",
+                f"a credential is required when media_streams.listen is not loopback ({listen}):"
+                " set stream_token, twilio_auth_token, plivo_auth_token or single_use_tokens",
+            )
+        if not public_url:
+            r.err(
+                "media_streams.public_url",
+                f"required when media_streams.listen is not loopback ({listen}): signatures"
+                " are checked against it, never against the request's Host header",
+            )
     return MediaStreamsConfig(
-        enabled=r.bool_(d, "enabled", p, True),
+        enabled=enabled,
         listen=listen,
         public_url=public_url,
-        twilio_auth_token=r.secret(d, "twilio_auth_token", p),
-        plivo_auth_token=r.secret(d, "plivo_auth_token", p),
-        single_use_tokens=r.bool_(d, "single_use_tokens", p, False),
+        twilio_auth_token=twilio_auth_token,
+        plivo_auth_token=plivo_auth_token,
+        single_use_tokens=single_use_tokens,
         token_secret=_min_len(r, r.secret(d, "token_secret", p), 16, "media_streams.token_secret"),
-        stream_token=r.secret(d, "stream_token", p),
+        stream_token=stream_token,
         max_message_bytes=r.int_(d, "max_message_bytes", p, 64 * 1024, 1024, 16 * 1024 * 1024),
         lead_ms=r.int_(d, "lead_ms", p, 60, 20, 1000),
         limits=_read_limits(r, d, p),
+        token_ttl_s=r.num(d, "token_ttl_s", p, 30.0, 1, 3600),
+        max_streams=r.int_(d, "max_streams", p, 1000, 1, 1_000_000),
     )
 
 
@@ -706,7 +739,7 @@ def _min_len(r: _Reader, value: str, n: int, key: str) -> str:
 
 def _read_api(r: _Reader, d: dict[str, Any]) -> ApiConfig:
     p = "api"
-    r.unknown(d, {"enabled", "listen", "token"}, p)
+    r.unknown(d, {"enabled", "listen", "token", "metrics_auth"}, p)
     listen = r.str_(d, "listen", p, "127.0.0.1:8081")
     r.hostport(listen, "api.listen")
     token = r.secret(d, "token", p)
@@ -718,6 +751,7 @@ def _read_api(r: _Reader, d: dict[str, Any]) -> ApiConfig:
         listen=listen,
         token=token,
         limits=_read_limits(r, d, p),
+        metrics_auth=r.bool_(d, "metrics_auth", p, True),
     )
 
 
@@ -973,7 +1007,8 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
          "prompt_cache_bytes", "max_loop_lag_ms", "gc_freeze_s", "gc_thaw_s",
          "prerender_wait_s", "fallback_prompt",
          "embedded_tts_workers", "embedded_tts_queue", "embedded_tts_max_wait_s",
-         "embedded_tts_nice", "embedded_tts_cpus"},
+         "embedded_tts_nice", "embedded_tts_cpus",
+         "log_caller_data"},
         p,
     )  # fmt: skip
     return DaemonConfig(
@@ -993,6 +1028,7 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         embedded_tts_max_wait_s=r.num(d, "embedded_tts_max_wait_s", p, 1.0, 0.001, 60),
         embedded_tts_nice=r.int_(d, "embedded_tts_nice", p, 10, 0, 19),
         embedded_tts_cpus=_cpu_list(r, d, p),
+        log_caller_data=r.bool_(d, "log_caller_data", p, False),
     )
 
 
@@ -1070,6 +1106,25 @@ def parse_config(
     if errors:
         raise ConfigError(errors)
     return cfg
+
+
+def secret_values(value: object) -> tuple[str, ...]:
+    """Every secret in ``value`` (a ``Config`` or any part): the fields kept out of ``repr``.
+
+    The log sink masks these wherever they appear (``bridge.logs.configure``).
+    """
+    found: list[str] = []
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            if not f.repr and isinstance(item, str) and item:
+                found.append(item)
+            else:
+                found.extend(secret_values(item))
+    elif isinstance(value, tuple | list):
+        for item in value:
+            found.extend(secret_values(item))
+    return tuple(found)
 
 
 def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:

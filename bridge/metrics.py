@@ -36,6 +36,9 @@ REJECT_REASONS = (
     "token_bad_mac",  # ... its MAC does not verify
     "token_expired",  # ... expired
     "token_replayed",  # ... already used
+    "no_credential",  # a public listener's dialect with no credential configured (403)
+    "max_streams",  # upgrade 503 at [media_streams] max_streams
+    "twiml_replayed",  # POST /twiml for a CallSid that already got a stream token (409)
 )
 """Every ``reason`` of ``callbridge_rejected_total`` (docs/operations.md); each
 starts at 0 so that ``increase()`` and alerts see its first refusal."""
@@ -125,6 +128,11 @@ class Metrics:
         )
         self.draining = Gauge("callbridge_draining", "1 while draining", registry=r)
         self.tasks = Gauge("callbridge_tasks", "asyncio tasks alive in the daemon", registry=r)
+        self.log_lines_dropped = Gauge(
+            "callbridge_log_lines_dropped",
+            "Log lines the sink could not write (EPIPE, ENOSPC...) since start",
+            registry=r,
+        )
         self.gc_thaw_collected_total = Counter(
             "callbridge_gc_thaw_collected",
             "objects found unreachable by a thaw's full collection (cycles; should stay low)",

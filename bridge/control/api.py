@@ -19,6 +19,8 @@ exactly these)::
     GET  /v1/calls/{call_id}        200 CallInfo
     POST /v1/calls/{call_id}/say    202 {"call_id", "turn_id"}
     POST /v1/calls/{call_id}/hangup 202 {"call_id"}
+    POST /v1/stream-tokens          201 {"token", "expires_in_s"}  (a media stream's
+                                        single-use token, for the carrier's call id)
     GET  /openapi.json              200 the OpenAPI document (no token needed)
 
 Request checks, in order: unknown path 404; a configured ``token`` missing or
@@ -61,6 +63,7 @@ __all__ = [
     "CallDirectory",
     "CallInfo",
     "DirectoryError",
+    "authorized",
     "handle",
     "openapi",
 ]
@@ -134,6 +137,11 @@ class CallDirectory(Protocol):
 
     def hangup(self, call_id: str, reason: str) -> DirectoryError | None:
         """``CallBridge.execute(Hangup(reason))`` on the call."""
+        ...
+
+    def mint_stream_token(self, call_id: str) -> tuple[str, float] | DirectoryError:
+        """A single-use media-stream token for the carrier's ``call_id`` and its lifetime
+        in seconds; 409 when ``[media_streams] single_use_tokens`` is off."""
         ...
 
 
@@ -227,6 +235,12 @@ _SAY_FIELDS = tuple(
     for f in COMMAND_FIELDS["say"]
 )
 _HANGUP_FIELDS = COMMAND_FIELDS["hangup"]
+_STREAM_TOKEN_FIELDS = (
+    FieldSpec(
+        "call_id", "str", True, CALL_ID_RE,
+        hint="the call id the carrier sends in start (1-128 of A-Z a-z 0-9 . _ : -)",
+    ),
+)  # fmt: skip
 _ORIGINATE_FIELDS = (
     FieldSpec("to", "str", True, _URI, hint=_URI_HINT),
     FieldSpec("from", "str", False, _URI, hint=_URI_HINT),
@@ -283,6 +297,15 @@ def _hangup(req: _Request) -> ApiResponse:
     return _json(202, {"call_id": call_id})
 
 
+def _stream_token(req: _Request) -> ApiResponse:
+    body = _body(req, _STREAM_TOKEN_FIELDS, required=True)
+    result = req.directory.mint_stream_token(body["call_id"])
+    if isinstance(result, DirectoryError):
+        return _from_directory(result)
+    token, ttl_s = result
+    return _json(201, {"token": token, "expires_in_s": ttl_s})
+
+
 def _openapi(req: _Request) -> ApiResponse:
     return _json(200, openapi())
 
@@ -298,6 +321,7 @@ ROUTES: tuple[tuple[str, dict[str, _Handler]], ...] = (
     ("/v1/calls/{call_id}", {"GET": _get_call}),
     ("/v1/calls/{call_id}/say", {"POST": _say}),
     ("/v1/calls/{call_id}/hangup", {"POST": _hangup}),
+    ("/v1/stream-tokens", {"POST": _stream_token}),
     ("/openapi.json", {"GET": _openapi}),
 )
 """(path template, {method: handler}); ``openapi()`` documents exactly these."""
@@ -322,13 +346,14 @@ def _route(path: str) -> tuple[str, dict[str, str], dict[str, _Handler]] | None:
     return None
 
 
-def _authorized(headers: Mapping[str, str], token: str) -> bool:
+def authorized(headers: Mapping[str, str], token: str) -> bool:
+    """Whether ``headers`` carry ``Authorization: Bearer <token>`` (anything goes without one)."""
     if not token:
         return True
     scheme, _, given = headers.get("authorization", "").strip().partition(" ")
     if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(given.strip().encode(), token.encode())
+    return hmac.compare_digest(given.strip().encode("utf-8", "surrogatepass"), token.encode())
 
 
 def handle(
@@ -358,7 +383,7 @@ def handle(
     if found is None:
         return _error(404, "not_found", "no such resource")
     template, params, methods = found
-    if template not in PUBLIC and not _authorized(lower, token):
+    if template not in PUBLIC and not authorized(lower, token):
         challenge = 'Bearer realm="callbridge"'
         if "authorization" in lower:
             challenge += ', error="invalid_token"'
@@ -449,6 +474,12 @@ def _schemas() -> dict[str, Any]:
         "SayResponse": _closed({"call_id": _str(CALL_ID_RE), "turn_id": _str()}),
         "HangupRequest": _object(_HANGUP_FIELDS, "reason defaults to api_hangup"),
         "HangupResponse": _closed({"call_id": _str(CALL_ID_RE)}),
+        "StreamTokenRequest": _object(
+            _STREAM_TOKEN_FIELDS, "the carrier's call id the token is bound to"
+        ),
+        "StreamTokenResponse": _closed(
+            {"token": _str(), "expires_in_s": {"type": "number", "minimum": 1}}
+        ),
     }
 
 
@@ -468,7 +499,7 @@ _ERROR_TEXT = {
     400: "the body is not JSON",
     401: "missing or wrong bearer token",
     404: "no such call",
-    409: "the call cannot do that now (ending, turn closed)",
+    409: "the call cannot do that now (ending, turn closed), or single-use tokens are off",
     413: "the body is too large",
     415: "the body is not application/json",
     422: "a field is missing, unknown or invalid (error.field names it)",
@@ -530,6 +561,14 @@ def _paths() -> dict[str, Any]:
                 "summary": "End the call",
                 "requestBody": _body_spec("HangupRequest", False),
                 "responses": _responses(202, "HangupResponse", *body_errors, 404, 409),
+            },
+        },
+        "/v1/stream-tokens": {
+            "post": {
+                "operationId": "mintStreamToken",
+                "summary": "A single-use token for a media stream (custom parameter 'token')",
+                "requestBody": _body_spec("StreamTokenRequest", True),
+                "responses": _responses(201, "StreamTokenResponse", *body_errors, 409),
             },
         },
         "/openapi.json": {

@@ -428,6 +428,7 @@ _REJECTED_FIELD = {
     "no_such_turn": "turn_id",
     "empty_target": "target",
     "bad_digits": "digits",
+    "unknown_provider": "provider",
 }
 
 

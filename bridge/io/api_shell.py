@@ -8,19 +8,22 @@ calls up in every leg, places outbound calls through the SIP leg, and runs
 from __future__ import annotations
 
 import socket
+import time
 from typing import TYPE_CHECKING
 
-from bridge.control.api import CallInfo, DirectoryError, handle
+from bridge.config import ApiConfig
+from bridge.control.api import CallInfo, DirectoryError, authorized, handle
 from bridge.control.commands import Say
 from bridge.io.callrun import CallRunner
 from bridge.io.dns import DnsError, is_ip_literal, resolve
 from bridge.io.httpws import HttpRequest, HttpResponse
 from bridge.sip.uri import TargetError
+from bridge.streams.auth import TokenBook
 
 if TYPE_CHECKING:
     from bridge.io.daemon import Daemon
 
-__all__ = ["Directory", "api_handler"]
+__all__ = ["Directory", "api_handler", "metrics_refusal"]
 
 
 class Directory:
@@ -97,6 +100,10 @@ class Directory:
             return DirectoryError(404, "not_found", f"no call {call_id!r}")
         if r.finished:
             return DirectoryError(409, "ending", "the call is ending")
+        if not r.knows_provider(say.provider):
+            return DirectoryError(
+                422, "invalid_field", f"no provider {say.provider!r} on this node", "provider"
+            )
         r.say(say)
         return None
 
@@ -106,6 +113,15 @@ class Directory:
             return DirectoryError(404, "not_found", f"no call {call_id!r}")
         r.hangup(reason)
         return None
+
+    def mint_stream_token(self, call_id: str) -> tuple[str, float] | DirectoryError:
+        leg = next((leg for leg in self.daemon.legs if leg.name == "media_streams"), None)
+        book = getattr(leg, "tokens", None)
+        if not isinstance(book, TokenBook):
+            return DirectoryError(
+                409, "tokens_off", "[media_streams] single_use_tokens is off on this node"
+            )
+        return book.mint(call_id, time.time()), book.ttl_s
 
 
 async def api_handler(daemon: Daemon, request: HttpRequest) -> HttpResponse | None:
@@ -140,3 +156,13 @@ async def api_handler(daemon: Daemon, request: HttpRequest) -> HttpResponse | No
     content_type = dict(resp.headers).get("Content-Type", "application/json")
     extra = tuple((k, v) for k, v in resp.headers if k.lower() != "content-type")
     return HttpResponse(resp.status, resp.body, content_type, extra)
+
+
+def metrics_refusal(api: ApiConfig, request: HttpRequest) -> HttpResponse | None:
+    """401 for ``/metrics`` without the API's bearer token (``[api] metrics_auth``, on by
+    default when a token is set); ``None`` when the scrape may go ahead."""
+    if not api.metrics_auth or authorized(request.headers, api.token):
+        return None
+    return HttpResponse(
+        401, b"a valid bearer token is required\n", "text/plain", (("WWW-Authenticate", "Bearer"),)
+    )

@@ -44,6 +44,7 @@ from bridge.media.call_types import (
     CallOptions,
     CancelTurn,
     ClearLeg,
+    CommandRejected,
     ConnectApp,
     EndTurn,
     HangupLeg,
@@ -63,9 +64,54 @@ from bridge.tts.base import TurnSettings, UsageReported
 if TYPE_CHECKING:
     from bridge.io.daemon import Daemon
 
-__all__ = ["CallRunner", "LegAdapter", "bargein_policy"]
+__all__ = [
+    "CALL_OUTCOMES",
+    "PROVIDER_ERROR_KINDS",
+    "CallRunner",
+    "LegAdapter",
+    "bargein_policy",
+    "bounded_label",
+]
 
 log = get_logger("callbridge.call")
+
+CALL_OUTCOMES = frozenset(
+    {
+        # the legs: SIP dialog ends, media-stream stops
+        "remote-bye", "local-hangup", "ack-timeout", "session-expired", "transaction-timeout",
+        "cancelled", "stop", "connection_lost", "hangup", "rejected", "protocol_violation",
+        # the call runner, the turn sources and the daemon
+        "finished", "internal_error", "no_codec", "rtp_timeout", "transferred", "transfer",
+        "flow_hangup", "flow_error", "handed_over", "call_ended", "app_hangup", "api_hangup",
+        "shutdown",
+    }
+)  # fmt: skip
+"""``callbridge_calls_total{outcome}`` values; any other reason (the free text of an
+API or app hangup) is counted as ``other`` (the CDR line keeps the text)."""
+
+PROVIDER_ERROR_KINDS = frozenset(
+    {
+        # the engines' own kinds
+        "bad_audio_format", "cancelled", "closed", "connect_failed", "connection_closed",
+        "error", "malformed", "malformed_frame", "open_refused", "protocol_error",
+        "provider_error", "session_rejected", "text_too_long", "timeout", "unknown",
+        "unsupported_encoding", "unsupported_settings", "voice_stopped", "voice_ended",
+        # codes the protocols document (Coda error.kind, Kletso, KugelAudio error_code)
+        "invalid_input", "unauthenticated", "permission_denied", "not_found",
+        "resource_exhausted", "unavailable", "internal", "not_configured",
+        "voice_unavailable", "voice_rate_limited", "voice_provider_error", "conflict",
+        "connection", "session", "UNAUTHORIZED", "INSUFFICIENT_CREDITS", "VALIDATION_ERROR",
+    }
+)  # fmt: skip
+"""``callbridge_provider_errors_total{kind}`` values; a provider's other codes are ``other``."""
+
+
+def bounded_label(value: str, known: frozenset[str]) -> str:
+    """``value`` if it is one of ``known`` (a ``rejected: ...`` reason counts as
+    ``rejected``), else ``other``: a label value never comes from free text."""
+    head = value.split(":", 1)[0]
+    return head if head in known else "other"
+
 
 HANGUP_TAIL_S = 0.3
 """On RTP legs, how long the line stays up after the last frame before BYE."""
@@ -336,7 +382,20 @@ class CallRunner:
             self._guard(self.bridge.execute, cmd.Hangup(reason))
 
     def say(self, command: cmd.Say) -> None:
-        self._guard(self.bridge.execute, command)
+        self._guard(self._execute, command)
+
+    def knows_provider(self, name: str | None) -> bool:
+        """Whether a ``Say`` may name ``name`` (``None``: the route's own providers)."""
+        return not name or name in self.runtime.pools
+
+    def _execute(self, command: cmd.Command, now: float) -> None:
+        """``bridge.execute``, but a ``Say`` naming a provider this node does not have is
+        refused (``CommandRejected``: an error to the app), never a failed call."""
+        if isinstance(command, cmd.Say) and not self.knows_provider(command.provider):
+            log.warning("call.say_refused", call_id=self.call_id, reason="unknown_provider")
+            self._on_event(CommandRejected("Say", command.turn_id, "unknown_provider"), now)
+            return
+        self.bridge.execute(command, now)
 
     def _guard(self, fn: Callable[..., None], *args: Any) -> None:
         if self.finished:
@@ -593,7 +652,7 @@ class CallRunner:
             if self.source is not None:
                 commands += self.source.commands_to_send()
             for command in commands:
-                self.bridge.execute(command, now)
+                self._execute(command, now)
             if not (actions or events or commands):
                 self.pump_unfinished = False
                 break
@@ -674,7 +733,8 @@ class CallRunner:
         elif isinstance(event, cmd.DtmfHeard):
             log.info("call.dtmf", call_id=self.call_id, digit=event.digit)
         elif isinstance(event, cmd.ProviderErrored):
-            m.provider_errors_total.labels(event.provider or "?", event.kind).inc()
+            kind = bounded_label(event.kind, PROVIDER_ERROR_KINDS)
+            m.provider_errors_total.labels(self._provider_label(event.provider), kind).inc()
             log.warning(
                 "provider.error", call_id=self.call_id, turn_id=event.turn_id, kind=event.kind
             )
@@ -751,11 +811,17 @@ class CallRunner:
                 self.app_task.cancel()
         m = self.daemon.metrics
         m.calls_active.labels(self.leg.kind, self.route.match).dec()
-        m.calls_total.labels(self.leg.kind, self.route.match, self.end_reason).inc()
+        outcome = bounded_label(self.end_reason, CALL_OUTCOMES)
+        m.calls_total.labels(self.leg.kind, self.route.match, outcome).inc()
         self._log_cdr()
         self.daemon.release_watch.ended(self.call_id, self.canary, self.loop.time())
         if self.on_finished is not None:
             self.on_finished(self)
+
+    def _provider_label(self, provider: str) -> str:
+        """A configured provider's name, or ``?`` (never a name from the wire)."""
+        cfg = self.daemon.runtime.config if self.daemon.runtime else self.daemon.config
+        return provider if any(p.name == provider for p in cfg.providers) else "?"
 
     def _log_cdr(self) -> None:
         s = self.bridge.stats()

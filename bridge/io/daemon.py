@@ -32,7 +32,14 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from bridge import __version__, native
-from bridge.config import Config, ConfigError, ProviderConfig, load_config, split_hostport
+from bridge.config import (
+    Config,
+    ConfigError,
+    ProviderConfig,
+    load_config,
+    secret_values,
+    split_hostport,
+)
 from bridge.engine import Event
 from bridge.io.embedded import EmbeddedTts
 from bridge.io.gcpolicy import GcPolicy, ReleaseWatch, YoungFinds, thaw_described
@@ -42,7 +49,7 @@ from bridge.io.notify import Notifier
 from bridge.io.prompt_store import PromptStore
 from bridge.io.ticker import MediaTicker
 from bridge.io.tts_client import PromptCache, ProviderPool, render_prompt
-from bridge.logs import configure, get_logger
+from bridge.logs import configure, dropped_lines, get_logger
 from bridge.metrics import Metrics
 from bridge.providers.prompts import prerender_formats, provider_identity, static_prompts
 from bridge.tts.base import ProviderFailed, ProviderSettings, TurnDone, TurnFailed, TurnSettings
@@ -511,6 +518,11 @@ class Daemon:
             }
             return HttpResponse.json(200 if ok else 503, json.dumps(state).encode())
         if path == "/metrics":
+            from bridge.io.api_shell import metrics_refusal
+
+            refusal = metrics_refusal(self.config.api, request)
+            if refusal is not None:
+                return refusal
             return HttpResponse(200, self.metrics.render(), "text/plain; version=0.0.4")
         for handler in API_HANDLERS:
             response = await handler(self, request)
@@ -655,6 +667,7 @@ class Daemon:
                     self.notifier.status(self.status_line())
                     self._export_pool_counters()
                     self.metrics.tasks.set(len(asyncio.all_tasks()))
+                    self.metrics.log_lines_dropped.set(dropped_lines())
         finally:
             await self.close()
         log.info("daemon.stopped")
@@ -687,7 +700,12 @@ def restart_keys(old: Config, new: Config) -> list[str]:
 
 
 def run_daemon(cfg: Config) -> int:
-    configure(cfg.daemon.log_level, cfg.daemon.log_format)
+    configure(
+        cfg.daemon.log_level,
+        cfg.daemon.log_format,
+        log_caller_data=cfg.daemon.log_caller_data,
+        secrets=secret_values(cfg),
+    )
     if cfg.daemon.event_loop == "uvloop":
         try:
             import uvloop

@@ -24,8 +24,10 @@ class Notifier:
         self.path = e.get("NOTIFY_SOCKET", "")
         usec = e.get("WATCHDOG_USEC", "")
         pid = e.get("WATCHDOG_PID", "")
-        self.watchdog_s = int(usec) / 1e6 if usec.isdigit() and int(usec) > 0 else 0.0
-        if pid and pid.isdigit() and int(pid) != os.getpid():
+        self.watchdog_s = (
+            int(usec) / 1e6 if usec.isascii() and usec.isdigit() and int(usec) > 0 else 0.0
+        )
+        if pid.isascii() and pid.isdigit() and int(pid) != os.getpid():
             self.watchdog_s = 0.0
         self._task: asyncio.Task[None] | None = None
 

@@ -39,6 +39,7 @@ from bridge.rtp.session import LatchingMode
 from bridge.sip.digest import DigestCredentials
 from bridge.sip.errors import SipParseError
 from bridge.sip.events import (
+    AuthFailed,
     CallCancelled,
     CallEnded,
     CallOffered,
@@ -527,6 +528,16 @@ class SipLeg:
                         now=call.loop.time(),
                         latch_host=event.remote_rtp_addr[0],
                     )
+        elif isinstance(event, AuthFailed):
+            # one line per failed answer (fail2ban reads these), one more when the
+            # source is blocked; later refusals of a blocked source are not logged (the
+            # engine counts every one as a refusal, exported in pump())
+            log.warning(
+                "sip.auth_blocked" if event.blocked else "sip.auth_failed",
+                source=event.source,
+                transport=event.transport,
+                username=event.username,
+            )
 
     async def _offered(self, ua: _UaRunner, event: CallOffered) -> None:
         loop = asyncio.get_running_loop()
@@ -726,8 +737,10 @@ class SipLeg:
 
 
 def _uri_hostport(uri: str) -> tuple[str, int] | None:
-    m = re.match(r"^sips?:(?:[^@]*@)?(\[[^\]]+\]|[^:;>?]+)(?::(\d+))?", uri.strip("<>"), re.I)
-    if m is None:
+    # [0-9], not \d (which takes non-ASCII digits); a port past 65535 raised at sendto
+    pattern = r"^sips?:(?:[^@]*@)?(\[[^\]]+\]|[^:;>?]+)(?::([0-9]{1,5}))?(?=$|[;?>])"
+    m = re.match(pattern, uri.strip("<>"), re.I)
+    if m is None or int(m.group(2) or 5060) > 65535:
         return None
     return m.group(1).strip("[]"), int(m.group(2) or 5060)
 

@@ -15,8 +15,12 @@ challenge is answered once and a refused answer never loops.
 Server side (UAS): :class:`DigestVerifier` issues challenges and verifies
 answers without per-challenge state. A nonce is
 ``base64(issue_time || HMAC-SHA256(secret, issue_time || realm)[:16])``: it
-proves we issued it and when, so verification needs only the secret and
-``now``. A small bounded memory of (nonce, cnonce, nc) triples refuses replays.
+proves we issued it, when, and to whom (the MAC also covers a *binding*: the
+transport and source address the challenge went to), so verification needs
+only the secret and ``now``. A bounded memory of each nonce's highest nonce
+count refuses replays (``nc`` must increase; a nonce without ``qop`` is good
+once; a wrong answer burns the nonce); a nonce that memory has forgotten reads
+as stale, so eviction never reopens a replay.
 
 Rules:
 
@@ -27,7 +31,9 @@ Rules:
    against a dummy password for unknown users so that the work done is equal.
 2. An expired but genuine nonce gives ``STALE`` (re-challenge with
    ``stale=true``); ``now`` is a parameter, never a clock read.
-3. Comparisons are constant time (``hmac.compare_digest``).
+3. Comparisons are constant time (``hmac.compare_digest``) over bytes; a
+   header that is not ASCII fails before any comparison (a ``str`` with
+   non-ASCII characters makes ``compare_digest`` raise).
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ import base64
 import enum
 import hashlib
 import hmac
+import math
+import re
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -63,8 +71,11 @@ _HASHES: dict[str, Callable[[bytes], str]] = {
 }
 if "sha512_256" in hashlib.algorithms_available:
     _HASHES["SHA-512-256"] = lambda data: hashlib.new("sha512_256", data).hexdigest()
-MAX_REPLAY_MEMORY = 4096
-"""Most (nonce, cnonce, nc) triples remembered to refuse replays."""
+MAX_REPLAY_MEMORY = 16384
+"""Most nonces whose last nonce count is remembered; older ones read as stale."""
+NONCE_LIFETIME_S = 30.0
+"""How long a nonce we issued may be answered (then ``STALE``: re-challenge)."""
+_NC_RE = re.compile(r"[0-9a-fA-F]{8}")
 _NONCE_MAC_BYTES = 16
 
 
@@ -203,7 +214,7 @@ class DigestVerifier:
         realm: str,
         secret: bytes,
         users: Mapping[str, str],
-        nonce_lifetime_s: float = 300.0,
+        nonce_lifetime_s: float = NONCE_LIFETIME_S,
         algorithms: Sequence[str] = ("SHA-256", "MD5"),
     ) -> None:
         self.realm = realm
@@ -211,16 +222,23 @@ class DigestVerifier:
         self._users = dict(users)
         self._lifetime_s = nonce_lifetime_s
         self._algorithms = [a for a in algorithms if _base_algorithm(a) in _HASHES]
-        self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        # nonce -> highest nc used with it (-1: burnt by a failed answer or a qop-less use)
+        self._last_nc: OrderedDict[str, int] = OrderedDict()
+        # nonces issued at or before this were forgotten: treated as stale
+        self._forgotten_before = float("-inf")
 
-    def nonce(self, now: float) -> str:
+    def nonce(self, now: float, binding: str = "") -> str:
+        """A fresh nonce; ``binding`` (transport and source address) must match at verify."""
         stamp = struct.pack("!d", now)
-        mac = hmac.new(self._secret, stamp + self.realm.encode(), hashlib.sha256).digest()
-        return base64.b64encode(stamp + mac[:_NONCE_MAC_BYTES]).decode()
+        return base64.b64encode(stamp + self._nonce_mac(stamp, binding)).decode()
 
-    def challenges(self, now: float, stale: bool = False) -> list[str]:
+    def _nonce_mac(self, stamp: bytes, binding: str) -> bytes:
+        msg = stamp + self.realm.encode() + b"\x00" + binding.encode("utf-8", "replace")
+        return hmac.new(self._secret, msg, hashlib.sha256).digest()[:_NONCE_MAC_BYTES]
+
+    def challenges(self, now: float, stale: bool = False, binding: str = "") -> list[str]:
         """WWW-Authenticate values, one per algorithm, strongest first (RFC 8760)."""
-        nonce = self.nonce(now)
+        nonce = self.nonce(now, binding)
         suffix = ", stale=true" if stale else ""
         return [
             f'Digest realm="{self.realm}", nonce="{nonce}", algorithm={algorithm}, '
@@ -228,7 +246,9 @@ class DigestVerifier:
             for algorithm in self._algorithms
         ]
 
-    def _nonce_age_s(self, nonce: str, now: float) -> float | None:
+    def _nonce_issued_at(self, nonce: str, binding: str) -> float | None:
+        if not nonce.isascii():
+            return None
         try:
             raw = base64.b64decode(nonce, validate=True)
         except ValueError:
@@ -236,20 +256,25 @@ class DigestVerifier:
         if len(raw) != 8 + _NONCE_MAC_BYTES:
             return None
         stamp, mac = raw[:8], raw[8:]
-        expected = hmac.new(self._secret, stamp + self.realm.encode(), hashlib.sha256).digest()
-        if not hmac.compare_digest(mac, expected[:_NONCE_MAC_BYTES]):
-            return None
+        if not hmac.compare_digest(mac, self._nonce_mac(stamp, binding)):
+            return None  # not ours, or issued to another transport or source
         (issued_at,) = struct.unpack("!d", stamp)
-        return now - float(issued_at)
+        return float(issued_at) if math.isfinite(issued_at) else None
 
-    def verify(self, header: str | None, method: str, now: float) -> AuthResult:
-        """Check an Authorization value for a request with ``method``.
+    def verify(self, header: str | None, method: str, now: float, binding: str = "") -> AuthResult:
+        """Check an Authorization value for a request with ``method`` from ``binding``.
+
+        ``binding`` names the transport and source address the request came
+        from (what ``challenges`` was given): a nonce answered from elsewhere
+        fails. With ``qop`` the nonce count must increase from one answer to
+        the next; without it a nonce is good once; a wrong answer burns the
+        nonce (a guesser needs a fresh challenge per guess).
 
         Returns:
             OK, STALE (genuine nonce too old: re-challenge with stale=true) or
             FAILED (everything else, indistinguishably).
         """
-        if header is None:
+        if header is None or not header.isascii():
             return AuthResult.FAILED
         try:
             scheme, params = parse_auth_params(header)
@@ -261,9 +286,15 @@ class DigestVerifier:
         algorithm = params.get("algorithm", "MD5")
         if algorithm not in self._algorithms or params["realm"] != self.realm:
             return AuthResult.FAILED
-        age = self._nonce_age_s(params["nonce"], now)
-        if age is None or age < 0:
+        nonce = params["nonce"]
+        issued_at = self._nonce_issued_at(nonce, binding)
+        if issued_at is None or issued_at > now:
             return AuthResult.FAILED
+        qop = params.get("qop")
+        nc_text = params.get("nc", "")
+        if qop is not None and (qop != "auth" or not _NC_RE.fullmatch(nc_text)):
+            return AuthResult.FAILED
+        nc = int(nc_text, 16) if qop is not None else 0
         known = params["username"] in self._users
         password = self._users.get(params["username"], "\x00unknown-user\x00")
         expected = compute_response(
@@ -271,28 +302,34 @@ class DigestVerifier:
             username=params["username"],
             realm=self.realm,
             password=password,
-            nonce=params["nonce"],
+            nonce=nonce,
             method=method,
             uri=params["uri"],
-            qop=params.get("qop"),
-            nc=params.get("nc", ""),
+            qop=qop,
+            nc=nc_text,
             cnonce=params.get("cnonce", ""),
         )
-        matches = hmac.compare_digest(expected, params["response"].lower())
+        matches = hmac.compare_digest(expected.encode(), params["response"].lower().encode())
+        last = self._last_nc.get(nonce)
         if not (known and matches):
+            if now - issued_at <= self._lifetime_s:
+                self._record(nonce, -1, issued_at)  # burnt: no second guess on it
             return AuthResult.FAILED
-        if age > self._lifetime_s:
+        if now - issued_at > self._lifetime_s or issued_at <= self._forgotten_before:
             return AuthResult.STALE
-        return self._remember(params)
-
-    def _remember(self, params: dict[str, str]) -> AuthResult:
-        key = (params["nonce"], params.get("cnonce", ""), params.get("nc", ""))
-        if key in self._seen:
-            return AuthResult.FAILED  # a replayed answer
-        self._seen[key] = None
-        if len(self._seen) > MAX_REPLAY_MEMORY:
-            self._seen.popitem(last=False)
+        if last is not None and (last < 0 or qop is None or nc <= last):
+            return AuthResult.FAILED  # a replayed answer, or a nonce already used up
+        self._record(nonce, nc if qop is not None else -1, issued_at)
         return AuthResult.OK
+
+    def _record(self, nonce: str, nc: int, issued_at: float) -> None:
+        self._last_nc[nonce] = nc
+        self._last_nc.move_to_end(nonce)
+        while len(self._last_nc) > MAX_REPLAY_MEMORY:
+            forgotten, _ = self._last_nc.popitem(last=False)
+            raw = base64.b64decode(forgotten)
+            (forgotten_at,) = struct.unpack("!d", raw[:8])
+            self._forgotten_before = max(self._forgotten_before, float(forgotten_at))
 
 
 # --- client side: answering the challenges of one request sequence -------------------------

@@ -8,6 +8,7 @@ from bridge.engine import Action, Event
 
 __all__ = [
     "Address",
+    "AuthFailed",
     "CallCancelled",
     "CallEnded",
     "CallEstablished",
@@ -137,3 +138,18 @@ class OutboundCallFailed(Event):
     call_id: str
     status: int
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuthFailed(Event):
+    """An INVITE's digest answer failed (wrong, replayed, foreign nonce or malformed).
+
+    ``blocked``: the source has failed too often and is refused (403) without
+    a challenge until its window passes; one event says so, later refusals are
+    only counted. ``username`` is what the peer sent, cut to 64 characters.
+    """
+
+    source: str
+    transport: str
+    username: str
+    blocked: bool

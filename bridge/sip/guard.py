@@ -33,6 +33,7 @@ __all__ = [
     "CALLER_HEADER",
     "MAX_TRACKED_SOURCES",
     "REFUSAL_REASONS",
+    "AuthFailureLimiter",
     "InviteRateLimiter",
     "SourceAllowlist",
     "TrustedProxies",
@@ -125,3 +126,34 @@ class InviteRateLimiter:
         tokens, last = self._buckets.get(host, (self._burst, now))
         tokens = min(self._burst, tokens + (now - last) * self._rate_per_s)
         return max(1, math.ceil((1.0 - tokens) / self._rate_per_s))
+
+
+class AuthFailureLimiter:
+    """Per-source count of failed digest answers in a fixed window.
+
+    ``max_failures`` failures within ``window_s`` of a source's first one
+    block the source until that window ends (svcrack: one guess per
+    challenge, and then none). ``max_failures <= 0`` disables the limit.
+    """
+
+    def __init__(self, max_failures: int = 10, window_s: float = 60.0) -> None:
+        self._max = max_failures
+        self._window_s = window_s
+        self._windows: OrderedDict[str, tuple[float, int]] = OrderedDict()
+
+    def _window(self, host: str, now: float) -> tuple[float, int]:
+        start, count = self._windows.get(host, (now, 0))
+        return (now, 0) if now - start >= self._window_s else (start, count)
+
+    def blocked(self, host: str, now: float) -> bool:
+        """Whether ``host`` is refused without a challenge at ``now``."""
+        return self._max > 0 and self._window(host, now)[1] >= self._max
+
+    def failed(self, host: str, now: float) -> bool:
+        """Count one failure of ``host``; True if that failure blocks it."""
+        start, count = self._window(host, now)
+        self._windows.pop(host, None)
+        self._windows[host] = (start, count + 1)
+        if len(self._windows) > MAX_TRACKED_SOURCES:
+            self._windows.popitem(last=False)
+        return self._max > 0 and count + 1 == self._max

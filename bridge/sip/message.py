@@ -39,6 +39,7 @@ from bridge.sip.uri import (
     NameAddr,
     Params,
     Uri,
+    ascii_digits,
     format_params,
     is_token,
     parse_host_port,
@@ -189,7 +190,7 @@ def parse_via(value: str) -> Via:
     params = parse_params(ptext) if ptext else ()
     via = Via(transport.upper(), host, port, params)
     rport = via.rport
-    if rport and (not rport.isdigit() or int(rport) > 65535):
+    if rport and (not ascii_digits(rport) or int(rport) > 65535):
         raise SipParseError("bad Via rport")
     return via
 
@@ -198,7 +199,7 @@ def parse_via(value: str) -> Via:
 def parse_cseq(value: str) -> CSeq:
     number, _, method = value.strip(_WS).partition(" ")
     method = method.strip(_WS)
-    if not number.isdigit() or len(number) > 12 or int(number) > MAX_CSEQ:
+    if not ascii_digits(number) or len(number) > 12 or int(number) > MAX_CSEQ:
         raise SipParseError("CSeq number out of range")
     if not is_token(method):
         raise SipParseError("bad CSeq method")
@@ -411,7 +412,7 @@ def _start_line(line: str) -> SipRequest | SipResponse:
         code, _, reason = rest.partition(" ")
         if version.upper() != SIP_VERSION:
             raise SipParseError("bad version in status line", 505)
-        if len(code) != 3 or not code.isdigit() or not 100 <= int(code) <= 699:
+        if len(code) != 3 or not ascii_digits(code) or not 100 <= int(code) <= 699:
             raise SipParseError("bad status code")
         return SipResponse(status=int(code), reason=reason)
     parts = line.split(" ")
@@ -464,7 +465,7 @@ def parse_content_length(text: str) -> int:
     text = text.strip(_WS)
     if text.startswith("-"):
         raise SipParseError("negative Content-Length")
-    if not text.isdigit() or len(text) > 10 or int(text) > MAX_CONTENT_LENGTH:
+    if not ascii_digits(text) or len(text) > 10 or int(text) > MAX_CONTENT_LENGTH:
         raise SipParseError("bad Content-Length")
     return int(text)
 
@@ -481,6 +482,8 @@ def _validate_common(message: SipMessage, lines: dict[str, list[str]]) -> None:
         ):
             raise SipParseError(f"multiple {_display_name(key)} headers")
     vias = [via for line in lines["via"] for via in split_list(line)]
+    if not vias:
+        raise SipParseError("empty Via header")  # top_via() would raise later
     if len(vias) > MAX_VIA_COUNT:
         raise SipParseError("too many Via headers")
     for value in vias:
@@ -524,7 +527,7 @@ def _check_scalar(lines: dict[str, list[str]], key: str, limit: int) -> None:
     if values is None:
         return
     value = values[0].strip(_WS)
-    if not value.isdigit() or len(value) > 12 or int(value) > limit:
+    if not ascii_digits(value) or len(value) > 12 or int(value) > limit:
         raise SipParseError(f"{_display_name(key)} out of range")
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from bridge.sip.dialog import Peer
 from bridge.sip.digest import DigestClient
 from bridge.sip.message import SipRequest, SipResponse
-from bridge.sip.uri import parse_name_addr
+from bridge.sip.uri import ascii_digits, parse_name_addr
 
 __all__ = ["Registration"]
 
@@ -59,10 +59,10 @@ class Registration:
         ours = parse_name_addr(self.contact).uri
         for contact in response.contacts():
             value = contact.param("expires")
-            if contact.uri.host_port == ours.host_port and value and value.isdigit():
+            if contact.uri.host_port == ours.host_port and value and ascii_digits(value):
                 return int(value)
         header = (response.get("expires") or "").strip()
-        return int(header) if header.isdigit() else self.expires_s
+        return int(header) if ascii_digits(header) else self.expires_s
 
     def schedule(self, now: float, granted_s: int) -> None:
         self.registered = granted_s > 0

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Final, Literal
 
+from bridge.sip.uri import ascii_digits
+
 __all__ = [
     "SDES_SUITES",
     "Direction",
@@ -118,7 +120,7 @@ class SdesCrypto:
         if len(fields) < 3:
             raise SdpError("crypto attribute needs tag, suite and key params")
         tag_text, suite, key_params = fields[:3]
-        if not tag_text.isdigit() or len(tag_text) > 9:
+        if not ascii_digits(tag_text) or len(tag_text) > 9:
             raise SdpError(f"crypto tag must be 1-9 digits, got {tag_text[:12]!r}")
         if suite not in SDES_SUITES:
             raise SdpError(f"unsupported crypto suite {suite[:40]}, only {', '.join(SDES_SUITES)}")
@@ -265,7 +267,7 @@ def _direction(value: str) -> Direction:
 
 def _parse_origin(value: str) -> Origin:
     parts = value.split()
-    if len(parts) != 6 or not parts[2].isdigit() or len(parts[2]) > 20:
+    if len(parts) != 6 or not ascii_digits(parts[2]) or len(parts[2]) > 20:
         raise SdpError("malformed o= line")
     return Origin(parts[0], parts[1], int(parts[2]), parts[4], parts[5])
 
@@ -278,7 +280,7 @@ def _parse_connection(value: str) -> str:
 
 
 def _int(text: str, limit: int, what: str) -> int:
-    if not text.isdigit() or len(text) > 10 or int(text) > limit:
+    if not ascii_digits(text) or len(text) > 10 or int(text) > limit:
         raise SdpError(f"bad {what}")
     return int(text)
 
@@ -336,7 +338,7 @@ def _parse_media(block: list[str]) -> MediaDescription:
 
 
 def _codec_of(media: MediaDescription, fmt: str) -> tuple[int, str, int] | None:
-    if not fmt.isdigit() or int(fmt) > 127:
+    if not ascii_digits(fmt) or int(fmt) > 127:
         return None
     pt = int(fmt)
     for mapped_pt, encoding, rate in media.rtpmap:

@@ -60,8 +60,12 @@ class SipSettings:
     """When non-empty, new INVITEs must carry valid digest credentials."""
     auth_secret: bytes = b"change-me"
     """HMAC key of the stateless nonces (RFC 7616 §3.3 nonce construction)."""
-    auth_nonce_lifetime_s: float = 300.0
+    auth_nonce_lifetime_s: float = 30.0
     """How long a nonce stays valid; older ones get ``stale=true``."""
+    auth_max_failures: int = 10
+    """Failed digest answers from one source within ``auth_failure_window_s``
+    after which it gets 403 without a challenge until the window ends; 0: no limit."""
+    auth_failure_window_s: float = 60.0
     invite_rate_per_s: float = 0.0
     """Per-source token-bucket refill rate for new INVITEs; 0 disables the limit."""
     invite_burst: int = 10

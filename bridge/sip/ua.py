@@ -55,6 +55,7 @@ from bridge.sip.sdp import SdpError, negotiate, parse_sdp
 from bridge.sip.settings import SipSettings
 from bridge.sip.ua_core import ClientEntry, ServerEntry
 from bridge.sip.uas import ALLOWED_METHODS, UasAgent
+from bridge.sip.uri import ascii_digits
 
 __all__ = ["SipUserAgent"]
 
@@ -210,7 +211,7 @@ class SipUserAgent(UasAgent):
         elif response.status == 422 and not call.session_retry_done:
             call.session_retry_done = True
             min_se = (response.get("min-se") or "").split(";")[0].strip()
-            if min_se.isdigit():
+            if ascii_digits(min_se):
                 self._retry_invite(call, now, int(min_se))
             else:
                 self._fail_outbound(call, response)
@@ -269,7 +270,7 @@ class SipUserAgent(UasAgent):
     def _uac_session_timer(self, call: Call, response: SipResponse, now: float) -> None:
         value = response.get("session-expires")
         number = (value or "").split(";")[0].strip()
-        if value is None or not number.isdigit():
+        if value is None or not ascii_digits(number):
             call.session_interval_s = 0
             return
         call.session_interval_s = int(number)
@@ -290,7 +291,7 @@ class SipUserAgent(UasAgent):
             self._send_ack(call, entry.tx.request.cseq().number)
             call.dialog.update_target(response)
             interval = (response.get("session-expires") or "").split(";")[0].strip()
-            if interval.isdigit():
+            if ascii_digits(interval):
                 call.session_interval_s = int(interval)
             self._arm_session_timer(call, now)
         elif response.status in (408, 481):

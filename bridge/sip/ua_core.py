@@ -281,7 +281,14 @@ class UaCore(Outbox):
         tx = ServerTransaction(request, self.settings.timers, self._reliable)
         entry = ServerEntry(tx, reply_to, key)
         self._server_txs[entry.key] = entry
-        self._on_request(request, entry, peer, now)
+        try:
+            self._on_request(request, entry, peer, now)
+        except SipParseError:
+            # a header a handler parses lazily (Require, Event, ...) was malformed:
+            # answer 400 rather than let it escape and leave the transaction open
+            self.dropped_messages += 1
+            if tx.state in (State.TRYING, State.PROCEEDING):
+                self._respond(entry, 400, "Bad Request", now)
         self._pump_server(entry)
 
     def _receive_response(self, response: SipResponse, now: float) -> None:

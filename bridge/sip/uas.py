@@ -56,9 +56,10 @@ from collections.abc import Callable
 
 from bridge.engine import LocalProtocolError
 from bridge.sip.dialog import Call, Dialog, DialogState, Peer
-from bridge.sip.digest import AuthResult, DigestVerifier
+from bridge.sip.digest import AuthResult, DigestVerifier, parse_auth_params
 from bridge.sip.errors import SipParseError
 from bridge.sip.events import (
+    AuthFailed,
     CallCancelled,
     CallEnded,
     CallEstablished,
@@ -67,13 +68,19 @@ from bridge.sip.events import (
     HoldChanged,
     TransferProgress,
 )
-from bridge.sip.guard import CALLER_HEADER, InviteRateLimiter, SourceAllowlist, TrustedProxies
+from bridge.sip.guard import (
+    CALLER_HEADER,
+    AuthFailureLimiter,
+    InviteRateLimiter,
+    SourceAllowlist,
+    TrustedProxies,
+)
 from bridge.sip.message import SipRequest, SipResponse
 from bridge.sip.sdp import NegotiatedAudio, SdpError, build_answer, negotiate, parse_sdp
 from bridge.sip.settings import SipSettings
 from bridge.sip.transaction import State
 from bridge.sip.ua_core import ClientEntry, ServerEntry, TimerHolder, UaCore, server_key
-from bridge.sip.uri import parse_params
+from bridge.sip.uri import ascii_digits, parse_params
 
 __all__ = ["ALLOWED_METHODS", "RATE_LIMITED", "UasAgent"]
 
@@ -99,6 +106,9 @@ class UasAgent(UaCore):
         self._calls: dict[str, Call] = {}
         self._rate = InviteRateLimiter(settings.invite_rate_per_s, settings.invite_burst)
         self._verifier = self._digest_verifier(settings)
+        self._auth_failures = AuthFailureLimiter(
+            settings.auth_max_failures, settings.auth_failure_window_s
+        )
         self.draining = False
 
     @staticmethod
@@ -283,11 +293,26 @@ class UasAgent(UaCore):
             )
             return True, None
         if self._verifier is not None:
-            result = self._verifier.verify(request.get("authorization"), "INVITE", now)
+            source = entry.peer.addr[0]
+            if self._auth_failures.blocked(source, now):
+                self.refusals["auth_failed"] += 1
+                self._respond(entry, 403, "Forbidden", now, to_tag=tag)
+                return True, None
+            binding = f"{self.settings.transport}|{source}"
+            answer = request.get("authorization")
+            result = self._verifier.verify(answer, "INVITE", now, binding)
+            if result is AuthResult.FAILED and answer is not None:
+                self.refusals["auth_failed"] += 1
+                blocked = self._auth_failures.failed(source, now)
+                username = _auth_username(answer)
+                self._events.append(AuthFailed(source, self.settings.transport, username, blocked))
+                if blocked:
+                    self._respond(entry, 403, "Forbidden", now, to_tag=tag)
+                    return True, None
             if result is not AuthResult.OK:
-                if result is AuthResult.FAILED and request.get("authorization") is not None:
-                    self.refusals["auth_failed"] += 1
-                challenges = self._verifier.challenges(now, stale=result is AuthResult.STALE)
+                challenges = self._verifier.challenges(
+                    now, stale=result is AuthResult.STALE, binding=binding
+                )
                 headers = tuple(("WWW-Authenticate", c) for c in challenges)
                 self._respond(entry, 401, "Unauthorized", now, to_tag=tag, headers=headers)
                 return True, None
@@ -385,7 +410,7 @@ class UasAgent(UaCore):
         self._respond(entry, 200, "OK", now)
         first = request.body.decode("utf-8", "replace").split("\r\n", 1)[0].split("\n", 1)[0]
         parts = first.split(" ", 2)
-        if len(parts) >= 2 and parts[0] == "SIP/2.0" and parts[1].isdigit():
+        if len(parts) >= 2 and parts[0] == "SIP/2.0" and ascii_digits(parts[1]):
             state = (request.get("subscription-state") or "").split(";")[0].strip().lower()
             final = state == "terminated" or int(parts[1]) >= 200
             reason = parts[2] if len(parts) > 2 else ""
@@ -469,7 +494,7 @@ class UasAgent(UaCore):
                 HoldChanged(call.call_id, audio.remote_direction, audio.remote_addr)
             )
         call.audio = audio
-        session_id = int(local.origin.session_id) if local.origin.session_id.isdigit() else 1
+        session_id = int(local.origin.session_id) if ascii_digits(local.origin.session_id) else 1
         version = local.origin.session_version
         answer = build_answer(offer, audio, address, port, session_id, version)
         if _without_origin(answer) != _without_origin(call.local_sdp):
@@ -670,7 +695,7 @@ def _session_expires(request: SipRequest) -> tuple[int | None, str | None]:
         return None, None
     number, _, params = value.partition(";")
     number = number.strip()
-    if not number.isdigit() or len(number) > 10:
+    if not ascii_digits(number) or len(number) > 10:
         return None, None
     refresher = None
     try:
@@ -694,7 +719,15 @@ def _parse_dtmf_info(content_type: str, body: str) -> tuple[str | None, int]:
     duration = fields.get("duration", "250")
     if len(signal) != 1 or signal not in DTMF_DIGITS:
         return None, 0
-    return signal, int(duration) if duration.isdigit() and len(duration) < 7 else 250
+    return signal, int(duration) if ascii_digits(duration) and len(duration) < 7 else 250
+
+
+def _auth_username(answer: str) -> str:
+    """The ``username`` of a digest answer, cut for a log line ("" if unreadable)."""
+    try:
+        return parse_auth_params(answer)[1].get("username", "")[:64]
+    except SipParseError:
+        return ""
 
 
 def _without_origin(sdp: str) -> str:

@@ -53,6 +53,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import heapq
 import hmac
 import secrets
 from collections.abc import Callable, Mapping
@@ -75,6 +76,7 @@ __all__ = [
     "telnyx_webhook_valid",
     "twilio_signature",
     "twilio_signature_valid",
+    "twilio_webhook_valid",
 ]
 
 TokenVerdict = Literal["ok", "malformed", "bad_mac", "expired", "replayed"]
@@ -97,7 +99,7 @@ def twilio_signature_valid(auth_token: str, url: str, signature: str | None) -> 
 
     ``url`` is the public URL from configuration, as written in the TwiML.
     """
-    if not auth_token or not signature:
+    if not auth_token or not signature or not signature.isascii():
         return False
     validator = RequestValidator(auth_token)
     candidates = [url]
@@ -107,6 +109,21 @@ def twilio_signature_valid(auth_token: str, url: str, signature: str | None) -> 
     elif scheme == "ws":
         candidates.append("http://" + rest)
     return any(bool(validator.validate(candidate, {}, signature)) for candidate in candidates)
+
+
+def twilio_webhook_valid(
+    auth_token: str, url: str, params: Mapping[str, str], signature: str | None
+) -> bool:
+    """Whether ``signature`` signs a POST of form ``params`` to ``url`` (the voice webhook).
+
+    Twilio signs the full URL it requested followed by every POST parameter
+    sorted by name (``RequestValidator``; it also tries the URL with and
+    without its default port). ``url`` is the public URL from configuration.
+    The signature has no timestamp or nonce: pair it with a replay memory.
+    """
+    if not auth_token or not signature or not signature.isascii():
+        return False
+    return bool(RequestValidator(auth_token).validate(url, dict(params), signature))
 
 
 # -------------------------------------------------------------------- Plivo
@@ -130,7 +147,7 @@ def plivo_signature_v3_valid(
 
     Pair it with a ``ReplayGuard`` on the nonce to refuse replays.
     """
-    if not auth_token or not nonce or not signature:
+    if not auth_token or not nonce or not signature or not signature.isascii():
         return False
     expected = plivo_signature_v3(auth_token, url, nonce)
     return any(hmac.compare_digest(expected, s.strip()) for s in signature.split(","))
@@ -172,7 +189,7 @@ def shared_token_valid(expected: str, presented: str | None) -> bool:
     """Constant-time comparison of a configured secret with what the peer sent."""
     if not expected or presented is None:
         return False
-    return hmac.compare_digest(expected.encode(), presented.encode())
+    return hmac.compare_digest(expected.encode(), presented.encode("utf-8", "surrogatepass"))
 
 
 def basic_auth_password(authorization: str | None) -> str | None:
@@ -208,12 +225,16 @@ def presented_token(
 
 
 class ReplayGuard:
-    """Remembers one-time values (nonces) until they expire; pure, takes ``now``."""
+    """Remembers one-time values (nonces) until they expire; pure, takes ``now``.
 
-    __slots__ = ("_expiry_by_nonce",)
+    Expiries sit in a heap, so forgetting costs O(log n) per value, not a scan.
+    """
+
+    __slots__ = ("_expiry_by_nonce", "_heap")
 
     def __init__(self) -> None:
         self._expiry_by_nonce: dict[str, float] = {}
+        self._heap: list[tuple[float, str]] = []
 
     def __len__(self) -> int:
         return len(self._expiry_by_nonce)
@@ -224,13 +245,16 @@ class ReplayGuard:
         if nonce in self._expiry_by_nonce:
             return False
         self._expiry_by_nonce[nonce] = expires_at
+        heapq.heappush(self._heap, (expires_at, nonce))
         return True
 
     def forget_expired(self, now: float) -> None:
         """Drop nonces whose expiry has passed (a replay then fails on expiry instead)."""
-        expired = [n for n, at in self._expiry_by_nonce.items() if at <= now]
-        for nonce in expired:
-            del self._expiry_by_nonce[nonce]
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            at, nonce = heapq.heappop(heap)
+            if self._expiry_by_nonce.get(nonce) == at:
+                del self._expiry_by_nonce[nonce]
 
 
 class TokenBook:

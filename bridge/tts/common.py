@@ -95,7 +95,10 @@ def non_negative_seconds(value: object) -> float | None:
     """A finite, non-negative JSON number as float, else ``None``."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # a JSON integer beyond a double
+        return None
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 

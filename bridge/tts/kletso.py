@@ -800,9 +800,15 @@ def _opt_num(obj: dict[str, object], key: str) -> float | None:
     value = obj.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise _Malformed(f"{key} is not a number")
-    return float(value)
+    try:
+        number = float(value)  # a JSON integer beyond a double raises OverflowError
+    except OverflowError:
+        raise _Malformed(f"{key} is out of range") from None
+    if not math.isfinite(number):
+        raise _Malformed(f"{key} is not a number")
+    return number
 
 
 ENGINE = KletsoProtocol

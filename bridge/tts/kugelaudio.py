@@ -391,7 +391,7 @@ class KugelAudioProtocol(AudioTaking, Outbox):
             self._fail_turn(turn, "unsupported_encoding", f"audio enc {enc!r}", False, now)
             return
         audio_format = AudioFormat(encoding, rate_hz)
-        if rate_hz <= 0 or len(data) % audio_format.bytes_per_sample:
+        if not 0 < rate_hz <= MAX_SAMPLE_RATE_HZ or len(data) % audio_format.bytes_per_sample:
             raise _MalformedFrame(f"{len(data)} bytes of {enc} at {rate_hz} Hz")
         if idx != turn.next_idx:
             logger.warning("< audio idx %d, expected %d", idx, turn.next_idx)
@@ -497,7 +497,7 @@ class KugelAudioProtocol(AudioTaking, Outbox):
         config: dict[str, object] = {}
         voice = settings.voice or self._settings.voice
         if voice:
-            config["voice_id"] = int(voice) if voice.isdigit() else voice
+            config["voice_id"] = int(voice) if voice.isascii() and voice.isdigit() else voice
         model = settings.model or self._settings.model
         if model:
             config["model_id"] = model
@@ -627,6 +627,12 @@ def _b64(value: object) -> bytes:
         raise _MalformedFrame(f"bad base64 ({exc})") from None
 
 
+_MAX_WORD_MS = 1e12
+"""Word times beyond this (30 years) are not times: the entry is skipped."""
+MAX_SAMPLE_RATE_HZ = 384_000
+"""Largest ``sr`` an audio frame may name; larger is malformed (and overflowed a float)."""
+
+
 def _word(entry: object) -> tuple[str, float, float] | None:
     """One ``word_timestamps`` entry as (word, start_ms, end_ms); None if unusable."""
     if not isinstance(entry, dict):
@@ -638,6 +644,8 @@ def _word(entry: object) -> tuple[str, float, float] | None:
         return None
     if isinstance(start, bool) or isinstance(end, bool):
         return None
+    if not (abs(start) < _MAX_WORD_MS and abs(end) < _MAX_WORD_MS):
+        return None  # a JSON integer too large for a float (OverflowError), or inf
     return word, float(start), float(end)
 
 

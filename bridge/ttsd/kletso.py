@@ -68,6 +68,8 @@ SAMPLE_RATE_HZ: Final = 24000
 BYTES_PER_S: Final = SAMPLE_RATE_HZ * 2
 KIND_MIC: Final = 0x01
 KIND_ASSISTANT: Final = 0x02
+MAX_PLAYED_MS: Final = 10**12
+"""Largest ``voice.played`` position taken (about 30 years); larger is refused."""
 MAX_FRAME_BYTES: Final = 16 * 1024
 #: Outbound audio frames: 40 ms (the seed suggests 20-60 ms).
 OUT_FRAME_BYTES: Final = BYTES_PER_S * 40 // 1000
@@ -349,7 +351,8 @@ class KletsoServerSession(Outbox):
             raise _BadFrame("invalid_request", "itemId must be a string")
         if isinstance(ms, bool) or not isinstance(ms, int | float):
             raise _BadFrame("invalid_request", "ms must be a number")
-        if not math.isfinite(ms) or ms < 0:
+        # (a JSON integer too large for a double made math.isfinite raise OverflowError)
+        if not 0 <= ms < MAX_PLAYED_MS or (isinstance(ms, float) and not math.isfinite(ms)):
             raise _BadFrame("invalid_request", "ms must be a finite number >= 0")
         if item_id != "current" and item_id not in self._known_items:
             raise _BadFrame("invalid_request", f"unknown itemId {item_id[:64]!r}")

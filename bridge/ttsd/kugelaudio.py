@@ -105,8 +105,8 @@ def _number(lo: float, hi: float, clamp: bool = False) -> Validator:
     def check(name: str, value: object) -> object:
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise _Invalid(f"Invalid request: {name} must be a number")
-        if clamp:
-            return min(max(float(value), lo), hi)
+        if clamp:  # compared before float(): a huge JSON integer overflows a double
+            return float(min(max(value, lo), hi))
         if not lo <= value <= hi:
             raise _Invalid(f"Invalid request: {name} must be between {lo} and {hi}")
         return float(value)

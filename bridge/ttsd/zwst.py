@@ -174,7 +174,9 @@ def _properties_from_query(query: Mapping[str, str], options: ServerOptions) -> 
     bools = {
         k: query.get(k, d) for k, d in (("normalize_text", "true"), ("word_timestamps", "false"))
     }
-    if not rate.isdigit() or any(v not in ("true", "false") for v in bools.values()):
+    if not (rate.isascii() and rate.isdigit()) or any(
+        v not in ("true", "false") for v in bools.values()
+    ):
         raise _Invalid("invalid_field", "sample_rate must be digits, flags true or false")
     props = SessionProperties(
         query["voice_id"],

@@ -58,6 +58,9 @@ class FakeDirectory:
         self.originated.append((to, from_, route))
         return "c-9"
 
+    def mint_stream_token(self, call_id: str) -> tuple[str, float] | DirectoryError:
+        return f"v1.1.n.{call_id}", 30.0
+
     def _check(self, call_id: str) -> DirectoryError | None:
         if call_id not in self.calls:
             return DirectoryError(404, "no_such_call", f"no call {call_id}", "call_id")
@@ -253,6 +256,7 @@ VALID_BODIES = {
     ("/v1/calls", "post"): {"to": "sip:carol@127.0.0.1"},
     ("/v1/calls/{call_id}/say", "post"): {"text": "Hello"},
     ("/v1/calls/{call_id}/hangup", "post"): {"reason": "done"},
+    ("/v1/stream-tokens", "post"): {"call_id": "v3:telnyx-call"},
 }
 
 
@@ -281,7 +285,7 @@ def check_response(op: dict[str, Any], resp: ApiResponse) -> None:
 def test_document_is_openapi_31_with_unique_operation_ids() -> None:
     assert DOC["openapi"] == "3.1.0"
     ids = [op["operationId"] for _, _, op in operations()]
-    assert len(ids) == len(set(ids)) == 6
+    assert len(ids) == len(set(ids)) == 7
 
 
 def test_document_and_routes_agree_both_ways() -> None:

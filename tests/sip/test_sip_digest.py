@@ -147,8 +147,11 @@ def test_uas_rejects_forged_nonce_replay_wrong_method_and_stale() -> None:
     assert (
         verifier.verify(answer(other, 0.0, "carrier", "s3cret"), "INVITE", 1.0) is AuthResult.FAILED
     )
-    good = answer(verifier, 0.0, "carrier", "s3cret")
-    assert verifier.verify(good, "BYE", 1.0) is AuthResult.FAILED
+    wrong_method = answer(verifier, 0.0, "carrier", "s3cret")
+    assert verifier.verify(wrong_method, "BYE", 1.0) is AuthResult.FAILED
+    # a failed answer burns its nonce: the right answer on it fails too
+    assert verifier.verify(wrong_method, "INVITE", 1.0) is AuthResult.FAILED
+    good = answer(verifier, 0.5, "carrier", "s3cret")
     assert verifier.verify(good, "INVITE", 1.0) is AuthResult.OK
     assert verifier.verify(good, "INVITE", 2.0) is AuthResult.FAILED  # replay
     old = answer(verifier, 100.0, "carrier", "s3cret")

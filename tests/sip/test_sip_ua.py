@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from bridge.engine import Event, SendDatagram
 from bridge.sip.digest import DigestVerifier, authorization, choose_challenge
 from bridge.sip.events import (
+    AuthFailed,
     CallCancelled,
     CallEnded,
     CallEstablished,
@@ -328,7 +329,11 @@ def test_unknown_user_and_wrong_password_get_identical_401() -> None:
     )
     assert answers[0].status == answers[1].status == 401
     assert wrong_password == unknown_user
-    assert ua.events_received() == []
+    # no call is offered; each failure is reported alike for the log (sip.auth_failed)
+    assert ua.events_received() == [
+        AuthFailed("127.0.0.1", "UDP", "carrier", False),
+        AuthFailed("127.0.0.1", "UDP", "no-such-user", False),
+    ]
 
 
 @dataclass
