@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge.media.bargein import BargeInPolicy
+
 __all__ = [
     "PROTOCOLS",
     "ApiConfig",
-    "BargeInConfig",
     "Config",
     "ConfigError",
     "DaemonConfig",
@@ -219,35 +220,6 @@ class RouteConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class BargeInConfig:
-    """``[bargein]``: the barge-in detector's thresholds (defaults measured in bench/).
-
-    Each field but ``vad_aggressiveness`` is the ``BargeInPolicy`` field of the
-    same name (``dtmf`` is ``dtmf_triggers``); see config/README.md for what
-    each does and when to change it.
-    """
-
-    enabled: bool = True
-    min_speech_ms: int = 60
-    energy_floor_dbfs: float = -48.0
-    echo_return_loss_db: float = 30.0
-    vad_aggressiveness: int = 3
-    dtmf: bool = True
-    echo_correlation: float = 0.7
-    hangover_ms: int = 60
-    speech_end_ms: int = 400
-    echo_window_ms: int = 200
-    noise_rise_db: float = 7.0
-    babble_spread: float = 3.0
-    noise_floor_up_ms: int = 1000
-    noise_floor_down_ms: int = 1000
-    noise_warmup_ms: int = 500
-    noise_warmup_floor_ms: int = 100
-    noise_warmup_rise_db: float = 10.0
-    noise_spread_prior_db: float = 3.0
-
-
-@dataclass(frozen=True, slots=True)
 class DaemonConfig:
     """``[daemon]``: process-wide settings."""
 
@@ -271,7 +243,8 @@ class Config:
     sip: SipConfig
     media_streams: MediaStreamsConfig
     api: ApiConfig
-    bargein: BargeInConfig
+    bargein: BargeInPolicy
+    """``[bargein]``: the detector's thresholds; their defaults are the policy's."""
     providers: tuple[ProviderConfig, ...]
     routes: tuple[RouteConfig, ...]
     flows: tuple[FlowConfig, ...]
@@ -804,9 +777,9 @@ def _read_step(r: _Reader, p: str, name: str, t: object, providers: set[str]) ->
     return step
 
 
-def _read_bargein(r: _Reader, d: dict[str, Any]) -> BargeInConfig:
+def _read_bargein(r: _Reader, d: dict[str, Any]) -> BargeInPolicy:
     p = "bargein"
-    b = BargeInConfig()  # the defaults
+    b = BargeInPolicy()  # the defaults: written once, in the policy
     r.unknown(
         d,
         {"enabled", "min_speech_ms", "energy_floor_dbfs", "echo_return_loss_db",
@@ -824,13 +797,13 @@ def _read_bargein(r: _Reader, d: dict[str, Any]) -> BargeInConfig:
             r.err(f"{p}.{key}", f"must be a multiple of 20 (one frame), got {ms}")
         return ms
 
-    return BargeInConfig(
+    return BargeInPolicy(
         enabled=r.bool_(d, "enabled", p, b.enabled),
         min_speech_ms=frames("min_speech_ms", b.min_speech_ms, 20, 5000),
         energy_floor_dbfs=r.num(d, "energy_floor_dbfs", p, b.energy_floor_dbfs, -96, 0),
         echo_return_loss_db=r.num(d, "echo_return_loss_db", p, b.echo_return_loss_db, 0, 60),
         vad_aggressiveness=r.int_(d, "vad_aggressiveness", p, b.vad_aggressiveness, 0, 3),
-        dtmf=r.bool_(d, "dtmf", p, b.dtmf),
+        dtmf_triggers=r.bool_(d, "dtmf", p, b.dtmf_triggers),
         echo_correlation=r.num(d, "echo_correlation", p, b.echo_correlation, 0.0, 1.0),
         hangover_ms=frames("hangover_ms", b.hangover_ms, 0, 2000),
         speech_end_ms=frames("speech_end_ms", b.speech_end_ms, 20, 10000),

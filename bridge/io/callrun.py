@@ -98,26 +98,9 @@ class LegAdapter(Protocol):
 
 
 def bargein_policy(daemon: Daemon) -> BargeInPolicy:
-    b = daemon.config.bargein
-    return BargeInPolicy(
-        enabled=b.enabled,
-        min_speech_ms=b.min_speech_ms,
-        energy_floor_dbfs=b.energy_floor_dbfs,
-        echo_return_loss_db=b.echo_return_loss_db,
-        dtmf_triggers=b.dtmf,
-        echo_correlation=b.echo_correlation,
-        hangover_ms=b.hangover_ms,
-        speech_end_ms=b.speech_end_ms,
-        echo_window_ms=b.echo_window_ms,
-        noise_rise_db=b.noise_rise_db,
-        babble_spread=b.babble_spread,
-        noise_floor_up_ms=b.noise_floor_up_ms,
-        noise_floor_down_ms=b.noise_floor_down_ms,
-        noise_warmup_ms=b.noise_warmup_ms,
-        noise_warmup_floor_ms=b.noise_warmup_floor_ms,
-        noise_warmup_rise_db=b.noise_warmup_rise_db,
-        noise_spread_prior_db=b.noise_spread_prior_db,
-    )
+    """The detector's policy as ``[bargein]`` gives it (read at the call's start, so a
+    reload reaches new calls)."""
+    return daemon.config.bargein
 
 
 def text_pacing(config: Config, route: RouteConfig) -> dict[str, Any]:
@@ -229,7 +212,6 @@ class CallRunner:
             now,
             options=CallOptions(
                 default_voice=route.voice,
-                vad_aggressiveness=self.config.bargein.vad_aggressiveness,
                 **text_pacing(self.config, route),
             ),
         )

@@ -318,7 +318,7 @@ class CallBridge:
         if self._echo is not None:
             self._echo.share_window(self._detector.echo_window_s, self._detector.spill_sink())
         self._echo_frames = 0
-        self._vad = Vad(self._options.vad_aggressiveness, leg.sample_rate_hz, 20)
+        self._vad = Vad(self._detector.policy.vad_aggressiveness, leg.sample_rate_hz, 20)
         self._decode = leg_decoder(leg.codec)
         self._decode_native = g711.native_decoder(leg.codec)  # the same, one call less
         self._frame_bytes = leg.frame_bytes
