@@ -52,6 +52,7 @@ __all__ = [
     "ConnectParams",
     "ConnectionReady",
     "HttpRequest",
+    "OptionType",
     "ProviderFailed",
     "ProviderSettings",
     "QueueDepthChanged",
@@ -143,6 +144,13 @@ class ProviderSettings:
             if k == key:
                 return v
         return default
+
+
+OptionType = type | tuple[str, ...]
+"""The type of one protocol option of ``[providers.NAME]``: ``str``, ``int``, ``float``
+(an integer is accepted) or ``bool``, or a tuple of the strings allowed. Each client
+engine module declares its options as ``OPTIONS: dict[str, OptionType]`` (the config
+reader rejects any other key of the table)."""
 
 
 # ----------------------------------------------------------------- actions

@@ -80,6 +80,7 @@ from bridge.tts.base import (
     ConnectionReady,
     ConnectParams,
     HttpRequest,
+    OptionType,
     ProviderFailed,
     ProviderSettings,
     TurnDone,
@@ -806,3 +807,11 @@ def _opt_num(obj: dict[str, object], key: str) -> float | None:
 
 
 ENGINE = KletsoProtocol
+
+OPTIONS: dict[str, OptionType] = {
+    "mode": ("vad", "ptt"),
+    "client_id": str,
+    "reply_timeout_s": float,
+}
+"""The protocol options of ``[providers.NAME]`` and their types (``bridge.config`` rejects
+any other key)."""

@@ -78,6 +78,7 @@ from bridge.tts.base import (
     ConnectionReady,
     ConnectParams,
     HttpRequest,
+    OptionType,
     ProviderFailed,
     ProviderSettings,
     TurnDone,
@@ -606,6 +607,24 @@ class KugelAudioProtocol(AudioTaking, Outbox):
 
 
 ENGINE = KugelAudioProtocol
+
+OPTIONS: dict[str, OptionType] = {
+    "idle_flush_s": float,
+    "response_timeout_s": float,
+    "cancel_timeout_s": float,
+    "close_timeout_s": float,
+    "sample_rate": int,
+    "cfg_scale": float,
+    "normalize": bool,
+    "flush_timeout_ms": int,
+    "max_buffer_length": int,
+    "max_new_tokens": int,
+    "project_id": int,
+    "dictionary_ids": str,
+}
+"""The protocol options of ``[providers.NAME]`` and their types (``bridge.config`` rejects
+any other key): the engine's own timers and fallback rate, and ``OPTION_FIELDS`` sent in
+the config (``dictionary_ids`` as ``"1,2"``)."""
 
 
 # ------------------------------------------------------------ field parsing
