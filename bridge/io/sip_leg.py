@@ -29,6 +29,7 @@ from bridge.control import commands as cmd
 from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
 from bridge.io.sip_call import _DatagramProtocol, _SipCall
+from bridge.io.startup import listen_error
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.rtp.ports import RtpPortAllocator
@@ -213,7 +214,10 @@ class SipLeg:
             host, port = split_hostport(listen)
             for transport in cfg.transports:
                 runner = _UaRunner(self, self._settings(host, port, transport.upper()))
-                await runner.start(host, port)
+                try:
+                    await runner.start(host, port)
+                except OSError as e:
+                    raise listen_error("sip.listen", listen, transport, e) from e
                 self.runners.append(runner)
         log.info("sip.listening", listen=list(cfg.listen), transports=list(cfg.transports))
         self._register_all()
