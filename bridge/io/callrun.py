@@ -67,7 +67,9 @@ __all__ = ["CallRunner", "LegAdapter", "bargein_policy"]
 log = get_logger("callbridge.call")
 
 HANGUP_TAIL_S = 0.3
-"""On RTP legs, how long the line stays up after the last frame before BYE."""
+"""On RTP legs, how long the line stays up after the last frame before BYE: the frame's
+20 ms and a 280 ms allowance for the phone's jitter buffer (docs/sip.md). A media-stream
+leg needs none: a turn there finishes when the carrier echoes its last mark."""
 
 PACING_SAMPLE_EVERY = 10
 """One outbound frame in this many has its departure deviation recorded."""
