@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from bridge.io.callrun import HANGUP_TAIL_S
 from bridge.io.caller import CallerOptions, place_call
+from bridge.io.callrun import HANGUP_TAIL_S
 from bridge.ttsd.synth import TONE_GAP_S, ToneEngine, split_words
 
 from .harness import FACTOR, free_port, stack
