@@ -138,7 +138,9 @@ class CallRunner:
     __slots__ = (
         "__weakref__",
         "agent",
+        "agent_held",
         "agent_task",
+        "agent_turns",
         "app",
         "app_task",
         "app_timer",
@@ -228,6 +230,10 @@ class CallRunner:
         self.armed: dict[Callable[[], None], float] = {}
         self.agent: AgentSession | None = None
         self.agent_task: asyncio.Task[None] | None = None
+        self.agent_turns: set[str] = set()
+        """Text turns spoken through the voice agent (opened while it was on)."""
+        self.agent_held: list[tuple[str, tuple[Any, ...]]] = []
+        """Agent turn calls made while its session was still being opened."""
         self.pending_prompts: dict[str, _PendingPrompt] = {}
         self.idle = True
         self.pump_unfinished = False
@@ -280,9 +286,21 @@ class CallRunner:
         elif self.route.flow:
             self.source = FlowRunner(self.config.flow(self.route.flow), self.route.greeting, now)
             self.source.start(now)
+        elif agent := self._route_agent():
+            # the route's provider is a voice agent: the call is its conversation (the
+            # caller's audio goes up, its replies are played), greeting included
+            self.bridge.execute(cmd.HandOver(voice_agent=agent), now)
+            if self.route.greeting:
+                self.bridge.execute(cmd.Say("greeting", self.route.greeting), now)
         elif self.route.greeting:
             self.bridge.execute(cmd.Say("greeting", self.route.greeting, cacheable=True), now)
         self.pump(now)
+
+    def _route_agent(self) -> str:
+        """The route's provider if it is a voice agent (a ``kletso`` provider), else ``""``."""
+        name = self.route.provider[0] if self.route.provider else ""
+        pool = self.runtime.pools.get(name)
+        return name if pool is not None and pool.settings.protocol == "kletso" else ""
 
     # ------------------------------------------------------- leg → bridge
 
@@ -446,15 +464,21 @@ class CallRunner:
             self._fail()
 
     def _open_turn(self, a: OpenTurn) -> None:
+        if self.bridge.agent_active:
+            # while a voice agent is on, it speaks every turn, in the session the caller
+            # talks to (a turn opened elsewhere would be a second, deaf conversation)
+            self.agent_turns.add(a.turn_id)
+            self._agent_call("open_turn", a.turn_id, a.settings, self._provider_sink)
+            return
         if a.cacheable:
             self.pending_prompts[a.turn_id] = _PendingPrompt(a.settings, a.provider)
-            return
-        if self.agent is not None and self.bridge.agent_active:
-            self.agent.say(a.turn_id, "", a.settings, self._provider_sink)
             return
         self._speaker(a.provider).open_turn(a.turn_id, a.settings, self._provider_sink)
 
     def _turn_text(self, a: SendTurnText) -> None:
+        if a.turn_id in self.agent_turns:
+            self._agent_call("send_text", a.turn_id, a.text)
+            return
         pending = self.pending_prompts.get(a.turn_id)
         if pending is not None:
             pending.text.append(a.text)
@@ -463,6 +487,9 @@ class CallRunner:
             speaker.send_text(a.turn_id, a.text)
 
     def _end_turn(self, a: EndTurn) -> None:
+        if a.turn_id in self.agent_turns:
+            self._agent_call("end_turn", a.turn_id)
+            return
         pending = self.pending_prompts.pop(a.turn_id, None)
         if pending is not None:
             self._speaker(pending.provider).speak(
@@ -473,9 +500,22 @@ class CallRunner:
             speaker.end_turn(a.turn_id)
 
     def _cancel_turn(self, a: CancelTurn) -> None:
+        if self.agent is not None or a.turn_id in self.agent_turns:
+            # an agent reply or a text turn it speaks: the engine tells the agent what was
+            # played (Kletso ``voice.played``, position from the AgentPlayed just before)
+            self._agent_call("cancel", a.turn_id)
+            self.agent_turns.discard(a.turn_id)
         self.pending_prompts.pop(a.turn_id, None)
         for speaker in self.speakers.values():
             speaker.cancel(a.turn_id)
+
+    def _agent_call(self, method: str, *args: Any) -> None:
+        """An agent turn's call now, or once the agent's session is open (held in order)."""
+        if self.agent is None:
+            if self.bridge.agent_active:
+                self.agent_held.append((method, args))
+            return
+        getattr(self.agent, method)(*args)
 
     # ---------------------------------------------------- application
 
@@ -553,7 +593,11 @@ class CallRunner:
             if self.finished:
                 await self.agent.close()
                 return
-            self.agent.start("vad", self.call_id)
+            if self.agent.ready:  # (not: its turns fail to the call as they are made)
+                self.agent.start("vad", self.call_id)
+            held, self.agent_held = self.agent_held, []
+            for method, args in held:
+                getattr(self.agent, method)(*args)
 
         self.agent_task = self.loop.create_task(run())
 

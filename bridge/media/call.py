@@ -652,7 +652,7 @@ class CallBridge:
                 heard = stop.played_samples
             else:
                 heard = self._heard_at_clear(turn, stop, now)
-            if turn.agent:
+            if turn.agent or self._agent is not None:  # (a text turn the agent speaks too)
                 self._actions.append(AgentPlayed(turn.item_id, self._ms(heard)))
             if stop.cancel_provider:
                 self._actions.append(CancelTurn(turn.turn_id))
