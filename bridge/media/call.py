@@ -190,9 +190,11 @@ from bridge.tts.base import (
     TurnFailed,
     TurnSettings,
     TurnStarted,
+    VoiceEnded,
+    VoiceFailed,
+    VoiceInterrupted,
     WordsTimed,
 )
-from bridge.tts.kletso import VoiceEnded, VoiceFailed, VoiceInterrupted
 from telcodec import g711
 
 __all__ = ["CallBridge"]

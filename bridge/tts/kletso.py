@@ -91,6 +91,10 @@ from bridge.tts.base import (
     TurnSettings,
     TurnStarted,
     UsageReported,
+    VoiceEnded,
+    VoiceFailed,
+    VoiceInterrupted,
+    VoiceUsage,
 )
 from bridge.tts.common import bearer_headers, scrub_secret
 from bridge.tts.taking import AudioTaking
@@ -179,40 +183,6 @@ class TranscriptReceived(Event):
     role: str
     text: str
     final: bool
-
-
-@dataclass(frozen=True, slots=True)
-class VoiceInterrupted(Event):
-    """``voice.interrupted``: drop playout of ``item_id`` beyond ``audio_end_ms``."""
-
-    item_id: str
-    audio_end_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class VoiceUsage:
-    """``voice.ended.usage``."""
-
-    audio_in_s: float
-    audio_out_s: float
-    cost_micros: int
-
-
-@dataclass(frozen=True, slots=True)
-class VoiceEnded(Event):
-    """``voice.ended``: the session is over (user, idle, limit, error, not_configured)."""
-
-    reason: str
-    usage: VoiceUsage
-
-
-@dataclass(frozen=True, slots=True)
-class VoiceFailed(Event):
-    """An ``error`` frame about the voice session (turns get ``TurnFailed`` too)."""
-
-    code: str
-    message: str
-    retryable: bool
 
 
 # ------------------------------------------------------------------ state
