@@ -70,8 +70,8 @@ def test_the_greeting_is_played_and_the_caller_is_answered_by_the_agent() -> Non
     the caller's speech goes up and the agent's spoken answer is played."""
     greeting_s = tone_turn_ms(f"You wrote: {GREETING}") / 1000
     answer_s = tone_turn_ms("I heard you speak for 1.0 seconds.") / 1000
-    speak_at_s = greeting_s + 1.0
-    duration_s = speak_at_s + 1.0 + 0.6 + answer_s + 1.5
+    speak_at_s = greeting_s + 2.0 * FACTOR  # after the greeting, with room for a slow start
+    duration_s = speak_at_s + 1.0 + 0.6 + answer_s + 1.5 * FACTOR
     result = asyncio.run(call(GREETING, speak_at_s, 1.0, duration_s))
     report = build_report(result.recording)
     assert report.answered and report.protocol_errors == ()
@@ -100,7 +100,7 @@ def test_a_barge_in_stops_playout_and_tells_the_agent_what_was_played(
 
     monkeypatch.setattr(KletsoProtocol, "cancel", cancel)
     greeting_s = tone_turn_ms(f"You wrote: {LONG_GREETING}") / 1000
-    speak_at_s = 1.5
+    speak_at_s = 2.0 * FACTOR  # once the greeting plays, with room for a slow start
     assert greeting_s > speak_at_s + 2.0  # the caller talks over the greeting
     result = asyncio.run(call(LONG_GREETING, speak_at_s, 1.0, speak_at_s + 2.0))
     report = build_report(result.recording)
