@@ -121,7 +121,7 @@ def test_the_readme_example_against_a_daemon_ends_clean() -> None:
     async def body() -> None:
         async with stack(GREETING_ROUTE) as st:
             target = f"ws://127.0.0.1:{st.ms_port}/twilio"
-            for duration_s in (0.5, 1.0, 1.5):
+            for duration_s in (1.0, 1.5, 2.0):
                 result = await asyncio.wait_for(
                     place_call(CallerOptions(target=target, duration_s=duration_s)), TIMEOUT_S
                 )
