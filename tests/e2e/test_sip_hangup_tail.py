@@ -16,7 +16,7 @@ from bridge.io.caller import CallerOptions, place_call
 from bridge.io.callrun import HANGUP_TAIL_S
 from bridge.ttsd.synth import TONE_GAP_S, ToneEngine, split_words
 
-from .harness import FACTOR, free_port, stack
+from .harness import FACTOR, TwilioCall, free_port, stack
 
 GOODBYE = "Goodbye and thanks for calling."
 FLOW = f"""
@@ -61,5 +61,26 @@ def test_the_bye_follows_the_goodbye_and_a_tail_of_comfort_frames() -> None:
         assert after - trailing_gap_frames >= tail_frames // 3, (after, trailing_gap_frames)
         assert all(f.level_dbfs <= SPEECH_DBFS for f in frames[speech[-1] + 1 :])
         assert all(f.at_s <= rec.ended_at_s for f in frames)
+
+    asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
+
+
+def test_a_media_stream_call_closes_only_after_the_goodbye_played() -> None:
+    """The media-stream leg needs no tail: a turn there finishes when the carrier echoes
+    its last mark (the audio has played), so the flow's hang-up follows the playout."""
+
+    async def body() -> None:
+        async with stack(FLOW) as st, TwilioCall(st.ms_port) as call:
+            await asyncio.wait_for(call.closed.wait(), 30 * FACTOR)
+            closed_at = call.now()
+            carrier = call.carrier
+            assert carrier.errors() == []
+            echoes = carrier.marks_echoed()
+            assert echoes and not any(m.cleared for m in echoes)
+            # nothing of the goodbye was left in the carrier's buffer when the daemon closed
+            assert carrier.buffered_ms(closed_at) == 0
+            played_frames = len(carrier.played_audio()) // 160
+            word_frames = sum(ToneEngine(8000).word_duration_s(w) for w in split_words(GOODBYE))
+            assert played_frames >= word_frames / FRAME_S
 
     asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
