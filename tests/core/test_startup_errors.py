@@ -196,6 +196,8 @@ def test_an_embedded_tts_that_does_not_start(
         raise RuntimeError("tts-server exited with 1")
 
     monkeypatch.setattr(EmbeddedTts, "_spawn", failing_spawn)
+    # the process-wide logging set-up would bind this test's captured stderr for good
+    monkeypatch.setattr(daemon_module, "configure", lambda *args: None)
     text = config(provider=PROVIDER.replace('"ws://127.0.0.1:1/v1/ws/kova"', '"embedded"'))
     status = daemon_module.run_daemon(parse_config(text, "t.toml"))
     assert status == EXIT_EMBEDDED
