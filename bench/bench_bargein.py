@@ -1,6 +1,6 @@
 """Barge-in: caller speech onset -> bot audio stopped, and false barge-ins (issue 8, item 5).
 
-What is measured, with the daemon's default thresholds (``bridge.config.BargeInConfig``):
+What is measured, with the daemon's default thresholds (``bridge.media.bargein.BargeInPolicy``):
 
 * **Onset set.** Short interruptions ("Wait, stop.", ...) spoken by Piper
   (``joe``) and by espeak-ng (two voices), scaled to an active speech level of
@@ -63,11 +63,10 @@ sys.path.insert(0, str(HERE.parent / "tests" / "e2e"))
 
 from common import pct, write  # noqa: E402
 
-from bridge.config import BargeInConfig  # noqa: E402
 from bridge.control.commands import Say  # noqa: E402
 from bridge.media.bargein import BargeInPolicy  # noqa: E402
 from bridge.media.call import CallBridge  # noqa: E402
-from bridge.media.call_types import CallOptions, LegProfile  # noqa: E402
+from bridge.media.call_types import LegProfile  # noqa: E402
 from bridge.tts.base import MULAW_8K, AudioReceived  # noqa: E402
 from telcodec import g711  # noqa: E402
 
@@ -377,34 +376,32 @@ def false_set(voices: Voices, quick: bool, seed: int = 2) -> list[Clip]:
 
 @dataclass(frozen=True)
 class Thresholds:
-    """What the grid varies (the rest of ``BargeInConfig`` stays at its defaults)."""
+    """What the grid varies (the rest of ``BargeInPolicy`` stays at its defaults)."""
 
     min_speech_ms: int
     energy_floor_dbfs: float
     echo_return_loss_db: float
     vad_aggressiveness: int
-    echo_correlation: float = BargeInConfig().echo_correlation
+    echo_correlation: float = BargeInPolicy().echo_correlation
     noise_rise_db: float = BargeInPolicy().noise_rise_db
-    """Not in the config (yet): the policy's default is the daemon's."""
+    """The policy's defaults (the daemon's)."""
     noise_floor_up_ms: int = BargeInPolicy().noise_floor_up_ms
     noise_floor_down_ms: int = BargeInPolicy().noise_floor_down_ms
     babble_spread: float = BargeInPolicy().babble_spread
 
     @staticmethod
     def defaults() -> Thresholds:
-        c = BargeInConfig()
+        c = BargeInPolicy()
         return Thresholds(
             c.min_speech_ms, c.energy_floor_dbfs, c.echo_return_loss_db, c.vad_aggressiveness
         )
 
     def policy(self) -> BargeInPolicy:
-        c = BargeInConfig()
         return BargeInPolicy(
-            enabled=c.enabled,
             min_speech_ms=self.min_speech_ms,
             energy_floor_dbfs=self.energy_floor_dbfs,
             echo_return_loss_db=self.echo_return_loss_db,
-            dtmf_triggers=c.dtmf,
+            vad_aggressiveness=self.vad_aggressiveness,
             echo_correlation=self.echo_correlation,
             noise_rise_db=self.noise_rise_db,
             noise_floor_up_ms=self.noise_floor_up_ms,
@@ -431,13 +428,7 @@ def run_engine(
     the call ticks. After a barge-in the bot resumes where it was cut (a new
     turn), so every trigger over a clip is counted.
     """
-    call = CallBridge(
-        "bench",
-        SIP_LEG,
-        th.policy(),
-        0.0,
-        options=CallOptions(vad_aggressiveness=th.vad_aggressiveness),
-    )
+    call = CallBridge("bench", SIP_LEG, th.policy(), 0.0)
     bot_ulaw = ulaw_bytes(bot)
     steps = len(caller) // FRAME
     sent = np.zeros(len(caller) + FRAME * 2)

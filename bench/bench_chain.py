@@ -94,10 +94,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "codecs"))
 
 from bench import common  # noqa: E402
-from bridge.config import BargeInConfig, RouteConfig  # noqa: E402
+from bridge.config import RouteConfig  # noqa: E402
 from bridge.control import commands as cmd  # noqa: E402
 from bridge.io.gcpolicy import ReleaseWatch  # noqa: E402
 from bridge.logs import configure  # noqa: E402
+from bridge.media.bargein import BargeInPolicy  # noqa: E402
 from bridge.rtp.packet import RTP_FIXED_HEADER  # noqa: E402
 from bridge.tts.base import AudioFormat, AudioReceived, TurnDone  # noqa: E402
 from telcodec import g711  # noqa: E402
@@ -215,7 +216,7 @@ class _Chain:
         )
         self.sim = sim = _SimLoop(real)
         self.ticker = ticker = MediaTicker(sim, clock=sim.time)  # type: ignore[arg-type]
-        bargein = BargeInConfig()
+        bargein = BargeInPolicy()
         config = SimpleNamespace(
             bargein=bargein, sip=SimpleNamespace(rtp_timeout_s=60.0), flow=lambda name: None
         )

@@ -89,7 +89,6 @@ from loadgen.wire import WireCapture  # noqa: E402
 from websockets.frames import apply_mask as ws_apply_mask  # noqa: E402
 from websockets.server import ServerProtocol  # noqa: E402
 
-from bridge.config import BargeInConfig  # noqa: E402
 from bridge.control.commands import Say  # noqa: E402
 from bridge.engine import SendBytes, SendText  # noqa: E402
 from bridge.io.httpws import HttpRequest, WsConnection  # noqa: E402
@@ -230,14 +229,7 @@ def time_outbound(cls: type[MediaStreamProtocol], frames: int) -> float:
 
 def _talking_call(frames: int) -> CallBridge:
     """A Twilio call with a turn of ``frames`` 20 ms frames queued (default barge-in)."""
-    c = BargeInConfig()
-    policy = BargeInPolicy(
-        enabled=c.enabled,
-        min_speech_ms=c.min_speech_ms,
-        energy_floor_dbfs=c.energy_floor_dbfs,
-        echo_return_loss_db=c.echo_return_loss_db,
-        dtmf_triggers=c.dtmf,
-    )
+    policy = BargeInPolicy()
     leg = LegProfile(kind="twilio", codec="mulaw", heard_from="marks", can_clear=True)
     call = CallBridge("bench", leg, policy, 0.0)
     bot = g711.ulaw_encode(

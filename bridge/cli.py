@@ -1,7 +1,7 @@
 """The ``callbridge`` command line.
 
 Subcommands:
-    serve --config PATH          run the daemon
+    serve --config PATH          run the daemon (exit statuses: bridge/io/startup.py)
     check-config PATH            validate a config: exit 0 with a summary, or 2 with every error
     tts-server [--listen H:P]    the local reference TTS server (every provider protocol)
     call TARGET [options]        a test caller (SIP UAC or media-stream carrier side)
@@ -16,8 +16,7 @@ from collections.abc import Sequence
 
 from bridge import __version__
 from bridge.config import ConfigError, load_config, parse_cpu_list
-
-EXIT_CONFIG = 2
+from bridge.io.startup import EXIT_CONFIG
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:

@@ -21,6 +21,8 @@ The keys documented in ``config/README.md`` are the public interface.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import importlib
 import ipaddress
 import math
 import os
@@ -31,12 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge.media.bargein import BargeInPolicy
 from bridge.sip.uri import outbound_target
+from bridge.tts.base import OptionType
 
 __all__ = [
     "PROTOCOLS",
     "ApiConfig",
-    "BargeInConfig",
     "Config",
     "ConfigError",
     "ConnectionLimits",
@@ -254,35 +257,6 @@ class RouteConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class BargeInConfig:
-    """``[bargein]``: the barge-in detector's thresholds (defaults measured in bench/).
-
-    Each field but ``vad_aggressiveness`` is the ``BargeInPolicy`` field of the
-    same name (``dtmf`` is ``dtmf_triggers``); see config/README.md for what
-    each does and when to change it.
-    """
-
-    enabled: bool = True
-    min_speech_ms: int = 60
-    energy_floor_dbfs: float = -48.0
-    echo_return_loss_db: float = 30.0
-    vad_aggressiveness: int = 3
-    dtmf: bool = True
-    echo_correlation: float = 0.7
-    hangover_ms: int = 60
-    speech_end_ms: int = 400
-    echo_window_ms: int = 200
-    noise_rise_db: float = 7.0
-    babble_spread: float = 3.0
-    noise_floor_up_ms: int = 1000
-    noise_floor_down_ms: int = 1000
-    noise_warmup_ms: int = 500
-    noise_warmup_floor_ms: int = 100
-    noise_warmup_rise_db: float = 10.0
-    noise_spread_prior_db: float = 3.0
-
-
-@dataclass(frozen=True, slots=True)
 class DaemonConfig:
     """``[daemon]``: process-wide settings."""
 
@@ -317,7 +291,8 @@ class Config:
     sip: SipConfig
     media_streams: MediaStreamsConfig
     api: ApiConfig
-    bargein: BargeInConfig
+    bargein: BargeInPolicy
+    """``[bargein]``: the detector's thresholds; their defaults are the policy's."""
     providers: tuple[ProviderConfig, ...]
     routes: tuple[RouteConfig, ...]
     flows: tuple[FlowConfig, ...]
@@ -487,8 +462,11 @@ class _Reader:
         return self.str_(data, key, path, "")
 
     def hostport(self, value: str, key: str) -> None:
-        if not _parse_hostport(value):
+        hp = _parse_hostport(value)
+        if hp is None:
             self.err(key, f"expected HOST:PORT (IPv6 as [ADDR]:PORT), got {value!r}")
+        elif problem := _host_problem(hp[0]):
+            self.err(key, f"{problem} in {value!r}")
 
 
 _LIMIT_KEYS = {
@@ -544,6 +522,28 @@ def _parse_hostport(value: str) -> tuple[str, int] | None:
     return host, port
 
 
+_HOSTNAME = re.compile(r"(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+")
+
+
+def _host_problem(host: str) -> str | None:
+    """Why ``host`` (of a HOST:PORT) is neither an IP address nor a host name, if it is not."""
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return f"{host!r} is not an IPv6 address"
+        return None
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return f"{host!r} is not an IPv4 address"
+        return None
+    if not _HOSTNAME.fullmatch(host):
+        return f"{host!r} is not a host name"
+    return None
+
+
 def split_hostport(value: str) -> tuple[str, int]:
     """``"127.0.0.1:5060"`` / ``"[::1]:5060"`` → ``(host, port)`` (value already validated)."""
     hp = _parse_hostport(value)
@@ -571,7 +571,7 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
     )  # fmt: skip
     listen = r.str_list(d, "listen", p, ("127.0.0.1:5060",))
     for i, v in enumerate(listen):
-        r.hostport(v, f"sip.listen[{i}]")
+        r.hostport(v, f"sip.listen[{i}]" if isinstance(d.get("listen"), list) else "sip.listen")
     transports = r.str_list(d, "transports", p, ("udp", "tcp"))
     for t in transports:
         if t not in ("udp", "tcp"):
@@ -769,6 +769,35 @@ def _speaks_whole_text(protocol: str, t: dict[str, Any]) -> bool:
     return protocol == "kletso" or (protocol == "coda" and t.get("input_mode") == "complete")
 
 
+def _protocol_options(protocol: str) -> dict[str, OptionType] | None:
+    """The options ``protocol`` declares (``OPTIONS`` of its client engine module, the one
+    place they are written); ``None`` for an unknown protocol (already an error)."""
+    if protocol not in PROTOCOLS:
+        return None
+    options: dict[str, OptionType] = importlib.import_module(f"bridge.tts.{protocol}").OPTIONS
+    return options
+
+
+def _option_problem(kind: OptionType, v: object) -> str | None:
+    """What is wrong with the value ``v`` of an option of type ``kind``, if anything."""
+    if isinstance(kind, tuple):
+        if v in kind:
+            return None
+        return f"unknown value {v!r} (expected one of {', '.join(kind)})"
+    if kind is bool:
+        ok = isinstance(v, bool)
+    elif kind is int:
+        ok = isinstance(v, int) and not isinstance(v, bool)
+    elif kind is float:
+        ok = isinstance(v, int | float) and not isinstance(v, bool)
+    else:
+        ok = isinstance(v, kind)
+    if ok:
+        return None
+    want = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return f"expected {want.get(kind, kind.__name__)}, got {_tname(v)}"
+
+
 def _read_providers(r: _Reader, d: dict[str, Any]) -> tuple[ProviderConfig, ...]:
     out = []
     for name, t in d.items():
@@ -795,15 +824,22 @@ def _read_providers(r: _Reader, d: dict[str, Any]) -> tuple[ProviderConfig, ...]
             *("turns_per_connection", "flow_control_ahead_s", "close_idle_after_s"),
             "text_ahead_s",
         }
+        declared = _protocol_options(protocol)
         options: list[tuple[str, str | int | float | bool]] = []
         for k, v in t.items():
             base = k.removesuffix("_file").removesuffix("_env")
-            if k in known or base in known:
+            if k in known or base in known or declared is None:
                 continue
-            if isinstance(v, str | int | float | bool):
-                options.append((k, v))
+            kind = declared.get(k)
+            if kind is None:
+                names = [*known, "api_key_file", "api_key_env", *declared]
+                close = difflib.get_close_matches(k, names, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                r.err(f"{p}.{k}", f"unknown key{hint}; {protocol} options: {', '.join(declared)}")
+            elif problem := _option_problem(kind, v):
+                r.err(f"{p}.{k}", problem)
             else:
-                r.err(f"{p}.{k}", "provider options must be strings, numbers or booleans")
+                options.append((k, v))
         out.append(
             ProviderConfig(
                 name=name,
@@ -837,6 +873,9 @@ def _read_routes(
         r.err("routes", "expected an array of tables ([[routes]])")
         return ()
     out = []
+    # Each match and the first route giving it: a later route with the same match is
+    # never reached (the first route that fits a call takes it).
+    seen: dict[str, int] = {}
     for i, t in enumerate(v):
         p = f"routes[{i}]"
         if not isinstance(t, dict):
@@ -848,6 +887,13 @@ def _read_routes(
              "fallback_prompt"},
             p,
         )  # fmt: skip
+        match = r.str_(t, "match", p, "*")
+        if match in seen:
+            r.err(
+                f"{p}.match",
+                f"{match!r} is routes[{seen[match]}]'s match too: this route is never reached",
+            )
+        seen.setdefault(match, i)
         chain = r.str_list(t, "provider", p, ())
         if not chain:
             r.err(f"{p}.provider", "missing (a provider name or a failover list)")
@@ -864,7 +910,7 @@ def _read_routes(
             r.err(f"{p}.app", f"expected a ws:// or wss:// URL, got {app!r}")
         out.append(
             RouteConfig(
-                match=r.str_(t, "match", p, "*"),
+                match=match,
                 provider=chain,
                 greeting=r.str_(t, "greeting", p, ""),
                 flow=flow,
@@ -950,9 +996,9 @@ def _read_step(r: _Reader, p: str, name: str, t: object, providers: set[str]) ->
     return step
 
 
-def _read_bargein(r: _Reader, d: dict[str, Any]) -> BargeInConfig:
+def _read_bargein(r: _Reader, d: dict[str, Any]) -> BargeInPolicy:
     p = "bargein"
-    b = BargeInConfig()  # the defaults
+    b = BargeInPolicy()  # the defaults: written once, in the policy
     r.unknown(
         d,
         {"enabled", "min_speech_ms", "energy_floor_dbfs", "echo_return_loss_db",
@@ -970,13 +1016,13 @@ def _read_bargein(r: _Reader, d: dict[str, Any]) -> BargeInConfig:
             r.err(f"{p}.{key}", f"must be a multiple of 20 (one frame), got {ms}")
         return ms
 
-    return BargeInConfig(
+    return BargeInPolicy(
         enabled=r.bool_(d, "enabled", p, b.enabled),
         min_speech_ms=frames("min_speech_ms", b.min_speech_ms, 20, 5000),
         energy_floor_dbfs=r.num(d, "energy_floor_dbfs", p, b.energy_floor_dbfs, -96, 0),
         echo_return_loss_db=r.num(d, "echo_return_loss_db", p, b.echo_return_loss_db, 0, 60),
         vad_aggressiveness=r.int_(d, "vad_aggressiveness", p, b.vad_aggressiveness, 0, 3),
-        dtmf=r.bool_(d, "dtmf", p, b.dtmf),
+        dtmf_triggers=r.bool_(d, "dtmf", p, b.dtmf_triggers),
         echo_correlation=r.num(d, "echo_correlation", p, b.echo_correlation, 0.0, 1.0),
         hangover_ms=frames("hangover_ms", b.hangover_ms, 0, 2000),
         speech_end_ms=frames("speech_end_ms", b.speech_end_ms, 20, 10000),

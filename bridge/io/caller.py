@@ -639,6 +639,9 @@ class _TwilioCaller:
         self.opened_at = 0.0
         self.closed_by_peer = False
         self.ending = False
+        self.stopped = False
+        """``stop`` sent: as Twilio, the carrier now drops whatever the server still sends
+        (frames in flight when it read ``stop`` are not the server's mistake)."""
         self.onsets: list[float] = []
         self.dtmf_sent: list[tuple[float, str]] = []
         self.errors: list[str] = []
@@ -702,6 +705,7 @@ class _TwilioCaller:
             return False
         if now - self.opened_at >= self.opts.duration_s:
             self.carrier.send_stop(now)
+            self.stopped = True
             await self._flush(now)
             return False
         while self.dtmf_queue and self.dtmf_queue[0][0] <= n * FRAME_S + 1e-9:
@@ -730,6 +734,8 @@ class _TwilioCaller:
         try:
             async for message in self.ws:
                 now = self.loop.time()
+                if self.stopped:
+                    continue
                 if isinstance(message, str):
                     self.carrier.receive(message, now)
                 else:

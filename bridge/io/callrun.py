@@ -114,7 +114,9 @@ def bounded_label(value: str, known: frozenset[str]) -> str:
 
 
 HANGUP_TAIL_S = 0.3
-"""On RTP legs, how long the line stays up after the last frame before BYE."""
+"""On RTP legs, how long the line stays up after the last frame before BYE: the frame's
+20 ms and a 280 ms allowance for the phone's jitter buffer (docs/sip.md). A media-stream
+leg needs none: a turn there finishes when the carrier echoes its last mark."""
 
 PACING_SAMPLE_EVERY = 10
 """One outbound frame in this many has its departure deviation recorded."""
@@ -145,26 +147,9 @@ class LegAdapter(Protocol):
 
 
 def bargein_policy(daemon: Daemon) -> BargeInPolicy:
-    b = daemon.config.bargein
-    return BargeInPolicy(
-        enabled=b.enabled,
-        min_speech_ms=b.min_speech_ms,
-        energy_floor_dbfs=b.energy_floor_dbfs,
-        echo_return_loss_db=b.echo_return_loss_db,
-        dtmf_triggers=b.dtmf,
-        echo_correlation=b.echo_correlation,
-        hangover_ms=b.hangover_ms,
-        speech_end_ms=b.speech_end_ms,
-        echo_window_ms=b.echo_window_ms,
-        noise_rise_db=b.noise_rise_db,
-        babble_spread=b.babble_spread,
-        noise_floor_up_ms=b.noise_floor_up_ms,
-        noise_floor_down_ms=b.noise_floor_down_ms,
-        noise_warmup_ms=b.noise_warmup_ms,
-        noise_warmup_floor_ms=b.noise_warmup_floor_ms,
-        noise_warmup_rise_db=b.noise_warmup_rise_db,
-        noise_spread_prior_db=b.noise_spread_prior_db,
-    )
+    """The detector's policy as ``[bargein]`` gives it (read at the call's start, so a
+    reload reaches new calls)."""
+    return daemon.config.bargein
 
 
 def text_pacing(config: Config, route: RouteConfig) -> dict[str, Any]:
@@ -200,7 +185,9 @@ class CallRunner:
     __slots__ = (
         "__weakref__",
         "agent",
+        "agent_held",
         "agent_task",
+        "agent_turns",
         "app",
         "app_task",
         "app_timer",
@@ -276,7 +263,6 @@ class CallRunner:
             now,
             options=CallOptions(
                 default_voice=route.voice,
-                vad_aggressiveness=self.config.bargein.vad_aggressiveness,
                 **text_pacing(self.config, route),
             ),
         )
@@ -291,6 +277,10 @@ class CallRunner:
         self.armed: dict[Callable[[], None], float] = {}
         self.agent: AgentSession | None = None
         self.agent_task: asyncio.Task[None] | None = None
+        self.agent_turns: set[str] = set()
+        """Text turns spoken through the voice agent (opened while it was on)."""
+        self.agent_held: list[tuple[str, tuple[Any, ...]]] = []
+        """Agent turn calls made while its session was still being opened."""
         self.pending_prompts: dict[str, _PendingPrompt] = {}
         self.idle = True
         self.pump_unfinished = False
@@ -343,9 +333,21 @@ class CallRunner:
         elif self.route.flow:
             self.source = FlowRunner(self.config.flow(self.route.flow), self.route.greeting, now)
             self.source.start(now)
+        elif agent := self._route_agent():
+            # the route's provider is a voice agent: the call is its conversation (the
+            # caller's audio goes up, its replies are played), greeting included
+            self.bridge.execute(cmd.HandOver(voice_agent=agent), now)
+            if self.route.greeting:
+                self.bridge.execute(cmd.Say("greeting", self.route.greeting), now)
         elif self.route.greeting:
             self.bridge.execute(cmd.Say("greeting", self.route.greeting, cacheable=True), now)
         self.pump(now)
+
+    def _route_agent(self) -> str:
+        """The route's provider if it is a voice agent (a ``kletso`` provider), else ``""``."""
+        name = self.route.provider[0] if self.route.provider else ""
+        pool = self.runtime.pools.get(name)
+        return name if pool is not None and pool.settings.protocol == "kletso" else ""
 
     # ------------------------------------------------------- leg → bridge
 
@@ -523,15 +525,21 @@ class CallRunner:
             self._fail()
 
     def _open_turn(self, a: OpenTurn) -> None:
+        if self.bridge.agent_active:
+            # while a voice agent is on, it speaks every turn, in the session the caller
+            # talks to (a turn opened elsewhere would be a second, deaf conversation)
+            self.agent_turns.add(a.turn_id)
+            self._agent_call("open_turn", a.turn_id, a.settings, self._provider_sink)
+            return
         if a.cacheable:
             self.pending_prompts[a.turn_id] = _PendingPrompt(a.settings, a.provider)
-            return
-        if self.agent is not None and self.bridge.agent_active:
-            self.agent.say(a.turn_id, "", a.settings, self._provider_sink)
             return
         self._speaker(a.provider).open_turn(a.turn_id, a.settings, self._provider_sink)
 
     def _turn_text(self, a: SendTurnText) -> None:
+        if a.turn_id in self.agent_turns:
+            self._agent_call("send_text", a.turn_id, a.text)
+            return
         pending = self.pending_prompts.get(a.turn_id)
         if pending is not None:
             pending.text.append(a.text)
@@ -540,6 +548,9 @@ class CallRunner:
             speaker.send_text(a.turn_id, a.text)
 
     def _end_turn(self, a: EndTurn) -> None:
+        if a.turn_id in self.agent_turns:
+            self._agent_call("end_turn", a.turn_id)
+            return
         pending = self.pending_prompts.pop(a.turn_id, None)
         if pending is not None:
             self._speaker(pending.provider).speak(
@@ -550,9 +561,22 @@ class CallRunner:
             speaker.end_turn(a.turn_id)
 
     def _cancel_turn(self, a: CancelTurn) -> None:
+        if self.agent is not None or a.turn_id in self.agent_turns:
+            # an agent reply or a text turn it speaks: the engine tells the agent what was
+            # played (Kletso ``voice.played``, position from the AgentPlayed just before)
+            self._agent_call("cancel", a.turn_id)
+            self.agent_turns.discard(a.turn_id)
         self.pending_prompts.pop(a.turn_id, None)
         for speaker in self.speakers.values():
             speaker.cancel(a.turn_id)
+
+    def _agent_call(self, method: str, *args: Any) -> None:
+        """An agent turn's call now, or once the agent's session is open (held in order)."""
+        if self.agent is None:
+            if self.bridge.agent_active:
+                self.agent_held.append((method, args))
+            return
+        getattr(self.agent, method)(*args)
 
     # ---------------------------------------------------- application
 
@@ -630,7 +654,11 @@ class CallRunner:
             if self.finished:
                 await self.agent.close()
                 return
-            self.agent.start("vad", self.call_id)
+            if self.agent.ready:  # (not: its turns fail to the call as they are made)
+                self.agent.start("vad", self.call_id)
+            held, self.agent_held = self.agent_held, []
+            for method, args in held:
+                getattr(self.agent, method)(*args)
 
         self.agent_task = self.loop.create_task(run())
 

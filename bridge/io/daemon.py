@@ -26,6 +26,7 @@ import gc
 import importlib.metadata
 import json
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -47,6 +48,7 @@ from bridge.io.gcpolicy import apply as gc_apply
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, serve_http_ws
 from bridge.io.notify import Notifier
 from bridge.io.prompt_store import PromptStore
+from bridge.io.startup import EXIT_EMBEDDED, StartupError, listen_error
 from bridge.io.ticker import MediaTicker
 from bridge.io.tts_client import PromptCache, ProviderPool, render_prompt
 from bridge.logs import configure, dropped_lines, get_logger
@@ -242,7 +244,11 @@ class Daemon:
                     nice=d.embedded_tts_nice,
                     cpus=d.embedded_tts_cpus,
                 )
-                await child.start()
+                try:
+                    await child.start()
+                except (RuntimeError, OSError):
+                    await child.stop()  # a child that never listened, if still running
+                    raise
                 self.embedded[engine] = child
 
     async def _build_runtime(self, cfg: Config) -> Runtime:
@@ -381,7 +387,16 @@ class Daemon:
             await self._store_prompts()
 
     async def start(self) -> None:
+        """Start everything; a failure a user can cause raises ``StartupError`` naming the
+        key, address and cause (``bridge.io.startup``)."""
         self.ticker = MediaTicker(asyncio.get_running_loop())
+        try:
+            await self._ensure_embedded(self.config)
+        except (RuntimeError, OSError) as e:
+            name = next(p.name for p in self.config.providers if p.embedded)
+            raise StartupError(
+                f"providers.{name}.url: the embedded TTS server did not start: {e}", EXIT_EMBEDDED
+            ) from e
         self.runtime = await self._build_runtime(self.config)
         if self.prompt_store is not None:
             self.loop_task(self._store_prompts_every())
@@ -395,18 +410,31 @@ class Daemon:
             host, port = split_hostport(self.config.api.listen)
             from bridge.control.api import MAX_BODY_BYTES as API_BODY_BYTES
 
-            self.api = await serve_http_ws(
-                host,
-                port,
-                http=self._api,
-                ws=self._no_ws,
-                limits=self.config.api.limits,
-                max_body_bytes=API_BODY_BYTES,
-            )
+            try:
+                self.api = await serve_http_ws(
+                    host,
+                    port,
+                    http=self._api,
+                    ws=self._no_ws,
+                    limits=self.config.api.limits,
+                    max_body_bytes=API_BODY_BYTES,
+                )
+            except OSError as e:
+                raise listen_error("api.listen", self.config.api.listen, "tcp", e) from e
         for factory in LEG_FACTORIES:
             leg = factory(self)
             if leg is not None:
-                await leg.start()
+                try:
+                    await leg.start()
+                except OSError as e:  # a leg that names no key itself (sip does)
+                    with contextlib.suppress(Exception):
+                        await leg.stop()
+                    listen = getattr(getattr(self.config, leg.name, None), "listen", "?")
+                    raise listen_error(f"{leg.name}.listen", str(listen), "tcp", e) from e
+                except StartupError:
+                    with contextlib.suppress(Exception):
+                        await leg.stop()
+                    raise
                 self.legs.append(leg)
         # What start-up built lives as long as the process: out of the collector's
         # sight, a full collection (which stops every call's frames while it runs)
@@ -700,17 +728,23 @@ def restart_keys(old: Config, new: Config) -> list[str]:
 
 
 def run_daemon(cfg: Config) -> int:
+    """Run the daemon; its exit status (``bridge.io.startup``: 0, or why it could not start)."""
     configure(
         cfg.daemon.log_level,
         cfg.daemon.log_format,
         log_caller_data=cfg.daemon.log_caller_data,
         secrets=secret_values(cfg),
     )
-    if cfg.daemon.event_loop == "uvloop":
-        try:
-            import uvloop
-
-            return uvloop.run(Daemon(cfg).run())
-        except ImportError:
-            log.warning("daemon.uvloop_unavailable", fallback="asyncio")
-    return asyncio.run(Daemon(cfg).run())
+    try:
+        if cfg.daemon.event_loop == "uvloop":
+            try:
+                import uvloop
+            except ImportError:
+                log.warning("daemon.uvloop_unavailable", fallback="asyncio")
+            else:
+                return uvloop.run(Daemon(cfg).run())
+        return asyncio.run(Daemon(cfg).run())
+    except StartupError as e:
+        log.error("daemon.start_failed", error=str(e), exit_status=e.exit_status)
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_status

@@ -32,6 +32,7 @@ from bridge.io.callrun import CallRunner
 from bridge.io.connlimits import ConnectionGate
 from bridge.io.dns import DnsCache, DnsError, is_ip_literal
 from bridge.io.sip_call import _DatagramProtocol, _SipCall
+from bridge.io.startup import listen_error
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.rtp.ports import UNUSABLE_COOLDOWN_S, RtpPortAllocator
@@ -391,7 +392,10 @@ class SipLeg:
             host, port = split_hostport(listen)
             for transport in cfg.transports:
                 runner = _UaRunner(self, self._settings(host, port, transport.upper()), cfg.limits)
-                await runner.start(host, port)
+                try:
+                    await runner.start(host, port)
+                except OSError as e:
+                    raise listen_error("sip.listen", listen, transport, e) from e
                 self.runners.append(runner)
         log.info("sip.listening", listen=list(cfg.listen), transports=list(cfg.transports))
         self._register_all()

@@ -1407,6 +1407,7 @@ class AgentSession:
     def __init__(self, conn: _Connection) -> None:
         self.conn = conn
         self.started = False
+        self.failed_turns: set[str] = set()
 
     @property
     def ready(self) -> bool:
@@ -1442,10 +1443,41 @@ class AgentSession:
 
     def say(self, turn_id: str, text: str, settings: TurnSettings, sink: Sink) -> None:
         """Typed text the agent answers aloud (``voice.text``)."""
+        self.open_turn(turn_id, settings, sink)
+        self.send_text(turn_id, text)
+        self.end_turn(turn_id)
+
+    # A call's text turns while its agent is on: the agent answers each aloud, in the
+    # session the caller talks to (Kletso: one ``voice.text`` at ``end_turn``). A turn the
+    # engine cannot take (one at a time) fails to its sink instead of raising.
+
+    def open_turn(self, turn_id: str, settings: TurnSettings, sink: Sink) -> None:
         self.conn.sinks[turn_id] = sink
-        self._do("open_turn", turn_id, settings)
-        self._do("send_text", turn_id, text)
-        self._do("end_turn", turn_id)
+        self._turn_do(turn_id, "open_turn", settings)
+
+    def send_text(self, turn_id: str, text: str) -> None:
+        self._turn_do(turn_id, "send_text", text)
+
+    def end_turn(self, turn_id: str) -> None:
+        self._turn_do(turn_id, "end_turn")
+
+    def cancel(self, turn_id: str) -> None:
+        """Barge-in or cancel: the engine reports the played position (Kletso
+        ``voice.played``) and drops the rest; an unknown turn is a no-op."""
+        self._turn_do(turn_id, "cancel")
+
+    def _turn_do(self, turn_id: str, method: str, *args: Any) -> None:
+        if turn_id in self.failed_turns:
+            return
+        try:
+            self._do(method, turn_id, *args)
+        except LocalProtocolError as e:
+            if method == "cancel":
+                return
+            self.failed_turns.add(turn_id)
+            sink = self.conn.sinks.pop(turn_id, None) or self.conn.catch_all
+            if sink is not None:
+                sink(TurnFailed(turn_id, "agent_busy", str(e), True))
 
     async def close(self) -> None:
         if self.conn.ws is not None and not self.conn.closed:

@@ -63,13 +63,16 @@ triggers at once: ``dtmf()`` returns ``BargeInTriggered("dtmf", now, now)``.
 Speech events go to ``events_received()``; the trigger is only *returned*, so
 it is handled exactly once.
 
-Defaults. The policy's own defaults are conservative (``min_speech_ms`` 160,
-``energy_floor_dbfs`` -45, ``echo_return_loss_db`` 15); the daemon's come from
-``[bargein]`` (``BargeInConfig``: 60 ms, -48 dBFS, 30 dB, measured with
-``bench/bench_bargein.py``, tuned on seeds 1 and 3 and checked on 5 and 7).
-The other fields' defaults here are the daemon's (``[bargein]`` has the same
-ones): ``hangover_ms`` 60, ``speech_end_ms`` 400, ``echo_window_ms`` 200, the
-rise check's as above. Every field but ``frame_ms`` is a ``[bargein]`` key.
+Defaults. ``BargeInPolicy`` is the one place the thresholds and their
+defaults are written: the config reader builds it from ``[bargein]``
+(``bridge.config``), and a call built without a config (tests,
+``bench/bench_call.py``) runs the same defaults as the daemon. They were
+measured with ``bench/bench_bargein.py`` (tuned on seeds 1 and 3, checked on
+5 and 7): ``min_speech_ms`` 60, ``energy_floor_dbfs`` -48,
+``echo_return_loss_db`` 30, VAD mode 3, ``hangover_ms`` 60,
+``speech_end_ms`` 400, ``echo_window_ms`` 200, the rise check's as above.
+Every field but ``frame_ms`` is a ``[bargein]`` key (``dtmf_triggers`` is
+``dtmf``).
 
 The detector has no timers: it advances only with observations, so a leg that
 stops sending audio leaves the state as it was.
@@ -98,27 +101,31 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class BargeInPolicy:
-    """Thresholds of the detector; every field but ``frame_ms`` is a ``[bargein]`` key
-    (``dtmf_triggers`` is ``dtmf``)."""
+    """Thresholds of the detector and their defaults (the daemon's, measured in bench/):
+    the one source of both. Every field but ``frame_ms`` is a ``[bargein]`` key
+    (``dtmf_triggers`` is ``dtmf``); the config reader builds this."""
 
     enabled: bool = True
     """Whether speech or DTMF may interrupt the bot (speech events are emitted regardless)."""
     frame_ms: int = 20
     """Duration of one observation."""
-    min_speech_ms: int = 160
+    min_speech_ms: int = 60
     """Speech credit a run needs before it counts as speech."""
     hangover_ms: int = 60
     """Longest gap a candidate run survives."""
     speech_end_ms: int = 400
     """Continuous inactivity that ends confirmed speech."""
-    energy_floor_dbfs: float = -45.0
+    energy_floor_dbfs: float = -48.0
     """Quietest frame that can be speech."""
-    echo_return_loss_db: float = 15.0
+    echo_return_loss_db: float = 30.0
     """Expected attenuation of the bot's own audio coming back on the inbound path."""
     echo_window_ms: int = 200
     """How long an outbound level keeps guarding against its echo."""
     dtmf_triggers: bool = True
     """Whether a DTMF digit interrupts the bot."""
+    vad_aggressiveness: int = 3
+    """webrtcvad mode 0..3 the call runs on the caller audio it observes (3: the
+    strictest, fewest noise frames called speech)."""
     echo_correlation: float = 0.7
     """Inbound speech frames correlating this well with the bot's recent audio are
     its echo, not the caller (``bridge.media.echo``); 0 switches the check off."""

@@ -191,9 +191,11 @@ from bridge.tts.base import (
     TurnFailed,
     TurnSettings,
     TurnStarted,
+    VoiceEnded,
+    VoiceFailed,
+    VoiceInterrupted,
     WordsTimed,
 )
-from bridge.tts.kletso import VoiceEnded, VoiceFailed, VoiceInterrupted
 from telcodec import g711
 
 __all__ = ["CallBridge"]
@@ -319,7 +321,7 @@ class CallBridge:
         if self._echo is not None:
             self._echo.share_window(self._detector.echo_window_s, self._detector.spill_sink())
         self._echo_frames = 0
-        self._vad = Vad(self._options.vad_aggressiveness, leg.sample_rate_hz, 20)
+        self._vad = Vad(self._detector.policy.vad_aggressiveness, leg.sample_rate_hz, 20)
         self._decode = leg_decoder(leg.codec)
         self._decode_native = g711.native_decoder(leg.codec)  # the same, one call less
         self._frame_bytes = leg.frame_bytes
@@ -653,7 +655,7 @@ class CallBridge:
                 heard = stop.played_samples
             else:
                 heard = self._heard_at_clear(turn, stop, now)
-            if turn.agent:
+            if turn.agent or self._agent is not None:  # (a text turn the agent speaks too)
                 self._actions.append(AgentPlayed(turn.item_id, self._ms(heard)))
             if stop.cancel_provider:
                 self._actions.append(CancelTurn(turn.turn_id))

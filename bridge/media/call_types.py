@@ -103,8 +103,6 @@ class CallOptions:
 
     default_voice: str = ""
     """Voice for a ``Say`` that names none (``""``: the provider's default)."""
-    vad_aggressiveness: int = 2
-    """webrtcvad mode 0..3 for caller audio."""
     agent_rate_hz: int = 24000
     """Sample rate of caller audio sent up to a voice agent (Kletso: 24 kHz)."""
     agent_batch_ms: int = 40

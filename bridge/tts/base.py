@@ -52,6 +52,7 @@ __all__ = [
     "ConnectParams",
     "ConnectionReady",
     "HttpRequest",
+    "OptionType",
     "ProviderFailed",
     "ProviderSettings",
     "QueueDepthChanged",
@@ -62,6 +63,10 @@ __all__ = [
     "TurnSettings",
     "TurnStarted",
     "UsageReported",
+    "VoiceEnded",
+    "VoiceFailed",
+    "VoiceInterrupted",
+    "VoiceUsage",
     "WordTiming",
     "WordsPiece",
     "WordsTimed",
@@ -143,6 +148,13 @@ class ProviderSettings:
             if k == key:
                 return v
         return default
+
+
+OptionType = type | tuple[str, ...]
+"""The type of one protocol option of ``[providers.NAME]``: ``str``, ``int``, ``float``
+(an integer is accepted) or ``bool``, or a tuple of the strings allowed. Each client
+engine module declares its options as ``OPTIONS: dict[str, OptionType]`` (the config
+reader rejects any other key of the table)."""
 
 
 # ----------------------------------------------------------------- actions
@@ -287,6 +299,46 @@ class UsageReported(Event):
 
     turn_id: str | None
     usage: dict[str, object] = field(default_factory=dict)
+
+
+# The voice-agent events the call understands (Kletso's engine emits them; here so the
+# call engine imports no provider module, issue 32).
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceInterrupted(Event):
+    """A voice agent's ``voice.interrupted`` (Kletso): drop playout of ``item_id`` beyond
+    ``audio_end_ms``."""
+
+    item_id: str
+    audio_end_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceUsage:
+    """A voice agent's session usage (Kletso ``voice.ended.usage``)."""
+
+    audio_in_s: float
+    audio_out_s: float
+    cost_micros: int
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceEnded(Event):
+    """A voice agent's session is over (Kletso ``voice.ended``: user, idle, limit, error,
+    not_configured)."""
+
+    reason: str
+    usage: VoiceUsage
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceFailed(Event):
+    """A voice agent's ``error`` about its session (turns get ``TurnFailed`` too)."""
+
+    code: str
+    message: str
+    retryable: bool
 
 
 # --------------------------------------------------------------- interface

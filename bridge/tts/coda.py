@@ -77,6 +77,7 @@ from bridge.tts.base import (
     ConnectionReady,
     ConnectParams,
     HttpRequest,
+    OptionType,
     ProviderFailed,
     ProviderSettings,
     TurnDone,
@@ -781,3 +782,16 @@ def _summary(message: dict[str, Any]) -> str:
 
 
 ENGINE = CodaProtocol
+
+OPTIONS: dict[str, OptionType] = {
+    "language": str,
+    "split_strategy": str,
+    "text_lookahead_tokens": int,
+    "input_mode": ("streaming", "complete"),
+    "auth": ("header", "config"),
+    "license": str,
+    "ready_timeout_s": float,
+    "response_timeout_s": float,
+}
+"""The protocol options of ``[providers.NAME]`` and their types (``bridge.config`` rejects
+any other key)."""

@@ -38,7 +38,10 @@ turn id ``voice-N`` of its own (``TurnStarted`` tells the ``Call``).
 ``cancel`` is the seed's interruption report: ``voice.played`` with the
 played position, sent at once. The turn is done (``TurnDone(cancelled=True)``)
 immediately; its owner slot stays as a tombstone so the rest of its reply is
-dropped here and never reaches the ``Call``.
+dropped here and never reaches the ``Call``. A reply the agent streamed
+faster than real time is done here long before the caller has heard it: a
+``cancel`` of one of the last few such turns still sends ``voice.played``
+(nothing else: the turn was done).
 
 Timers (``next_deadline`` / ``handle_timer``): ``voice.played`` every 500 ms
 while a live reply is speaking (position from ``set_played_position``), and
@@ -80,6 +83,7 @@ from bridge.tts.base import (
     ConnectionReady,
     ConnectParams,
     HttpRequest,
+    OptionType,
     ProviderFailed,
     ProviderSettings,
     TurnDone,
@@ -87,6 +91,10 @@ from bridge.tts.base import (
     TurnSettings,
     TurnStarted,
     UsageReported,
+    VoiceEnded,
+    VoiceFailed,
+    VoiceInterrupted,
+    VoiceUsage,
 )
 from bridge.tts.common import bearer_headers, scrub_secret
 from bridge.tts.taking import AudioTaking
@@ -115,6 +123,8 @@ MAX_FRAME_BYTES: Final = 16 * 1024
 #: Largest whole-sample payload that fits a frame after its kind byte.
 MAX_PAYLOAD_BYTES: Final = (MAX_FRAME_BYTES - 1) // 2 * 2
 PLAYED_INTERVAL_S: Final = 0.5
+#: Replies streamed whole that a barge-in can still report as played.
+FINISHED_REMEMBERED: Final = 8
 VOICE_STATES: Final = frozenset({"listening", "thinking", "speaking", "idle"})
 STOP_REASONS: Final = frozenset({"user", "background"})
 MODES: Final = frozenset({"vad", "ptt"})
@@ -173,40 +183,6 @@ class TranscriptReceived(Event):
     role: str
     text: str
     final: bool
-
-
-@dataclass(frozen=True, slots=True)
-class VoiceInterrupted(Event):
-    """``voice.interrupted``: drop playout of ``item_id`` beyond ``audio_end_ms``."""
-
-    item_id: str
-    audio_end_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class VoiceUsage:
-    """``voice.ended.usage``."""
-
-    audio_in_s: float
-    audio_out_s: float
-    cost_micros: int
-
-
-@dataclass(frozen=True, slots=True)
-class VoiceEnded(Event):
-    """``voice.ended``: the session is over (user, idle, limit, error, not_configured)."""
-
-    reason: str
-    usage: VoiceUsage
-
-
-@dataclass(frozen=True, slots=True)
-class VoiceFailed(Event):
-    """An ``error`` frame about the voice session (turns get ``TurnFailed`` too)."""
-
-    code: str
-    message: str
-    retryable: bool
 
 
 # ------------------------------------------------------------------ state
@@ -272,6 +248,9 @@ class KletsoProtocol(AudioTaking, Outbox):
         self._owners: deque[str | None] = deque()
         self._reply: _Reply | None = None
         self._voice_replies = 0
+        self._streamed: deque[tuple[str, str | None]] = deque(maxlen=FINISHED_REMEMBERED)
+        """Replies streamed whole (turn id, item id), the newest last: the caller may still
+        be hearing them, so a cancel still reports the played position."""
         self._server_state = "idle"
         self._played_item_id = "current"
         self._played_ms = 0
@@ -382,6 +361,13 @@ class KletsoProtocol(AudioTaking, Outbox):
             if reply.is_text_turn:
                 self._turn = None
             self._events.append(TurnDone(turn_id, cancelled=True))
+            return
+        streamed = next((r for r in reversed(self._streamed) if r[0] == turn_id), None)
+        if streamed is not None:
+            # streamed whole, still playing at the caller: the interruption is reported
+            # all the same (the agent learns what was heard); the turn is already done
+            self._streamed.remove(streamed)
+            self._send_played(streamed[1])
             return
         turn = self._turn
         if turn is None or turn.turn_id != turn_id:
@@ -662,6 +648,8 @@ class KletsoProtocol(AudioTaking, Outbox):
             return
         if reply.is_text_turn:
             self._turn = None
+        if outcome == "done":
+            self._streamed.append((reply.turn_id, reply.item_id))
         if outcome == "failed":
             self._events.append(TurnFailed(reply.turn_id, kind, message, retryable))
         else:
@@ -812,3 +800,11 @@ def _opt_num(obj: dict[str, object], key: str) -> float | None:
 
 
 ENGINE = KletsoProtocol
+
+OPTIONS: dict[str, OptionType] = {
+    "mode": ("vad", "ptt"),
+    "client_id": str,
+    "reply_timeout_s": float,
+}
+"""The protocol options of ``[providers.NAME]`` and their types (``bridge.config`` rejects
+any other key)."""

@@ -73,6 +73,7 @@ from bridge.tts.base import (
     ConnectionReady,
     ConnectParams,
     HttpRequest,
+    OptionType,
     ProviderFailed,
     ProviderSettings,
     TurnDone,
@@ -709,3 +710,13 @@ def _parse_timestamps(body: object) -> tuple[WordTiming, ...]:
 
 
 ENGINE = KovaProtocol
+
+OPTIONS: dict[str, OptionType] = {
+    "start_timeout_s": float,
+    "reply_timeout_s": float,
+    "close_timeout_s": float,
+    "encoding": tuple(ENCODINGS),
+    "sample_rate": int,
+}
+"""The protocol options of ``[providers.NAME]`` and their types (``bridge.config`` rejects
+any other key): the three timeouts, and ``encoding``/``sample_rate`` forcing a format."""

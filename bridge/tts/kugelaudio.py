@@ -19,7 +19,9 @@ Client frames, and when this engine sends them::
                    server's ~5 s idle auto-flush never races our own flush;
                    the turn goes on: later text opens the next backend session
     cancel      -> {"cancel": true}; every frame is dropped until ``interrupted``
-    close       -> {"close_socket": true}
+    close       -> {"close_socket": true}; on a connection that never carried a
+                   turn (no config sent yet, and the config must be the first
+                   message) a plain WebSocket close (1000) instead
 
 Server frames and what they become (one turn, states ``TurnState``)::
 
@@ -76,6 +78,7 @@ from bridge.tts.base import (
     ConnectionReady,
     ConnectParams,
     HttpRequest,
+    OptionType,
     ProviderFailed,
     ProviderSettings,
     TurnDone,
@@ -246,8 +249,16 @@ class KugelAudioProtocol(AudioTaking, Outbox):
             self._events.append(ProviderFailed("connection_closed", message, turn_ids))
 
     def close(self, now: float) -> None:
-        """Send ``close_socket``: the server finishes the open turn, then closes."""
+        """Send ``close_socket``: the server finishes the open turn, then closes.
+
+        A connection that never carried a turn has sent nothing, and the protocol's
+        first message is the config: it is closed with a WebSocket close instead.
+        """
         if self._conn is not _Conn.OPEN:
+            return
+        if self._sticky is None:  # no config sent: nothing else may go first
+            self._conn = _Conn.CLOSING
+            self._actions.append(CloseConnection(1000, "idle"))
             return
         turn = self._turn
         if turn is not None and turn.state is TurnState.ACTIVE:
@@ -596,6 +607,24 @@ class KugelAudioProtocol(AudioTaking, Outbox):
 
 
 ENGINE = KugelAudioProtocol
+
+OPTIONS: dict[str, OptionType] = {
+    "idle_flush_s": float,
+    "response_timeout_s": float,
+    "cancel_timeout_s": float,
+    "close_timeout_s": float,
+    "sample_rate": int,
+    "cfg_scale": float,
+    "normalize": bool,
+    "flush_timeout_ms": int,
+    "max_buffer_length": int,
+    "max_new_tokens": int,
+    "project_id": int,
+    "dictionary_ids": str,
+}
+"""The protocol options of ``[providers.NAME]`` and their types (``bridge.config`` rejects
+any other key): the engine's own timers and fallback rate, and ``OPTION_FIELDS`` sent in
+the config (``dictionary_ids`` as ``"1,2"``)."""
 
 
 # ------------------------------------------------------------ field parsing

@@ -84,6 +84,7 @@ from bridge.tts.base import (
     ConnectionReady,
     ConnectParams,
     HttpRequest,
+    OptionType,
     ProviderFailed,
     ProviderSettings,
     QueueDepthChanged,
@@ -692,6 +693,17 @@ would be a reference cycle, freed only by a full collection."""
 
 
 ENGINE = ZwstProtocol
+
+OPTIONS: dict[str, OptionType] = {
+    "sample_rate": int,
+    "normalize_text": bool,
+    "word_timestamps": bool,
+    "segment_mode": ("auto", "none"),
+    "max_segment_chars": int,
+    "session_path": str,
+}
+"""The protocol options of ``[providers.NAME]`` and their types (``bridge.config`` rejects
+any other key)."""
 
 
 # ------------------------------------------------------------ pure helpers

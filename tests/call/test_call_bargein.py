@@ -40,9 +40,15 @@ WORDS = (
 )
 
 
-def playing(leg: LegProfile = SIP, frames: int = 100, **say: Any) -> tuple[Harness, list[bytes]]:
+SLOW = BargeInPolicy(min_speech_ms=160, vad_aggressiveness=2)
+"""Slower than the daemon's defaults (60 ms, mode 3), stated where a test counts the frames."""
+
+
+def playing(
+    leg: LegProfile = SIP, frames: int = 100, policy: BargeInPolicy | None = None, **say: Any
+) -> tuple[Harness, list[bytes]]:
     """A call with turn t1 fully delivered (``frames`` x 20 ms) and word timings."""
-    h = Harness(leg)
+    h = Harness(leg, policy)
     h.say("t1", "The quick brown fox jumps", **say)
     audio = tone_ulaw_frames(frames)
     h.frames("t1", audio, now=0.0)
@@ -52,7 +58,7 @@ def playing(leg: LegProfile = SIP, frames: int = 100, **say: Any) -> tuple[Harne
 
 
 def test_caller_speech_barges_in_after_min_speech_and_playout_stops_next_tick() -> None:
-    h, audio = playing()
+    h, audio = playing(policy=SLOW)
     voice = voiced_ulaw_frames(1.0)
     sent: list[bytes] = []
     interrupted: list[TurnInterrupted] = []
@@ -94,7 +100,7 @@ def test_caller_speech_barges_in_after_min_speech_and_playout_stops_next_tick() 
 
 
 def test_a_short_noise_burst_does_not_interrupt() -> None:
-    h, audio = playing()
+    h, audio = playing(policy=SLOW)
     burst = voiced_ulaw_frames(0.1)  # 5 frames < min_speech_ms
     for n in range(1, 40):
         assert h.tick(n) == audio[n - 1]

@@ -15,10 +15,12 @@ from typing import Any, cast
 
 import pytest
 
-from bridge.config import BargeInConfig, ConfigError, parse_config
+from bridge.config import ConfigError, parse_config
 from bridge.engine import Event
 from bridge.io.callrun import bargein_policy
 from bridge.media.bargein import BargeInDetector, BargeInPolicy
+from bridge.media.call import CallBridge
+from bridge.media.call_types import LegProfile
 
 MINIMAL = """
 [providers.p]
@@ -30,6 +32,11 @@ provider = "p"
 """
 
 FRAME_S = 0.020
+
+KEYS = {"dtmf" if f.name == "dtmf_triggers" else f.name for f in fields(BargeInPolicy)} - {
+    "frame_ms"
+}
+"""Every ``[bargein]`` key: the policy's fields but ``frame_ms`` (``dtmf_triggers`` is ``dtmf``)."""
 
 
 def policy_for(bargein_toml: str) -> BargeInPolicy:
@@ -123,8 +130,7 @@ CASES: dict[str, tuple[object, list[F]]] = {
 
 
 def test_the_cases_cover_every_detector_key() -> None:
-    keys = {f.name for f in fields(BargeInConfig)} - {"echo_correlation", "vad_aggressiveness"}
-    assert set(CASES) == keys
+    assert set(CASES) == KEYS - {"echo_correlation", "vad_aggressiveness"}
 
 
 @pytest.mark.parametrize("key", sorted(CASES))
@@ -135,30 +141,34 @@ def test_each_key_changes_the_detectors_decisions(key: str) -> None:
     assert changed != default
 
 
-@pytest.mark.parametrize(
-    "key", sorted(f.name for f in fields(BargeInConfig) if f.name != "vad_aggressiveness")
-)
+@pytest.mark.parametrize("key", sorted(KEYS))
 def test_every_key_reaches_the_policy(key: str) -> None:
-    """(``vad_aggressiveness`` is the VAD's mode: it goes to ``CallOptions``.)"""
-    value = CASES[key][0] if key in CASES else 0.5
+    value = CASES[key][0] if key in CASES else {"vad_aggressiveness": 1}.get(key, 0.5)
     policy = policy_for(f"{key} = {toml_value(value)}\n")
     assert getattr(policy, "dtmf_triggers" if key == "dtmf" else key) == value
+    assert policy != BargeInPolicy()
 
 
-def test_default_policy_is_the_one_calls_had_before_the_keys() -> None:
-    """No behaviour change: what callrun built from the seven older keys, all else the
-    policy's own defaults (which bench_bargein measures)."""
-    assert policy_for("") == BargeInPolicy(
-        enabled=True,
-        min_speech_ms=60,
-        energy_floor_dbfs=-48.0,
-        echo_return_loss_db=30.0,
-        dtmf_triggers=True,
-        echo_correlation=0.7,
-    )
-    config, policy = BargeInConfig(), BargeInPolicy()
-    for key in CASES.keys() - {"min_speech_ms", "energy_floor_dbfs", "echo_return_loss_db", "dtmf"}:
-        assert getattr(config, key) == getattr(policy, key), key
+def test_one_source_of_defaults_the_daemons_measured_figures() -> None:
+    """An empty ``[bargein]``, no ``[bargein]`` at all and ``BargeInPolicy()`` are one
+    policy, with the figures bench_bargein measured (issue 31)."""
+    assert policy_for("") == parse_config(MINIMAL).bargein == BargeInPolicy()
+    default = BargeInPolicy()
+    assert (
+        default.min_speech_ms,
+        default.energy_floor_dbfs,
+        default.echo_return_loss_db,
+        default.vad_aggressiveness,
+    ) == (60, -48.0, 30.0, 3)
+
+
+def test_a_call_built_without_config_runs_what_the_daemon_runs() -> None:
+    """``CallBridge(..., None, ...)`` (tests, bench/bench_call.py) gets the daemon's policy,
+    VAD mode included."""
+    leg = LegProfile(kind="sip", codec="mulaw", sample_rate_hz=8000, heard_from="frames")
+    bare = CallBridge("c1", leg, None, 0.0)
+    daemon = CallBridge("c2", leg, policy_for(""), 0.0)
+    assert bare._detector.policy == daemon._detector.policy == parse_config(MINIMAL).bargein
 
 
 def test_a_reload_reaches_new_calls_and_not_a_running_detector() -> None:

@@ -43,7 +43,7 @@ def speaking_detector(policy: BargeInPolicy | None = None) -> BargeInDetector:
 
 
 def test_speech_shorter_than_minimum_does_not_trigger() -> None:
-    det = speaking_detector()
+    det = speaking_detector(BargeInPolicy(min_speech_ms=160))
     assert feed(det, "." * 5 + "S" * 7 + "." * 30) == []
     assert det.events_received() == []
 
@@ -103,8 +103,12 @@ def test_echo_guard_lets_loud_caller_through() -> None:
 
 
 def test_echo_guard_covers_echo_tail_then_expires() -> None:
-    det = BargeInDetector(BargeInPolicy(echo_window_ms=200, min_speech_ms=40, noise_rise_db=0.0))
-    det.record_bot_level(-10.0, 0.0)
+    det = BargeInDetector(
+        BargeInPolicy(
+            echo_window_ms=200, min_speech_ms=40, noise_rise_db=0.0, echo_return_loss_db=15.0
+        )
+    )
+    det.record_bot_level(-10.0, 0.0)  # guards down to -25 dBFS
     assert det.observe(True, -30.0, 0.1) is None
     assert det.observe(True, -30.0, 0.12) is None
     assert det.events_received() == []  # still within the echo window
@@ -131,7 +135,7 @@ def test_single_click_and_sparse_clicks_never_trigger() -> None:
 
 
 def test_speech_started_without_trigger_when_bot_silent() -> None:
-    det = BargeInDetector()
+    det = BargeInDetector(BargeInPolicy(min_speech_ms=160))
     assert feed(det, "S" * 30 + "." * 25) == []
     assert det.events_received() == [
         SpeechStarted(0.14, 0.0),
@@ -147,7 +151,7 @@ def test_disabled_policy_still_reports_speech() -> None:
 
 
 def test_one_trigger_per_run_and_rearmed_by_new_bot_turn() -> None:
-    det = speaking_detector()
+    det = speaking_detector(BargeInPolicy(min_speech_ms=160))
     assert [i for i, _ in feed(det, "S" * 30)] == [7]
     det.set_bot_speaking(False)  # the call cut the turn
     det.set_bot_speaking(True)  # and a new one starts while the caller still talks
@@ -157,7 +161,7 @@ def test_one_trigger_per_run_and_rearmed_by_new_bot_turn() -> None:
 
 
 def test_speech_stops_after_speech_end_silence() -> None:
-    det = BargeInDetector(BargeInPolicy(speech_end_ms=100))
+    det = BargeInDetector(BargeInPolicy(speech_end_ms=100, min_speech_ms=160))
     feed(det, "S" * 10 + "...." + "SS" + ".....")
     assert det.events_received() == [
         SpeechStarted(0.14, 0.0),
@@ -191,7 +195,7 @@ def test_real_webrtcvad_through_detector() -> None:
     voice = to_pcm(voiced(1.0), 0.3)
     audio = noise + voice + bytes(16000)
     vad = Vad(aggressiveness=2)
-    det = speaking_detector()
+    det = speaking_detector(BargeInPolicy(min_speech_ms=160, energy_floor_dbfs=-45.0))
     triggers: list[BargeInTriggered] = []
     for k in range(len(audio) // 320):
         chunk = audio[k * 320 : (k + 1) * 320]
@@ -227,7 +231,7 @@ def test_vad_rejects_wrong_frame_size_and_measures_levels() -> None:
 # ---------------------------------------------------------------- line noise, babble, quiet callers
 
 DAEMON = BargeInPolicy(min_speech_ms=60, energy_floor_dbfs=-48.0, echo_return_loss_db=30.0)
-"""The daemon's ``[bargein]`` defaults (``BargeInConfig``) on the policy's own defaults."""
+"""The daemon's ``[bargein]`` defaults (the policy's own), stated."""
 NO_RISE = BargeInPolicy(
     min_speech_ms=60,
     energy_floor_dbfs=-48.0,

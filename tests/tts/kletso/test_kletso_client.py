@@ -443,3 +443,27 @@ def test_turn_opened_while_stopping_restarts_the_session_after_voice_ended() -> 
     (text,) = engine.actions_to_send()
     assert isinstance(text, SendText)
     assert json.loads(text.text) == {"type": "voice.text", "text": "Back again."}
+
+
+def test_cancel_of_a_reply_streamed_whole_still_reports_what_was_played() -> None:
+    """A reply the agent streamed faster than real time is done here while the caller still
+    hears it: a barge-in then still sends ``voice.played`` (issue 31), and only that."""
+    engine = ready_engine()
+    engine.open_turn("t1", SETTINGS, 0.0)
+    engine.send_text("t1", "Hello.", 0.0)
+    engine.end_turn("t1", 0.0)
+    created = {"type": "message.created", "data": {"itemId": "item_7", "role": "assistant"}}
+    engine.receive_text(json.dumps(created), 0.1)
+    engine.receive_text(json.dumps({"type": "voice.state", "data": {"state": "speaking"}}), 0.1)
+    engine.receive_bytes(bytes([0x02]) + b"\x00\x00" * 2400, 0.1)
+    engine.receive_text(json.dumps({"type": "voice.state", "data": {"state": "idle"}}), 0.12)
+    assert of_type(engine.events_received(), TurnDone) == [TurnDone("t1")]
+    engine.actions_to_send()
+    engine.set_played_position("", 60)  # what the call heard when the caller cut in
+    engine.cancel("t1", 0.2)
+    (action,) = engine.actions_to_send()
+    assert isinstance(action, SendText)
+    assert json.loads(action.text) == {"type": "voice.played", "itemId": "item_7", "ms": 60}
+    assert engine.events_received() == []  # the turn was done already
+    engine.cancel("t1", 0.3)  # reported once
+    assert engine.actions_to_send() == []

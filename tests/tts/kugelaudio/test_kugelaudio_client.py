@@ -410,13 +410,34 @@ def test_cancel_then_connection_lost_reports_the_turn() -> None:
     assert isinstance(lost, ProviderFailed) and lost.turn_ids == ("t1",)
 
 
-def test_close_when_idle_sends_close_socket_and_closes() -> None:
+def test_close_of_a_connection_that_never_carried_a_turn_is_a_websocket_close() -> None:
+    """The protocol's first message is the config: a pooled spare closed before any turn
+    sends nothing at all, just the WebSocket close (issue 31)."""
     engine = opened()
     engine.close(1.0)
-    assert texts_and_close(engine) == [{"close_socket": True}, ("close", 1000)]
+    assert texts_and_close(engine) == [("close", 1000)]
     assert not engine.ready
+    assert engine.next_deadline() is None
+    engine.close(1.05)  # a second close changes nothing
+    assert engine.actions_to_send() == []
     engine.connection_lost(1000, "", 1.1)
     assert engine.events_received() == []
+
+
+def test_close_when_idle_after_a_turn_sends_close_socket_and_closes() -> None:
+    engine = opened()
+    engine.open_turn("t1", TURN, 0.0)
+    engine.send_text("t1", "Hi.", 0.0)
+    engine.end_turn("t1", 0.0)
+    engine.receive_text(json.dumps({"final": True}), 0.3)
+    engine.receive_text(json.dumps({"session_closed": True}), 0.31)
+    assert engine.ready
+    first = texts_and_close(engine)
+    assert "voice_id" in first[0]  # the config went first
+    engine.close(1.0)
+    assert texts_and_close(engine) == [{"close_socket": True}, ("close", 1000)]
+    engine.connection_lost(1000, "", 1.1)
+    assert [type(e) for e in engine.events_received()] == [TurnStarted, TurnDone, UsageReported]
 
 
 def test_close_with_an_open_turn_finishes_it_first() -> None:
