@@ -461,12 +461,15 @@ class _Reader:
             return self.env[name]
         return self.str_(data, key, path, "")
 
-    def hostport(self, value: str, key: str) -> None:
+    def hostport(self, value: str, key: str) -> tuple[str, int] | None:
+        """``value`` as (host, port), or None (and an error naming ``key``) if it is not one."""
         hp = _parse_hostport(value)
         if hp is None:
             self.err(key, f"expected HOST:PORT (IPv6 as [ADDR]:PORT), got {value!r}")
         elif problem := _host_problem(hp[0]):
             self.err(key, f"{problem} in {value!r}")
+            return None
+        return hp
 
 
 _LIMIT_KEYS = {
@@ -690,7 +693,7 @@ def _read_media_streams(r: _Reader, d: dict[str, Any]) -> MediaStreamsConfig:
         p,
     )  # fmt: skip
     listen = r.str_(d, "listen", p, "127.0.0.1:8080")
-    r.hostport(listen, "media_streams.listen")
+    hp = r.hostport(listen, "media_streams.listen")  # None: not an address, nothing more to say
     public_url = r.str_(d, "public_url", p, "")
     if public_url and not public_url.startswith(("ws://", "wss://")):
         r.err("media_streams.public_url", f"expected a ws:// or wss:// URL, got {public_url!r}")
@@ -699,7 +702,6 @@ def _read_media_streams(r: _Reader, d: dict[str, Any]) -> MediaStreamsConfig:
     plivo_auth_token = r.secret(d, "plivo_auth_token", p)
     stream_token = r.secret(d, "stream_token", p)
     single_use_tokens = r.bool_(d, "single_use_tokens", p, False)
-    hp = _parse_hostport(listen)
     if enabled and hp and not _is_loopback(hp[0]):
         # a public listener fails closed: no credential, no listener
         if not (twilio_auth_token or plivo_auth_token or stream_token or single_use_tokens):
@@ -741,9 +743,8 @@ def _read_api(r: _Reader, d: dict[str, Any]) -> ApiConfig:
     p = "api"
     r.unknown(d, {"enabled", "listen", "token", "metrics_auth"}, p)
     listen = r.str_(d, "listen", p, "127.0.0.1:8081")
-    r.hostport(listen, "api.listen")
+    hp = r.hostport(listen, "api.listen")
     token = r.secret(d, "token", p)
-    hp = _parse_hostport(listen)
     if hp and not token and not _is_loopback(hp[0]):
         r.err("api.token", f"required when api.listen is not loopback ({listen})")
     return ApiConfig(
