@@ -130,7 +130,11 @@ def test_a_taken_media_stream_port(tmp_path: Path, tcp_taken: int) -> None:
 
 
 def test_an_address_not_of_this_host(tmp_path: Path) -> None:
-    done = serve(tmp_path, config(media_streams='listen = "192.0.2.1:8080"'))  # TEST-NET-1
+    public = (  # TEST-NET-1, with the credential a public listener needs
+        'listen = "192.0.2.1:8080"\nstream_token = "0123456789abcdef"\n'
+        'public_url = "wss://bridge.example.com"'
+    )
+    done = serve(tmp_path, config(media_streams=public))
     assert error_lines(done) == [
         "error: media_streams.listen: 192.0.2.1:8080 (tcp): cannot assign requested address "
         "(not an address of this host)"
@@ -197,7 +201,7 @@ def test_an_embedded_tts_that_does_not_start(
 
     monkeypatch.setattr(EmbeddedTts, "_spawn", failing_spawn)
     # the process-wide logging set-up would bind this test's captured stderr for good
-    monkeypatch.setattr(daemon_module, "configure", lambda *args: None)
+    monkeypatch.setattr(daemon_module, "configure", lambda *args, **kwargs: None)
     text = config(provider=PROVIDER.replace('"ws://127.0.0.1:1/v1/ws/kova"', '"embedded"'))
     status = daemon_module.run_daemon(parse_config(text, "t.toml"))
     assert status == EXIT_EMBEDDED
