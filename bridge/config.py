@@ -423,9 +423,12 @@ class _Reader:
             if not file.is_absolute():
                 file = self.base_dir / file
             try:
-                return file.read_text().strip()
+                return file.read_text(encoding="utf-8").strip()
             except OSError as e:
                 self.err(_join(path, f"{key}_file"), f"cannot read {raw!r}: {e.strerror}")
+                return ""
+            except UnicodeDecodeError as e:  # the bytes are the secret's: never shown
+                self.err(_join(path, f"{key}_file"), f"{raw!r} is not UTF-8 (byte {e.start})")
                 return ""
         if f"{key}_env" in data:
             name = self.str_(data, f"{key}_env", path, "")
@@ -918,4 +921,7 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError([f"{p}: cannot read: {e.strerror}"]) from None
+    except UnicodeDecodeError as e:
+        line = p.read_bytes()[: e.start].count(b"\n") + 1
+        raise ConfigError([f"{p}: not UTF-8 (line {line}, byte {e.start})"]) from None
     return parse_config(text, str(p), env)
