@@ -314,12 +314,14 @@ class Daemon:
             cfg = load_config(self.config.path)
         except ConfigError as e:
             log.error("config.reload_rejected", errors=e.errors)
-            self.notifier.status(self.status_line() + " (reload rejected: config invalid)")
+            # systemd waits for READY=1 after RELOADING=1: the old config serves on
+            self.notifier.ready(self.status_line() + " (reload rejected: config invalid)")
             return
         try:
             runtime = await self._build_runtime(cfg)
         except (RuntimeError, OSError) as e:
             log.error("config.reload_failed", error=str(e))
+            self.notifier.ready(self.status_line() + " (reload failed)")
             return
         old, self.runtime, self.config = self.runtime, runtime, cfg
         self.gc_policy.freeze_every_s = cfg.daemon.gc_freeze_s
