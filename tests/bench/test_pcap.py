@@ -13,8 +13,6 @@ import asyncio
 import base64
 import itertools
 import json
-import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -91,9 +89,7 @@ def test_a_file_that_is_not_pcapng_is_refused(tmp_path: Path) -> None:
     assert list(tcp_segments(empty)) == []
 
 
-@pytest.mark.skipif(
-    not (shutil.which("text2pcap") and shutil.which("tshark")), reason="needs Wireshark's tools"
-)
+@pytest.mark.needs("text2pcap", "tshark")
 def test_the_same_segments_as_tshark_reads(tmp_path: Path) -> None:
     # text2pcap wraps each hex dump in Ethernet/IPv4/TCP headers of its own making
     lines = []
@@ -133,11 +129,8 @@ def test_the_same_segments_as_tshark_reads(tmp_path: Path) -> None:
     assert ours == theirs
 
 
-def _can_capture() -> bool:
-    return bool(shutil.which("dumpcap")) and os.geteuid() == 0
-
-
-@pytest.mark.skipif(not _can_capture(), reason="dumpcap on lo needs root")
+@pytest.mark.needs("dumpcap")
+@pytest.mark.needs("root", why="capturing on lo with dumpcap")
 def test_a_real_capture_of_media_messages(tmp_path: Path) -> None:
     import websockets
 

@@ -12,7 +12,6 @@ import asyncio
 import json
 import math
 import os
-import shutil
 import socket
 import struct
 import subprocess
@@ -309,7 +308,7 @@ def test_unanswered_call_reports_the_failure() -> None:
 
 
 @pytest.mark.peers
-@pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp is not installed")
+@pytest.mark.needs("sipp")
 def test_sipp_uas_answers_the_caller(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Interop with a real SIP stack: SIPp's built-in ``uas`` scenario, one call."""
     record = tmp_path / "sipp.wav"

@@ -119,6 +119,7 @@ def test_app_dtmf_command_is_sent_as_rfc4733_events_the_caller_receives() -> Non
     run(body())
 
 
+@pytest.mark.needs("ipv6")
 def test_sip_over_ipv6_loopback() -> None:
     async def body() -> None:
         with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:

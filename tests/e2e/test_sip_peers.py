@@ -55,14 +55,6 @@ SILENT_SAMPLE_LEVEL = 200
 DTMF_EVENTS = {d: i for i, d in enumerate("0123456789*#ABCD")}
 
 
-def missing(binary: str) -> str | None:
-    """A precise skip reason when ``binary`` is not on PATH, else None."""
-    if shutil.which(binary) is not None:
-        return None
-    package = {"sipp": "sip-tester"}.get(binary, binary)
-    return f"{binary} not on PATH (Debian package {package!r}; `make peers` installs it as root)"
-
-
 def free_udp_port(odd: bool | None = None) -> int:
     """A free UDP port on 127.0.0.1, odd or even when asked."""
     for _ in range(100):
@@ -418,7 +410,7 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
     asyncio.run(coro)
 
 
-requires_sipp = pytest.mark.skipif(missing("sipp") is not None, reason=str(missing("sipp")))
+requires_sipp = pytest.mark.needs("sipp")
 
 
 # ------------------------------------------------------------- SIPp as UAC
@@ -710,10 +702,8 @@ def check_rtp_stream(packets: list[tuple[float, bytes]]) -> dict[str, Any]:
     }
 
 
-requires_tshark = pytest.mark.skipif(missing("tshark") is not None, reason=str(missing("tshark")))
-requires_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="capturing on lo with tshark needs root (CI runs as root)"
-)
+requires_tshark = pytest.mark.needs("tshark")
+requires_root = pytest.mark.needs("root", why="capturing on lo with tshark (CI runs as root)")
 
 
 @pytest.mark.peers
@@ -765,9 +755,7 @@ def test_tshark_capture_of_one_call_rtp_is_paced_and_continuous(tmp_path: Path) 
 
 # ------------------------------------------------------------------- baresip
 
-requires_baresip = pytest.mark.skipif(
-    missing("baresip") is not None, reason=str(missing("baresip"))
-)
+requires_baresip = pytest.mark.needs("baresip")
 
 
 def free_tcp_port_not(*avoid: int) -> int:

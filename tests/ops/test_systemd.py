@@ -22,9 +22,7 @@ from .conftest import FACTOR, daemon_config, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ["callbridge.service", "callbridge@.service"]
-needs_systemd = pytest.mark.skipif(
-    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed"
-)
+needs_systemd = pytest.mark.needs("systemd-analyze")
 
 
 @needs_systemd
