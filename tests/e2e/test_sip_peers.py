@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import errno
 import itertools
 import json
 import os
@@ -106,6 +107,11 @@ class SippResult:
     messages: str
     stderr: str
 
+    @property
+    def port_taken(self) -> bool:
+        """SIPp could not bind its port (another process took it after we chose it)."""
+        return self.returncode != 0 and "already in use" in self.stderr.lower()
+
     def explain(self) -> str:
         return (
             f"sipp rc={self.returncode} ok={self.successful_calls} failed={self.failed_calls}\n"
@@ -131,8 +137,23 @@ async def run_sipp(
     args: list[str],
     *,
     timeout_s: float = 30.0,
+    new_port_on_collision: bool = True,
 ) -> SippResult:
-    """Run SIPp to completion (killed after ``timeout_s``) with stats, log and message traces."""
+    """Run SIPp to completion (killed after ``timeout_s``) with stats, log and message traces.
+
+    SIPp needs its own port (``-p``) up front: if it was taken meanwhile, SIPp is run
+    again on another (``new_port_on_collision``; off where the port is the peer's address,
+    a UAS the daemon calls: ``start_sipp_uas``)."""
+    for _attempt in range(5):
+        result = await _run_sipp_once(workdir, name, args, timeout_s)
+        if not (new_port_on_collision and result.port_taken and "-p" in args):
+            return result
+        args = list(args)
+        args[args.index("-p") + 1] = str(free_udp_port())
+    return result
+
+
+async def _run_sipp_once(workdir: Path, name: str, args: list[str], timeout_s: float) -> SippResult:
     workdir.mkdir(parents=True, exist_ok=True)
     stat = workdir / f"{name}_stat.csv"
     logf = workdir / f"{name}_log.txt"
@@ -214,6 +235,28 @@ def sipp_uas_args(scenario: str, sip_port: int, **variables: int | str) -> list[
     return args
 
 
+async def start_sipp_uas(
+    workdir: Path, name: str, scenario: str, timeout_s: float, **variables: int | str
+) -> tuple[int, asyncio.Future[SippResult]]:
+    """SIPp as a UAS on a port free a moment ago, once it listens there (started again on
+    another port if it could not bind that one): (its port, its result to come)."""
+    for _attempt in range(5):
+        port = free_udp_port()
+        args = sipp_uas_args(scenario, port, **variables)
+        uas = asyncio.ensure_future(
+            run_sipp(workdir, name, args, timeout_s=timeout_s, new_port_on_collision=False)
+        )
+        up = await wait_for(
+            lambda u=uas, p=port: u.done() or "UAS" in sipp_listening(p),  # type: ignore[misc]
+            5.0,
+        )
+        if uas.done() and uas.result().port_taken:
+            continue
+        assert up and not uas.done(), uas.result().explain() if uas.done() else "no SIPp"
+        return port, uas
+    raise AssertionError("SIPp found no free port in 5 attempts")
+
+
 # ------------------------------------------------------------- RTP phone
 
 
@@ -250,8 +293,16 @@ class RtpPhone(asyncio.DatagramProtocol):
     sent_events: int = 0
 
     async def open(self, port: int = 0) -> RtpPhone:
+        """Bind ``port`` (one free a moment ago; taken meanwhile: another of its parity)."""
         loop = asyncio.get_running_loop()
-        await loop.create_datagram_endpoint(lambda: self, local_addr=("127.0.0.1", port))
+        for attempt in range(20):
+            try:
+                await loop.create_datagram_endpoint(lambda: self, local_addr=("127.0.0.1", port))
+                break
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE or port == 0 or attempt == 19:
+                    raise
+                port = free_udp_port(odd=port % 2 == 1)
         assert self.transport is not None
         self.port = self.transport.get_extra_info("sockname")[1]
         self._task = loop.create_task(self._sender())
@@ -422,8 +473,8 @@ def test_sipp_call_hears_the_greeting_then_hangs_up(tmp_path: Path) -> None:
     """INVITE/100/200/ACK, the greeting's RTP at the phone, BYE/200; the port pair is freed."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             leg = sip_leg(st)
             # an odd port, as a NAT may hand out: RTP must still come from the RTP port
             phone = await RtpPhone().open(free_udp_port(odd=True))
@@ -464,8 +515,8 @@ def test_sipp_cancel_before_answer_releases_the_port_pair(tmp_path: Path) -> Non
     """INVITE then CANCEL: 487 (or, if the answer won, ACK+BYE); no RTP port pair leaks."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             leg = sip_leg(st)
             outcomes = []
             for i in range(3):
@@ -491,8 +542,8 @@ def test_sipp_cancel_after_answer_has_no_effect(tmp_path: Path) -> None:
     """The race's other branch made deterministic: CANCEL after 200 leaves the call up."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             leg = sip_leg(st)
             phone = await RtpPhone().open()
             try:
@@ -517,8 +568,8 @@ def test_sipp_hold_and_resume_by_reinvite(tmp_path: Path) -> None:
     """a=sendonly: 200 a=recvonly, RTP stops; a=sendrecv: 200 a=sendrecv, RTP resumes with M."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             leg = sip_leg(st)
             phone = await RtpPhone().open()
             try:
@@ -534,11 +585,21 @@ def test_sipp_hold_and_resume_by_reinvite(tmp_path: Path) -> None:
                 (b.at_s - a.at_s, i + 1) for i, (a, b) in enumerate(itertools.pairwise(packets))
             ]
             longest_s, resumed_at = max(gaps)
-            # on hold for 1.5 s in the scenario; the re-INVITE round trips shave a little
-            assert 1.3 <= longest_s <= 1.7, gaps
+            # on hold for 1.5 s in the scenario (SIPp's pause); the re-INVITE round trips
+            # shave a little. A loaded host only lengthens it: no upper bound.
+            assert longest_s >= 1.3, gaps
             assert packets[resumed_at].marker, "resumed stream must start a talkspurt"
             assert resumed_at < len(packets) - 25, "RTP must flow again after the resume"
-            assert sorted(g for g, _ in gaps)[-2] < 0.1, "only one silence: the hold"
+            # only one silence, the hold, read on the media clock rather than on arrival
+            # times (a stalled host delays packets): no packet lost, and but for the
+            # resume each audio packet follows the last by a frame (a few, had the
+            # daemon's clock skipped some under load; a hold is seconds)
+            audio = [(i, p) for i, p in enumerate(packets) if p.pt == PCMU_PT]
+            for (_, a), (j, b) in itertools.pairwise(audio):
+                if j != resumed_at:
+                    assert (b.ts - a.ts) % 2**32 in range(160, 161 + 160 * 5, 160), (j, a, b)
+            seqs = [p.seq for p in packets]
+            assert all((b - a) % 2**16 == 1 for a, b in itertools.pairwise(seqs)), seqs
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
 
     run(main())
@@ -550,8 +611,8 @@ def test_sipp_rfc4733_digit_drives_the_flow_to_hang_up(tmp_path: Path) -> None:
     """RFC 4733 on the RTP stream: "2" keeps the menu going; "1" makes the daemon say bye, BYE."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             leg = sip_leg(st)
             phone = await RtpPhone().open(free_udp_port(odd=True))
             try:
@@ -587,15 +648,13 @@ def test_daemon_calls_out_to_a_sipp_uas(tmp_path: Path) -> None:
     """SipLeg.originate: INVITE to SIPp, 180, 200, ACK; the flow speaks, then the daemon BYEs."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        uas_port = free_udp_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
             leg = sip_leg(st)
             phone = await RtpPhone().open(free_udp_port(odd=False))
             try:
-                args = sipp_uas_args("uas_answer.xml", uas_port, rtp_port=phone.port)
-                uas = asyncio.ensure_future(run_sipp(tmp_path, "uas", args, timeout_s=20))
-                assert await wait_for(lambda: "UAS" in sipp_listening(uas_port), 5.0)
+                uas_port, uas = await start_sipp_uas(
+                    tmp_path, "uas", "uas_answer.xml", 20, rtp_port=phone.port
+                )
                 call_id = leg.originate(
                     f"sip:bot@127.0.0.1:{uas_port}", "sip:callbridge@127.0.0.1", "announce"
                 )
@@ -621,11 +680,9 @@ def test_daemon_registers_with_digest_auth_at_a_sipp_registrar(tmp_path: Path) -
     """[sip.registrations]: REGISTER, 401, REGISTER with credentials SIPp verifies, 200."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        registrar_port = free_udp_port()
-        args = sipp_uas_args("uas_register_digest.xml", registrar_port)
-        registrar = asyncio.ensure_future(run_sipp(tmp_path, "registrar", args, timeout_s=15))
-        assert await wait_for(lambda: "UAS" in sipp_listening(registrar_port), 5.0)
+        registrar_port, registrar = await start_sipp_uas(
+            tmp_path, "registrar", "uas_register_digest.xml", 15
+        )
         routes = (
             ROUTES
             + f"""
@@ -636,7 +693,7 @@ password = "s3cret"
 expires_s = 120
 """
         )
-        async with stack(routes, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(routes, rtp=_rtp_range()) as st:
             leg = sip_leg(st)
             result = await registrar
             assert result.returncode == 0, result.explain()
@@ -714,9 +771,9 @@ def test_tshark_capture_of_one_call_rtp_is_paced_and_continuous(tmp_path: Path) 
     """On the wire: 20 ms spacing, seq +1, ts +160, one SSRC, M on the greeting's first packet."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
         pcap = tmp_path / "call.pcap"
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()):
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             phone = await RtpPhone().open()
             tshark = await asyncio.create_subprocess_exec(
                 "tshark", "-i", "lo", "-f", f"udp dst port {phone.port}", "-F", "pcap",
@@ -739,8 +796,7 @@ def test_tshark_capture_of_one_call_rtp_is_paced_and_continuous(tmp_path: Path) 
                 await asyncio.wait_for(tshark.wait(), 10 * FACTOR)
             assert result.returncode == 0, result.explain()
         facts = check_rtp_stream(read_pcap_udp(pcap))
-        assert facts["packets"] >= 90, facts  # a 2 s call
-        assert abs(facts["median_gap_ms"] - 20.0) <= 2.0, facts
+        assert facts["packets"] >= 90, facts  # a 2 s call (its pacing: bench_pacing.py)
         assert facts["seq_steps"] == {1}, facts
         assert facts["ts_steps"] == {160}, facts
         assert len(facts["ssrcs"]) == 1 and facts["pts"] == {PCMU_PT}, facts
@@ -766,6 +822,10 @@ def free_tcp_port_not(*avoid: int) -> int:
             port = int(s.getsockname()[1])
         if port not in avoid:
             return port
+
+
+LIFETIME_S = 120
+"""baresip's own end (``-t``), a backstop: the tests end its calls on what they wait for."""
 
 
 @dataclass
@@ -802,8 +862,29 @@ class Baresip:
             text = (SCENARIOS / template).read_text()
             (self.workdir / name).write_text(text.format(**values))
 
-    async def start(self, seconds: int, dial: str | None = None) -> None:
-        argv = ["baresip", "-f", str(self.workdir), "-t", str(seconds)]
+    async def start(self, dial: str | None = None) -> None:
+        """Start baresip (and dial ``dial``) once it is ready; on a port taken since it was
+        chosen, again on new ports. It lives until ``stop`` (at most ``LIFETIME_S``)."""
+        for _attempt in range(5):
+            await self._spawn(dial)
+            ready = await wait_for(
+                lambda: self.said("baresip is ready") or self.said("in use") or self.exited, 10.0
+            )
+            assert ready, self.explain()
+            if not (self.said("in use") or self.exited):
+                return
+            await self.stop()
+            self.sip_port = free_sip_port()
+            self.output = b""
+            self.__post_init__()
+        raise AssertionError(f"baresip did not start in 5 attempts: {self.explain()}")
+
+    @property
+    def exited(self) -> bool:
+        return self.proc is not None and self.proc.returncode is not None
+
+    async def _spawn(self, dial: str | None) -> None:
+        argv = ["baresip", "-f", str(self.workdir), "-t", str(LIFETIME_S)]
         if shutil.which("stdbuf"):  # its stdout is a pipe: unbuffered, or lines arrive late
             argv = ["stdbuf", "-o0", *argv]
         if dial is not None:
@@ -856,6 +937,23 @@ class Baresip:
     def explain(self) -> str:
         return self.output.decode(errors="replace").replace("\\r", "\\n")[-3000:]
 
+    def decoded_so_far(self) -> np.ndarray:
+        """What baresip has decoded up to now (the dump's header is written at the end)."""
+        paths = sorted(self.record_dir.glob("*-dec.wav"))
+        if not paths:
+            return np.zeros(0, dtype=np.int16)
+        data = paths[0].read_bytes()
+        at = data.find(b"data")
+        body = data[at + 8 :] if at >= 0 else b""
+        return np.frombuffer(body[: len(body) // 2 * 2], dtype="<i2")
+
+    def heard_through(self, quiet_s: float = 0.3) -> bool:
+        """Whether baresip has decoded something audible and then ``quiet_s`` of silence
+        (the daemon sends comfort silence after a turn): the turn's end was heard."""
+        pcm = self.decoded_so_far()
+        segments = audible_segments_s(pcm)
+        return bool(segments) and len(pcm) / 8000 - segments[-1][1] >= quiet_s
+
     def received_pcm(self) -> np.ndarray:
         """What baresip decoded from the daemon's RTP (the sndfile ``-dec.wav`` dump)."""
         [path] = sorted(self.record_dir.glob("*-dec.wav"))
@@ -885,13 +983,15 @@ def test_baresip_calls_the_daemon_and_records_the_greeting(tmp_path: Path) -> No
     """A real softphone dials sip:greet@; its recording holds the greeting, ±100 ms."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
             leg = sip_leg(st)
             phone = Baresip(tmp_path)
-            await phone.start(4, dial=f"sip:greet@127.0.0.1:{sip_port}")
-            await phone.wait(15)
-            assert phone.said("Call established"), phone.explain()
+            await phone.start(dial=f"sip:greet@127.0.0.1:{st.sip_port}")
+            assert await wait_for(lambda: phone.said("Call established"), 10.0), phone.explain()
+            # the whole greeting played, then baresip decoded it and the silence after it
+            assert await wait_for(lambda: prompt_played(leg), 10.0)
+            assert await wait_for(phone.heard_through, 10.0), phone.explain()
+            await phone.stop()  # baresip hangs up as it quits
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
         segments = audible_segments_s(phone.received_pcm())
         assert len(segments) == 1, segments
@@ -920,29 +1020,36 @@ def test_baresip_dtmf_makes_the_daemon_say_goodbye_and_hang_up(tmp_path: Path) -
     """baresip sends "1" (RFC 4733): the flow's goodbye plays and the daemon ends the call."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             leg = sip_leg(st)
             phone = Baresip(tmp_path)
-            await phone.start(20, dial=f"sip:press@127.0.0.1:{sip_port}")
+            await phone.start(dial=f"sip:press@127.0.0.1:{sip_port}")
             assert await wait_for(lambda: phone.said("Call established"), 10.0), phone.explain()
             # the daemon hears baresip (latched its RTP) and has played the whole prompt (a
             # digit during the prompt would cut it: then the two could not be told apart)
             assert await wait_for(lambda: prompt_played(leg), 5.0)
+            # ... and baresip has decoded all of it: what it decodes from now on follows "1"
+            assert await wait_for(phone.heard_through, 10.0), phone.explain()
+            digit_at_s = len(phone.decoded_so_far()) / 8000
             response = await phone.command("sndcode", "1")
             assert response.get("ok") is True, response
-            # the daemon hangs up: baresip reports the call over long before its own 20 s
+            # the daemon hangs up: baresip reports the call over
             assert await wait_for(
                 lambda: phone.said("session closed") or phone.said("terminated"), 10.0
             ), phone.explain()
             await phone.stop()
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+        # "Press one." before the digit, "Goodbye." after it, each whole: told apart by
+        # when the digit was sent, not by the pause between them (a loaded host shortens it)
         segments = audible_segments_s(phone.received_pcm())
-        assert len(segments) == 2, segments  # "Press one." then "Goodbye."
+        before = [seg for seg in segments if seg[1] <= digit_at_s]
+        after = [seg for seg in segments if seg[0] >= digit_at_s]
+        assert before and after and len(before) + len(after) == len(segments), segments
         prompt_s = greeting_speech_s("Press one.")
-        assert abs((segments[0][1] - segments[0][0]) - prompt_s) <= 0.1, segments
+        assert abs((before[-1][1] - before[0][0]) - prompt_s) <= 0.1, (segments, digit_at_s)
         goodbye_s = greeting_speech_s(BYE_TEXT)
-        assert abs((segments[1][1] - segments[1][0]) - goodbye_s) <= 0.1, segments
+        assert abs((after[-1][1] - after[0][0]) - goodbye_s) <= 0.1, (segments, digit_at_s)
 
     run(main())
 
@@ -953,17 +1060,18 @@ def test_daemon_calls_baresip_which_answers_and_records_the_greeting(tmp_path: P
     """The reverse direction: SipLeg.originate to baresip (auto-answer); it hears the greeting."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
             leg = sip_leg(st)
             phone = Baresip(tmp_path)
-            await phone.start(5)
+            await phone.start()
             assert await wait_for(lambda: phone.said("baresip is ready"), 5.0), phone.explain()
             leg.originate(
                 f"sip:tester@127.0.0.1:{phone.sip_port}", "sip:callbridge@127.0.0.1", "greet"
             )
             assert await wait_for(lambda: phone.said("Call established"), 5.0), phone.explain()
-            await phone.wait(15)  # baresip quits at 5 s and hangs up
+            assert await wait_for(lambda: prompt_played(leg), 10.0)
+            assert await wait_for(phone.heard_through, 10.0), phone.explain()
+            await phone.stop()  # baresip hangs up as it quits
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
             assert not leg.calls
         segments = audible_segments_s(phone.received_pcm())
@@ -981,8 +1089,8 @@ def test_sipp_call_over_tcp_hears_the_greeting(tmp_path: Path) -> None:
     """The same call with SIP over TCP (Content-Length framing on a stream)."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             leg = sip_leg(st)
             phone = await RtpPhone().open(free_udp_port())
             try:
