@@ -105,7 +105,7 @@ class NotifyReceiver:
 
 def _get(url: str) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
+        with urllib.request.urlopen(url, timeout=2 * FACTOR) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
