@@ -18,7 +18,7 @@ import pytest
 
 from bridge.io.notify import Notifier
 
-from .conftest import FACTOR, daemon_config, free_port
+from .conftest import FACTOR, api_port, daemon_config
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ["callbridge.service", "callbridge@.service"]
@@ -122,14 +122,14 @@ def _not_ready(proc: subprocess.Popen[bytes], rx: NotifyReceiver) -> str:
 def test_notify_sequence_reload_and_stop(
     tmp_path: Path, run_daemon: Callable[..., subprocess.Popen[bytes]]
 ) -> None:
-    api = free_port()
-    cfg = daemon_config(tmp_path, api=api)
+    cfg = daemon_config(tmp_path, api=0, media_streams=0, sip_enabled=False)
     rx = NotifyReceiver(tmp_path / "notify.sock")
     env = {"NOTIFY_SOCKET": str(rx.path), "WATCHDOG_USEC": "400000"}
     proc = run_daemon(cfg, env)
     try:
         rx.poll(lambda: rx.seen("READY") >= 1 or proc.poll() is not None, 60)
         assert rx.seen("READY") == 1, _not_ready(proc, rx)
+        api = api_port(proc)
         first = rx.messages[0][1]
         assert first.get("READY") == "1" and "STATUS" in first
         assert _get(f"http://127.0.0.1:{api}/readyz")[0] == 200
