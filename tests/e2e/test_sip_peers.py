@@ -149,7 +149,7 @@ async def run_sipp(
         if not (new_port_on_collision and result.port_taken and "-p" in args):
             return result
         args = list(args)
-        args[args.index("-p") + 1] = str(free_udp_port())
+        args[args.index("-p") + 1] = str(free_sip_port())
     return result
 
 
@@ -207,7 +207,7 @@ def sipp_uac_args(scenario: str, sip_port: int, service: str, **variables: int |
         "-i",
         "127.0.0.1",
         "-p",
-        str(free_udp_port()),
+        str(free_sip_port()),  # free for TCP too: -t t1 binds it for TCP
         "-m",
         "1",
     ]
