@@ -30,6 +30,20 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         return int(s.getsockname()[1])
 
 
+def free_sip_port() -> int:
+    """A port free a moment ago for both UDP and TCP (the SIP leg listens on both); taken
+    meanwhile, ``stack`` starts the daemon again on another."""
+    for _ in range(50):
+        port = free_port(socket.SOCK_DGRAM)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no port free for both UDP and TCP")
+
+
 def _rtp_window() -> str:
     """A random 200-port RTP range, so parallel test runs do not share ports."""
     import random
@@ -55,7 +69,7 @@ event_loop = "asyncio"
 drain_timeout_s = 2
 
 [sip]
-listen = ["{kw.get("sip_host", "127.0.0.1")}:{kw.get("sip", free_port(socket.SOCK_DGRAM))}"]
+listen = ["{kw.get("sip_host", "127.0.0.1")}:{kw.get("sip", free_sip_port())}"]
 rtp_ports = "{kw.get("rtp", _rtp_window())}"
 
 [media_streams]
