@@ -752,6 +752,7 @@ def check_rtp_stream(packets: list[tuple[float, bytes]]) -> dict[str, Any]:
         "p99_gap_ms": float(np.percentile(gaps_ms, 99)),
         "seq_steps": {(b[3] - a[3]) % 2**16 for a, b in itertools.pairwise(rows)},
         "ts_steps": {(b[4] - a[4]) % 2**32 for a, b in itertools.pairwise(rows)},
+        "ts_step_list": [(b[4] - a[4]) % 2**32 for a, b in itertools.pairwise(rows)],
         "ssrcs": {r[5] for r in rows},
         "pts": {r[2] for r in rows},
         "markers": [i for i, r in enumerate(rows) if r[1]],
@@ -768,7 +769,8 @@ requires_root = pytest.mark.needs("root", why="capturing on lo with tshark (CI r
 @requires_tshark
 @requires_root
 def test_tshark_capture_of_one_call_rtp_is_paced_and_continuous(tmp_path: Path) -> None:
-    """On the wire: 20 ms spacing, seq +1, ts +160, one SSRC, M on the greeting's first packet."""
+    """On the wire: seq +1, ts +160 (+160 per frame the daemon's clock skipped, had the host
+    stalled it), one SSRC, M on the greeting's first packet. (Its spacing: bench_pacing.py.)"""
 
     async def main() -> None:
         pcap = tmp_path / "call.pcap"
@@ -787,18 +789,39 @@ def test_tshark_capture_of_one_call_rtp_is_paced_and_continuous(tmp_path: Path) 
                     line = await asyncio.wait_for(tshark.stderr.readline(), 10 * FACTOR)
                     assert line, f"tshark did not start: {started!r}"
                     started += line
+                # it says so before its filter is attached: probe (not RTP) until it captures
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                    for _ in range(int(200 * FACTOR)):
+                        if pcap.exists() and pcap.stat().st_size > 24:  # past the file header
+                            break
+                        probe.sendto(b"probe", ("127.0.0.1", phone.port))
+                        await asyncio.sleep(0.05)
+                    assert pcap.stat().st_size > 24, "tshark captured nothing"
                 args = sipp_uac_args("uac_greeting.xml", sip_port, "greet", rtp_port=phone.port)
-                result = await run_sipp(tmp_path, "capture", [*args, "-d", "2000"])
+                sipp = asyncio.ensure_future(run_sipp(tmp_path, "capture", [*args, "-d", "2000"]))
+                leg = sip_leg(st)
+                assert await wait_for(
+                    lambda: sipp.done() or any(c.runner for c in leg.calls.values()), 10.0
+                )
+                runner = next((c.runner for c in leg.calls.values() if c.runner), None)
+                result = await sipp
+                assert runner is not None, result.explain()
+                skipped = runner.clock.stats().skipped_frames
             finally:
                 phone.close()
                 if tshark.returncode is None:
                     tshark.send_signal(signal.SIGINT)
                 await asyncio.wait_for(tshark.wait(), 10 * FACTOR)
             assert result.returncode == 0, result.explain()
-        facts = check_rtp_stream(read_pcap_udp(pcap))
-        assert facts["packets"] >= 90, facts  # a 2 s call (its pacing: bench_pacing.py)
+        rtp = [(at, data) for at, data in read_pcap_udp(pcap) if data != b"probe"]
+        facts = check_rtp_stream(rtp)
+        assert facts["packets"] + skipped >= 90, facts  # a 2 s call
         assert facts["seq_steps"] == {1}, facts
-        assert facts["ts_steps"] == {160}, facts
+        # every timestamp step a whole number of frames, each frame more than one a skip
+        # the daemon's clock counted (it may also have skipped before its first packet)
+        steps = facts["ts_step_list"]
+        assert all(step % 160 == 0 and step > 0 for step in steps), facts
+        assert sum(step // 160 - 1 for step in steps) <= skipped, (facts, skipped)
         assert len(facts["ssrcs"]) == 1 and facts["pts"] == {PCMU_PT}, facts
         first_loud = facts["first_loud"]
         assert first_loud is not None, facts
