@@ -451,6 +451,33 @@ def _rtp_range() -> str:
     return f"{lo}-{lo + 99}"
 
 
+class SkippedFrames:
+    """The frames the daemon's media clocks skipped in the calls of ``leg`` (a wake-up a
+    whole period late skips ahead rather than burst): a loaded host stretches or shortens
+    what a peer hears by that much, and the tests allow it, measured in the same run."""
+
+    def __init__(self, leg: SipLeg) -> None:
+        self.leg = leg
+        self.runners: dict[int, Any] = {}
+        self.task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            for call in list(self.leg.calls.values()):
+                if call.runner is not None:
+                    self.runners[id(call.runner)] = call.runner
+            await asyncio.sleep(0.005)
+
+    def seconds(self) -> float:
+        self.task.cancel()
+        return 0.020 * sum(r.clock.stats().skipped_frames for r in self.runners.values())
+
+    def slack(self) -> float:
+        """How far what was heard may be from the rendered audio's length: the 100 ms
+        these tests always allowed, and what the clocks skipped."""
+        return 0.1 + self.seconds()
+
+
 def sip_leg(st: Stack) -> SipLeg:
     leg = next(leg for leg in st.daemon.legs if leg.name == "sip")
     assert isinstance(leg, SipLeg)
@@ -476,6 +503,7 @@ def test_sipp_call_hears_the_greeting_then_hangs_up(tmp_path: Path) -> None:
         async with stack(ROUTES, rtp=_rtp_range()) as st:
             sip_port = st.sip_port
             leg = sip_leg(st)
+            skips = SkippedFrames(leg)
             # an odd port, as a NAT may hand out: RTP must still come from the RTP port
             phone = await RtpPhone().open(free_udp_port(odd=True))
             try:
@@ -490,7 +518,7 @@ def test_sipp_call_hears_the_greeting_then_hangs_up(tmp_path: Path) -> None:
             span = audible_span_s(phone.pcm())
             assert span is not None, "no audible RTP received"
             expected_s = greeting_speech_s(GREETING)
-            assert abs((span[1] - span[0]) - expected_s) <= 0.1, (span, expected_s)
+            assert abs((span[1] - span[0]) - expected_s) <= skips.slack(), (span, expected_s)
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
             assert not leg.calls
 
@@ -650,6 +678,7 @@ def test_daemon_calls_out_to_a_sipp_uas(tmp_path: Path) -> None:
     async def main() -> None:
         async with stack(ROUTES, rtp=_rtp_range()) as st:
             leg = sip_leg(st)
+            skips = SkippedFrames(leg)
             phone = await RtpPhone().open(free_udp_port(odd=False))
             try:
                 uas_port, uas = await start_sipp_uas(
@@ -667,7 +696,7 @@ def test_daemon_calls_out_to_a_sipp_uas(tmp_path: Path) -> None:
             span = audible_span_s(phone.pcm())
             assert span is not None, "the callee heard nothing"
             expected_s = greeting_speech_s(GREETING)
-            assert abs((span[1] - span[0]) - expected_s) <= 0.1, (span, expected_s)
+            assert abs((span[1] - span[0]) - expected_s) <= skips.slack(), (span, expected_s)
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
             assert not leg.calls
 
@@ -1008,6 +1037,7 @@ def test_baresip_calls_the_daemon_and_records_the_greeting(tmp_path: Path) -> No
     async def main() -> None:
         async with stack(ROUTES, rtp=_rtp_range()) as st:
             leg = sip_leg(st)
+            skips = SkippedFrames(leg)
             phone = Baresip(tmp_path)
             await phone.start(dial=f"sip:greet@127.0.0.1:{st.sip_port}")
             assert await wait_for(lambda: phone.said("Call established"), 10.0), phone.explain()
@@ -1020,7 +1050,7 @@ def test_baresip_calls_the_daemon_and_records_the_greeting(tmp_path: Path) -> No
         assert len(segments) == 1, segments
         [(start_s, end_s)] = segments
         expected_s = greeting_speech_s(GREETING)
-        assert abs((end_s - start_s) - expected_s) <= 0.1, (segments, expected_s)
+        assert abs((end_s - start_s) - expected_s) <= skips.slack(), (segments, expected_s)
 
     run(main())
 
@@ -1046,6 +1076,7 @@ def test_baresip_dtmf_makes_the_daemon_say_goodbye_and_hang_up(tmp_path: Path) -
         async with stack(ROUTES, rtp=_rtp_range()) as st:
             sip_port = st.sip_port
             leg = sip_leg(st)
+            skips = SkippedFrames(leg)
             phone = Baresip(tmp_path)
             await phone.start(dial=f"sip:press@127.0.0.1:{sip_port}")
             assert await wait_for(lambda: phone.said("Call established"), 10.0), phone.explain()
@@ -1070,9 +1101,15 @@ def test_baresip_dtmf_makes_the_daemon_say_goodbye_and_hang_up(tmp_path: Path) -
         after = [seg for seg in segments if seg[0] >= digit_at_s]
         assert before and after and len(before) + len(after) == len(segments), segments
         prompt_s = greeting_speech_s("Press one.")
-        assert abs((before[-1][1] - before[0][0]) - prompt_s) <= 0.1, (segments, digit_at_s)
+        assert abs((before[-1][1] - before[0][0]) - prompt_s) <= skips.slack(), (
+            segments,
+            digit_at_s,
+        )
         goodbye_s = greeting_speech_s(BYE_TEXT)
-        assert abs((after[-1][1] - after[0][0]) - goodbye_s) <= 0.1, (segments, digit_at_s)
+        assert abs((after[-1][1] - after[0][0]) - goodbye_s) <= skips.slack(), (
+            segments,
+            digit_at_s,
+        )
 
     run(main())
 
@@ -1085,6 +1122,7 @@ def test_daemon_calls_baresip_which_answers_and_records_the_greeting(tmp_path: P
     async def main() -> None:
         async with stack(ROUTES, rtp=_rtp_range()) as st:
             leg = sip_leg(st)
+            skips = SkippedFrames(leg)
             phone = Baresip(tmp_path)
             await phone.start()
             assert await wait_for(lambda: phone.said("baresip is ready"), 5.0), phone.explain()
@@ -1101,7 +1139,7 @@ def test_daemon_calls_baresip_which_answers_and_records_the_greeting(tmp_path: P
         assert len(segments) == 1, segments
         [(start_s, end_s)] = segments
         expected_s = greeting_speech_s(GREETING)
-        assert abs((end_s - start_s) - expected_s) <= 0.1, (segments, expected_s)
+        assert abs((end_s - start_s) - expected_s) <= skips.slack(), (segments, expected_s)
 
     run(main())
 
@@ -1115,6 +1153,7 @@ def test_sipp_call_over_tcp_hears_the_greeting(tmp_path: Path) -> None:
         async with stack(ROUTES, rtp=_rtp_range()) as st:
             sip_port = st.sip_port
             leg = sip_leg(st)
+            skips = SkippedFrames(leg)
             phone = await RtpPhone().open(free_udp_port())
             try:
                 args = sipp_uac_args("uac_greeting.xml", sip_port, "greet", rtp_port=phone.port)
@@ -1125,7 +1164,7 @@ def test_sipp_call_over_tcp_hears_the_greeting(tmp_path: Path) -> None:
             assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
             span = audible_span_s(phone.pcm())
             assert span is not None, "no audible RTP received"
-            assert abs((span[1] - span[0]) - greeting_speech_s(GREETING)) <= 0.1, span
+            assert abs((span[1] - span[0]) - greeting_speech_s(GREETING)) <= skips.slack(), span
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
 
     run(main())
