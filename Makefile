@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 CONFIG ?= config/callbridge.toml
 # Debian packages the tests use as real peers.
-PEERS := sip-tester baresip kamailio haproxy tshark sox espeak-ng iproute2
-PEER_BINS := sipp baresip kamailio haproxy tshark sox espeak-ng ip
+PEERS := sip-tester baresip kamailio haproxy tshark sox espeak-ng iproute2 systemd
+PEER_BINS := sipp baresip kamailio haproxy tshark sox espeak-ng ip systemd-analyze
 
 .PHONY: run test venv native peers lint typecheck unit bench bench-quick install clean
 

@@ -445,9 +445,12 @@ class _Reader:
             if not file.is_absolute():
                 file = self.base_dir / file
             try:
-                value = file.read_text().strip()
+                value = file.read_text(encoding="utf-8").strip()
             except OSError as e:
                 self.err(_join(path, f"{key}_file"), f"cannot read {raw!r}: {e.strerror}")
+                return ""
+            except UnicodeDecodeError as e:  # the bytes are the secret's: never shown
+                self.err(_join(path, f"{key}_file"), f"{raw!r} is not UTF-8 (byte {e.start})")
                 return ""
             if not value:  # the installer's placeholder: never a silent "check off"
                 self.err(_join(path, f"{key}_file"), f"{raw!r} is empty")
@@ -1181,4 +1184,7 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError([f"{p}: cannot read: {e.strerror}"]) from None
+    except UnicodeDecodeError as e:
+        line = p.read_bytes()[: e.start].count(b"\n") + 1
+        raise ConfigError([f"{p}: not UTF-8 (line {line}, byte {e.start})"]) from None
     return parse_config(text, str(p), env)

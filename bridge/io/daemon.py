@@ -598,14 +598,22 @@ class Daemon:
             self.notifier.ready(self.status_line() + (f" ({outcome})" if outcome else ""))
 
     def _apply_live(self, cfg: Config, was: Config) -> None:
-        """What a reload changes beyond the runtime: the log level and format, the GC
+        """What a reload changes beyond the runtime: the log level and format (and the
+        caller-data switch and the secrets the log masks), the GC
         policy, the SIP engines' allowlist, digest users and rate limits, every
         listener's connection limits."""
-        if (cfg.daemon.log_level, cfg.daemon.log_format) != (
-            was.daemon.log_level,
-            was.daemon.log_format,
-        ):
-            configure(cfg.daemon.log_level, cfg.daemon.log_format)
+
+        def logging_of(c: Config) -> tuple[object, ...]:
+            d = c.daemon
+            return (d.log_level, d.log_format, d.log_caller_data, sorted(secret_values(c)))
+
+        if logging_of(cfg) != logging_of(was):  # the secrets it masks included
+            configure(
+                cfg.daemon.log_level,
+                cfg.daemon.log_format,
+                log_caller_data=cfg.daemon.log_caller_data,
+                secrets=secret_values(cfg),
+            )
         self.gc_policy.freeze_every_s = cfg.daemon.gc_freeze_s
         self.gc_policy.thaw_every_s = cfg.daemon.gc_thaw_s
         if self.api is not None:

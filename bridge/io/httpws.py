@@ -564,10 +564,15 @@ async def _read_request(
         for line in lines[1:]:
             if not line:
                 continue
-            name, _, value = line.partition(":")
+            name, colon, value = line.partition(":")
+            if not colon:
+                raise ValueError(line)
             key = name.strip().lower()
             headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-        length = int(headers.get("content-length", "0"))
+        raw_length = headers.get("content-length", "0")
+        if not (raw_length.isascii() and raw_length.isdigit()):  # int() takes "+1", "1_0"
+            raise ValueError(raw_length)
+        length = int(raw_length)
     except ValueError:
         return HttpResponse.text(400, "malformed HTTP request")
     if length < 0:
@@ -577,7 +582,12 @@ async def _read_request(
         return HttpResponse.text(
             413, "this route takes no request body" if allowed == 0 else "request body too large"
         )
-    body = await reader.readexactly(length) if length else b""
+    try:
+        body = await reader.readexactly(length) if length else b""
+    except asyncio.IncompleteReadError:  # the client stopped sending before its body's end
+        return HttpResponse.text(400, "request body shorter than its Content-Length")
+    except ConnectionError:
+        return None
     return HttpRequest(method, target, headers, body, peer), head
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ def test_a_core_the_machine_lacks_is_left_unpinned() -> None:
     assert figures["stalls_per_min"] is None  # not watched
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs root or CAP_SYS_NICE")
+@pytest.mark.needs("cap_sys_nice", why="the stall watch runs at SCHED_FIFO")
 def test_the_stall_watch_sees_a_core_that_did_not_run() -> None:
     figures = host_speed(core=0, reader_core=1, reps=1, stall_s=0.5)
     assert figures["stalls_per_min"] is not None and figures["stalls_per_min"] >= 0

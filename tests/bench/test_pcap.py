@@ -14,7 +14,6 @@ import base64
 import itertools
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -27,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from loadgen.pcap import PcapError, TcpSegment, tcp_segments
 from loadgen.wire import WireCapture
+
+FACTOR = float(os.environ.get("CALLBRIDGE_TEST_TIME_FACTOR", "1"))
 
 
 def _block(endian: str, block_type: int, body: bytes) -> bytes:
@@ -91,9 +92,7 @@ def test_a_file_that_is_not_pcapng_is_refused(tmp_path: Path) -> None:
     assert list(tcp_segments(empty)) == []
 
 
-@pytest.mark.skipif(
-    not (shutil.which("text2pcap") and shutil.which("tshark")), reason="needs Wireshark's tools"
-)
+@pytest.mark.needs("text2pcap", "tshark")
 def test_the_same_segments_as_tshark_reads(tmp_path: Path) -> None:
     # text2pcap wraps each hex dump in Ethernet/IPv4/TCP headers of its own making
     lines = []
@@ -133,11 +132,8 @@ def test_the_same_segments_as_tshark_reads(tmp_path: Path) -> None:
     assert ours == theirs
 
 
-def _can_capture() -> bool:
-    return bool(shutil.which("dumpcap")) and os.geteuid() == 0
-
-
-@pytest.mark.skipif(not _can_capture(), reason="dumpcap on lo needs root")
+@pytest.mark.needs("dumpcap")
+@pytest.mark.needs("root", why="capturing on lo with dumpcap")
 def test_a_real_capture_of_media_messages(tmp_path: Path) -> None:
     import websockets
 
@@ -159,21 +155,38 @@ def test_a_real_capture_of_media_messages(tmp_path: Path) -> None:
                 got += 1
         return got
 
-    async def run(capture_for: list[WireCapture]) -> int:
+    async def attached(capture: WireCapture, port: int) -> None:
+        """Until the file holds a captured packet: dumpcap attaches its filter a moment
+        after the file opens, and hands packets over a block at a time. Each probe is a
+        connection the server accepts (its SYN-ACK matches the filter) and we drop."""
+        loop = asyncio.get_running_loop()
+        empty = capture.path.stat().st_size
+        deadline = loop.time() + 10 * FACTOR
+        while capture.path.stat().st_size == empty:
+            assert loop.time() < deadline, "dumpcap captured nothing"
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            await asyncio.sleep(0.05)
+
+    async def run(capture_for: list[WireCapture], window: list[int]) -> int:
         async with websockets.serve(server, "127.0.0.1", 0, compression=None) as srv:
             port = srv.sockets[0].getsockname()[1]
             capture_for.append(await asyncio.to_thread(WireCapture, port, tmp_path))
-            await asyncio.sleep(1.0)  # dumpcap attaches its filter a moment after the file opens
-            return await client(port)
+            await attached(capture_for[0], port)
+            window.append(time.time_ns())
+            got = await client(port)
+            window.append(time.time_ns())
+            return got
 
     captures: list[WireCapture] = []
-    t0 = time.time_ns()
-    assert asyncio.run(run(captures)) == 2 * len(sizes)
-    t1 = time.time_ns()
+    window: list[int] = []
+    assert asyncio.run(run(captures, window)) == 2 * len(sizes)
+    t0, t1 = window
     [capture] = captures
     capture.stop()
     assert capture.dropped == 0 and capture.received
-    [(times, payload_bytes)] = capture.media_messages(t0, t1).values()
+    found = capture.media_messages(t0, t1).values()
+    [(times, payload_bytes)] = [f for f in found if len(f[0])]  # not the probes
     assert list(payload_bytes) == sizes
     assert len(times) == len(sizes) and all(t0 <= t < t1 for t in times)
     assert all(b - a >= 15_000_000 for a, b in itertools.pairwise(times))  # the 20 ms sleeps

@@ -15,8 +15,6 @@ import os
 import struct
 from collections.abc import Awaitable, Callable
 
-import pytest
-
 from bridge.control.report import build_report, level_dbfs
 from bridge.engine import CloseConnection, SendText
 from bridge.io.caller import CallerOptions, CallResult, SpeakClip, place_call, run_media_clock
@@ -165,25 +163,37 @@ def test_twilio_call_greeting_barge_in_clear_dtmf_and_recording() -> None:
     assert server.started.custom_parameters == {"route": "demo"}
     assert server.digits == ["7"]
     assert server.stopped is not None and server.stopped.reason == "stop"
-    # Setup: socket open -> first outbound media, one server round trip.
-    assert report.setup_ms is not None and report.setup_ms < 100 * FACTOR
+    # Setup: socket open -> first outbound media (how long it takes: bench_streams.py).
+    assert report.setup_ms is not None and report.setup_ms > 0
     assert report.first_audio_ms == report.setup_ms
     assert report.frames_received == server.frames_sent
-    assert report.pacing is not None and report.pacing.p50_ms < 5 * FACTOR
-    # Barge-in: onset at 0.9 s, the server's clear after one round trip.
+    assert report.pacing is not None and report.pacing.intervals >= GREETING_FRAMES // 4
+    # Barge-in: the caller's speech starts at frame 45 (0.9 s; never early, later only if
+    # its loop woke late), the server clears, and the greeting stops at the clear.
     assert server.clear_sent_at is not None
     (barge,) = report.barge_ins
-    assert barge.onset_s == pytest.approx(0.9, abs=0.03 * FACTOR)
+    assert barge.onset_s >= 0.9 - 0.001
     assert barge.outcome == "cleared" and report.clears_received == 1
-    assert barge.barge_in_ms is not None and barge.barge_in_ms < 60 * FACTOR
-    # Marks: m25 played at 0.5 s; m50 (sent at 0.8 s, due at 1.0 s) was echoed by the clear.
-    assert [(m.name, m.cleared) for m in server.marks] == [("m25", False), ("m50", True)]
-    # What the caller heard: the greeting from the start until the clear, then silence.
+    assert barge.stopped_s is not None and barge.stopped_s >= barge.onset_s
+    assert barge.barge_in_ms is not None
+    # Marks, one every 25 frames sent: those due to play before the clear arrived
+    # were played, the rest echoed by the clear (within a frame of it, either).
+    sent = [25 * (k + 1) for k in range(server.frames_sent // MARK_EVERY_FRAMES)]
+    assert [m.name for m in server.marks] == [f"m{k}" for k in sent] and len(sent) >= 2
+    first_played_s = report.setup_ms / 1000.0
+    for mark, k in zip(server.marks, sent, strict=True):
+        due_s = first_played_s + k * 0.020
+        if due_s < barge.stopped_s - 0.020:
+            assert not mark.cleared, (mark, due_s, barge.stopped_s)
+        elif due_s > barge.stopped_s + 0.020:
+            assert mark.cleared, (mark, due_s, barge.stopped_s)
+    assert server.marks[0].cleared is False  # m25 is due long before the onset
+    # What the caller heard: the greeting from its first frame until the clear, then silence.
     heard = speech_frames(result.heard_pcm_s16le)
     assert abs(len(result.heard_pcm_s16le) // 320 - 125) <= 1
-    assert heard == list(range(heard[0], heard[-1] + 1)) and heard[0] <= 2
-    assert barge.stopped_s is not None
-    assert abs(len(heard) - round(barge.stopped_s / 0.020)) <= 2  # cut at the clear
+    assert heard == list(range(heard[0], heard[-1] + 1))
+    assert heard[0] <= report.setup_ms / 20.0 + 2
+    assert abs(heard[-1] + 1 - round(barge.stopped_s / 0.020)) <= 2  # cut at the clear
 
 
 def test_server_hanging_up_ends_the_call() -> None:
@@ -194,8 +204,7 @@ def test_server_hanging_up_ends_the_call() -> None:
 
     result = asyncio.run(call_server(server, opts))
     report = build_report(result.recording)
-    assert report.ended_by == "closed-by-server"
-    assert report.duration_s < 1.0 * FACTOR
+    assert report.ended_by == "closed-by-server"  # not the caller's own 5 s
     assert report.frames_received == server.frames_sent == 15 + LEAD_FRAMES - 1
 
 

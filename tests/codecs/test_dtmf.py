@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import shutil
 import subprocess
 import wave
 from pathlib import Path
@@ -217,7 +216,7 @@ def test_digit_still_detected_after_speech() -> None:
     assert dtmf.DtmfDetector().process(pcm) == ["8"]
 
 
-@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
+@pytest.mark.needs("espeak-ng")
 def test_no_digits_in_synthesized_speech(tmp_path: Path) -> None:
     wav_path = tmp_path / "speech.wav"
     text = (

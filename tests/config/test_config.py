@@ -181,3 +181,45 @@ def test_text_pacing_is_on_by_default_but_for_providers_that_speak_whole_turns()
     with pytest.raises(ConfigError) as info:
         parse_config(bad, env={})
     assert info.value.errors == ["providers.p.text_ahead_s: -2 is out of range [0.0, 600.0]"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bridge.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("command", ["check-config", "serve"])
+def test_a_config_file_not_utf8_is_a_named_error_not_a_traceback(
+    tmp_path: Path, command: str
+) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(MINIMAL.encode() + "# caf\u00e9\n".encode("latin-1"))
+    args = (
+        ["check-config", str(path)]
+        if command == "check-config"
+        else ["serve", "--config", str(path)]
+    )
+    out = _cli(*args)
+    assert out.returncode == 2, out.stderr
+    assert f"error: {path}: not UTF-8 (line {MINIMAL.count(chr(10)) + 1}," in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("command", ["check-config", "serve"])
+def test_a_secret_file_not_utf8_is_named_by_key_and_its_bytes_never_shown(
+    tmp_path: Path, command: str
+) -> None:
+    (tmp_path / "key").write_bytes(b"sk-\xff\xfe-Q7zWq\n")
+    path = tmp_path / "c.toml"
+    path.write_text(MINIMAL.replace('api_key = "sk-inline-secret"', 'api_key_file = "key"'))
+    args = (
+        ["check-config", str(path)]
+        if command == "check-config"
+        else ["serve", "--config", str(path)]
+    )
+    out = _cli(*args)
+    assert out.returncode == 2, out.stderr
+    assert "error: providers.p.api_key_file: 'key' is not UTF-8 (byte 3)" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert "Q7zWq" not in out.stderr and "xff" not in out.stderr.lower()

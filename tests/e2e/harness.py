@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -22,9 +23,25 @@ FACTOR = float(os.environ.get("CALLBRIDGE_TEST_TIME_FACTOR", "1"))
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A port free now, for a peer that must be told its port up front (it may be taken
+    again before the peer binds: start the peer again on "address in use")."""
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_sip_port() -> int:
+    """A port free a moment ago for both UDP and TCP (the SIP leg listens on both); taken
+    meanwhile, ``stack`` starts the daemon again on another."""
+    for _ in range(50):
+        port = free_port(socket.SOCK_DGRAM)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no port free for both UDP and TCP")
 
 
 def _rtp_window() -> str:
@@ -52,7 +69,7 @@ event_loop = "asyncio"
 drain_timeout_s = 2
 
 [sip]
-listen = ["{kw.get("sip_host", "127.0.0.1")}:{kw.get("sip", free_port(socket.SOCK_DGRAM))}"]
+listen = ["{kw.get("sip_host", "127.0.0.1")}:{kw.get("sip", free_sip_port())}"]
 rtp_ports = "{kw.get("rtp", _rtp_window())}"
 {kw.get("sip_extra", "")}
 
@@ -99,17 +116,51 @@ class Stack:
         return int(leg.port)  # type: ignore[attr-defined]
 
     @property
+    def sip_port(self) -> int:
+        """The SIP listener's port (the first ``[sip] listen`` address)."""
+        return int(self.config.sip.listen[0].rsplit(":", 1)[1])
+
+    @property
     def api_port(self) -> int:
         assert self.daemon.api is not None
         return self.daemon.api.port
 
 
+def address_in_use(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a bind's "address already in use"."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+            return True
+        if "address already in use" in str(exc).lower():
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+START_ATTEMPTS = 5
+
+
 @asynccontextmanager
 async def stack(routes: str, protocol: str = "kova", **kw: str) -> AsyncIterator[Stack]:
+    """The daemon and its ttsd. The SIP port is one free a moment ago (SIP names its own
+    port in every message, so it cannot bind port 0): taken meanwhile, the daemon is
+    started again on another (``Stack.sip_port`` says which). The other listeners bind
+    port 0 and report what they got."""
     tts = await start_tts_server(engine="tone")
-    cfg = parse_config(config_text(tts.port, routes, protocol, **kw), "test.toml")
-    daemon = Daemon(cfg)
-    await daemon.start()
+    try:
+        for attempt in range(START_ATTEMPTS):
+            cfg = parse_config(config_text(tts.port, routes, protocol, **kw), "test.toml")
+            daemon = Daemon(cfg)
+            try:
+                await daemon.start()
+                break
+            except Exception as e:
+                await daemon.close()
+                if "sip" in kw or attempt == START_ATTEMPTS - 1 or not address_in_use(e):
+                    raise
+    except BaseException:
+        await tts.close()
+        raise
     try:
         yield Stack(tts, daemon, cfg)
     finally:

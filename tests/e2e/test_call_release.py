@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import socket
 import weakref
 from collections.abc import AsyncIterator, Callable
 
@@ -31,7 +30,7 @@ from bridge.io.caller import CallerOptions, place_call
 from bridge.io.callrun import CallRunner
 from bridge.io.gcpolicy import SMALL_FIND, Canary
 
-from .harness import FACTOR, Stack, TwilioCall, free_port, stack
+from .harness import FACTOR, Stack, TwilioCall, stack
 
 GREETING_ROUTE = """
 [[routes]]
@@ -97,8 +96,8 @@ def test_ended_sip_call_is_freed_without_the_cyclic_gc(
     cyclic_garbage: Callable[[], list[str]],
 ) -> None:
     async def body() -> None:
-        sip = free_port(socket.SOCK_DGRAM)
-        async with stack(GREETING_ROUTE, sip=str(sip)) as s:
+        async with stack(GREETING_ROUTE) as s:
+            sip = s.sip_port
             s.daemon.gc_policy.freeze_every_s = 0  # no thaw (a full collection) mid-test
             leg = next(leg for leg in s.daemon.legs if leg.name == "sip")
             calls: dict[str, object] = leg.calls  # type: ignore[attr-defined]

@@ -20,7 +20,6 @@ from .harness import (
     FACTOR,
     AppServer,
     app_route,
-    free_port,
     speech_mulaw,
     stack,
     tone_turn_ms,
@@ -38,10 +37,10 @@ def test_sip_caller_speech_barges_in_with_every_provider_protocol(protocol: str)
     speech = g711.ulaw_decode(speech_mulaw(1.5))
 
     async def body() -> None:
-        sip = free_port(socket.SOCK_DGRAM)
         async with AppServer() as app:
             app.on_started = [{"type": "say", "turn_id": "long", "text": LONG, "final": True}]
-            async with stack(app_route(app.url), protocol=protocol, sip=str(sip)):
+            async with stack(app_route(app.url), protocol=protocol) as st:
+                sip = st.sip_port
                 opts = CallerOptions(
                     target=f"sip:demo@127.0.0.1:{sip}",
                     speak=(SpeakClip("speech", 1.0, speech),),
@@ -53,11 +52,15 @@ def test_sip_caller_speech_barges_in_with_every_provider_protocol(protocol: str)
                 assert report.first_audio_ms is not None
                 cut = app.of("turn.interrupted")
                 assert cut and cut[0]["reason"] == "speech"
-                heard = int(cut[0]["heard_ms"])  # type: ignore[call-overload]
-                assert 500 <= heard <= 2000  # speech started 1.0 s after the answer
+                heard_s = int(cut[0]["heard_ms"]) / 1000.0  # type: ignore[call-overload]
                 (barge,) = report.barge_ins
                 assert barge.outcome == "stopped", barge
-                assert barge.barge_in_ms is not None and barge.barge_in_ms < 1000
+                assert barge.stopped_s is not None and barge.onset_s >= 1.0 - 0.001
+                # how fast it stops is bench_bargein's; here: the turn played from its first
+                # frame until the cut, which came after the caller's speech (order, not time),
+                # within a few frames of transit and jitter buffer either way
+                first_audio_s = report.first_audio_ms / 1000.0
+                assert barge.onset_s - first_audio_s - 0.1 <= heard_s <= barge.stopped_s + 0.1
 
     run(body())
 
@@ -66,10 +69,10 @@ def test_sip_call_hears_the_greeting_and_dtmf_reaches_the_app() -> None:
     greeting = "Hello from the bridge."
 
     async def body() -> None:
-        sip = free_port(socket.SOCK_DGRAM)
         async with AppServer() as app:
             app.on_started = [{"type": "say", "turn_id": "g", "text": greeting, "final": True}]
-            async with stack(app_route(app.url), sip=str(sip)):
+            async with stack(app_route(app.url)) as st:
+                sip = st.sip_port
                 opts = CallerOptions(
                     target=f"sip:demo@127.0.0.1:{sip}", dtmf=((1.5, "7"),), duration_s=2.5
                 )
@@ -88,16 +91,15 @@ def test_sip_call_hears_the_greeting_and_dtmf_reaches_the_app() -> None:
 
 def test_app_transfer_and_hangup_commands_reach_the_sip_dialog() -> None:
     async def body() -> None:
-        sip = free_port(socket.SOCK_DGRAM)
         async with AppServer() as app:
             app.on_started = [{"type": "hangup", "reason": "bye"}]
-            async with stack(app_route(app.url), sip=str(sip)) as st:
+            async with stack(app_route(app.url)) as st:
+                sip = st.sip_port
                 opts = CallerOptions(target=f"sip:demo@127.0.0.1:{sip}", duration_s=5.0)
                 result = await place_call(opts)
                 report = build_report(result.recording)
                 assert report.answered
-                assert report.ended_by != "caller"  # the daemon hung up (BYE) before 5 s
-                assert report.duration_s < 4.5
+                assert report.ended_by == "remote-bye"  # the daemon hung up, not our 5 s
                 leg = next(leg for leg in st.daemon.legs if leg.name == "sip")
                 assert leg.active_calls() == 0
                 assert leg.ports.allocated_count == 0  # the RTP port pair was released
@@ -107,10 +109,10 @@ def test_app_transfer_and_hangup_commands_reach_the_sip_dialog() -> None:
 
 def test_app_dtmf_command_is_sent_as_rfc4733_events_the_caller_receives() -> None:
     async def body() -> None:
-        sip = free_port(socket.SOCK_DGRAM)
         async with AppServer() as app:
             app.on_started = [{"type": "dtmf", "digits": "42#"}]
-            async with stack(app_route(app.url), sip=str(sip)):
+            async with stack(app_route(app.url)) as st:
+                sip = st.sip_port
                 opts = CallerOptions(target=f"sip:demo@127.0.0.1:{sip}", duration_s=2.5)
                 report = build_report((await place_call(opts)).recording)
                 assert report.answered
@@ -119,14 +121,13 @@ def test_app_dtmf_command_is_sent_as_rfc4733_events_the_caller_receives() -> Non
     run(body())
 
 
+@pytest.mark.needs("ipv6")
 def test_sip_over_ipv6_loopback() -> None:
     async def body() -> None:
-        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
-            s.bind(("::1", 0))
-            sip = s.getsockname()[1]
         async with AppServer() as app:
             app.on_started = [{"type": "say", "turn_id": "g", "text": "Over IPv6.", "final": True}]
-            async with stack(app_route(app.url), sip=str(sip), sip_host="[::1]"):
+            async with stack(app_route(app.url), sip_host="[::1]") as st:
+                sip = st.sip_port
                 opts = CallerOptions(target=f"sip:demo@[::1]:{sip}", duration_s=2.0)
                 report = build_report((await place_call(opts)).recording)
                 assert report.answered and report.speech_frames_received > 10
@@ -145,8 +146,7 @@ def test_the_sip_udp_socket_asks_for_a_receive_buffer_that_holds_a_burst() -> No
     default = int(Path("/proc/sys/net/core/rmem_default").read_text())
 
     async def body() -> None:
-        sip = free_port(socket.SOCK_DGRAM)
-        async with stack(app_route("ws://127.0.0.1:9/app"), sip=str(sip)) as st:
+        async with stack(app_route("ws://127.0.0.1:9/app")) as st:
             leg = next(leg for leg in st.daemon.legs if isinstance(leg, SipLeg))
             udp = next(r for r in leg.runners if r.kind == "UDP")
             assert udp.udp is not None
@@ -154,3 +154,26 @@ def test_the_sip_udp_socket_asks_for_a_receive_buffer_that_holds_a_burst() -> No
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) > default
 
     run(body())
+
+
+def test_the_stack_starts_again_on_another_sip_port_when_its_port_was_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The harness's answer to a port taken between choosing it and binding it."""
+    from . import harness
+
+    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    taken.bind(("127.0.0.1", 0))
+    ports = iter([int(taken.getsockname()[1])])
+    real = harness.free_port
+    monkeypatch.setattr(
+        harness, "free_port", lambda kind=socket.SOCK_STREAM: next(ports, None) or real(kind)
+    )
+
+    async def body() -> None:
+        async with stack(app_route("ws://127.0.0.1:9/app")) as st:
+            assert st.sip_port != taken.getsockname()[1]
+            assert st.daemon.legs and st.daemon.legs[0].name == "sip"
+
+    with taken:
+        run(body())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import errno
 import itertools
 import json
 import os
@@ -53,14 +54,6 @@ SILENT_SAMPLE_LEVEL = 200
 """|s16| above this is "not silent" (the tone engine's words peak near 8190)."""
 
 DTMF_EVENTS = {d: i for i, d in enumerate("0123456789*#ABCD")}
-
-
-def missing(binary: str) -> str | None:
-    """A precise skip reason when ``binary`` is not on PATH, else None."""
-    if shutil.which(binary) is not None:
-        return None
-    package = {"sipp": "sip-tester"}.get(binary, binary)
-    return f"{binary} not on PATH (Debian package {package!r}; `make peers` installs it as root)"
 
 
 def free_udp_port(odd: bool | None = None) -> int:
@@ -114,6 +107,11 @@ class SippResult:
     messages: str
     stderr: str
 
+    @property
+    def port_taken(self) -> bool:
+        """SIPp could not bind its port (another process took it after we chose it)."""
+        return self.returncode != 0 and "already in use" in self.stderr.lower()
+
     def explain(self) -> str:
         return (
             f"sipp rc={self.returncode} ok={self.successful_calls} failed={self.failed_calls}\n"
@@ -139,8 +137,23 @@ async def run_sipp(
     args: list[str],
     *,
     timeout_s: float = 30.0,
+    new_port_on_collision: bool = True,
 ) -> SippResult:
-    """Run SIPp to completion (killed after ``timeout_s``) with stats, log and message traces."""
+    """Run SIPp to completion (killed after ``timeout_s``) with stats, log and message traces.
+
+    SIPp needs its own port (``-p``) up front: if it was taken meanwhile, SIPp is run
+    again on another (``new_port_on_collision``; off where the port is the peer's address,
+    a UAS the daemon calls: ``start_sipp_uas``)."""
+    for _attempt in range(5):
+        result = await _run_sipp_once(workdir, name, args, timeout_s)
+        if not (new_port_on_collision and result.port_taken and "-p" in args):
+            return result
+        args = list(args)
+        args[args.index("-p") + 1] = str(free_sip_port())
+    return result
+
+
+async def _run_sipp_once(workdir: Path, name: str, args: list[str], timeout_s: float) -> SippResult:
     workdir.mkdir(parents=True, exist_ok=True)
     stat = workdir / f"{name}_stat.csv"
     logf = workdir / f"{name}_log.txt"
@@ -194,7 +207,7 @@ def sipp_uac_args(scenario: str, sip_port: int, service: str, **variables: int |
         "-i",
         "127.0.0.1",
         "-p",
-        str(free_udp_port()),
+        str(free_sip_port()),  # free for TCP too: -t t1 binds it for TCP
         "-m",
         "1",
     ]
@@ -220,6 +233,28 @@ def sipp_uas_args(scenario: str, sip_port: int, **variables: int | str) -> list[
     for key, value in variables.items():
         args += ["-set", key, str(value)]
     return args
+
+
+async def start_sipp_uas(
+    workdir: Path, name: str, scenario: str, timeout_s: float, **variables: int | str
+) -> tuple[int, asyncio.Future[SippResult]]:
+    """SIPp as a UAS on a port free a moment ago, once it listens there (started again on
+    another port if it could not bind that one): (its port, its result to come)."""
+    for _attempt in range(5):
+        port = free_udp_port()
+        args = sipp_uas_args(scenario, port, **variables)
+        uas = asyncio.ensure_future(
+            run_sipp(workdir, name, args, timeout_s=timeout_s, new_port_on_collision=False)
+        )
+        up = await wait_for(
+            lambda u=uas, p=port: u.done() or "UAS" in sipp_listening(p),  # type: ignore[misc]
+            5.0,
+        )
+        if uas.done() and uas.result().port_taken:
+            continue
+        assert up and not uas.done(), uas.result().explain() if uas.done() else "no SIPp"
+        return port, uas
+    raise AssertionError("SIPp found no free port in 5 attempts")
 
 
 # ------------------------------------------------------------- RTP phone
@@ -258,8 +293,16 @@ class RtpPhone(asyncio.DatagramProtocol):
     sent_events: int = 0
 
     async def open(self, port: int = 0) -> RtpPhone:
+        """Bind ``port`` (one free a moment ago; taken meanwhile: another of its parity)."""
         loop = asyncio.get_running_loop()
-        await loop.create_datagram_endpoint(lambda: self, local_addr=("127.0.0.1", port))
+        for attempt in range(20):
+            try:
+                await loop.create_datagram_endpoint(lambda: self, local_addr=("127.0.0.1", port))
+                break
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE or port == 0 or attempt == 19:
+                    raise
+                port = free_udp_port(odd=port % 2 == 1)
         assert self.transport is not None
         self.port = self.transport.get_extra_info("sockname")[1]
         self._task = loop.create_task(self._sender())
@@ -408,6 +451,33 @@ def _rtp_range() -> str:
     return f"{lo}-{lo + 99}"
 
 
+class SkippedFrames:
+    """The frames the daemon's media clocks skipped in the calls of ``leg`` (a wake-up a
+    whole period late skips ahead rather than burst): a loaded host stretches or shortens
+    what a peer hears by that much, and the tests allow it, measured in the same run."""
+
+    def __init__(self, leg: SipLeg) -> None:
+        self.leg = leg
+        self.runners: dict[int, Any] = {}
+        self.task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            for call in list(self.leg.calls.values()):
+                if call.runner is not None:
+                    self.runners[id(call.runner)] = call.runner
+            await asyncio.sleep(0.005)
+
+    def seconds(self) -> float:
+        self.task.cancel()
+        return 0.020 * sum(r.clock.stats().skipped_frames for r in self.runners.values())
+
+    def slack(self) -> float:
+        """How far what was heard may be from the rendered audio's length: the 100 ms
+        these tests always allowed, and what the clocks skipped."""
+        return 0.1 + self.seconds()
+
+
 def sip_leg(st: Stack) -> SipLeg:
     leg = next(leg for leg in st.daemon.legs if leg.name == "sip")
     assert isinstance(leg, SipLeg)
@@ -418,7 +488,7 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
     asyncio.run(coro)
 
 
-requires_sipp = pytest.mark.skipif(missing("sipp") is not None, reason=str(missing("sipp")))
+requires_sipp = pytest.mark.needs("sipp")
 
 
 # ------------------------------------------------------------- SIPp as UAC
@@ -430,9 +500,10 @@ def test_sipp_call_hears_the_greeting_then_hangs_up(tmp_path: Path) -> None:
     """INVITE/100/200/ACK, the greeting's RTP at the phone, BYE/200; the port pair is freed."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             leg = sip_leg(st)
+            skips = SkippedFrames(leg)
             # an odd port, as a NAT may hand out: RTP must still come from the RTP port
             phone = await RtpPhone().open(free_udp_port(odd=True))
             try:
@@ -447,7 +518,7 @@ def test_sipp_call_hears_the_greeting_then_hangs_up(tmp_path: Path) -> None:
             span = audible_span_s(phone.pcm())
             assert span is not None, "no audible RTP received"
             expected_s = greeting_speech_s(GREETING)
-            assert abs((span[1] - span[0]) - expected_s) <= 0.1, (span, expected_s)
+            assert abs((span[1] - span[0]) - expected_s) <= skips.slack(), (span, expected_s)
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
             assert not leg.calls
 
@@ -472,8 +543,8 @@ def test_sipp_cancel_before_answer_releases_the_port_pair(tmp_path: Path) -> Non
     """INVITE then CANCEL: 487 (or, if the answer won, ACK+BYE); no RTP port pair leaks."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             leg = sip_leg(st)
             outcomes = []
             for i in range(3):
@@ -499,8 +570,8 @@ def test_sipp_cancel_after_answer_has_no_effect(tmp_path: Path) -> None:
     """The race's other branch made deterministic: CANCEL after 200 leaves the call up."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             leg = sip_leg(st)
             phone = await RtpPhone().open()
             try:
@@ -525,8 +596,8 @@ def test_sipp_hold_and_resume_by_reinvite(tmp_path: Path) -> None:
     """a=sendonly: 200 a=recvonly, RTP stops; a=sendrecv: 200 a=sendrecv, RTP resumes with M."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             leg = sip_leg(st)
             phone = await RtpPhone().open()
             try:
@@ -542,11 +613,21 @@ def test_sipp_hold_and_resume_by_reinvite(tmp_path: Path) -> None:
                 (b.at_s - a.at_s, i + 1) for i, (a, b) in enumerate(itertools.pairwise(packets))
             ]
             longest_s, resumed_at = max(gaps)
-            # on hold for 1.5 s in the scenario; the re-INVITE round trips shave a little
-            assert 1.3 <= longest_s <= 1.7, gaps
+            # on hold for 1.5 s in the scenario (SIPp's pause); the re-INVITE round trips
+            # shave a little. A loaded host only lengthens it: no upper bound.
+            assert longest_s >= 1.3, gaps
             assert packets[resumed_at].marker, "resumed stream must start a talkspurt"
             assert resumed_at < len(packets) - 25, "RTP must flow again after the resume"
-            assert sorted(g for g, _ in gaps)[-2] < 0.1, "only one silence: the hold"
+            # only one silence, the hold, read on the media clock rather than on arrival
+            # times (a stalled host delays packets): no packet lost, and but for the
+            # resume each audio packet follows the last by a frame (a few, had the
+            # daemon's clock skipped some under load; a hold is seconds)
+            audio = [(i, p) for i, p in enumerate(packets) if p.pt == PCMU_PT]
+            for (_, a), (j, b) in itertools.pairwise(audio):
+                if j != resumed_at:
+                    assert (b.ts - a.ts) % 2**32 in range(160, 161 + 160 * 5, 160), (j, a, b)
+            seqs = [p.seq for p in packets]
+            assert all((b - a) % 2**16 == 1 for a, b in itertools.pairwise(seqs)), seqs
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
 
     run(main())
@@ -558,8 +639,8 @@ def test_sipp_rfc4733_digit_drives_the_flow_to_hang_up(tmp_path: Path) -> None:
     """RFC 4733 on the RTP stream: "2" keeps the menu going; "1" makes the daemon say bye, BYE."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             leg = sip_leg(st)
             phone = await RtpPhone().open(free_udp_port(odd=True))
             try:
@@ -595,15 +676,14 @@ def test_daemon_calls_out_to_a_sipp_uas(tmp_path: Path) -> None:
     """SipLeg.originate: INVITE to SIPp, 180, 200, ACK; the flow speaks, then the daemon BYEs."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        uas_port = free_udp_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
             leg = sip_leg(st)
+            skips = SkippedFrames(leg)
             phone = await RtpPhone().open(free_udp_port(odd=False))
             try:
-                args = sipp_uas_args("uas_answer.xml", uas_port, rtp_port=phone.port)
-                uas = asyncio.ensure_future(run_sipp(tmp_path, "uas", args, timeout_s=20))
-                assert await wait_for(lambda: "UAS" in sipp_listening(uas_port), 5.0)
+                uas_port, uas = await start_sipp_uas(
+                    tmp_path, "uas", "uas_answer.xml", 20, rtp_port=phone.port
+                )
                 call_id = leg.originate(
                     f"sip:bot@127.0.0.1:{uas_port}", "sip:callbridge@127.0.0.1", "announce"
                 )
@@ -616,7 +696,7 @@ def test_daemon_calls_out_to_a_sipp_uas(tmp_path: Path) -> None:
             span = audible_span_s(phone.pcm())
             assert span is not None, "the callee heard nothing"
             expected_s = greeting_speech_s(GREETING)
-            assert abs((span[1] - span[0]) - expected_s) <= 0.1, (span, expected_s)
+            assert abs((span[1] - span[0]) - expected_s) <= skips.slack(), (span, expected_s)
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
             assert not leg.calls
 
@@ -629,11 +709,9 @@ def test_daemon_registers_with_digest_auth_at_a_sipp_registrar(tmp_path: Path) -
     """[sip.registrations]: REGISTER, 401, REGISTER with credentials SIPp verifies, 200."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        registrar_port = free_udp_port()
-        args = sipp_uas_args("uas_register_digest.xml", registrar_port)
-        registrar = asyncio.ensure_future(run_sipp(tmp_path, "registrar", args, timeout_s=15))
-        assert await wait_for(lambda: "UAS" in sipp_listening(registrar_port), 5.0)
+        registrar_port, registrar = await start_sipp_uas(
+            tmp_path, "registrar", "uas_register_digest.xml", 15
+        )
         routes = (
             ROUTES
             + f"""
@@ -644,7 +722,7 @@ password = "s3cret"
 expires_s = 120
 """
         )
-        async with stack(routes, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(routes, rtp=_rtp_range()) as st:
             leg = sip_leg(st)
             result = await registrar
             assert result.returncode == 0, result.explain()
@@ -703,6 +781,7 @@ def check_rtp_stream(packets: list[tuple[float, bytes]]) -> dict[str, Any]:
         "p99_gap_ms": float(np.percentile(gaps_ms, 99)),
         "seq_steps": {(b[3] - a[3]) % 2**16 for a, b in itertools.pairwise(rows)},
         "ts_steps": {(b[4] - a[4]) % 2**32 for a, b in itertools.pairwise(rows)},
+        "ts_step_list": [(b[4] - a[4]) % 2**32 for a, b in itertools.pairwise(rows)],
         "ssrcs": {r[5] for r in rows},
         "pts": {r[2] for r in rows},
         "markers": [i for i, r in enumerate(rows) if r[1]],
@@ -710,10 +789,8 @@ def check_rtp_stream(packets: list[tuple[float, bytes]]) -> dict[str, Any]:
     }
 
 
-requires_tshark = pytest.mark.skipif(missing("tshark") is not None, reason=str(missing("tshark")))
-requires_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="capturing on lo with tshark needs root (CI runs as root)"
-)
+requires_tshark = pytest.mark.needs("tshark")
+requires_root = pytest.mark.needs("root", why="capturing on lo with tshark (CI runs as root)")
 
 
 @pytest.mark.peers
@@ -721,12 +798,13 @@ requires_root = pytest.mark.skipif(
 @requires_tshark
 @requires_root
 def test_tshark_capture_of_one_call_rtp_is_paced_and_continuous(tmp_path: Path) -> None:
-    """On the wire: 20 ms spacing, seq +1, ts +160, one SSRC, M on the greeting's first packet."""
+    """On the wire: seq +1, ts +160 (+160 per frame the daemon's clock skipped, had the host
+    stalled it), one SSRC, M on the greeting's first packet. (Its spacing: bench_pacing.py.)"""
 
     async def main() -> None:
-        sip_port = free_sip_port()
         pcap = tmp_path / "call.pcap"
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()):
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             phone = await RtpPhone().open()
             tshark = await asyncio.create_subprocess_exec(
                 "tshark", "-i", "lo", "-f", f"udp dst port {phone.port}", "-F", "pcap",
@@ -740,19 +818,39 @@ def test_tshark_capture_of_one_call_rtp_is_paced_and_continuous(tmp_path: Path) 
                     line = await asyncio.wait_for(tshark.stderr.readline(), 10 * FACTOR)
                     assert line, f"tshark did not start: {started!r}"
                     started += line
+                # it says so before its filter is attached: probe (not RTP) until it captures
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                    for _ in range(int(200 * FACTOR)):
+                        if pcap.exists() and pcap.stat().st_size > 24:  # past the file header
+                            break
+                        probe.sendto(b"probe", ("127.0.0.1", phone.port))
+                        await asyncio.sleep(0.05)
+                    assert pcap.stat().st_size > 24, "tshark captured nothing"
                 args = sipp_uac_args("uac_greeting.xml", sip_port, "greet", rtp_port=phone.port)
-                result = await run_sipp(tmp_path, "capture", [*args, "-d", "2000"])
+                sipp = asyncio.ensure_future(run_sipp(tmp_path, "capture", [*args, "-d", "2000"]))
+                leg = sip_leg(st)
+                assert await wait_for(
+                    lambda: sipp.done() or any(c.runner for c in leg.calls.values()), 10.0
+                )
+                runner = next((c.runner for c in leg.calls.values() if c.runner), None)
+                result = await sipp
+                assert runner is not None, result.explain()
+                skipped = runner.clock.stats().skipped_frames
             finally:
                 phone.close()
                 if tshark.returncode is None:
                     tshark.send_signal(signal.SIGINT)
                 await asyncio.wait_for(tshark.wait(), 10 * FACTOR)
             assert result.returncode == 0, result.explain()
-        facts = check_rtp_stream(read_pcap_udp(pcap))
-        assert facts["packets"] >= 90, facts  # a 2 s call
-        assert abs(facts["median_gap_ms"] - 20.0) <= 2.0, facts
+        rtp = [(at, data) for at, data in read_pcap_udp(pcap) if data != b"probe"]
+        facts = check_rtp_stream(rtp)
+        assert facts["packets"] + skipped >= 90, facts  # a 2 s call
         assert facts["seq_steps"] == {1}, facts
-        assert facts["ts_steps"] == {160}, facts
+        # every timestamp step a whole number of frames, each frame more than one a skip
+        # the daemon's clock counted (it may also have skipped before its first packet)
+        steps = facts["ts_step_list"]
+        assert all(step % 160 == 0 and step > 0 for step in steps), facts
+        assert sum(step // 160 - 1 for step in steps) <= skipped, (facts, skipped)
         assert len(facts["ssrcs"]) == 1 and facts["pts"] == {PCMU_PT}, facts
         first_loud = facts["first_loud"]
         assert first_loud is not None, facts
@@ -765,9 +863,7 @@ def test_tshark_capture_of_one_call_rtp_is_paced_and_continuous(tmp_path: Path) 
 
 # ------------------------------------------------------------------- baresip
 
-requires_baresip = pytest.mark.skipif(
-    missing("baresip") is not None, reason=str(missing("baresip"))
-)
+requires_baresip = pytest.mark.needs("baresip")
 
 
 def free_tcp_port_not(*avoid: int) -> int:
@@ -778,6 +874,10 @@ def free_tcp_port_not(*avoid: int) -> int:
             port = int(s.getsockname()[1])
         if port not in avoid:
             return port
+
+
+LIFETIME_S = 120
+"""baresip's own end (``-t``), a backstop: the tests end its calls on what they wait for."""
 
 
 @dataclass
@@ -814,8 +914,29 @@ class Baresip:
             text = (SCENARIOS / template).read_text()
             (self.workdir / name).write_text(text.format(**values))
 
-    async def start(self, seconds: int, dial: str | None = None) -> None:
-        argv = ["baresip", "-f", str(self.workdir), "-t", str(seconds)]
+    async def start(self, dial: str | None = None) -> None:
+        """Start baresip (and dial ``dial``) once it is ready; on a port taken since it was
+        chosen, again on new ports. It lives until ``stop`` (at most ``LIFETIME_S``)."""
+        for _attempt in range(5):
+            await self._spawn(dial)
+            ready = await wait_for(
+                lambda: self.said("baresip is ready") or self.said("in use") or self.exited, 10.0
+            )
+            assert ready, self.explain()
+            if not (self.said("in use") or self.exited):
+                return
+            await self.stop()
+            self.sip_port = free_sip_port()
+            self.output = b""
+            self.__post_init__()
+        raise AssertionError(f"baresip did not start in 5 attempts: {self.explain()}")
+
+    @property
+    def exited(self) -> bool:
+        return self.proc is not None and self.proc.returncode is not None
+
+    async def _spawn(self, dial: str | None) -> None:
+        argv = ["baresip", "-f", str(self.workdir), "-t", str(LIFETIME_S)]
         if shutil.which("stdbuf"):  # its stdout is a pipe: unbuffered, or lines arrive late
             argv = ["stdbuf", "-o0", *argv]
         if dial is not None:
@@ -868,6 +989,23 @@ class Baresip:
     def explain(self) -> str:
         return self.output.decode(errors="replace").replace("\\r", "\\n")[-3000:]
 
+    def decoded_so_far(self) -> np.ndarray:
+        """What baresip has decoded up to now (the dump's header is written at the end)."""
+        paths = sorted(self.record_dir.glob("*-dec.wav"))
+        if not paths:
+            return np.zeros(0, dtype=np.int16)
+        data = paths[0].read_bytes()
+        at = data.find(b"data")
+        body = data[at + 8 :] if at >= 0 else b""
+        return np.frombuffer(body[: len(body) // 2 * 2], dtype="<i2")
+
+    def heard_through(self, quiet_s: float = 0.3) -> bool:
+        """Whether baresip has decoded something audible and then ``quiet_s`` of silence
+        (the daemon sends comfort silence after a turn): the turn's end was heard."""
+        pcm = self.decoded_so_far()
+        segments = audible_segments_s(pcm)
+        return bool(segments) and len(pcm) / 8000 - segments[-1][1] >= quiet_s
+
     def received_pcm(self) -> np.ndarray:
         """What baresip decoded from the daemon's RTP (the sndfile ``-dec.wav`` dump)."""
         [path] = sorted(self.record_dir.glob("*-dec.wav"))
@@ -897,19 +1035,22 @@ def test_baresip_calls_the_daemon_and_records_the_greeting(tmp_path: Path) -> No
     """A real softphone dials sip:greet@; its recording holds the greeting, ±100 ms."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
             leg = sip_leg(st)
+            skips = SkippedFrames(leg)
             phone = Baresip(tmp_path)
-            await phone.start(4, dial=f"sip:greet@127.0.0.1:{sip_port}")
-            await phone.wait(15)
-            assert phone.said("Call established"), phone.explain()
+            await phone.start(dial=f"sip:greet@127.0.0.1:{st.sip_port}")
+            assert await wait_for(lambda: phone.said("Call established"), 10.0), phone.explain()
+            # the whole greeting played, then baresip decoded it and the silence after it
+            assert await wait_for(lambda: prompt_played(leg), 10.0)
+            assert await wait_for(phone.heard_through, 10.0), phone.explain()
+            await phone.stop()  # baresip hangs up as it quits
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
         segments = audible_segments_s(phone.received_pcm())
         assert len(segments) == 1, segments
         [(start_s, end_s)] = segments
         expected_s = greeting_speech_s(GREETING)
-        assert abs((end_s - start_s) - expected_s) <= 0.1, (segments, expected_s)
+        assert abs((end_s - start_s) - expected_s) <= skips.slack(), (segments, expected_s)
 
     run(main())
 
@@ -932,29 +1073,43 @@ def test_baresip_dtmf_makes_the_daemon_say_goodbye_and_hang_up(tmp_path: Path) -
     """baresip sends "1" (RFC 4733): the flow's goodbye plays and the daemon ends the call."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             leg = sip_leg(st)
+            skips = SkippedFrames(leg)
             phone = Baresip(tmp_path)
-            await phone.start(20, dial=f"sip:press@127.0.0.1:{sip_port}")
+            await phone.start(dial=f"sip:press@127.0.0.1:{sip_port}")
             assert await wait_for(lambda: phone.said("Call established"), 10.0), phone.explain()
             # the daemon hears baresip (latched its RTP) and has played the whole prompt (a
             # digit during the prompt would cut it: then the two could not be told apart)
             assert await wait_for(lambda: prompt_played(leg), 5.0)
+            # ... and baresip has decoded all of it: what it decodes from now on follows "1"
+            assert await wait_for(phone.heard_through, 10.0), phone.explain()
+            digit_at_s = len(phone.decoded_so_far()) / 8000
             response = await phone.command("sndcode", "1")
             assert response.get("ok") is True, response
-            # the daemon hangs up: baresip reports the call over long before its own 20 s
+            # the daemon hangs up: baresip reports the call over
             assert await wait_for(
                 lambda: phone.said("session closed") or phone.said("terminated"), 10.0
             ), phone.explain()
             await phone.stop()
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+        # "Press one." before the digit, "Goodbye." after it, each whole: told apart by
+        # when the digit was sent, not by the pause between them (a loaded host shortens it)
         segments = audible_segments_s(phone.received_pcm())
-        assert len(segments) == 2, segments  # "Press one." then "Goodbye."
+        before = [seg for seg in segments if seg[1] <= digit_at_s]
+        after = [seg for seg in segments if seg[0] >= digit_at_s]
+        assert before and after and len(before) + len(after) == len(segments), segments
         prompt_s = greeting_speech_s("Press one.")
-        assert abs((segments[0][1] - segments[0][0]) - prompt_s) <= 0.1, segments
+        assert abs((before[-1][1] - before[0][0]) - prompt_s) <= skips.slack(), (
+            segments,
+            digit_at_s,
+        )
         goodbye_s = greeting_speech_s(BYE_TEXT)
-        assert abs((segments[1][1] - segments[1][0]) - goodbye_s) <= 0.1, segments
+        assert abs((after[-1][1] - after[0][0]) - goodbye_s) <= skips.slack(), (
+            segments,
+            digit_at_s,
+        )
 
     run(main())
 
@@ -965,24 +1120,26 @@ def test_daemon_calls_baresip_which_answers_and_records_the_greeting(tmp_path: P
     """The reverse direction: SipLeg.originate to baresip (auto-answer); it hears the greeting."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
             leg = sip_leg(st)
+            skips = SkippedFrames(leg)
             phone = Baresip(tmp_path)
-            await phone.start(5)
+            await phone.start()
             assert await wait_for(lambda: phone.said("baresip is ready"), 5.0), phone.explain()
             leg.originate(
                 f"sip:tester@127.0.0.1:{phone.sip_port}", "sip:callbridge@127.0.0.1", "greet"
             )
             assert await wait_for(lambda: phone.said("Call established"), 5.0), phone.explain()
-            await phone.wait(15)  # baresip quits at 5 s and hangs up
+            assert await wait_for(lambda: prompt_played(leg), 10.0)
+            assert await wait_for(phone.heard_through, 10.0), phone.explain()
+            await phone.stop()  # baresip hangs up as it quits
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
             assert not leg.calls
         segments = audible_segments_s(phone.received_pcm())
         assert len(segments) == 1, segments
         [(start_s, end_s)] = segments
         expected_s = greeting_speech_s(GREETING)
-        assert abs((end_s - start_s) - expected_s) <= 0.1, (segments, expected_s)
+        assert abs((end_s - start_s) - expected_s) <= skips.slack(), (segments, expected_s)
 
     run(main())
 
@@ -993,9 +1150,10 @@ def test_sipp_call_over_tcp_hears_the_greeting(tmp_path: Path) -> None:
     """The same call with SIP over TCP (Content-Length framing on a stream)."""
 
     async def main() -> None:
-        sip_port = free_sip_port()
-        async with stack(ROUTES, sip=str(sip_port), rtp=_rtp_range()) as st:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            sip_port = st.sip_port
             leg = sip_leg(st)
+            skips = SkippedFrames(leg)
             phone = await RtpPhone().open(free_udp_port())
             try:
                 args = sipp_uac_args("uac_greeting.xml", sip_port, "greet", rtp_port=phone.port)
@@ -1006,7 +1164,7 @@ def test_sipp_call_over_tcp_hears_the_greeting(tmp_path: Path) -> None:
             assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
             span = audible_span_s(phone.pcm())
             assert span is not None, "no audible RTP received"
-            assert abs((span[1] - span[0]) - greeting_speech_s(GREETING)) <= 0.1, span
+            assert abs((span[1] - span[0]) - greeting_speech_s(GREETING)) <= skips.slack(), span
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
 
     run(main())

@@ -8,12 +8,10 @@ import numpy as np
 import pytest
 
 from bridge.ttsd.base import Synthesize
-from bridge.ttsd.piper_engine import _clauses, piper_available
+from bridge.ttsd.piper_engine import _clauses
 from bridge.ttsd.synth import render
 
-needs_piper = pytest.mark.skipif(
-    not piper_available(), reason="the local-tts extra is not installed"
-)
+needs_piper = pytest.mark.needs("piper")
 
 
 def test_long_sentences_are_cut_at_commas_short_ones_are_not() -> None:

@@ -25,7 +25,8 @@ def test_embedded_child_stops_when_the_daemon_is_killed(
     tmp_path: Path, run_daemon: Callable[..., subprocess.Popen[bytes]]
 ) -> None:
     """A daemon killed outright (SIGKILL: no drain, no stop) leaves no tts-server behind."""
-    daemon = run_daemon(daemon_config(tmp_path))  # its provider: url = "embedded"
+    config = daemon_config(tmp_path, api=0, media_streams=0, sip_enabled=False)
+    daemon = run_daemon(config)  # its provider: url = "embedded"
     child_pid = None
     try:
         assert daemon.stdout is not None

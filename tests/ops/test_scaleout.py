@@ -16,7 +16,6 @@ Two kinds of node:
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -42,8 +41,7 @@ from .scaleout import (
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.peers,
-    pytest.mark.skipif(shutil.which("kamailio") is None, reason="kamailio is not installed"),
-    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp is not installed"),
+    pytest.mark.needs("kamailio", "sipp"),
 ]
 
 StartKamailio = Callable[..., Kamailio]

@@ -26,6 +26,7 @@ from websockets.frames import Close, Frame, Opcode
 from bridge.io.httpws import HttpRequest, HttpResponse, WsConnection, serve_http_ws
 
 LOOPS = ["asyncio", "uvloop"]
+FACTOR = float(os.environ.get("CALLBRIDGE_TEST_TIME_FACTOR", "1"))
 
 
 def _run(loop_kind: str, main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -123,11 +124,11 @@ def test_messages_behind_the_upgrade_and_in_one_segment_arrive_in_order(loop_kin
         writer.write(_client_close(1000))
         await writer.drain()
         assert srv.ended is not None
-        assert await asyncio.wait_for(srv.ended, 5) is None
+        assert await asyncio.wait_for(srv.ended, 5 * FACTOR) is None
         assert srv.got == [f"m{i}" for i in range(60)]
         assert srv.conn is not None and srv.conn.closed and srv.conn.close_code == 1000
         # the server answered the close
-        rest = await asyncio.wait_for(reader.read(), 5)
+        rest = await asyncio.wait_for(reader.read(), 5 * FACTOR)
         assert rest[:1] == b"\x88"
         writer.close()
         await server.close()
@@ -148,7 +149,7 @@ def test_eof_or_reset_ends_serve(loop_kind: str, how: str) -> None:
         await writer.drain()
         while len(srv.got) < 2:  # both delivered before the EOF or reset
             srv.received.clear()
-            await asyncio.wait_for(srv.received.wait(), 5)
+            await asyncio.wait_for(srv.received.wait(), 5 * FACTOR)
         if how == "eof":
             writer.write_eof()
         else:
@@ -156,7 +157,7 @@ def test_eof_or_reset_ends_serve(loop_kind: str, how: str) -> None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             writer.transport.abort()  # linger 0: an RST, not a FIN
         assert srv.ended is not None
-        assert await asyncio.wait_for(srv.ended, 5) is None
+        assert await asyncio.wait_for(srv.ended, 5 * FACTOR) is None
         assert srv.got == ["hello", "binary?"]
         assert srv.conn is not None and srv.conn.closed
         with contextlib.suppress(Exception):
@@ -177,11 +178,11 @@ def test_exception_in_the_callback_ends_serve_with_it(loop_kind: str) -> None:
         writer.write(_client_text("ok") + _client_text("boom") + _client_text("never"))
         await writer.drain()
         assert srv.ended is not None
-        exc = await asyncio.wait_for(srv.ended, 5)
+        exc = await asyncio.wait_for(srv.ended, 5 * FACTOR)
         assert isinstance(exc, RuntimeError)
         assert srv.got == ["ok"]
         # the connection is closed normally afterwards (serve_http_ws closes it)
-        rest = await asyncio.wait_for(reader.read(), 5)
+        rest = await asyncio.wait_for(reader.read(), 5 * FACTOR)
         assert rest[:1] == b"\x88"
         writer.close()
         await server.close()
@@ -201,16 +202,16 @@ def test_sending_while_serving_and_drain_still_work(loop_kind: str) -> None:
         await writer.drain()
         want = Frame(Opcode.TEXT, b"echo:a").serialize(mask=False)
         want += Frame(Opcode.TEXT, b"echo:b").serialize(mask=False)
-        got = await asyncio.wait_for(reader.readexactly(len(want)), 5)
+        got = await asyncio.wait_for(reader.readexactly(len(want)), 5 * FACTOR)
         assert got == want
         assert srv.conn is not None
-        await asyncio.wait_for(srv.conn.send_text("via drain"), 5)  # StreamWriter.drain
+        await asyncio.wait_for(srv.conn.send_text("via drain"), 5 * FACTOR)  # StreamWriter.drain
         frame = Frame(Opcode.TEXT, b"via drain").serialize(mask=False)
-        assert await asyncio.wait_for(reader.readexactly(len(frame)), 5) == frame
+        assert await asyncio.wait_for(reader.readexactly(len(frame)), 5 * FACTOR) == frame
         writer.write(_client_close())
         await writer.drain()
         assert srv.ended is not None
-        assert await asyncio.wait_for(srv.ended, 5) is None
+        assert await asyncio.wait_for(srv.ended, 5 * FACTOR) is None
         writer.close()
         await server.close()
 
@@ -234,7 +235,7 @@ def test_closing_the_server_with_a_connection_open_reports_no_error(loop_kind: s
         reader, writer = await _connect(port)
         writer.write(_upgrade() + _client_text("m0"))
         await _read_101(reader)
-        await asyncio.wait_for(srv.received.wait(), 5)
+        await asyncio.wait_for(srv.received.wait(), 5 * FACTOR)
         await server.close()
         assert not server.connections
         await asyncio.sleep(0)  # the tasks' done callbacks run here
