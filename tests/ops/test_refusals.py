@@ -264,7 +264,11 @@ def test_every_refusal_path_moves_its_reason(clients: list[SipClient]) -> None:
         # a Twilio stream whose single-use token is garbage is closed
         async with websockets.connect(f"{ws}/twilio") as conn:
             start = json.loads(json.dumps(TWILIO_START))
-            start["start"]["customParameters"] = {"route": "demo", "token": "garbage"}
+            start["start"]["customParameters"] = {
+                "route": "demo",
+                "stream_token": "shared-secret",  # /twilio checks the shared token too
+                "token": "garbage",
+            }
             await conn.send(json.dumps({"event": "connected", "protocol": "Call"}))
             await conn.send(json.dumps(start))
             with contextlib.suppress(websockets.ConnectionClosed):
