@@ -15,11 +15,16 @@ import sys
 from collections.abc import Sequence
 
 from bridge import __version__
-from bridge.config import ConfigError, load_config, parse_cpu_list
 from bridge.io.startup import EXIT_CONFIG
+
+# bridge.config is imported where a command needs it: the config reader builds the
+# engines' settings (barge-in policy, provider options), which pulls in their modules
+# and dependencies, and `callbridge --version` needs none of that.
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
+    from bridge.config import ConfigError, load_config
+
     try:
         cfg = load_config(args.path)
     except ConfigError as e:
@@ -32,6 +37,8 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from bridge.config import ConfigError, load_config
+
     try:
         cfg = load_config(args.config)
     except ConfigError as e:
@@ -44,6 +51,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_tts_server(args: argparse.Namespace) -> int:
+    from bridge.config import parse_cpu_list
     from bridge.io.ttsd_server import SynthLimits, default_workers, run_tts_server
 
     keys = list(args.api_key or ())

@@ -102,7 +102,15 @@ def test_install_into_destdir(source: tuple[Path, Path], tmp_path: Path) -> None
     cache = 'cache_dir = "/var/cache/callbridge"'  # the unit's CacheDirectory
     assert config.read_text() == re.sub(r"(?m)^cache_dir = .*$", cache, shipped)
     assert cache in config.read_text()
-    check = subprocess.run([str(exe), "check-config", str(config)], capture_output=True, text=True)
+    # the wheelhouse holds callbridge alone (--no-deps, offline): reading a config builds
+    # the engines' settings, so the dependencies come from this test's own venv
+    deps = os.pathsep.join(p for p in sys.path if p.endswith("site-packages"))
+    check = subprocess.run(
+        [str(exe), "check-config", str(config)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": deps},
+    )
     assert check.returncode == 0, check.stderr
 
     creds = dest / "etc/callbridge/credentials"
