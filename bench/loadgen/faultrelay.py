@@ -263,6 +263,7 @@ class UdpPipe:
 # --- SIP and SDP address rewriting ---------------------------------------------------------
 
 _CONTENT_LENGTH = re.compile(rb"\r\n(Content-Length|l)[ \t]*:[ \t]*\d+", re.IGNORECASE)
+_AUTH = re.compile(rb"(proxy-)?authorization[ \t]*:", re.IGNORECASE)
 _M_AUDIO = re.compile(rb"m=audio (\d+) ")
 _CONTACT = re.compile(
     rb"(\r\n(?:Contact|m)[ \t]*:[^\r]*?sip:(?:[^@>;\r]*@)?)([^>;\r]+)", re.IGNORECASE
@@ -278,12 +279,15 @@ def rewrite_sip(data: bytes, replace: list[tuple[bytes, bytes]]) -> bytes:
     """``data`` with each (old, new) replaced, head and body, and Content-Length fixed.
 
     ``old`` matches only where no digit follows it (``127.0.0.1:5000`` is not
-    a prefix of ``127.0.0.1:50001``)."""
+    a prefix of ``127.0.0.1:50001``). Digest answers (``Authorization``) are
+    left as they are: their ``uri`` is under the hash."""
     head, sep, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
     for old, new in replace:
         pattern = re.compile(re.escape(old) + rb"(?!\d)")
-        head = pattern.sub(_literal(new), head)
+        lines = [line if _AUTH.match(line) else pattern.sub(_literal(new), line) for line in lines]
         body = pattern.sub(_literal(new), body)
+    head = b"\r\n".join(lines)
     if sep:
         head = _CONTENT_LENGTH.sub(
             lambda m: b"\r\n" + m.group(1) + b": " + str(len(body)).encode(), head
