@@ -172,7 +172,7 @@ def assert_clean(result: CallResult) -> None:
     strict=True,
 )
 def test_sipvicious_finds_nothing_cracks_nothing_and_calls_connect_during_the_scan(
-    json_logs: io.StringIO, monkeypatch: pytest.MonkeyPatch
+    json_logs: io.StringIO, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(caller, "SipUserAgent", AliceUA)
     monkeypatch.setattr(caller, "HANGUP_GRACE_S", 5.0)
@@ -208,15 +208,20 @@ def test_sipvicious_finds_nothing_cracks_nothing_and_calls_connect_during_the_sc
         assert "callbridge" not in out.lower()
 
         # svwar (REGISTER, INVITE, OPTIONS) while a call is placed: no extension found
+        # (a dictionary with the real user and route among numbers; svwar prints
+        # "found nothing" only once it has run through it)
+        words = tmp_path / "extensions.txt"
+        words.write_text("\n".join([*map(str, range(100, 140)), "alice", "demo"]) + "\n")
         for method in ("REGISTER", "INVITE", "OPTIONS"):
             war = scan(
                 "svwar", "-b", SCANNER, "-p", str(port), "-m", method, "--force",
-                "-e", "100-140,alice,demo", "--maximumtime", "2", host,
+                "-d", str(words), "--maximumtime", "2", host,
             )  # fmt: skip
             out, result = await asyncio.gather(war, legit_call(target))
             assert_clean(result)
             table = [line for line in out.splitlines() if line.startswith("|")]
             assert not table, f"svwar -m {method} found extensions:\n{out}"
+            assert "found nothing" in out, out
 
         # svcrack on alice (MD5 through the relay) while a call is placed
         shim = UdpPipe("crack", Faults(), 0, SCANNER, target, to_client=strip_sha256)
