@@ -208,7 +208,17 @@ def test_floods_from_one_source_leave_memory_bounded_and_another_sources_call_co
         assert (await call_from_another_process((host, port), 2.0))["answered"]  # warm-up
         rss_before = rss_mib()
         peak = rss_before
+
+        def answered() -> float:
+            text = daemon.metrics.render().decode()
+            return sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("callbridge_sip_responses_total{")
+            )
+
         for kind in ("OPTIONS", "INVITE", "junk"):
+            answered_before, dropped_before = answered(), ua.dropped_messages
             flood = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", SENDER, host, str(port), kind, str(RATE_PER_S),
                 str(SECONDS), FLOODER, stdout=subprocess.PIPE,
@@ -224,6 +234,9 @@ def test_floods_from_one_source_leave_memory_bounded_and_another_sources_call_co
             sent = int(out.decode().strip() or 0)
             peak = max(peak, rss_mib())
             assert sent > 0
+            # the flood reached the engine: answered (OPTIONS, INVITE) or dropped (junk)
+            reached = answered() - answered_before + ua.dropped_messages - dropped_before
+            assert reached >= 1000, (kind, sent, reached)
             assert result["answered"] and result["failure"] is None, (kind, result)
             assert result["ended_by"] == "local-hangup", (kind, result)
             assert result["heard_frames"] > 0, f"the call during the {kind} flood heard no greeting"
