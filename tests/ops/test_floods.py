@@ -223,8 +223,13 @@ def test_floods_from_one_source_leave_memory_bounded_and_another_sources_call_co
                 sys.executable, "-c", SENDER, host, str(port), kind, str(RATE_PER_S),
                 str(SECONDS), FLOODER, stdout=subprocess.PIPE,
             )  # fmt: skip
-            await asyncio.sleep(0.3)  # let the flood start (no assertion rests on it)
-            call = asyncio.ensure_future(call_from_another_process((host, port), CALL_S))
+
+            def reached(a0: float = answered_before, d0: int = dropped_before) -> float:
+                return answered() - a0 + ua.dropped_messages - d0
+
+            # the call is placed once the flood is arriving
+            assert await wait_for(lambda: reached() >= 100, 10), kind
+            call = asyncio.ensure_future(call_from_another_process((host, port), CALL_S * FACTOR))
             while flood.returncode is None:
                 peak = max(peak, rss_mib())
                 with contextlib.suppress(TimeoutError):
@@ -235,8 +240,7 @@ def test_floods_from_one_source_leave_memory_bounded_and_another_sources_call_co
             peak = max(peak, rss_mib())
             assert sent > 0
             # the flood reached the engine: answered (OPTIONS, INVITE) or dropped (junk)
-            reached = answered() - answered_before + ua.dropped_messages - dropped_before
-            assert reached >= 1000, (kind, sent, reached)
+            assert reached() >= 1000, (kind, sent, reached())
             assert result["answered"] and result["failure"] is None, (kind, result)
             assert result["ended_by"] == "local-hangup", (kind, result)
             assert result["heard_frames"] > 0, f"the call during the {kind} flood heard no greeting"
