@@ -57,11 +57,6 @@ PASSWORD = "x7-" + "".join(random.choice("abcdefghjkmnpqrstuvwxyz") for _ in ran
 BIN = Path(sys.executable).parent
 SCAN_TIMEOUT_S = 20.0
 
-pytestmark = pytest.mark.skipif(
-    not (BIN / "sipvicious_svmap").exists(),
-    reason="sipvicious is in the test extra: pip install -e '.[test]'",
-)
-
 
 def config(tts_port: int) -> str:
     base = random.randrange(30000, 39800, 200)
@@ -128,8 +123,12 @@ def log_events(buf: io.StringIO) -> list[dict[str, Any]]:
 
 async def scan(tool: str, *args: str) -> str:
     """Run a sipvicious tool to its end (or kill it at the time bound): its output."""
+    exe = BIN / f"sipvicious_{tool}"
+    assert exe.exists(), (
+        f"{exe} missing: sipvicious is in the test extra (pip install -e '.[test]')"
+    )
     proc = await asyncio.create_subprocess_exec(
-        str(BIN / f"sipvicious_{tool}"),
+        str(exe),
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
