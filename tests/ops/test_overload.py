@@ -23,7 +23,7 @@ import pytest
 import websockets
 
 from bench.loadgen.faultrelay import Faults, SipRtpRelay
-from bridge.config import parse_config
+from bridge.config import MediaStreamsConfig, parse_config
 from bridge.io import caller
 from bridge.io.caller import CallerOptions, CallResult, place_call
 from bridge.io.daemon import Daemon
@@ -162,7 +162,7 @@ def test_refused_while_full_or_lagging_and_the_calls_in_progress_keep_their_fram
     asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
 
 
-def config(tts_port: int) -> str:
+def config(tts_port: int, streams_extra: str = "") -> str:
     base = random.randrange(30000, 39800, 200)
     return f"""
 [daemon]
@@ -178,6 +178,7 @@ max_calls = 1
 
 [media_streams]
 listen = "127.0.0.1:0"
+{streams_extra}
 
 [api]
 listen = "127.0.0.1:0"
@@ -193,3 +194,49 @@ match = "*"
 provider = "main"
 greeting = "{LONG}"
 """
+
+
+async def upgrade_refusal(url: str) -> tuple[int, str | None]:
+    """The HTTP status of a refused upgrade and its Retry-After (101, None if accepted)."""
+    try:
+        async with websockets.connect(url):
+            return 101, None
+    except websockets.InvalidStatus as e:
+        return int(e.response.status_code), e.response.headers.get("Retry-After")
+
+
+@pytest.mark.xfail(
+    not hasattr(MediaStreamsConfig, "max_streams"),
+    reason="needs [media_streams] max_streams (security branch, issue 33)",
+    strict=True,
+)
+def test_beyond_the_stream_cap_an_upgrade_is_refused_and_the_open_stream_keeps_its_frames() -> None:
+    async def body() -> None:
+        tts = await start_tts_server(engine="tone")
+        daemon = Daemon(parse_config(config(tts.port, "max_streams = 1"), "overload.toml"))
+        await daemon.start()
+        try:
+            streams = next(leg for leg in daemon.legs if leg.name == "media_streams")
+            url = f"ws://127.0.0.1:{streams.port}/twilio"  # type: ignore[attr-defined]
+            loop = asyncio.get_running_loop()
+            call = asyncio.ensure_future(place_call(CallerOptions(target=url, duration_s=CALL_S)))
+            deadline = loop.time() + 10 * FACTOR
+            while streams.active_calls() < 1 and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+            assert streams.active_calls() == 1
+            window_start = loop.time()
+            status, retry_after = await upgrade_refusal(url)
+            await asyncio.sleep(2.0)  # an observation window, not a wait for an event
+            window_end = loop.time()
+            result = await call
+        finally:
+            await daemon.drain_and_stop()
+            await daemon.close()
+            await tts.close()
+        assert status == 503 and retry_after is not None and retry_after.isdigit()
+        rec = result.recording
+        assert rec.answered_at_s is not None and rec.failure is None, rec.failure
+        assert rec.ended_by == "stop", rec.ended_by
+        assert frames_between(result, window_start, window_end) > 0
+
+    asyncio.run(asyncio.wait_for(body(), 60 * FACTOR))
