@@ -9,7 +9,7 @@ CONFIG ?= config/callbridge.toml
 PEERS := sip-tester baresip kamailio haproxy tshark sox espeak-ng iproute2 systemd
 PEER_BINS := sipp baresip kamailio haproxy tshark sox espeak-ng ip systemd-analyze
 
-.PHONY: run test venv native peers lint typecheck unit bench bench-quick install clean
+.PHONY: run test venv native peers lint typecheck unit bench bench-quick soak install clean
 
 # The install compiles the media hot path with mypyc (setup.py, docs/native.md):
 # a C compiler and the Python headers are needed; CALLBRIDGE_PURE_PYTHON=1 skips it.
@@ -59,6 +59,12 @@ typecheck: venv
 
 unit: venv
 	$(PY) -m pytest -q -m "not slow and not peers"
+
+## make soak: 10 000 mixed calls (SIP and media streams, barge-ins, DTMF, provider
+## failures) against one daemon, then every resource back to baseline (not in `make test`);
+## SOAK_ARGS="--calls 500" runs fewer.
+soak: venv
+	$(PY) bench/bench_soak.py $(SOAK_ARGS)
 
 ## Install as a system service under /opt/callbridge (see docs/deployment.md).
 install:

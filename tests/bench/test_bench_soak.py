@@ -1,0 +1,42 @@
+"""The soak's verdicts from the daemon's log: CDRs, barge-ins, digits, and which
+warnings the injected faults explain (``bench/bench_soak.py``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from bench_soak import cdr_figures, unexplained
+
+
+def test_a_warning_is_explained_only_when_it_names_the_killed_provider() -> None:
+    events = [
+        {"event": "tts.open_refused", "level": "warning", "provider": "flaky"},
+        {"event": "tts.open_refused", "level": "warning", "provider": "fast"},
+        {"event": "call.tick_failed", "level": "error", "call_id": "flaky-looking-id"},
+        {"event": "tts.reconnect", "level": "info", "provider": "fast"},
+    ]
+    explained, other = unexplained(events)
+    assert dict(explained) == {"tts.open_refused": 1}
+    assert dict(other) == {"tts.open_refused": 1, "call.tick_failed": 1}
+
+
+def test_cdrs_barge_ins_and_digits_are_counted_by_route() -> None:
+    events = [
+        {"event": "call.started", "call_id": "a", "route": "long"},
+        {"event": "call.started", "call_id": "b", "route": "ivr"},
+        {"event": "call.dtmf", "call_id": "b"},
+        {"event": "call.ended", "call_id": "a", "cdr": True, "reason": "stop",
+         "barge_ins": {"speech": 1}, "provider_errors": 0},
+        {"event": "call.ended", "call_id": "b", "cdr": True, "reason": "remote-bye",
+         "barge_ins": {}, "provider_errors": 2},
+    ]  # fmt: skip
+    assert cdr_figures(events) == {
+        "calls": 2,
+        "dtmf_by_route": {"ivr": 1},
+        "end_reasons": {"stop": 1, "remote-bye": 1},
+        "bargeins_by_route": {"long": {"speech": 1}},
+        "provider_errors_by_route": {"long": 0, "ivr": 2},
+    }
