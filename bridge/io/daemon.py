@@ -438,7 +438,7 @@ class Daemon:
                 self.legs.append(leg)
         # What start-up built lives as long as the process: out of the collector's
         # sight, a full collection (which stops every call's frames while it runs)
-        # walks only what calls create (docs/benchmarks.md, "Garbage collection")
+        # walks only what calls create (docs/operations.md, "Garbage collection")
         gc.collect()
         gc.freeze()
         self.young_finds.take()  # what start-up's own collection found is not the calls'

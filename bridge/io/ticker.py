@@ -43,8 +43,8 @@ after all the reads. The frames of a wake-up leave before anyone's inbound
 work instead of after everyone's before them, and the kernel's send and
 receive paths run back to back while they are warm in the cache (in the
 daemon at 300 calls a ``recvmsg`` interleaved with the calls' Python work
-cost ~6 µs, three times one in a tight loop; a ``sendto`` about twice: see
-docs/benchmarks.md).
+cost ~6 µs, three times one in a tight loop; a ``sendto`` about twice: measured with
+``bench/bench_chain.py``).
 
 Frames first. The third phase is most of a wake-up's work (at 500 calls a
 millisecond's 25 calls take ~0.6 ms of it) and none of it is due on the
@@ -222,7 +222,7 @@ class MediaTicker:
         iteration before it looks at its timers, so without it the frames due
         meanwhile wait for the whole backlog: at 100 calls whose turns all
         started in the same second the ticker ran 10-30 ms late
-        (docs/benchmarks.md, section 2). Not due: one clock read, nothing else.
+        (``bench/bench_pacing.py``). Not due: one clock read, nothing else.
         """
         armed_at = self._armed_at
         if armed_at is None or self._running or self.now() < armed_at + self._arm_offset_s:

@@ -100,7 +100,7 @@ moved it into the calls' queues. With one turn per connection (``turns_per_conne
 1``) it holds back only its own turn. There, with a provider that sends faster than real
 time, it keeps a restarted turn's first audio from waiting behind the other calls' bulk:
 at 400 SIP calls of 24 kHz PCM, restarted turns' first audio took 38-143 ms (p50) with 4 s
-ahead and 0.7-0.9 s without (docs/benchmarks.md, fifteenth pass)."""
+ahead and 0.7-0.9 s without (``bench/bench_capacity.py``)."""
 FLOW_LOW_S = 2.0
 """It reads again once one of its turns is down to this many seconds ahead."""
 FLOW_PAUSE_MAX_S = 5.0

@@ -122,8 +122,8 @@ class CallOptions:
     decode_piece_ms: int = 500
     """Provider audio transcoded in one go when the frames ready fall short.
 
-    Half a second, a trade-off measured in the daemon (docs/benchmarks.md,
-    section 3, "Twelfth pass"). Each soxr call has fixed work around it (numpy
+    Half a second, a trade-off measured in the daemon (``bench/bench_capacity.py``).
+    Each soxr call has fixed work around it (numpy
     conversions, the join's history): at 200 ms that was a fifth of the call
     side's CPU (``bench/bench_call.py``, SIP with 24 kHz PCM: 7.2-7.3 µs per call
     per 20 ms at 200 ms, 5.7-5.9 at 1 000). But 1 s pieces cost the other calls'
