@@ -748,6 +748,8 @@ class CallRunner:
         if isinstance(event, cmd.TurnInterrupted):
             if event.reason in ("speech", "dtmf"):
                 m.bargeins_total.labels(event.reason).inc()
+            outcome = "provider_error" if event.reason == "provider_error" else "interrupted"
+            m.turns_total.labels(self._route_providers, outcome).inc()
             log.info(
                 "turn.interrupted",
                 call_id=self.call_id,
@@ -757,6 +759,7 @@ class CallRunner:
                 reason=event.reason,
             )
         elif isinstance(event, cmd.TurnFinished):
+            m.turns_total.labels(self._route_providers, "finished").inc()
             log.info("turn.finished", call_id=self.call_id, turn_id=event.turn_id)
         elif isinstance(event, cmd.DtmfHeard):
             log.info("call.dtmf", call_id=self.call_id, digit=event.digit)
@@ -846,6 +849,11 @@ class CallRunner:
         if self.on_finished is not None:
             self.on_finished(self)
 
+    @property
+    def _route_providers(self) -> str:
+        """The route's provider chain, as the turn metrics label it (names from the config)."""
+        return ",".join(self.route.provider)
+
     def _provider_label(self, provider: str) -> str:
         """A configured provider's name, or ``?`` (never a name from the wire)."""
         cfg = self.daemon.runtime.config if self.daemon.runtime else self.daemon.config
@@ -855,7 +863,7 @@ class CallRunner:
         s = self.bridge.stats()
         m = self.daemon.metrics
         for v in s.time_to_first_audio_s:
-            m.time_to_first_audio_seconds.labels(",".join(self.route.provider)).observe(v)
+            m.time_to_first_audio_seconds.labels(self._route_providers).observe(v)
         for v in s.added_latency_s:
             m.added_latency_seconds.labels(self.leg.kind).observe(v)
         for t in s.bargein_timings:

@@ -382,6 +382,9 @@ def test_metrics_record_the_call() -> None:
                 'callbridge_call_setup_seconds_count{leg="twilio"} 1.0',
             ]:
                 assert needle in text, needle
+            # the greeting is one turn, counted once (the call ends while it plays)
+            turns = re.findall(r"callbridge_turns_total\{([^}]*)\} (\S+)", text)
+            assert [n for labels, n in turns if 'provider="main"' in labels] == ["1.0"], turns
             # the departure deviation of sampled frames is really observed
             m = re.search(r'callbridge_pacing_deviation_seconds_count\{leg="twilio"\} (\S+)', text)
             assert m is not None and float(m.group(1)) > 0, m
