@@ -39,6 +39,8 @@ REJECT_REASONS = (
     "no_credential",  # a public listener's dialect with no credential configured (403)
     "max_streams",  # upgrade 503 at [media_streams] max_streams
     "twiml_replayed",  # POST /twiml for a CallSid that already got a stream token (409)
+    # every TCP listener (SIP, media streams, API)
+    "connection_limit",  # closed at accept: max_connections or max_connections_per_source
 )
 """Every ``reason`` of ``callbridge_rejected_total`` (docs/operations.md); each
 starts at 0 so that ``increase()`` and alerts see its first refusal."""

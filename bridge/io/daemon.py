@@ -213,6 +213,7 @@ class Daemon:
     _old_runtimes: list[Runtime] = field(default_factory=list)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _reconnects_seen: dict[str, int] = field(default_factory=dict)
+    _refusals_seen: dict[str, int] = field(default_factory=dict)
     prerender: Prerender = field(default_factory=Prerender)
     prompt_store: PromptStore | None = None
     _store_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -504,6 +505,24 @@ class Daemon:
         for call_id in held:  # no collection frees it: something live still holds it
             log.error("call.held", call_id=call_id)
 
+    def _export_listener_counters(self) -> None:
+        """Connections the listeners closed at accept, as counted by their gates (a cap in
+        all or per source: ``connection_limit``) and by the SIP TCP listeners (a source
+        outside ``[sip] allow``: ``not_allowed``), into ``callbridge_rejected_total``."""
+        counts = {"connection_limit": 0, "not_allowed": 0}
+        servers = [self.api, *(getattr(leg, "server", None) for leg in self.legs)]
+        gates = [s.gate for s in servers if isinstance(s, HttpWsServer) and s.gate is not None]
+        for leg in self.legs:
+            for runner in getattr(leg, "runners", ()):
+                gates.append(runner.gate)
+                counts["not_allowed"] += runner.refused_not_allowed
+        counts["connection_limit"] = sum(g.refused_total + g.refused_per_source for g in gates)
+        for reason, total in counts.items():
+            seen = self._refusals_seen.get(reason, 0)
+            if total > seen:
+                self.metrics.rejected_total.labels(reason).inc(total - seen)
+                self._refusals_seen[reason] = total
+
     def _export_pool_counters(self) -> None:
         """Provider reconnects, as counted by the pools, into the metrics."""
         for rt in [self.runtime, *self._old_runtimes]:
@@ -551,6 +570,7 @@ class Daemon:
             refusal = metrics_refusal(self.config.api, request)
             if refusal is not None:
                 return refusal
+            self._export_listener_counters()  # counted at accept: current at every scrape
             return HttpResponse(200, self.metrics.render(), "text/plain; version=0.0.4")
         for handler in API_HANDLERS:
             response = await handler(self, request)
@@ -702,6 +722,7 @@ class Daemon:
                 if not self._stop.is_set():
                     self.notifier.status(self.status_line())
                     self._export_pool_counters()
+                    self._export_listener_counters()
                     self.metrics.tasks.set(len(asyncio.all_tasks()))
                     self.metrics.log_lines_dropped.set(dropped_lines())
         finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import urllib.request
 from collections.abc import Awaitable, Callable
 
 from bridge.control.report import build_report
@@ -102,6 +103,12 @@ async def _dribble(conn: Conn, data: bytes, every_s: float) -> None:
         return
 
 
+def _scrape(api_port: int) -> str:
+    url = f"http://127.0.0.1:{api_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5 * FACTOR) as r:
+        return str(r.read().decode())
+
+
 def test_sip_tcp_caps_allowlist_and_slowloris_and_a_call_still_connects() -> None:
     cap = 3
 
@@ -144,6 +151,10 @@ def test_sip_tcp_caps_allowlist_and_slowloris_and_a_call_still_connects() -> Non
                 assert await _closed_by_peer(outside, 10)
                 outside[1].close()
                 assert runner.refused_not_allowed == 1
+                # both refusals reach the metric (read from the listeners at every scrape)
+                text = await asyncio.to_thread(_scrape, s.api_port)
+                assert 'callbridge_rejected_total{reason="connection_limit"} 1.0' in text
+                assert 'callbridge_rejected_total{reason="not_allowed"} 1.0' in text
 
                 # a call over UDP connects while the idle connections are held
                 result = await place_call(
