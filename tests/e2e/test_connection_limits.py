@@ -14,7 +14,6 @@ suite's time factor.
 from __future__ import annotations
 
 import asyncio
-import socket
 import urllib.request
 from collections.abc import Awaitable, Callable
 
@@ -22,7 +21,7 @@ from bridge.control.report import build_report
 from bridge.io.caller import CallerOptions, place_call
 from bridge.io.sip_leg import SipLeg, _UaRunner
 
-from .harness import FACTOR, Stack, free_port, stack
+from .harness import FACTOR, Stack, free_sip_port, stack
 
 GREETING_ROUTE = """
 [[routes]]
@@ -113,7 +112,7 @@ def test_sip_tcp_caps_allowlist_and_slowloris_and_a_call_still_connects() -> Non
     cap = 3
 
     async def body() -> None:
-        sip = free_port(socket.SOCK_DGRAM)
+        sip = free_sip_port()
         sip_extra = (
             f"max_connections_per_source = {cap}\n"
             f"header_timeout_s = {1.0 * FACTOR}\n"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from typing import Any
 
 import pytest
@@ -25,7 +24,7 @@ from bridge.io.caller import CallerOptions, CallResult, SpeakClip, place_call
 from bridge.tts.kletso import KletsoProtocol
 from telcodec import g711
 
-from .harness import FACTOR, free_port, speech_mulaw, stack, tone_turn_ms
+from .harness import FACTOR, free_sip_port, speech_mulaw, stack, tone_turn_ms
 
 GREETING = "Hello from the agent route."
 LONG_GREETING = " ".join(f"word{i}" for i in range(40)) + "."
@@ -43,7 +42,7 @@ greeting = "{greeting}"
 
 
 async def call(greeting: str, speak_at_s: float, speak_s: float, duration_s: float) -> CallResult:
-    sip = free_port(socket.SOCK_DGRAM)
+    sip = free_sip_port()
     speech = g711.ulaw_decode(speech_mulaw(speak_s))
     async with stack(route(greeting), protocol="kletso", sip=str(sip)):
         opts = CallerOptions(

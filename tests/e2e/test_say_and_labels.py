@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import urllib.error
 import urllib.request
 
 from bridge.io.caller import CallerOptions, place_call
 from bridge.io.callrun import CALL_OUTCOMES, PROVIDER_ERROR_KINDS, bounded_label
 
-from .harness import FACTOR, AppServer, TwilioCall, app_route, free_port, stack
+from .harness import FACTOR, AppServer, TwilioCall, app_route, free_sip_port, stack
 
 
 def run(coro: object) -> None:
@@ -102,7 +101,7 @@ def test_a_free_hangup_reason_is_counted_as_other_never_as_a_label() -> None:
     reason = "customer said PIN 4711 then hung up"
 
     async def body() -> None:
-        sip = free_port(socket.SOCK_DGRAM)
+        sip = free_sip_port()
         async with AppServer() as app:
             app.on_started = [{"type": "hangup", "reason": reason}]
             async with stack(app_route(app.url), sip=str(sip)) as st:

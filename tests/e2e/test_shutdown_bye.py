@@ -10,12 +10,11 @@ the caller answers, no BYE is left unanswered.
 from __future__ import annotations
 
 import asyncio
-import socket
 
 from bridge.io.sip_leg import SipLeg
 from bridge.sip.message import SipRequest, SipResponse, build_response, parse_message
 
-from .harness import FACTOR, free_port, stack
+from .harness import FACTOR, free_sip_port, stack
 
 GREETING_ROUTE = """
 [[routes]]
@@ -42,7 +41,7 @@ class _Caller(asyncio.DatagramProtocol):
 
 def test_the_shutdown_bye_is_retransmitted_until_answered() -> None:
     async def body() -> None:
-        sip = free_port(socket.SOCK_DGRAM)
+        sip = free_sip_port()
         loop = asyncio.get_running_loop()
         transport, caller = await loop.create_datagram_endpoint(
             _Caller, local_addr=("127.0.0.1", 0)

@@ -26,7 +26,7 @@ from bridge.logs import configure
 from bridge.sip.digest import authorization, choose_challenge
 from bridge.sip.message import SipResponse, parse_message
 
-from .harness import FACTOR, config_text, free_port
+from .harness import FACTOR, config_text, free_sip_port
 
 ROUTE = '[[routes]]\nmatch = "*"\nprovider = "main"\ngreeting = "Hello."\n'
 AUTH = '[sip.auth.users]\ncarrier = "right-password-77"\n'
@@ -63,7 +63,7 @@ def test_failed_answers_are_logged_with_their_source_then_the_source_is_blocked(
     buf = io.StringIO()
 
     async def body() -> None:
-        sip = free_port(socket.SOCK_DGRAM)
+        sip = free_sip_port()
         tts = await start_tts_server(engine="tone")
         text = config_text(tts.port, ROUTE + AUTH, sip=str(sip))
         # the per-source INVITE rate limit is another guard: keep it out of this test's way

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import Awaitable
 
 import pytest
@@ -20,7 +19,7 @@ import pytest
 from bridge.io.dns import DnsCache, DnsError, is_ip_literal
 from bridge.io.sip_leg import SipLeg, _UaRunner
 
-from .harness import FACTOR, Stack, free_port, stack
+from .harness import FACTOR, Stack, stack
 
 GREETING_ROUTE = """
 [[routes]]
@@ -73,7 +72,7 @@ def _udp_runner(s: Stack) -> _UaRunner:
 
 def test_originate_to_a_name_that_does_not_resolve_is_refused_naming_it() -> None:
     async def body() -> None:
-        async with stack(GREETING_ROUTE, sip=str(free_port(socket.SOCK_DGRAM))) as s:
+        async with stack(GREETING_ROUTE) as s:
             status, answer = await _post(
                 s.api_port, "/v1/calls", {"to": "sip:bob@no-such-host.invalid:5060"}
             )
@@ -92,7 +91,7 @@ def test_originate_to_a_name_sends_the_invite_to_its_address() -> None:
     async def body() -> None:
         sink, transport, port = await _sink()
         try:
-            async with stack(GREETING_ROUTE, sip=str(free_port(socket.SOCK_DGRAM))) as s:
+            async with stack(GREETING_ROUTE) as s:
                 status, answer = await _post(
                     s.api_port, "/v1/calls", {"to": f"sip:bob@localhost:{port}"}
                 )
@@ -112,7 +111,7 @@ def test_a_failing_action_does_not_stop_the_batch_nor_the_timer(
         sink, transport, port = await _sink()
         broken, broken_transport, broken_port = await _sink()
         try:
-            async with stack(GREETING_ROUTE, sip=str(free_port(socket.SOCK_DGRAM))) as s:
+            async with stack(GREETING_ROUTE) as s:
                 runner = _udp_runner(s)
                 assert runner.udp is not None
                 real_sendto = runner.udp.sendto
