@@ -225,3 +225,26 @@ def test_a_shared_prompt_render_goes_on_to_fill_the_cache() -> None:
     calls["c3"].speak("g", "Welcome.", SETTINGS, heard["c3"].append, cacheable=True)
     assert heard["c3"] == [AudioReceived("g", b"welcome", MULAW_8K), TurnDone("g")]
     assert clock.armed() == []
+
+
+def test_each_provider_of_the_chain_gets_its_deadline_then_the_fallback_plays() -> None:
+    first, second, clock = _Pool("first"), _Pool("second"), _Clock()
+    events: list[Event] = []
+    speaker = _speaker([first, second], clock, _cached_fallback(first), timeouts=(1.0, 0.5))
+    speaker.speak("t1", "hello", SETTINGS, events.append)
+    clock.advance(1.0)
+    assert second.log == ["open:t1", "text:hello", "end"] and events == []
+    assert clock.armed() == [1.5]
+    clock.advance(1.5)
+    assert second.log[-1] == "cancel"
+    assert [type(e) for e in events] == [TurnFellBack, AudioReceived, TurnDone]
+    assert speaker.first_audio_expired == 2
+
+
+def test_a_hang_up_before_the_deadline_cancels_its_timer() -> None:
+    slow, good, clock = _Pool("slow"), _Pool("good"), _Clock()
+    speaker = _speaker([slow, good], clock)
+    speaker.speak("t1", "hello", SETTINGS, lambda e: None)
+    assert clock.armed() == [1.0]
+    speaker.cancel("t1")
+    assert clock.armed() == [] and good.log == []
