@@ -193,6 +193,9 @@ class ProviderConfig:
     nothing until a turn's text is complete."""
     close_idle_after_s: float = 60.0
     """Close a connection that has held no turn this long, keeping a spare (0: never)."""
+    first_audio_timeout_s: float | None = None
+    """A turn with a way out (next provider, cached fallback prompt) with no audio this long
+    after the provider has its text fails over or falls back (None: ``[daemon]``'s; 0: off)."""
 
     @property
     def embedded(self) -> bool:
@@ -271,6 +274,7 @@ class DaemonConfig:
     gc_thaw_s: float = 600.0
     prerender_wait_s: float = 60.0
     fallback_prompt: str = ""
+    first_audio_timeout_s: float = 1.0
     embedded_tts_workers: int = 0
     """Synthesis workers of the embedded TTS child (0: its cores less one, at least one)."""
     embedded_tts_queue: int = 1
@@ -827,6 +831,7 @@ def _read_providers(r: _Reader, d: dict[str, Any]) -> tuple[ProviderConfig, ...]
             *("protocol", "url", "api_key", "voice", "model", "engine"),
             *("turns_per_connection", "flow_control_ahead_s", "close_idle_after_s"),
             "text_ahead_s",
+            "first_audio_timeout_s",
         }
         declared = _protocol_options(protocol)
         options: list[tuple[str, str | int | float | bool]] = []
@@ -857,6 +862,11 @@ def _read_providers(r: _Reader, d: dict[str, Any]) -> tuple[ProviderConfig, ...]
                 turns_per_connection=r.int_(t, "turns_per_connection", p, 0, 0, 1024),
                 flow_control_ahead_s=r.num(t, "flow_control_ahead_s", p, 0.0, 0.0, 600.0),
                 close_idle_after_s=r.num(t, "close_idle_after_s", p, 60.0, 0.0, 86400.0),
+                first_audio_timeout_s=(
+                    r.num(t, "first_audio_timeout_s", p, 1.0, 0.0, 600.0)
+                    if "first_audio_timeout_s" in t
+                    else None
+                ),
                 text_ahead_s=r.num(
                     t,
                     "text_ahead_s",
@@ -1055,7 +1065,7 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         d,
         {"drain_timeout_s", "log_level", "log_format", "event_loop", "cache_dir",
          "prompt_cache_bytes", "max_loop_lag_ms", "gc_freeze_s", "gc_thaw_s",
-         "prerender_wait_s", "fallback_prompt",
+         "prerender_wait_s", "fallback_prompt", "first_audio_timeout_s",
          "embedded_tts_workers", "embedded_tts_queue", "embedded_tts_max_wait_s",
          "embedded_tts_nice", "embedded_tts_cpus",
          "log_caller_data"},
@@ -1073,6 +1083,7 @@ def _read_daemon(r: _Reader, d: dict[str, Any]) -> DaemonConfig:
         gc_thaw_s=r.num(d, "gc_thaw_s", p, 600.0, 1, 86400),
         prerender_wait_s=r.num(d, "prerender_wait_s", p, 60.0, 0, 3600),
         fallback_prompt=r.str_(d, "fallback_prompt", p, ""),
+        first_audio_timeout_s=r.num(d, "first_audio_timeout_s", p, 1.0, 0.0, 600.0),
         embedded_tts_workers=r.int_(d, "embedded_tts_workers", p, 0, 0, 256),
         embedded_tts_queue=r.int_(d, "embedded_tts_queue", p, 1, 0, 10000),
         embedded_tts_max_wait_s=r.num(d, "embedded_tts_max_wait_s", p, 1.0, 0.001, 60),

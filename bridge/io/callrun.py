@@ -35,7 +35,7 @@ from bridge.control.flow import FlowRunner, fallback_runner
 from bridge.engine import CloseConnection, Event, SendText
 from bridge.io.gcpolicy import Canary
 from bridge.io.ticker import InboundCallback
-from bridge.io.tts_client import AgentSession, Speaker
+from bridge.io.tts_client import AgentSession, ProviderPool, Speaker
 from bridge.logs import get_logger
 from bridge.media.bargein import BargeInPolicy
 from bridge.media.call import CallBridge
@@ -498,9 +498,20 @@ class CallRunner:
             names = [provider] if provider else list(self.route.provider)
             pools = [self.runtime.pools[n] for n in names if n in self.runtime.pools]
             fallback = route_fallback_prompt(self.config, self.route)
-            speaker = Speaker(pools, self.runtime.cache, fallback, self.route.voice)
+            speaker = Speaker(
+                pools, self.runtime.cache, fallback, self.route.voice, self._first_audio(pools)
+            )
             self.speakers[provider] = speaker
         return speaker
+
+    def _first_audio(self, pools: list[ProviderPool]) -> list[float]:
+        """Each pool's ``first_audio_timeout_s`` (its provider's, else ``[daemon]``'s)."""
+        by_name = {p.name: p for p in self.config.providers}
+        out = []
+        for pool in pools:
+            own = by_name[pool.name].first_audio_timeout_s if pool.name in by_name else None
+            out.append(self.config.daemon.first_audio_timeout_s if own is None else own)
+        return out
 
     def _provider_sink(self, event: Event) -> None:
         if self.finished:

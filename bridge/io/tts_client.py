@@ -12,7 +12,8 @@ out, events dispatched to the turn's sink, one timer re-armed from
 
 ``Speaker`` sits above the pools for one route: a failover chain of
 providers (a turn that fails before its first audio is replayed on the next
-provider with the text it had so far) and the prompt cache.
+provider with the text it had so far), the prompt cache, the fallback prompt
+and the first-audio deadline (``bridge.providers.first_audio``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import socket
 import termios
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,6 +40,7 @@ from websockets.protocol import State
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes, SendText
 from bridge.logs import get_logger
+from bridge.providers.first_audio import FIRST_AUDIO_TIMEOUT_KIND, FirstAudioDeadlines
 from bridge.providers.prompts import (
     Flight,
     PromptCache,
@@ -1579,6 +1581,9 @@ class _SpokenTurn:
         self.waiter: Waiter | None = None
         """The render this turn waits on (a prompt, or the fallback prompt)."""
         self.fell_back = False
+        self.attempt = 0
+        """Bumped at each start on a provider and when one is given up: events of an
+        earlier attempt (a provider cancelled at its first-audio deadline) are dropped."""
 
 
 class Speaker:
@@ -1593,6 +1598,15 @@ class Speaker:
     fails on every provider before its first audio plays ``fallback_prompt``
     when the cache holds it (or is rendering it): ``TurnFellBack`` first, so
     the call reports the error, then the fallback's audio as the turn's own.
+
+    First-audio deadline (``first_audio_timeouts``, one per pool, 0 or none:
+    off): a turn that has somewhere else to go (a next provider in the chain, or
+    the fallback prompt in the cache) and still has no audio that long after its
+    provider got its whole text is cancelled on that provider (late audio is
+    dropped) and fails there with kind ``first_audio_timeout``: it fails over or
+    falls back at once. A prompt render shared with other calls is left to go on
+    and fill the cache (``PromptCache.leave``). ``clock`` and ``call_at`` are the
+    loop's unless given (tests pass a fake clock and fire ``check_deadlines``).
     """
 
     def __init__(
@@ -1601,6 +1615,9 @@ class Speaker:
         cache: PromptCache | None = None,
         fallback_prompt: str = "",
         fallback_voice: str = "",
+        first_audio_timeouts: Sequence[float] = (),
+        clock: Callable[[], float] | None = None,
+        call_at: Callable[[float, Callable[[], None]], Any] | None = None,
     ) -> None:
         if not pools:
             raise ValueError("a Speaker needs at least one provider")
@@ -1612,6 +1629,14 @@ class Speaker:
         self.turns: dict[str, _SpokenTurn] = {}
         self.failovers = 0
         self.fallbacks = 0
+        self.first_audio_timeouts = tuple(first_audio_timeouts)
+        self.first_audio_expired = 0
+        """Turns given up on a provider at their first-audio deadline, ever."""
+        self._deadlines = FirstAudioDeadlines()
+        self._clock = clock
+        self._call_at = call_at
+        self._timer: Any = None
+        self._timer_at: float | None = None
 
     def speak(
         self, turn_id: str, text: str, settings: TurnSettings, sink: Sink, cacheable: bool = False
@@ -1653,11 +1678,15 @@ class Speaker:
         if turn is not None and turn.handle is not None:
             turn.ended = True
             turn.handle.end()
+            self._arm(turn, turn.attempt)
 
     def cancel(self, turn_id: str) -> None:
         turn = self.turns.pop(turn_id, None)
         if turn is None:
             return
+        if turn_id in self._deadlines:
+            self._deadlines.disarm(turn_id)
+            self._set_timer()
         if turn.handle is not None:
             turn.handle.cancel()
         if turn.waiter is not None and self.cache is not None:
@@ -1666,17 +1695,20 @@ class Speaker:
 
     def _start(self, turn: _SpokenTurn) -> None:
         pool = self.pools[turn.chain_index]
+        turn.attempt += 1
+        attempt = turn.attempt
         if turn.cacheable and self.cache is not None:
             sink = functools.partial(self._on_event, turn)
             _, turn.waiter = render_prompt(
                 self.cache, pool, turn.settings, "".join(turn.text), turn.turn_id, sink
             )
+            self._arm(turn, attempt)  # a hit has played (and ended) already: nothing armed
             return
         settings = _turn_settings(pool, turn.settings)
         try:
-            direct = self._direct_sinks(turn)
+            direct = self._direct_sinks(turn, attempt)
             turn.handle = pool.open_turn(
-                turn.turn_id, settings, lambda e: self._on_event(turn, e), *direct
+                turn.turn_id, settings, lambda e: self._on_event(turn, e, attempt), *direct
             )
             text = "".join(turn.text)
             if text:
@@ -1692,29 +1724,38 @@ class Speaker:
                 turn.handle.cancel()
                 turn.handle = None
             self._on_event(turn, TurnFailed(turn.turn_id, "open_refused", str(e), retryable=True))
+            return
+        self._arm(turn, attempt)
 
-    def _direct_sinks(self, turn: _SpokenTurn) -> tuple[AudioSink | None, WordsSink | None]:
+    def _direct_sinks(
+        self, turn: _SpokenTurn, attempt: int
+    ) -> tuple[AudioSink | None, WordsSink | None]:
         """The turn's audio and word timings straight to its sink (what ``_on_event``
         does with them)."""
         turns, turn_id, sink = self.turns, turn.turn_id, turn.sink
 
         def audio_sink(audio: bytes, audio_format: AudioFormat) -> None:
-            if turns.get(turn_id) is turn:  # else cancelled: late audio is dropped here too
-                turn.got_audio = True
+            # else cancelled, or given up at its first-audio deadline: late audio is dropped
+            if turns.get(turn_id) is turn and turn.attempt == attempt:
+                if not turn.got_audio:
+                    self._first_audio(turn)
                 sink(AudioReceived(turn_id, audio, audio_format))
 
         def words_sink(words: tuple[WordTiming, ...]) -> None:
-            if turns.get(turn_id) is turn:
+            if turns.get(turn_id) is turn and turn.attempt == attempt:
                 sink(WordsTimed(turn_id, words))
 
         return audio_sink, words_sink
 
-    def _on_event(self, turn: _SpokenTurn, event: Event) -> None:
+    def _on_event(self, turn: _SpokenTurn, event: Event, attempt: int | None = None) -> None:
         if self.turns.get(turn.turn_id) is not turn:
             return  # cancelled: late events are dropped here too
+        if attempt is not None and attempt != turn.attempt:
+            return  # a provider given up at its first-audio deadline
         cls = type(event)
         if cls is AudioReceived:  # the bulk of a turn: straight on
-            turn.got_audio = True
+            if not turn.got_audio:
+                self._first_audio(turn)
             turn.sink(event)
             return
         if cls is WordsTimed:
@@ -1739,18 +1780,17 @@ class Speaker:
         if isinstance(event, TurnDone | TurnFailed | ProviderFailed):
             self.turns.pop(turn.turn_id, None)
             turn.waiter = None  # its sink holds the turn: no cycle left behind
+            if turn.turn_id in self._deadlines:
+                self._deadlines.disarm(turn.turn_id)
+                self._set_timer()
         turn.sink(event)
 
     def _fall_back(self, turn: _SpokenTurn, event: Event) -> bool:
         """Play the fallback prompt as the failed turn's audio, if the cache holds it or is
         rendering it (``TurnFellBack`` first); ``False``: nothing to play, fail as before."""
-        if turn.fell_back or not self.fallback_prompt or self.cache is None:
-            return False
-        settings = TurnSettings(self.fallback_voice, turn.settings.audio_format)
-        for pool in self.pools:
-            key = prompt_key(pool, settings, self.fallback_prompt)
-            if not (self.cache.holds(key) or self.cache.in_flight(key)):
-                continue
+        pool = self._fallback_pool(turn, cached_only=False)
+        if pool is not None and self.cache is not None:
+            settings = TurnSettings(self.fallback_voice, turn.settings.audio_format)
             turn.fell_back = True
             self.fallbacks += 1
             if turn.handle is not None:
@@ -1766,3 +1806,100 @@ class Speaker:
             )
             return True
         return False
+
+    def _fallback_pool(self, turn: _SpokenTurn, cached_only: bool) -> ProviderPool | None:
+        """The pool whose rendering of the fallback prompt the cache holds (or, unless
+        ``cached_only``, is rendering) for this turn's format; ``None``: none."""
+        if turn.fell_back or not self.fallback_prompt or self.cache is None:
+            return None
+        settings = TurnSettings(self.fallback_voice, turn.settings.audio_format)
+        for pool in self.pools:
+            key = prompt_key(pool, settings, self.fallback_prompt)
+            if self.cache.holds(key) or (not cached_only and self.cache.in_flight(key)):
+                return pool
+        return None
+
+    # ------------------------------------------------- first-audio deadline
+
+    def _first_audio(self, turn: _SpokenTurn) -> None:
+        turn.got_audio = True
+        if turn.turn_id in self._deadlines:
+            self._deadlines.disarm(turn.turn_id)
+            self._set_timer()
+
+    def _has_way_out(self, turn: _SpokenTurn) -> bool:
+        """Whether a turn given up on its provider now would be heard anyway: a next
+        provider to fail over to, or the fallback prompt in the cache."""
+        if turn.chain_index + 1 < len(self.pools):
+            return True
+        return self._fallback_pool(turn, cached_only=True) is not None
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    def _arm(self, turn: _SpokenTurn, attempt: int) -> None:
+        """Start the turn's first-audio deadline on its current provider, if it has one
+        (a timeout set, its whole text given, no audio yet, a way out)."""
+        index, timeouts = turn.chain_index, self.first_audio_timeouts
+        timeout_s = timeouts[index] if index < len(timeouts) else 0.0
+        if (
+            timeout_s <= 0
+            or not turn.ended
+            or turn.got_audio
+            or turn.fell_back
+            or turn.attempt != attempt
+            or self.turns.get(turn.turn_id) is not turn
+            or not self._has_way_out(turn)
+        ):
+            return
+        self._deadlines.arm(turn.turn_id, self._now(), timeout_s)
+        self._set_timer()
+
+    def _set_timer(self) -> None:
+        """One timer, at the earliest deadline armed (none with none)."""
+        at = self._deadlines.next_deadline()
+        if at == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, at
+        if at is None:
+            return
+        if self._call_at is not None:
+            self._timer = self._call_at(at, self._on_timer)
+        else:
+            self._timer = asyncio.get_running_loop().call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = self._timer_at = None
+        self.check_deadlines(self._now())
+
+    def check_deadlines(self, now: float) -> None:
+        """Give up every turn whose first-audio deadline has passed at ``now`` (the
+        timer's callback; tests call it with a fake clock)."""
+        for turn_id in self._deadlines.expired(now):
+            turn = self.turns.get(turn_id)
+            if turn is not None and not turn.got_audio and self._has_way_out(turn):
+                self._give_up(turn)
+        self._set_timer()
+
+    def _give_up(self, turn: _SpokenTurn) -> None:
+        """The turn's provider sent no audio in time: cancel the turn there (a shared
+        prompt render is only left: it goes on to fill the cache) and fail it over or
+        fall back, as for a failure before audio."""
+        index = turn.chain_index
+        pool = self.pools[index]
+        timeout_s = self.first_audio_timeouts[index]
+        turn.attempt += 1  # whatever that provider still sends for the turn is dropped
+        if turn.handle is not None:
+            turn.handle.cancel()
+            turn.handle = None
+        if turn.waiter is not None and self.cache is not None:
+            self.cache.leave(turn.waiter)
+            turn.waiter = None
+        self.first_audio_expired += 1
+        log.warning(
+            "tts.first_audio_timeout", turn_id=turn.turn_id, provider=pool.name, timeout_s=timeout_s
+        )
+        message = f"no audio from provider {pool.name} within {timeout_s:g} s"
+        self._on_event(turn, TurnFailed(turn.turn_id, FIRST_AUDIO_TIMEOUT_KIND, message, True))
