@@ -256,9 +256,14 @@ class UaCore(Outbox):
             self.dropped_messages += 1
             return
         reason = "".join(ch for ch in exc.reason if " " <= ch < "\x7f")[:120]
-        self._stamp_via(partial, peer)
-        response = build_response(partial, exc.status, reason or "Bad Request")
-        self._send(response, self._response_peer(partial, peer))
+        try:
+            self._stamp_via(partial, peer)  # reads every Via: a later one may be malformed too
+            response = build_response(partial, exc.status, reason or "Bad Request")
+            reply_to = self._response_peer(partial, peer)
+        except SipParseError:
+            self.dropped_messages += 1
+            return
+        self._send(response, reply_to)
 
     def _stamp_via(self, request: SipRequest, peer: Peer) -> None:
         """Add ``received`` and fill ``rport`` in the top Via (RFC 3261 §18.2.1, RFC 3581)."""
