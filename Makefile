@@ -9,7 +9,7 @@ CONFIG ?= config/callbridge.toml
 PEERS := sip-tester baresip kamailio haproxy tshark sox espeak-ng iproute2 systemd
 PEER_BINS := sipp baresip kamailio haproxy tshark sox espeak-ng ip systemd-analyze
 
-.PHONY: run test venv native peers lint typecheck unit bench bench-quick soak install clean
+.PHONY: run test venv native peers lint typecheck unit bench bench-quick soak fuzz install clean
 
 # The install compiles the media hot path with mypyc (setup.py, docs/native.md):
 # a C compiler and the Python headers are needed; CALLBRIDGE_PURE_PYTHON=1 skips it.
@@ -65,6 +65,21 @@ unit: venv
 ## SOAK_ARGS="--calls 500" runs fewer.
 soak: venv
 	$(PY) bench/bench_soak.py $(SOAK_ARGS)
+
+## make fuzz: every coverage-guided fuzz target of bench/fuzz/ (atheris, the bench extra)
+## for FUZZ_RUNS inputs each, seeded from the test fixtures (not in `make test`); crash
+## inputs land in bench/results/fuzz/. Longer runs: python bench/fuzz/fuzz_sip.py -max_total_time=600.
+FUZZ_RUNS ?= 20000
+FUZZ_TARGETS := sip sdp digest streams app providers
+$(VENV)/.fuzz: pyproject.toml $(VENV)/.installed
+	$(PIP) install --quiet -e '.[local-tts,test,bench]'
+	touch $@
+
+fuzz: venv $(VENV)/.fuzz
+	set -e; for t in $(FUZZ_TARGETS); do \
+	  echo "fuzz_$$t: $(FUZZ_RUNS) runs"; \
+	  $(PY) bench/fuzz/fuzz_$$t.py -atheris_runs=$(FUZZ_RUNS); \
+	done
 
 ## Install as a system service under /opt/callbridge (see docs/deployment.md).
 install:

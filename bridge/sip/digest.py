@@ -122,6 +122,9 @@ def parse_challenge(value: str) -> Challenge | None:
         return None
     if scheme.lower() != "digest" or "realm" not in params or "nonce" not in params:
         return None
+    echoed = (params["realm"], params["nonce"], params.get("opaque", ""))
+    if any('"' in v or "\\" in v or not v.isprintable() for v in echoed):
+        return None  # an answer quoting it back would not parse (found by bench/fuzz)
     qop = tuple(q.strip() for q in params.get("qop", "").split(",") if q.strip())
     return Challenge(
         realm=params["realm"],

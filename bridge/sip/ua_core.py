@@ -19,6 +19,16 @@ owns the transport side of one listening socket:
    when the branch lacks the magic cookie): retransmissions and ACKs for
    non-2xx are absorbed there. New requests create a server transaction and
    go up to ``_on_request``; ACKs that match none go to ``_on_ack``.
+   Floods of non-INVITE requests are bounded (``_may_linger``): a non-INVITE
+   transaction whose final answer has no side effect to repeat (any OPTIONS,
+   and every other non-INVITE answered >= 300: 481, 405, 501...) waits out
+   Timer J only while its source has fewer than
+   ``MAX_LINGERING_PER_SOURCE`` such transactions and all sources fewer
+   than ``MAX_LINGERING``; beyond that it is released as soon as it is
+   answered, so the answer was in effect stateless (RFC 3261 §8.2.7) and a
+   retransmission of it is answered afresh by the TU. Transactions with
+   effects (a 2xx to BYE, INFO, NOTIFY, UPDATE, CANCEL) and INVITEs always
+   keep their state, so their retransmissions stay absorbed.
 5. Responses are matched to client transactions by (branch, CSeq method) and
    go up through ``_on_client_response`` / ``_on_client_timeout``.
 6. Timers: one heap of ``(deadline, seq, holder)`` for every transaction
@@ -80,6 +90,10 @@ logger = logging.getLogger(__name__)
 MAGIC_COOKIE = "z9hG4bK"
 ERROR_RESPONSES_PER_S = 20.0
 """Stateless error answers allowed per source per second (burst of the same size)."""
+MAX_LINGERING_PER_SOURCE = 32
+"""Answered side-effect-free non-INVITE transactions kept for Timer J per source host."""
+MAX_LINGERING = 4096
+"""The same, over all sources (about 16 MiB at ~4 KiB a transaction)."""
 
 
 class TimerHolder(Protocol):
@@ -95,6 +109,10 @@ class ServerEntry:
     peer: Peer
     key: tuple[str, ...]
     timer_at: float | None = None
+    linger: bool | None = None
+    """Whether it may wait out Timer J once answered (None: not decided yet)."""
+    charged: str | None = None
+    """The source host its lingering counts against (``UaCore._lingering``)."""
 
 
 @dataclass(slots=True)
@@ -133,6 +151,11 @@ class UaCore(Outbox):
         self._server_txs: dict[tuple[str, ...], ServerEntry] = {}
         self._client_txs: dict[tuple[str, str], ClientEntry] = {}
         self._framers: dict[int, SipStreamFramer] = {}
+        self._lingering: Counter[str] = Counter()
+        """Side-effect-free answered non-INVITE transactions kept, by source host."""
+        self._lingering_total = 0
+        self.released_early = 0
+        """Answered non-INVITE transactions released before Timer J (flood bound)."""
         self._allowlist = SourceAllowlist(settings.allowed_sources)
         self._trusted = TrustedProxies(settings.trusted_proxies)
         self._error_limiter = InviteRateLimiter(ERROR_RESPONSES_PER_S, int(ERROR_RESPONSES_PER_S))
@@ -233,9 +256,14 @@ class UaCore(Outbox):
             self.dropped_messages += 1
             return
         reason = "".join(ch for ch in exc.reason if " " <= ch < "\x7f")[:120]
-        self._stamp_via(partial, peer)
-        response = build_response(partial, exc.status, reason or "Bad Request")
-        self._send(response, self._response_peer(partial, peer))
+        try:
+            self._stamp_via(partial, peer)  # reads every Via: a later one may be malformed too
+            response = build_response(partial, exc.status, reason or "Bad Request")
+            reply_to = self._response_peer(partial, peer)
+        except SipParseError:
+            self.dropped_messages += 1
+            return
+        self._send(response, reply_to)
 
     def _stamp_via(self, request: SipRequest, peer: Peer) -> None:
         """Add ``received`` and fill ``rport`` in the top Via (RFC 3261 §18.2.1, RFC 3581)."""
@@ -362,9 +390,48 @@ class UaCore(Outbox):
             if isinstance(event, TransactionTimedOut):
                 self._on_server_timeout(entry)
             if isinstance(event, TransactionTerminated):
-                self._server_txs.pop(entry.key, None)
+                self._release_server(entry)
+        if self._server_txs.get(entry.key) is not entry:
+            return
+        if entry.linger is None and entry.tx.state is State.COMPLETED and not entry.tx.is_invite:
+            entry.linger = self._may_linger(entry)
+            if not entry.linger:
+                self.released_early += 1
+                self._release_server(entry)
+                return
+        self._schedule(entry)
+
+    def _may_linger(self, entry: ServerEntry) -> bool:
+        """Whether an answered non-INVITE transaction may wait out Timer J (the
+        flood bound of the module docstring); charges its source when it may."""
+        response = entry.tx.last_response
+        harmless = entry.tx.request.method == "OPTIONS" or (
+            response is not None and response.status >= 300
+        )
+        if not harmless:
+            return True
+        host = entry.peer.addr[0]
+        if (
+            self._lingering[host] >= MAX_LINGERING_PER_SOURCE
+            or self._lingering_total >= MAX_LINGERING
+        ):
+            return False
+        self._lingering[host] += 1
+        self._lingering_total += 1
+        entry.charged = host
+        return True
+
+    def _release_server(self, entry: ServerEntry) -> None:
+        """Forget server transaction ``entry`` (and its charge against its source)."""
         if self._server_txs.get(entry.key) is entry:
-            self._schedule(entry)
+            del self._server_txs[entry.key]
+        host = entry.charged
+        if host is not None:
+            entry.charged = None
+            self._lingering_total -= 1
+            self._lingering[host] -= 1
+            if self._lingering[host] <= 0:
+                del self._lingering[host]
 
     def _pump_client(self, entry: ClientEntry, now: float) -> None:
         for action in entry.tx.actions_to_send():
