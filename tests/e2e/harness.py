@@ -117,8 +117,10 @@ class Stack:
 
     @property
     def sip_port(self) -> int:
-        """The SIP listener's port (the first ``[sip] listen`` address)."""
-        return int(self.config.sip.listen[0].rsplit(":", 1)[1])
+        """The SIP listener's port (the first ``[sip] listen`` address, as bound: port 0
+        binds any free one)."""
+        leg = next(leg for leg in self.daemon.legs if leg.name == "sip")
+        return int(leg.runners[0].ua.settings.local_port)  # type: ignore[attr-defined]
 
     @property
     def api_port(self) -> int:
