@@ -144,10 +144,10 @@ START_ATTEMPTS = 5
 
 @asynccontextmanager
 async def stack(routes: str, protocol: str = "kova", **kw: str) -> AsyncIterator[Stack]:
-    """The daemon and its ttsd. The SIP port is one free a moment ago (SIP names its own
-    port in every message, so it cannot bind port 0): taken meanwhile, the daemon is
-    started again on another (``Stack.sip_port`` says which). The other listeners bind
-    port 0 and report what they got."""
+    """The daemon and its ttsd. The SIP port is one free a moment ago unless the test
+    passes ``sip="0"`` (any free port, as the ops tests do): taken meanwhile, the daemon
+    is started again on another. ``Stack.sip_port`` says which port it bound. The other
+    listeners bind port 0 and report what they got."""
     tts = await start_tts_server(engine="tone")
     try:
         for attempt in range(START_ATTEMPTS):
