@@ -64,17 +64,21 @@ class WsNode:
         """Refuse new upgrades with 503 (a drain its health check has not seen yet)."""
         self.refused = 0
         self.streams = 0
+        """Upgrades accepted: counted before the 101 is sent (so a client that has its
+        101 is counted), under a lock (each connection has its own thread)."""
+        lock = threading.Lock()
         node = self
 
         def handler(ws: ServerConnection) -> None:
-            node.streams += 1
             for msg in ws:
                 ws.send(f"{node.name}:{msg!s}")
 
         def process_request(ws: ServerConnection, request: Request) -> Response | None:
-            if node.refusing or node.draining:
-                node.refused += 1
-                return ws.respond(503, "draining\n")
+            with lock:
+                if node.refusing or node.draining:
+                    node.refused += 1
+                    return ws.respond(503, "draining\n")
+                node.streams += 1
             return None
 
         self.ws: Server = serve(handler, "127.0.0.1", 0, process_request=process_request)
