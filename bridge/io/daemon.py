@@ -422,6 +422,7 @@ class Daemon:
                 )
             except OSError as e:
                 raise listen_error("api.listen", self.config.api.listen, "tcp", e) from e
+            log.info("api.listening", listen=self.config.api.listen, port=self.api.port)
         for factory in LEG_FACTORIES:
             leg = factory(self)
             if leg is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import ipaddress
 import os
@@ -67,6 +68,8 @@ log = get_logger("callbridge.sip")
 
 _URI_USER = re.compile(r"^sips?:([^@;>]+)@", re.IGNORECASE)
 MAX_BIND_ATTEMPTS = 8
+PORT_ZERO_ATTEMPTS = 20
+"""A ``[sip] listen`` on port 0 whose later transport finds the port held: bound again."""
 TIMER_RETRY_S = 0.1
 """After ``handle_timer`` raised, the engine's timer is tried again no sooner than this."""
 
@@ -116,7 +119,9 @@ class _UaRunner:
         self.awaiting_dns: dict[str, list[tuple[bytes, int]]] = {}
         """Datagrams for a name being looked up: (data, port), sent once it resolves."""
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int) -> int:
+        """Bind the listener; the port it got (port 0 binds any free one, and the engine's
+        settings take it: its Via and Contact name the bound port, never 0)."""
         if self.kind == "UDP":
             proto = _DatagramProtocol(self._on_datagram)
             transport, _ = await self.loop.create_datagram_endpoint(
@@ -133,6 +138,14 @@ class _UaRunner:
                     log.info("sip.udp_receive_buffer", bytes=got, asked=SIP_UDP_RCVBUF_BYTES)
         else:
             self.tcp = await asyncio.start_server(self._on_stream, host, port)
+        if self.udp is not None:
+            bound = int(self.udp.get_extra_info("sockname")[1])
+        else:
+            assert self.tcp is not None
+            bound = int(self.tcp.sockets[0].getsockname()[1])
+        if bound != self.ua.settings.local_port:  # port 0: nothing has reached the engine
+            self.ua = SipUserAgent(dataclasses.replace(self.ua.settings, local_port=bound))
+        return bound
 
     def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
         try:
@@ -388,17 +401,43 @@ class SipLeg:
 
     async def start(self) -> None:
         cfg = self.daemon.config.sip
+        bound: list[str] = []
         for listen in cfg.listen:
             host, port = split_hostport(listen)
-            for transport in cfg.transports:
-                runner = _UaRunner(self, self._settings(host, port, transport.upper()), cfg.limits)
-                try:
-                    await runner.start(host, port)
-                except OSError as e:
-                    raise listen_error("sip.listen", listen, transport, e) from e
-                self.runners.append(runner)
-        log.info("sip.listening", listen=list(cfg.listen), transports=list(cfg.transports))
+            for attempt in range(PORT_ZERO_ATTEMPTS if port == 0 else 1):
+                last = port != 0 or attempt == PORT_ZERO_ATTEMPTS - 1
+                runners = await self._bind_listen(listen, host, port, last)
+                if runners:
+                    break
+            self.runners.extend(runners)
+            got = runners[0].ua.settings.local_port
+            bound.append(f"[{host}]:{got}" if ":" in host else f"{host}:{got}")
+        log.info(
+            "sip.listening",
+            listen=list(cfg.listen),
+            bound=bound,
+            transports=list(cfg.transports),
+        )
         self._register_all()
+
+    async def _bind_listen(self, listen: str, host: str, port: int, last: bool) -> list[_UaRunner]:
+        """One ``listen`` address's runners, one a transport, all on one port. Port 0: the
+        first transport binds any free port and the others that one; [] if another process
+        holds it for a later transport (unless ``last``: then that is an error)."""
+        cfg = self.daemon.config.sip
+        runners: list[_UaRunner] = []
+        for transport in cfg.transports:
+            runner = _UaRunner(self, self._settings(host, port, transport.upper()), cfg.limits)
+            try:
+                port = await runner.start(host, port)
+            except OSError as e:
+                for r in runners:
+                    await r.stop()
+                if runners and e.errno == errno.EADDRINUSE and not last:
+                    return []
+                raise listen_error("sip.listen", listen, transport, e) from e
+            runners.append(runner)
+        return runners
 
     def apply_config(self) -> None:
         """After a reload (``daemon.config`` is the new one): ``allow``, the digest users,

@@ -122,6 +122,11 @@ class MediaStreamsLeg:
             limits=self.daemon.config.media_streams.limits,
             max_body_bytes=TWIML_BODY_BYTES,
         )
+        log.info(
+            "media_streams.listening",
+            listen=self.daemon.config.media_streams.listen,
+            port=self.port,
+        )
 
     @property
     def port(self) -> int:

@@ -117,8 +117,10 @@ class Stack:
 
     @property
     def sip_port(self) -> int:
-        """The SIP listener's port (the first ``[sip] listen`` address)."""
-        return int(self.config.sip.listen[0].rsplit(":", 1)[1])
+        """The SIP listener's port (the first ``[sip] listen`` address, as bound: port 0
+        binds any free one)."""
+        leg = next(leg for leg in self.daemon.legs if leg.name == "sip")
+        return int(leg.runners[0].ua.settings.local_port)  # type: ignore[attr-defined]
 
     @property
     def api_port(self) -> int:
@@ -142,10 +144,10 @@ START_ATTEMPTS = 5
 
 @asynccontextmanager
 async def stack(routes: str, protocol: str = "kova", **kw: str) -> AsyncIterator[Stack]:
-    """The daemon and its ttsd. The SIP port is one free a moment ago (SIP names its own
-    port in every message, so it cannot bind port 0): taken meanwhile, the daemon is
-    started again on another (``Stack.sip_port`` says which). The other listeners bind
-    port 0 and report what they got."""
+    """The daemon and its ttsd. The SIP port is one free a moment ago unless the test
+    passes ``sip="0"`` (any free port, as the ops tests do): taken meanwhile, the daemon
+    is started again on another. ``Stack.sip_port`` says which port it bound. The other
+    listeners bind port 0 and report what they got."""
     tts = await start_tts_server(engine="tone")
     try:
         for attempt in range(START_ATTEMPTS):

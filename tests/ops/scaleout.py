@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .conftest import FACTOR, free_port
+from .conftest import FACTOR, _socket_ports, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 KAMAILIO_CFG = ROOT / "config" / "kamailio" / "kamailio.cfg"
@@ -231,9 +231,28 @@ def start_kamailio(
 ) -> Kamailio:
     """Run config/kamailio/kamailio.cfg unchanged, parameterised through the
     callbridge-local.cfg it imports, in the foreground as the current user."""
+    for attempt in range(START_ATTEMPTS):
+        k = _start_kamailio_once(tmp, node_ports, ping_interval_s, fr_timer_ms, inactive_threshold)
+        if k.proc.poll() is None:
+            return k
+        text = k.log.read_text(errors="replace")
+        if not address_in_use(text) or attempt == START_ATTEMPTS - 1:
+            raise RuntimeError("kamailio did not start:\n" + text[-3000:])
+    raise AssertionError("unreachable")
+
+
+def _start_kamailio_once(
+    tmp: Path,
+    node_ports: list[int],
+    ping_interval_s: int,
+    fr_timer_ms: int,
+    inactive_threshold: int,
+) -> Kamailio:
+    """Kamailio on a port free a moment ago: answering OPTIONS, or exited (its log
+    says why; "address in use" if another process took the port meanwhile)."""
     kdir = tmp / "kamailio"
     run = kdir / "run"
-    run.mkdir(parents=True)
+    run.mkdir(parents=True, exist_ok=True)
     port = free_port(socket.SOCK_DGRAM)
     shutil.copy(KAMAILIO_CFG, kdir / "kamailio.cfg")
     dslist = kdir / "dispatcher.list"
@@ -255,7 +274,7 @@ def start_kamailio(
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     k = Kamailio(proc, port, f"unix:{run}/kamailio_ctl", dslist, log)
-    if not wait_until(lambda: proc.poll() is None and sip_options(port, 0.5) == 200, 20):
+    if not wait_until(lambda: proc.poll() is not None or sip_options(port, 0.5) == 200, 20):
         stop_process(proc)
         raise RuntimeError("kamailio did not start:\n" + log.read_text()[-3000:])
     return k
@@ -274,7 +293,31 @@ def sipp(
     source: str = "127.0.0.1",
 ) -> subprocess.Popen[bytes]:
     """Start SIPp as a UAC placing `calls` calls through the proxy, from the
-    loopback address `source` (one caller as the proxy sees it)."""
+    loopback address `source` (one caller as the proxy sees it); returns once it has
+    bound its SIP and media ports (ports free a moment ago: taken meanwhile, SIPp
+    exits saying so, and is started again on others)."""
+    for attempt in range(START_ATTEMPTS):
+        proc, ports = _sipp_once(tmp, proxy_port, calls, rate_cps, duration_ms, tag, source)
+        up = wait_until(lambda p=proc, w=ports: p.poll() is not None or w <= udp_ports(p.pid), 20)
+        if up and proc.poll() is None:
+            return proc
+        stop_process(proc)
+        out = proc.stdout.read().decode("utf-8", "replace") if proc.stdout else ""
+        if not address_in_use(out) or attempt == START_ATTEMPTS - 1:
+            raise RuntimeError(f"sipp did not start (exit {proc.returncode}):\n{out[-3000:]}")
+    raise AssertionError("unreachable")
+
+
+def _sipp_once(
+    tmp: Path,
+    proxy_port: int,
+    calls: int,
+    rate_cps: float,
+    duration_ms: int,
+    tag: str,
+    source: str,
+) -> tuple[subprocess.Popen[bytes], set[int]]:
+    sip_port, media_port = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_DGRAM)
     err = tmp / f"sipp-{tag}-errors.log"
     cmd = [
         "sipp",
@@ -286,9 +329,9 @@ def sipp(
         "-i",
         source,
         "-p",
-        str(free_port(socket.SOCK_DGRAM)),
+        str(sip_port),
         "-mp",
-        str(free_port(socket.SOCK_DGRAM)),
+        str(media_port),
         "-m",
         str(calls),
         "-r",
@@ -303,9 +346,10 @@ def sipp(
         "-error_file",
         str(err),
     ]
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
+    return proc, {sip_port, media_port}
 
 
 def sipp_wait(proc: subprocess.Popen[bytes], timeout_s: float = 90) -> tuple[int, str]:
@@ -314,6 +358,20 @@ def sipp_wait(proc: subprocess.Popen[bytes], timeout_s: float = 90) -> tuple[int
 
 
 # -------------------------------------------------------------------- helpers
+
+
+START_ATTEMPTS = 5
+"""Starts of an external peer told a port up front, when another process took it."""
+
+
+def address_in_use(text: str) -> bool:
+    """Whether a peer's own output says a bind found its address taken."""
+    return "address already in use" in text.lower()
+
+
+def udp_ports(pid: int) -> set[int]:
+    """The UDP ports process ``pid`` has bound."""
+    return _socket_ports(pid, ("udp", "udp6"), "07")
 
 
 def wait_until(cond: object, timeout_s: float, every_s: float = 0.1) -> bool:

@@ -24,7 +24,7 @@ from pathlib import Path
 from bridge.control.report import build_report
 from bridge.io.caller import CallerOptions, place_call
 
-from .conftest import FACTOR, daemon_config, free_port
+from .conftest import FACTOR, daemon_config, listeners
 from .test_systemd import NotifyReceiver
 
 NOFILE = 200
@@ -53,14 +53,13 @@ def _readyz(api: int) -> int | None:
 
 
 def test_a_call_refused_for_want_of_descriptors_leaves_the_ports_usable(tmp_path: Path) -> None:
-    api, sip = free_port(), free_port(socket.SOCK_DGRAM)
     # two port pairs: a pair another process holds is skipped (EADDRINUSE), not a failure;
     # before the fix, the failed binds of one call wrote off both
-    base = 41000 + 4 * (sip % 1000)
-    path = daemon_config(tmp_path, api=api, sip=sip, rtp_lo=base, rtp_hi=base + 3)
+    base = 41000 + 4 * (os.getpid() % 1000)
+    path = daemon_config(tmp_path, rtp_lo=base, rtp_hi=base + 3)
     text = path.read_text().replace(
-        f'listen = "127.0.0.1:{api}"',
-        f'listen = "127.0.0.1:{api}"\nheader_timeout_s = 3600',  # the idle ones stay
+        "[api]\n",
+        "[api]\nheader_timeout_s = 3600\n",  # the idle ones stay
     )
     path.write_text(text)
     rx = NotifyReceiver(tmp_path / "notify.sock")
@@ -79,6 +78,8 @@ def test_a_call_refused_for_want_of_descriptors_leaves_the_ports_usable(tmp_path
     try:
         rx.poll(lambda: rx.seen("READY") >= 1 or proc.poll() is not None, 60)
         assert rx.seen("READY") == 1, (rx.messages, log_path.read_text()[-4000:])
+        ports = listeners(proc)
+        api, sip = ports.api, ports.sip
         answered, failure = _call(sip)
         assert answered, failure  # the port pair works
 

@@ -33,8 +33,16 @@ from websockets.http11 import Request, Response
 from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import Server, ServerConnection, serve
 
-from .conftest import FACTOR, daemon_config, free_port
-from .scaleout import ROOT, http_get, metric_sum, stop_process, wait_until
+from .conftest import FACTOR, daemon_config, free_port, listeners
+from .scaleout import (
+    ROOT,
+    START_ATTEMPTS,
+    address_in_use,
+    http_get,
+    metric_sum,
+    stop_process,
+    wait_until,
+)
 
 HAPROXY_CFG = ROOT / "config" / "haproxy" / "haproxy.cfg"
 
@@ -56,17 +64,21 @@ class WsNode:
         """Refuse new upgrades with 503 (a drain its health check has not seen yet)."""
         self.refused = 0
         self.streams = 0
+        """Upgrades accepted: counted before the 101 is sent (so a client that has its
+        101 is counted), under a lock (each connection has its own thread)."""
+        lock = threading.Lock()
         node = self
 
         def handler(ws: ServerConnection) -> None:
-            node.streams += 1
             for msg in ws:
                 ws.send(f"{node.name}:{msg!s}")
 
         def process_request(ws: ServerConnection, request: Request) -> Response | None:
-            if node.refusing or node.draining:
-                node.refused += 1
-                return ws.respond(503, "draining\n")
+            with lock:
+                if node.refusing or node.draining:
+                    node.refused += 1
+                    return ws.respond(503, "draining\n")
+                node.streams += 1
             return None
 
         self.ws: Server = serve(handler, "127.0.0.1", 0, process_request=process_request)
@@ -123,12 +135,34 @@ class HaProxy:
     def status(self, server: str) -> str:
         return self.servers().get(server, {}).get("status", "")
 
+    def answers(self) -> bool:
+        """Whether it answers ``show stat`` (it has bound every listener by then)."""
+        try:
+            return bool(self.servers())
+        except OSError:
+            return False
+
 
 @pytest.fixture
 def haproxy(tmp_path: Path) -> Iterator[Callable[[list[tuple[int, int]]], HaProxy]]:
     started: list[HaProxy] = []
 
     def start(nodes: list[tuple[int, int]]) -> HaProxy:
+        """HAProxy on ports free a moment ago, once it answers on its admin socket (a
+        port taken meanwhile: it exits saying so, and is started again on others)."""
+        for attempt in range(START_ATTEMPTS):
+            h = start_once(nodes)
+            up = wait_until(lambda h=h: h.proc.poll() is not None or h.answers(), 10)
+            if up and h.proc.poll() is None:
+                started.append(h)
+                return h
+            stop_process(h.proc)
+            text = h.log.read_text(errors="replace")
+            if not address_in_use(text) or attempt == START_ATTEMPTS - 1:
+                raise AssertionError(f"haproxy did not start:\n{text[-3000:]}")
+        raise AssertionError("unreachable")
+
+    def start_once(nodes: list[tuple[int, int]]) -> HaProxy:
         (a_port, a_api), (b_port, b_api) = nodes
         port = free_port()
         env = {
@@ -143,6 +177,8 @@ def haproxy(tmp_path: Path) -> Iterator[Callable[[list[tuple[int, int]]], HaProx
             "CB_NODE_B_API": str(b_api),
         }
         log = tmp_path / "haproxy.log"
+        admin = tmp_path / "callbridge-admin.sock"
+        admin.unlink(missing_ok=True)  # a failed start's socket file
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 ["haproxy", "-db", "-f", str(HAPROXY_CFG)],
@@ -150,10 +186,7 @@ def haproxy(tmp_path: Path) -> Iterator[Callable[[list[tuple[int, int]]], HaProx
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        h = HaProxy(proc, port, tmp_path / "callbridge-admin.sock", log)
-        started.append(h)
-        assert wait_until(lambda: h.admin.exists(), 10), log.read_text()
-        return h
+        return HaProxy(proc, port, admin, log)
 
     yield start
     for h in started:
@@ -333,9 +366,11 @@ def test_two_daemons_behind_haproxy_drain(
     for i, name in enumerate("ab"):
         d = tmp_path / name
         d.mkdir()
-        api, ms, lo = free_port(), free_port(), 34000 + 1000 * i
-        cfg = daemon_config(d, api=api, media_streams=ms, drain=60, rtp_lo=lo, rtp_hi=lo + 999)
-        daemons.append((run_daemon(cfg), api, ms))
+        lo = 34000 + 1000 * i
+        cfg = daemon_config(d, drain=60, rtp_lo=lo, rtp_hi=lo + 999)
+        proc = run_daemon(cfg)
+        ports = listeners(proc, timeout_s=60)
+        daemons.append((proc, ports.api, ports.media_streams))
     for _proc, api, _ms in daemons:
         assert wait_until(lambda api=api: http_get(f"http://127.0.0.1:{api}/readyz")[0] == 200, 60)
     h = haproxy([(ms, api) for _proc, api, ms in daemons])
@@ -404,13 +439,15 @@ def test_new_streams_every_20ms_across_a_daemons_sigterm(
     for i, name in enumerate("ab"):
         d = tmp_path / name
         d.mkdir()
-        api, ms, lo = free_port(), free_port(), 35000 + 1000 * i
-        cfg = daemon_config(d, api=api, media_streams=ms, drain=60, rtp_lo=lo, rtp_hi=lo + 999)
+        lo = 35000 + 1000 * i
+        cfg = daemon_config(d, drain=60, rtp_lo=lo, rtp_hi=lo + 999)
         # no overload refusals (lag guard off): on a loaded host both nodes could
         # refuse an upgrade for a reason that is not this test's
         cfg.write_text(cfg.read_text().replace("[daemon]\n", "[daemon]\nmax_loop_lag_ms = 0\n"))
         # node b's output (it takes most streams) goes to a file: a pipe left unread fills
-        daemons.append((run_daemon(cfg, log=d / "daemon.log" if name == "b" else None), api, ms))
+        proc = run_daemon(cfg, log=d / "daemon.log" if name == "b" else None)
+        ports = listeners(proc, timeout_s=60)
+        daemons.append((proc, ports.api, ports.media_streams))
     for _proc, api, _ms in daemons:
         assert wait_until(lambda api=api: http_get(f"http://127.0.0.1:{api}/readyz")[0] == 200, 60)
     h = haproxy([(ms, api) for _proc, api, ms in daemons])

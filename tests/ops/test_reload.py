@@ -19,21 +19,8 @@ from pathlib import Path
 
 from bridge.sip.digest import authorization, choose_challenge
 
-from .conftest import FACTOR, daemon_config, free_port
+from .conftest import FACTOR, daemon_config, listeners
 from .test_systemd import NotifyReceiver, _not_ready
-
-
-def _sip_port() -> int:
-    """A port free for both UDP and TCP (SIP listens on both)."""
-    for _ in range(50):
-        port = free_port(socket.SOCK_DGRAM)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no port free for UDP and TCP")
 
 
 def _connect(port: int, source: str) -> socket.socket:
@@ -138,8 +125,7 @@ def _with(cfg: str, allow: str, password: str) -> str:
 def test_reload_applies_allow_and_auth_refuses_listener_changes_and_always_reports_ready(
     tmp_path: Path, run_daemon: Callable[..., subprocess.Popen[bytes]]
 ) -> None:
-    sip, api = _sip_port(), free_port()
-    path = daemon_config(tmp_path, sip=sip, api=api)
+    path = daemon_config(tmp_path)
     base = path.read_text().replace('match = "*"', 'match = "demo"')
     path.write_text(_with(base, "127.0.0.0/8", "pw1"))
     rx = NotifyReceiver(tmp_path / "notify.sock")
@@ -148,6 +134,7 @@ def test_reload_applies_allow_and_auth_refuses_listener_changes_and_always_repor
     try:
         rx.poll(lambda: rx.seen("READY") >= 1 or proc.poll() is not None, 60)
         assert rx.seen("READY") == 1, _not_ready(proc, rx)
+        sip = listeners(proc).sip
         assert _invite_as_alice(sip, "127.0.0.1", "pw1", 1) == 404  # accepted, then no route
 
         def reload(text: str) -> dict[str, str]:
@@ -168,7 +155,9 @@ def test_reload_applies_allow_and_auth_refuses_listener_changes_and_always_repor
         assert _closed_at_accept(sip, "127.0.0.1")
 
         # a changed listener: refused whole, the old config stays (allow included)
-        moved = _with(quiet, "127.0.0.0/8", "pw2").replace(f"127.0.0.1:{api}", "127.0.0.1:0")
+        moved = _with(quiet, "127.0.0.0/8", "pw2").replace(
+            '[api]\nlisten = "127.0.0.1:0"', '[api]\nlisten = "127.0.0.2:0"'
+        )
         done = reload(moved)
         assert "refused" in done["STATUS"] and "api.listen" in done["STATUS"], done
         assert _closed_at_accept(sip, "127.0.0.1")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import FACTOR, daemon_config, free_port
+from .conftest import FACTOR, daemon_config, listeners
 from .scaleout import (
     Kamailio,
     SipNode,
@@ -256,11 +256,11 @@ def test_calls_spread_over_two_daemons_and_drain(
     for i, name in enumerate("ab"):
         d = tmp_path / name
         d.mkdir()
-        api, sip = free_port(), free_port(socket.SOCK_DGRAM)
         lo = 32000 + 1000 * i
-        cfg = daemon_config(d, api=api, sip=sip, drain=60, rtp_lo=lo, rtp_hi=lo + 999)
+        cfg = daemon_config(d, drain=60, rtp_lo=lo, rtp_hi=lo + 999)
         proc = run_daemon(cfg)
-        daemons.append((proc, api, sip))
+        ports = listeners(proc, timeout_s=60)
+        daemons.append((proc, ports.api, ports.sip))
     for _proc, api, _ in daemons:
         assert wait_until(lambda api=api: http_get(f"http://127.0.0.1:{api}/healthz")[0], 60), (
             "daemon did not start"
@@ -323,12 +323,13 @@ def test_300_calls_at_100_per_second_over_two_daemons(
     for i, name in enumerate("ab"):
         d = tmp_path / name
         d.mkdir()
-        api, sip = free_port(), free_port(socket.SOCK_DGRAM)
         lo = 36000 + 1000 * i
-        cfg = daemon_config(d, api=api, sip=sip, drain=5, rtp_lo=lo, rtp_hi=lo + 999)
+        cfg = daemon_config(d, drain=5, rtp_lo=lo, rtp_hi=lo + 999)
         text = cfg.read_text().replace("[sip]\n", '[sip]\ntrusted_proxies = ["127.0.0.1"]\n')
         cfg.write_text(text.replace("[daemon]\n", "[daemon]\nmax_loop_lag_ms = 0\n"))
-        daemons.append((run_daemon(cfg, log=d / "daemon.log"), api, sip))
+        proc = run_daemon(cfg, log=d / "daemon.log")
+        ports = listeners(proc, timeout_s=60)
+        daemons.append((proc, ports.api, ports.sip))
     for _proc, api, sip in daemons:
         assert wait_until(lambda api=api: http_get(f"http://127.0.0.1:{api}/readyz")[0] == 200, 60)
         assert sip_options(sip, 2.0) == 200

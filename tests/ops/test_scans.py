@@ -7,9 +7,8 @@ run as processes bound to their own loopback source addresses:
 * ``SCANNER`` (127.0.0.2) is inside ``[sip] allow`` (a scanner on an allowed
   network, or one that spoofs it), ``OUTSIDER`` (127.0.0.66) is not;
 * the legitimate caller is ``callbridge call``'s UAC with alice's
-  credentials, behind a fault-free relay on 127.0.0.3 (the relay rewrites
-  the daemon's Contact, which names port 0 when the listener was bound to
-  port 0; ``bench/loadgen/faultrelay.py``).
+  credentials, behind a fault-free relay on 127.0.0.3 (the relay names its
+  own front address in the daemon's Contact; ``bench/loadgen/faultrelay.py``).
 
 What holds, and nothing more is asserted: svmap finds no product banner and
 an outsider finds nothing at all; svwar finds no extension (every extension
