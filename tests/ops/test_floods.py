@@ -37,12 +37,11 @@ from typing import Any
 
 import pytest
 
-from bridge.config import parse_config
 from bridge.io.daemon import Daemon
-from bridge.io.ttsd_server import start_tts_server
 from bridge.sip.ua_core import MAX_LINGERING_PER_SOURCE
 
 from .conftest import FACTOR
+from .inprocess import with_daemon
 
 FLOODER, CALLER = "127.0.0.5", "127.0.0.3"
 RATE_PER_S = 20_000
@@ -190,15 +189,7 @@ async def call_from_another_process(
 @pytest.mark.slow
 def test_floods_from_one_source_leave_memory_bounded_and_another_sources_call_connects() -> None:
     async def body() -> None:
-        tts = await start_tts_server(engine="tone")
-        daemon = Daemon(parse_config(config(tts.port), "floods.toml"))
-        await daemon.start()
-        try:
-            await steps(daemon)
-        finally:
-            await daemon.drain_and_stop()
-            await daemon.close()
-            await tts.close()
+        await with_daemon(config, "floods.toml", steps)
 
     async def steps(daemon: Daemon) -> None:
         leg = next(leg for leg in daemon.legs if leg.name == "sip")

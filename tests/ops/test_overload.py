@@ -30,6 +30,7 @@ from bridge.io.daemon import Daemon
 from bridge.io.ttsd_server import start_tts_server
 
 from .conftest import FACTOR
+from .inprocess import with_daemon
 
 LONG = " ".join(f"word{i}" for i in range(120)) + "."
 SDP = (
@@ -100,15 +101,7 @@ def test_refused_while_full_or_lagging_and_the_calls_in_progress_keep_their_fram
     monkeypatch.setattr(caller, "HANGUP_GRACE_S", 5.0)
 
     async def body() -> None:
-        tts = await start_tts_server(engine="tone")
-        daemon = Daemon(parse_config(config(tts.port), "overload.toml"))
-        await daemon.start()
-        try:
-            await steps(daemon)
-        finally:
-            await daemon.drain_and_stop()
-            await daemon.close()
-            await tts.close()
+        await with_daemon(config, "overload.toml", steps)
 
     async def steps(daemon: Daemon) -> None:
         sip_leg = next(leg for leg in daemon.legs if leg.name == "sip")

@@ -26,12 +26,11 @@ from typing import Any
 import pytest
 import websockets
 
-from bridge.config import parse_config
 from bridge.io.daemon import Daemon
-from bridge.io.ttsd_server import start_tts_server
 from bridge.metrics import REJECT_REASONS
 
 from .conftest import FACTOR
+from .inprocess import with_daemon
 from .scaleout import metric_sum
 
 PROXY, DIRECT, STRANGER = "127.0.0.1", "127.0.0.2", "127.0.0.3"
@@ -190,15 +189,7 @@ def clients() -> Iterator[list[SipClient]]:
 
 def test_every_refusal_path_moves_its_reason(clients: list[SipClient]) -> None:
     async def body() -> None:
-        tts = await start_tts_server(engine="tone")
-        daemon = Daemon(parse_config(config(tts.port), "refusals.toml"))
-        await daemon.start()
-        try:
-            await steps(daemon)
-        finally:
-            await daemon.drain_and_stop()
-            await daemon.close()
-            await tts.close()
+        await with_daemon(config, "refusals.toml", steps)
 
     async def steps(daemon: Daemon) -> None:
         sip_leg = next(leg for leg in daemon.legs if leg.name == "sip")

@@ -41,15 +41,14 @@ import structlog
 
 from bench.loadgen.faultrelay import Faults, SipRtpRelay, UdpPipe
 from bridge import logs
-from bridge.config import parse_config
 from bridge.io import caller
 from bridge.io.caller import CallerOptions, CallResult, place_call
 from bridge.io.daemon import Daemon
-from bridge.io.ttsd_server import start_tts_server
 from bridge.sip import guard
 from bridge.sip.ua import SipUserAgent
 
 from .conftest import FACTOR
+from .inprocess import with_daemon
 from .scaleout import metric_sum
 
 SCANNER, OUTSIDER, RELAY = "127.0.0.2", "127.0.0.66", "127.0.0.3"
@@ -188,15 +187,7 @@ def test_sipvicious_finds_nothing_cracks_nothing_and_calls_connect_during_the_sc
     monkeypatch.setattr(caller, "HANGUP_GRACE_S", 5.0)
 
     async def body() -> None:
-        tts = await start_tts_server(engine="tone")
-        daemon = Daemon(parse_config(config(tts.port), "scans.toml"))
-        await daemon.start()
-        try:
-            await steps(daemon)
-        finally:
-            await daemon.drain_and_stop()
-            await daemon.close()
-            await tts.close()
+        await with_daemon(config, "scans.toml", steps)
 
     async def steps(daemon: Daemon) -> None:
         leg = next(leg for leg in daemon.legs if leg.name == "sip")

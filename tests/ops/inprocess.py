@@ -1,0 +1,25 @@
+"""A daemon in the test's own process, with a tone-engine ttsd of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from bridge.config import parse_config
+from bridge.io.daemon import Daemon
+from bridge.io.ttsd_server import start_tts_server
+
+
+async def with_daemon(
+    config: Callable[[int], str], name: str, steps: Callable[[Daemon], Awaitable[None]]
+) -> None:
+    """Start the ttsd and a daemon on ``config(ttsd_port)``, run ``steps`` against the
+    daemon, then drain and close both, whatever ``steps`` did."""
+    tts = await start_tts_server(engine="tone")
+    daemon = Daemon(parse_config(config(tts.port), name))
+    await daemon.start()
+    try:
+        await steps(daemon)
+    finally:
+        await daemon.drain_and_stop()
+        await daemon.close()
+        await tts.close()
