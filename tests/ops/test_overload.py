@@ -23,7 +23,7 @@ import pytest
 import websockets
 
 from bench.loadgen.faultrelay import Faults, SipRtpRelay
-from bridge.config import MediaStreamsConfig, parse_config
+from bridge.config import parse_config
 from bridge.io import caller
 from bridge.io.caller import CallerOptions, CallResult, place_call
 from bridge.io.daemon import Daemon
@@ -198,11 +198,6 @@ async def upgrade_refusal(url: str) -> tuple[int, str | None]:
         return int(e.response.status_code), e.response.headers.get("Retry-After")
 
 
-@pytest.mark.xfail(
-    not hasattr(MediaStreamsConfig, "max_streams"),
-    reason="needs [media_streams] max_streams (security branch, issue 33)",
-    strict=True,
-)
 def test_beyond_the_stream_cap_an_upgrade_is_refused_and_the_open_stream_keeps_its_frames() -> None:
     async def body() -> None:
         tts = await start_tts_server(engine="tone")

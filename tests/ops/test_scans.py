@@ -44,7 +44,6 @@ from bridge import logs
 from bridge.io import caller
 from bridge.io.caller import CallerOptions, CallResult, place_call
 from bridge.io.daemon import Daemon
-from bridge.sip import guard
 from bridge.sip.ua import SipUserAgent
 
 from .conftest import FACTOR
@@ -175,11 +174,6 @@ def assert_clean(result: CallResult) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    not hasattr(guard, "AuthFailureLimiter"),
-    reason="needs the per-source limit on failed digest answers (security branch, issue 33)",
-    strict=True,
-)
 def test_sipvicious_finds_nothing_cracks_nothing_and_calls_connect_during_the_scan(
     json_logs: io.StringIO, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
