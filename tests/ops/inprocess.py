@@ -1,8 +1,10 @@
-"""A daemon in the test's own process, with a tone-engine ttsd of its own."""
+"""A daemon in the test's own process, with a tone-engine ttsd of its own, and a stand-in
+for its ticker that reports a lagging media clock."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from bridge.config import parse_config
 from bridge.io.daemon import Daemon
@@ -23,3 +25,16 @@ async def with_daemon(
         await daemon.drain_and_stop()
         await daemon.close()
         await tts.close()
+
+
+class Overloaded:
+    """The daemon's ticker, reporting a lagging media clock."""
+
+    def __init__(self, ticker: Any) -> None:
+        self._ticker = ticker
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ticker, name)
+
+    def overloaded(self, max_lag_s: float) -> bool:
+        return True

@@ -17,7 +17,6 @@ import random
 import re
 import socket
 import uuid
-from typing import Any
 
 import pytest
 import websockets
@@ -30,7 +29,7 @@ from bridge.io.daemon import Daemon
 from bridge.io.ttsd_server import start_tts_server
 
 from .conftest import FACTOR
-from .inprocess import with_daemon
+from .inprocess import Overloaded, with_daemon
 
 LONG = " ".join(f"word{i}" for i in range(120)) + "."
 SDP = (
@@ -38,19 +37,6 @@ SDP = (
     "m=audio 9 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n"
 )
 CALL_S = 9.0
-
-
-class Overloaded:
-    """The daemon's ticker, reporting a lagging media clock."""
-
-    def __init__(self, ticker: Any) -> None:
-        self._ticker = ticker
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ticker, name)
-
-    def overloaded(self, max_lag_s: float) -> bool:
-        return True
 
 
 async def invite_answer(target: tuple[str, int]) -> str:

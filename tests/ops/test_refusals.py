@@ -21,7 +21,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import websockets
@@ -30,7 +29,7 @@ from bridge.io.daemon import Daemon
 from bridge.metrics import REJECT_REASONS
 
 from .conftest import FACTOR
-from .inprocess import with_daemon
+from .inprocess import Overloaded, with_daemon
 from .scaleout import metric_sum
 
 PROXY, DIRECT, STRANGER = "127.0.0.1", "127.0.0.2", "127.0.0.3"
@@ -142,19 +141,6 @@ async def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:
             return True
         await asyncio.sleep(0.02)
     return cond()
-
-
-class Overloaded:
-    """The daemon's ticker, reporting a lagging media clock."""
-
-    def __init__(self, ticker: Any) -> None:
-        self._ticker = ticker
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ticker, name)
-
-    def overloaded(self, max_lag_s: float) -> bool:
-        return True
 
 
 class NoPorts:
