@@ -72,7 +72,9 @@ def test_caller_numbers_digits_and_heard_text_are_redacted_by_default() -> None:
     assert dtmf["digit"] == CALLER_REDACTED
     assert cut["heard_text"] == "[19 chars]" and cut["heard_ms"] == 900
     assert transfer["target"] == CALLER_REDACTED
-    assert "555" not in buf.getvalue() and "card" not in buf.getvalue()
+    # whole numbers: a short digit run could occur in a timestamp by chance
+    for secret in ("+15551234567", "+15557654321", "+15550000000", "card"):
+        assert secret not in buf.getvalue()
 
 
 def test_caller_data_is_logged_when_the_config_asks_for_it() -> None:
