@@ -98,7 +98,7 @@ class Setting:
     """``tables``: what stands in for an entry that is not a table (given its name)."""
     unit: str = ""
     type_doc: str = ""
-    default_doc: str = ""
+    default_doc: str | None = None
     """The reference's type and default columns, where the generic text would not do."""
 
 
@@ -510,10 +510,10 @@ def reference_rows(cls: type, defaults: Any = None, exclude: tuple[str, ...] = (
         if f.name in exclude or s.kind == "flat":
             continue
         default = getattr(defaults, f.name) if defaults is not None else f.default
-        key = _key(f, s)
-        if s.kind == "tables":
-            key += ".NAME"
-        rows.append(Row(f"`{key}`", _type_text(f, s), _default_text(s, default), s.doc))
+        key = f"`{_key(f, s)}.NAME`" if s.kind == "tables" else f"`{_key(f, s)}`"
+        if s.extra is not None:
+            key = "protocol options"
+        rows.append(Row(key, _type_text(f, s), _default_text(s, default), s.doc))
     return rows
 
 
@@ -552,11 +552,11 @@ def _type_text(f: dataclasses.Field[Any], s: Setting) -> str:
 
 
 def _default_text(s: Setting, default: Any) -> str:
-    if s.default_doc:
+    if s.default_doc is not None:
         return s.default_doc
     if s.required:
         return "required"
-    if default is _MISSING or default is None:
+    if default is _MISSING or default is None or s.kind in ("tables", "array"):
         return ""
     return f"`{toml_literal(default)}`"
 
