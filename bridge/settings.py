@@ -30,24 +30,34 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ConnectionLimits",
     "Reader",
     "Row",
     "Setting",
     "Spot",
+    "check_cidrs",
+    "check_hostport",
+    "check_ws_url",
+    "hostport_problem",
+    "is_loopback",
     "keys_of",
+    "listen_is_public",
     "read",
     "reference_rows",
     "register_check",
     "setting",
     "setting_of",
+    "split_hostport",
     "tname",
     "unknown_key",
 ]
@@ -485,6 +495,149 @@ def _read_many(s: Setting, spot: Spot, default: Any) -> Any:
             continue
         out.append(read(s.item, t, f"{path}.{name}", spot.reader, preset={"name": name}))
     return tuple(out)
+
+
+# ----------------------------------------------------- shared by several sections
+# Validators and settings more than one listener uses ([sip], [media_streams], [api]).
+
+
+def _parse_hostport(value: str) -> tuple[str, int] | None:
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d+)|([^:\[\]]+):(\d+)", value)
+    if not m:
+        return None
+    host = m.group(1) or m.group(3)
+    port = int(m.group(2) or m.group(4))
+    if not 0 <= port <= 65535:
+        return None
+    return host, port
+
+
+_HOSTNAME = re.compile(r"(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+")
+
+
+def _host_problem(host: str) -> str | None:
+    """Why ``host`` (of a HOST:PORT) is neither an IP address nor a host name, if it is not."""
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return f"{host!r} is not an IPv6 address"
+        return None
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return f"{host!r} is not an IPv4 address"
+        return None
+    if not _HOSTNAME.fullmatch(host):
+        return f"{host!r} is not a host name"
+    return None
+
+
+def hostport_problem(value: str) -> str | None:
+    hp = _parse_hostport(value)
+    if hp is None:
+        return f"expected HOST:PORT (IPv6 as [ADDR]:PORT), got {value!r}"
+    if problem := _host_problem(hp[0]):
+        return f"{problem} in {value!r}"
+    return None
+
+
+def split_hostport(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:5060"`` / ``"[::1]:5060"`` → ``(host, port)`` (value already validated)."""
+    hp = _parse_hostport(value)
+    if hp is None:
+        raise ValueError(f"not HOST:PORT: {value!r}")
+    return hp
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_is_public(listen: str) -> bool:
+    """Whether a valid ``listen`` address is not loopback (False if it is not valid)."""
+    return hostport_problem(listen) is None and not is_loopback(split_hostport(listen)[0])
+
+
+def check_hostport(value: Any, at: Spot) -> Any:
+    """A ``HOST:PORT``, or each of a list of them (then named ``key[i]``)."""
+    listed = isinstance(at.table.get(at.key), list)
+    for i, v in enumerate((value,) if isinstance(value, str) else value):
+        if problem := hostport_problem(v):
+            at.error(problem, f"{at.key}[{i}]" if listed else at.key)
+    return value
+
+
+def check_ws_url(value: str, at: Spot) -> str:
+    if value and not value.startswith(("ws://", "wss://")):
+        at.error(f"expected a ws:// or wss:// URL, got {value!r}")
+    return value
+
+
+def check_cidrs(what: str) -> Any:
+    def check(value: tuple[str, ...], at: Spot) -> tuple[str, ...]:
+        for a in value:
+            try:
+                ipaddress.ip_network(a, strict=False)
+            except ValueError:
+                at.error(f"{what}: {a!r}")
+        return value
+
+    return check
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """A listener's bounds on its TCP connections (``max_connections`` ... in its section).
+
+    ``header_timeout_s``: a connection must complete its request (HTTP head and
+    body) or its SIP message within this time of opening or of the message's
+    first byte. ``idle_timeout_s`` (SIP over TCP only; 0 = never): a
+    connection that carried no complete message for this long is closed.
+    """
+
+    max_connections: int = setting(
+        4096, "open TCP connections; one more is closed as it is accepted, before anything is read",
+        lo=1, hi=1_000_000,
+    )  # fmt: skip
+    max_connections_per_source: int = setting(
+        1024,
+        "open connections from one address (at most `max_connections`); behind a proxy "
+        "(HAProxy, Kamailio) every connection has the proxy's address: raise it there",
+        lo=1, hi=1_000_000,
+    )  # fmt: skip
+    header_timeout_s: float = setting(
+        10.0,
+        "an HTTP request (head and body) or a SIP message must be complete within this time "
+        "of its first byte (or of the connection's opening); else the connection is closed "
+        "unanswered",
+        lo=0.1, hi=3600,
+    )  # fmt: skip
+    idle_timeout_s: float = setting(
+        0.0,
+        "`[sip]` only: a SIP TCP connection that carried no message (nor keepalive) for this "
+        "long is closed; `0`: never. Keep it above `session_expires_s`: a call's dialog uses "
+        "its connection",
+        lo=0, hi=86400, default_doc="`1800`",
+    )  # fmt: skip
+
+
+def _check_limits(values: dict[str, Any], at: Spot) -> None:
+    most = values["max_connections"]
+    key = "max_connections_per_source"
+    if at.table.get(key) != values[key]:  # not given, or not an integer (reported)
+        values[key] = min(values[key], most)
+    elif values[key] > most:
+        at.error(f"{values[key]} exceeds max_connections ({most})", key)
+
+
+register_check(ConnectionLimits, _check_limits)
 
 
 # ---------------------------------------------------------------- reference
