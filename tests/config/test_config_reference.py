@@ -43,7 +43,7 @@ def test_the_readme_tables_are_the_ones_the_code_generates() -> None:
     )
 
 
-def test_a_changed_description_makes_the_readme_differ() -> None:
+def test_a_table_edited_by_hand_is_rewritten_from_the_code() -> None:
     """The check above can fail: a table edited by hand is rewritten from the code."""
     text = README.read_text(encoding="utf-8")
     edited = text.replace(
