@@ -9,7 +9,7 @@ CONFIG ?= config/callbridge.toml
 PEERS := sip-tester baresip kamailio haproxy tshark sox espeak-ng iproute2 systemd
 PEER_BINS := sipp baresip kamailio haproxy tshark sox espeak-ng ip systemd-analyze
 
-.PHONY: run test venv native peers lint typecheck unit bench bench-quick soak fuzz install clean
+.PHONY: run test venv native peers lint typecheck config-reference unit bench bench-quick soak fuzz install clean
 
 # The install compiles the media hot path with mypyc (setup.py, docs/native.md):
 # a C compiler and the Python headers are needed; CALLBRIDGE_PURE_PYTHON=1 skips it.
@@ -54,8 +54,12 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# config/README.md's key tables, from the settings' fields (bridge/config.py, bridge/settings.py)
+config-reference: venv
+	$(VENV)/bin/python -m bridge.config --write config/README.md
+
 typecheck: venv
-	$(VENV)/bin/mypy --strict codecs/telcodec bridge/engine.py bridge/config.py bridge/sip bridge/rtp bridge/streams bridge/tts bridge/media bridge/ttsd bridge/control bridge/providers bridge/io/gcpolicy.py bridge/io/ticker.py bridge/io/callrun.py bridge/io/sip_call.py bridge/io/stream_call.py bridge/io/httpws.py
+	$(VENV)/bin/mypy --strict codecs/telcodec bridge/engine.py bridge/config.py bridge/settings.py bridge/sip bridge/rtp bridge/streams bridge/tts bridge/media bridge/ttsd bridge/control bridge/providers bridge/io/gcpolicy.py bridge/io/ticker.py bridge/io/callrun.py bridge/io/sip_call.py bridge/io/stream_call.py bridge/io/httpws.py
 
 unit: venv
 	$(PY) -m pytest -q -m "not slow and not peers"

@@ -88,6 +88,7 @@ from typing import Literal
 
 from bridge.engine import Event, LocalProtocolError, Outbox
 from bridge.media import vad
+from bridge.settings import setting
 
 __all__ = [
     "BargeInDecision",
@@ -103,62 +104,135 @@ __all__ = [
 class BargeInPolicy:
     """Thresholds of the detector and their defaults (the daemon's, measured in bench/):
     the one source of both. Every field but ``frame_ms`` is a ``[bargein]`` key
-    (``dtmf_triggers`` is ``dtmf``); the config reader builds this."""
+    (``dtmf_triggers`` is ``dtmf``), described once here (``setting``): the config
+    reader builds this from those descriptions, and ``config/README.md``'s table is
+    generated from them."""
 
-    enabled: bool = True
-    """Whether speech or DTMF may interrupt the bot (speech events are emitted regardless)."""
+    enabled: bool = setting(
+        True,
+        "whether speech or a key press may interrupt the bot (the application's "
+        "`speech.started`/`speech.stopped` events are sent regardless)",
+    )  # fmt: skip
     frame_ms: int = 20
-    """Duration of one observation."""
-    min_speech_ms: int = 60
-    """Speech credit a run needs before it counts as speech."""
-    hangover_ms: int = 60
-    """Longest gap a candidate run survives."""
-    speech_end_ms: int = 400
-    """Continuous inactivity that ends confirmed speech."""
-    energy_floor_dbfs: float = -48.0
-    """Quietest frame that can be speech."""
-    echo_return_loss_db: float = 30.0
-    """Expected attenuation of the bot's own audio coming back on the inbound path."""
-    echo_window_ms: int = 200
-    """How long an outbound level keeps guarding against its echo."""
-    dtmf_triggers: bool = True
-    """Whether a DTMF digit interrupts the bot."""
-    vad_aggressiveness: int = 3
-    """webrtcvad mode 0..3 the call runs on the caller audio it observes (3: the
-    strictest, fewest noise frames called speech)."""
-    echo_correlation: float = 0.7
-    """Inbound speech frames correlating this well with the bot's recent audio are
-    its echo, not the caller (``bridge.media.echo``); 0 switches the check off."""
-    noise_rise_db: float = 7.0
-    """A run becomes speech only if its last ``min_speech_ms`` of active frames
-    stand on average this far above the line's running noise floor: babble,
-    hum and loud line noise sit at that floor; 0 switches the check off."""
-    babble_spread: float = 3.0
-    """Babble guard: the rise a run needs is at least this many times the line's
-    recent spread around its floor (RMS deviation in dB, learnt between runs):
-    steady line noise spreads ~1 dB, babble 3-4 dB, so babble needs more rise
-    than a caller over steady noise does. 0 switches it off."""
-    noise_floor_up_ms: int = 1000
-    """Time constant with which the noise floor follows the line up."""
-    noise_floor_down_ms: int = 1000
-    """Time constant with which it follows the line down. Equal time constants
-    put the floor near the line's mean level in dB: babble's own peaks rise
-    little above it, a caller's onset over steady noise rises far."""
-    noise_warmup_ms: int = 500
-    """The call's first moments (counted in frames that do not themselves rise as
-    a run must), in which the floor is still a guess: it follows the line with
-    ``noise_warmup_floor_ms`` and a run needs ``noise_warmup_rise_db`` more
-    rise. 0 switches the warm-up off (the floor then starts
-    10 dB below ``energy_floor_dbfs`` and moves at its normal pace)."""
-    noise_warmup_floor_ms: int = 100
-    """Time constant with which the floor follows the line during the warm-up (a
-    line that starts in babble must not wait a whole ``noise_floor_up_ms``)."""
-    noise_warmup_rise_db: float = 10.0
-    """Extra rise a run needs during the warm-up."""
-    noise_spread_prior_db: float = 3.0
-    """What the line's spread is taken to be before it is known (babble-like);
-    it is learnt with the ``noise_floor_up_ms`` time constant, so the prior
-    fades over a second or two."""
+    """Duration of one observation (not a key)."""
+    min_speech_ms: int = setting(
+        60,
+        "caller speech (speech credit of a run) needed before the bot stops. Raise it if "
+        "short noises (coughs, \"mm-hm\") stop the bot; each 20 ms added delays every "
+        "barge-in by 20 ms",
+        lo=20, hi=5000, multiple_of=20, why_multiple="one frame",
+    )  # fmt: skip
+    hangover_ms: int = setting(
+        60,
+        "longest pause a starting run survives before `min_speech_ms` is reached. Each frame "
+        "of pause also takes back one frame of credit, which ends short runs anyway: with "
+        "`min_speech_ms` 60 only `0` changes anything (a one-frame pause then restarts the "
+        "run). Raise it with a longer `min_speech_ms` so that speech with short pauses still "
+        "adds up",
+        lo=0, hi=2000, multiple_of=20, why_multiple="one frame",
+    )  # fmt: skip
+    speech_end_ms: int = setting(
+        400,
+        "silence that ends the caller's speech: the application's `speech.stopped` comes this "
+        "long after the last active frame. While the caller still counts as speaking, a new "
+        "bot turn is interrupted by their next active frame. Raise it for slow talkers, lower "
+        "it for a faster `speech.stopped`",
+        lo=20, hi=10000, multiple_of=20, why_multiple="one frame",
+    )  # fmt: skip
+    energy_floor_dbfs: float = setting(
+        -48.0,
+        "frames quieter than this are never speech. Raise it on lines with loud steady noise "
+        "that the rise check (`noise_rise_db`) does not already handle; lower it only for very "
+        "quiet callers",
+        lo=-96, hi=0,
+    )  # fmt: skip
+    echo_return_loss_db: float = setting(
+        30.0,
+        "while the bot speaks, caller audio must be louder than the bot's level minus this "
+        "(the expected attenuation of its echo). A backstop: echo is removed by correlation "
+        "(`echo_correlation`). Lower it (towards 15) only if loud echo the correlation misses "
+        "stops the bot; then quiet callers cannot interrupt a loud bot",
+        lo=0, hi=60,
+    )  # fmt: skip
+    echo_window_ms: int = setting(
+        200,
+        "how long a bot frame's level keeps guarding against its echo (the echo path's delay "
+        "plus tail). Raise it for a long echo path (satellite, long conference bridges)",
+        lo=0, hi=2000,
+    )  # fmt: skip
+    dtmf_triggers: bool = setting(True, "a key press interrupts an interruptible turn", key="dtmf")
+    vad_aggressiveness: int = setting(
+        3,
+        "webrtcvad mode the call runs on the caller audio it observes: 3 calls the least noise "
+        "speech",
+        lo=0, hi=3,
+    )  # fmt: skip
+    echo_correlation: float = setting(
+        0.7,
+        "inbound speech correlating this well with the bot's own audio of the last 300 ms is "
+        "its echo, not the caller (`bridge.media.echo`); `0` switches the check off",
+        lo=0.0, hi=1.0,
+    )  # fmt: skip
+    noise_rise_db: float = setting(
+        7.0,
+        "a starting run must stand on average this far above the line's noise floor (its "
+        "running level, the `noise_floor_*` keys): babble, hum and loud line noise sit at that "
+        "floor. Raise it if background noise or a TV stops the bot; lower it if callers over "
+        "noisy lines cannot interrupt. `0` switches the floor check off (and with it "
+        "`babble_spread` and the warm-up)",
+        lo=0, hi=60,
+    )  # fmt: skip
+    babble_spread: float = setting(
+        3.0,
+        "babble guard: the rise needed is at least this many times the line's spread around "
+        "its floor (RMS in dB, learnt between runs: ~1 dB for steady noise, 3–4 dB for "
+        "background talk). Raise it if background talk stops the bot; lower it if callers in "
+        "noisy rooms cannot interrupt. `0` switches it off",
+        lo=0, hi=10, unit="a factor",
+    )  # fmt: skip
+    noise_floor_up_ms: int = setting(
+        1000,
+        "time constant with which the floor follows the line's level up. Shorter adapts "
+        "faster to noise that gets louder, but also starts to follow a caller who talks on",
+        lo=20, hi=60000,
+    )  # fmt: skip
+    noise_floor_down_ms: int = setting(
+        1000,
+        "time constant with which it follows the line down. Equal time constants keep the "
+        "floor near the line's mean level (babble's own peaks rise little above it, a caller's "
+        "onset over steady noise rises far); shorter makes a caller heard sooner after a noise "
+        "stops",
+        lo=20, hi=60000,
+    )  # fmt: skip
+    noise_warmup_ms: int = setting(
+        500,
+        "the call's first moments (frames that do not themselves rise enough), in which the "
+        "floor is a guess: it learns fast (`noise_warmup_floor_ms`) and a run needs "
+        "`noise_warmup_rise_db` more. `0` switches the warm-up off (the floor starts 10 dB "
+        "below `energy_floor_dbfs` and moves at its normal pace)",
+        lo=0, hi=10000, multiple_of=20, why_multiple="one frame",
+    )  # fmt: skip
+    noise_warmup_floor_ms: int = setting(
+        100,
+        "the floor's time constant during the warm-up. Longer helps a caller who talks over "
+        "the greeting from the first moment, at the cost of lines that start in background "
+        "talk",
+        lo=20, hi=60000,
+    )  # fmt: skip
+    noise_warmup_rise_db: float = setting(
+        10.0,
+        "extra rise a run needs during the warm-up. Lower it if callers who talk at once "
+        "cannot interrupt the greeting; raise it if noise at the call's start does",
+        lo=0, hi=60,
+    )  # fmt: skip
+    noise_spread_prior_db: float = setting(
+        3.0,
+        "the line's spread assumed before it is learnt (the first second or two; it is learnt "
+        "with the `noise_floor_up_ms` time constant). The default assumes background talk; "
+        "lower it (towards 1) if the lines are usually quiet and early interruptions are "
+        "missed",
+        lo=0, hi=20,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -231,7 +231,7 @@ def test_every_bad_key_is_reported_at_once_and_typos_are_unknown() -> None:
         "bargein.noise_rise",
         "bargein.noise_rise_db",
     ]
-    assert "bargein.noise_rise: unknown key" in info.value.errors
+    assert "bargein.noise_rise: unknown key (did you mean noise_rise_db?)" in info.value.errors
 
 
 def test_zero_switches_documented_as_off_are_accepted() -> None:
