@@ -1,6 +1,6 @@
 """CPU of one SIP call's whole per-frame chain, with the objects wired as the daemon wires them.
 
-Per call: a real ``_SipCall`` (``bridge/io/sip_call.py``) with its RTP/RTCP
+Per call: a real ``_SipCall`` (``bridge/io/legs/sip_call.py``) with its RTP/RTCP
 socket pair on 127.0.0.1 (``SO_TIMESTAMPNS`` on), a real ``CallRunner``
 (``bridge/io/callrun.py``) with its real ``CallBridge`` (SIP profile, mu-law,
 barge-in policy from the default ``[bargein]`` config, the real metrics
@@ -201,7 +201,7 @@ class _Chain:
     async def setup(self) -> None:
         from bridge.io import ticker as ticker_module
         from bridge.io.callrun import CallRunner
-        from bridge.io.sip_call import SO_TIMESTAMPNS, _SipCall
+        from bridge.io.legs.sip_call import SO_TIMESTAMPNS, _SipCall
         from bridge.io.ticker import MediaTicker
         from bridge.media.call_types import LegProfile
         from bridge.metrics import Metrics

@@ -25,7 +25,7 @@ loop, codecs and VAD come on top (see bench_codecs and the design notes).
 Shell figures, in **CPU** microseconds (``time.process_time``, median of the
 repetitions) so that other processes on the machine do not enter them:
 
-* ``sip_call_path``: N real ``_SipCall`` shell objects of ``bridge/io/sip_call.py``
+* ``sip_call_path``: N real ``_SipCall`` shell objects of ``bridge/io/legs/sip_call.py``
   under uvloop, each with a real RTP/RTCP socket pair on 127.0.0.1
   (SO_TIMESTAMPNS on, as the leg binds it); per 20 ms a peer socket sends one
   PCMU packet to every call (not counted), then the ticker's phases run as
@@ -168,7 +168,7 @@ def _cpu_median_us(run: Callable[[], float], repeats: int) -> float:
 
 
 async def _sip_calls(n_calls: int, peer: socket.socket) -> tuple[list[Any], Any]:
-    from bridge.io.sip_call import SO_TIMESTAMPNS, _SipCall
+    from bridge.io.legs.sip_call import SO_TIMESTAMPNS, _SipCall
     from bridge.io.ticker import MediaTicker
     from bridge.sip.sdp import NegotiatedAudio
 

@@ -467,7 +467,7 @@ def time_leg_inbound(frames: int) -> float:
     and the leg's events) → ``caller_audio`` of a call that only records the
     frame (the call's own work is not timed).
     """
-    from bridge.io.stream_call import StreamCall
+    from bridge.io.legs.stream_call import StreamCall
     from telcodec.framing import FrameCutter
 
     class _Call:
@@ -505,7 +505,7 @@ def time_leg_outbound(frames: int) -> float:
     to a transport that only counts the writes (no syscall: the Python work
     of the leg, not the kernel's, is timed).
     """
-    from bridge.io.stream_call import StreamCall, StreamLeg
+    from bridge.io.legs.stream_call import StreamCall, StreamLeg
 
     class _CountingTransport:
         def __init__(self) -> None:

@@ -45,8 +45,8 @@ NATIVE_MODULES = (
     "bridge/tts/kova.py",
     "bridge/io/ticker.py",
     "bridge/io/callrun.py",
-    "bridge/io/sip_call.py",
-    "bridge/io/stream_call.py",
+    "bridge/io/legs/sip_call.py",
+    "bridge/io/legs/stream_call.py",
     "bridge/io/httpws.py",
 )
 """And these: the base classes and types the compiled engines are built on, and the

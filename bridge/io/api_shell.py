@@ -74,7 +74,7 @@ class Directory:
         sip = next((leg for leg in self.daemon.legs if leg.name == "sip"), None)
         if sip is None or self.daemon.draining:
             return DirectoryError(503, "unavailable", "the SIP leg is not available")
-        from bridge.io.sip_leg import _uri_hostport
+        from bridge.io.legs.sip import _uri_hostport
 
         dest = _uri_hostport(to)
         addresses: dict[str, str] = {}

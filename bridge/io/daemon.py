@@ -167,7 +167,7 @@ LegFactory = Callable[["Daemon"], Leg | None]
 def _media_streams_leg(daemon: Daemon) -> Leg | None:
     if not daemon.config.media_streams.enabled:
         return None
-    from bridge.io.streams_leg import MediaStreamsLeg
+    from bridge.io.legs.streams import MediaStreamsLeg
 
     return MediaStreamsLeg(daemon)
 
@@ -175,7 +175,7 @@ def _media_streams_leg(daemon: Daemon) -> Leg | None:
 def _sip_leg(daemon: Daemon) -> Leg | None:
     if not daemon.config.sip.enabled:
         return None
-    from bridge.io.sip_leg import SipLeg
+    from bridge.io.legs.sip import SipLeg
 
     return SipLeg(daemon)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bridge.io.sip_call import _SipCall
+from bridge.io.legs.sip_call import _SipCall
 from bridge.io.ticker import MediaTicker
 from bridge.sip.sdp import NegotiatedAudio
 
@@ -143,7 +143,7 @@ def test_a_closed_call_reads_nothing_and_its_queued_frame_is_dropped_and_counted
 def test_a_sip_message_is_followed_by_a_preemption_point_for_the_ticker() -> None:
     """The loop hands a socket's queued SIP datagrams over in one pass; after each
     one is handled (its answer sent) the ticker may run the frames due meanwhile."""
-    from bridge.io.sip_leg import _UaRunner
+    from bridge.io.legs.sip import _UaRunner
     from bridge.sip.settings import SipSettings
 
     async def main() -> None:
@@ -168,7 +168,7 @@ def test_a_sip_message_is_followed_by_a_preemption_point_for_the_ticker() -> Non
 
 
 def test_without_kernel_stamps_every_queued_datagram_is_read_in_order_in_one_tick() -> None:
-    from bridge.io.sip_call import SO_TIMESTAMPNS
+    from bridge.io.legs.sip_call import SO_TIMESTAMPNS
 
     async def main() -> None:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:

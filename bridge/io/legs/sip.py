@@ -9,7 +9,7 @@ A ``CallOffered`` is routed by the request-URI user (``sip:demo@host`` →
 route ``demo``), negotiated (PCMU/PCMA + telephone-event), given an RTP port
 pair from ``[sip] rtp_ports`` and answered; the call then runs in a
 ``CallRunner``; its media (one RTP packet out and one frame in per 20 ms
-tick) is a ``_SipCall`` (``bridge.io.sip_call``, compiled with mypyc). The
+tick) is a ``_SipCall`` (``bridge.io.legs.sip_call``, compiled with mypyc). The
 port pair is released on every exit path (BYE, CANCEL, RTP timeout, error,
 refused call, shutdown).
 """
@@ -32,7 +32,7 @@ from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
 from bridge.io.connlimits import ConnectionGate
 from bridge.io.dns import DnsCache, DnsError, is_ip_literal
-from bridge.io.sip_call import _DatagramProtocol, _SipCall
+from bridge.io.legs.sip_call import _DatagramProtocol, _SipCall
 from bridge.io.startup import listen_error
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile

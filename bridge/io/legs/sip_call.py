@@ -1,6 +1,6 @@
 """One SIP call's media: its RTP session and sockets, driven by the media ticker.
 
-The per-frame half of the SIP leg (``bridge.io.sip_leg`` has the rest: the
+The per-frame half of the SIP leg (``bridge.io.legs.sip`` has the rest: the
 listeners, the user agents, routing and answering). Each 20 ms tick of the
 call's media clock sends one RTP packet (the turn's frame, comfort silence
 between turns, or an RFC 4733 event while DTMF is being sent), reads the
@@ -38,7 +38,7 @@ from bridge.rtp.session import (
 from bridge.sip.sdp import NegotiatedAudio
 
 if TYPE_CHECKING:
-    from bridge.io.sip_leg import SipLeg, _UaRunner
+    from bridge.io.legs.sip import SipLeg, _UaRunner
 
 __all__ = ["SO_TIMESTAMPNS", "CallerSide", "_DatagramProtocol", "_SipCall"]
 

@@ -20,7 +20,7 @@ is set (and refused on a public listener without it); a CallSid gets at most
 one token (a replayed webhook gets 409).
 
 Each accepted socket is pumped through its dialect engine
-(``bridge.streams``) by a ``StreamCall`` (``bridge.io.stream_call``, the
+(``bridge.streams``) by a ``StreamCall`` (``bridge.io.legs.stream_call``, the
 per-message half, compiled); ``StreamStarted`` comes back here
 (``_start_call``), which picks the route and starts a ``CallRunner``; inbound
 audio, DTMF and mark echoes go to the call; the call's frames, marks and
@@ -43,7 +43,7 @@ from bridge.config import split_hostport
 from bridge.control import commands as cmd
 from bridge.io.callrun import CallRunner
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, WsConnection, serve_http_ws
-from bridge.io.stream_call import StreamCall, StreamLeg
+from bridge.io.legs.stream_call import StreamCall, StreamLeg
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.streams import DIALECTS
