@@ -173,14 +173,12 @@ async def _sip_calls(n_calls: int, peer: socket.socket) -> tuple[list[Any], Any]
     from bridge.sip.sdp import NegotiatedAudio
 
     ticker = MediaTicker(asyncio.get_running_loop())
-    leg = SimpleNamespace(
-        daemon=SimpleNamespace(
-            ticker=ticker, config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=60.0))
-        )
+    services = SimpleNamespace(
+        ticker=ticker, config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=60.0))
     )
     calls = []
     for i in range(n_calls):
-        call = _SipCall(leg, None, f"call-{i}", 0)  # type: ignore[arg-type]
+        call = _SipCall(services, None, f"call-{i}", 0)  # type: ignore[arg-type]
         rtp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         rtp.setblocking(False)
         rtp.bind(("127.0.0.1", 0))

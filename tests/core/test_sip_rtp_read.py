@@ -37,12 +37,11 @@ class _Runner:
 
 async def _call(peer: socket.socket) -> _SipCall:
     ticker = MediaTicker(asyncio.get_running_loop())
-    daemon = SimpleNamespace(
+    services: Any = SimpleNamespace(
         ticker=ticker, config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=30.0))
     )
-    leg: Any = SimpleNamespace(daemon=daemon)
     for _ in range(50):  # a free port pair, bound the way the leg binds it
-        call = _SipCall(leg, None, "call-1", _free_port() & ~1)  # type: ignore[arg-type]
+        call = _SipCall(services, None, "call-1", _free_port() & ~1)  # type: ignore[arg-type]
         try:
             sock, rtcp = call.bind_sockets("127.0.0.1")
             break
@@ -150,7 +149,7 @@ def test_a_sip_message_is_followed_by_a_preemption_point_for_the_ticker() -> Non
         order: list[str] = []
         ticker = SimpleNamespace(run_if_due=lambda: order.append("ticker"))
         leg: Any = SimpleNamespace(
-            daemon=SimpleNamespace(ticker=ticker),
+            services=SimpleNamespace(ticker=ticker),
             count_response=lambda data: order.append(data.split(b" ", 2)[1].decode()),
         )
         runner = _UaRunner(leg, SipSettings())
@@ -197,11 +196,10 @@ def test_ipv6_sources_are_latched_and_read_as_host_and_port() -> None:
     async def main() -> None:
         with peer:
             ticker = MediaTicker(asyncio.get_running_loop())
-            daemon = SimpleNamespace(
+            services: Any = SimpleNamespace(
                 ticker=ticker, config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=30.0))
             )
-            leg: Any = SimpleNamespace(daemon=daemon)
-            call = _SipCall(leg, None, "call-6", _free_port() & ~1)  # type: ignore[arg-type]
+            call = _SipCall(services, None, "call-6", _free_port() & ~1)  # type: ignore[arg-type]
             await call.attach(call.bind_sockets("::1"))
             call.start_media(
                 NegotiatedAudio(0, "PCMU", 0, 101, ("::1", peer.getsockname()[1]), "sendrecv", 20)
