@@ -94,8 +94,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "codecs"))
 
 from bench import common  # noqa: E402
+from bridge import commands as cmd  # noqa: E402
 from bridge.config import parse_config  # noqa: E402
-from bridge.control import commands as cmd  # noqa: E402
 from bridge.logs import configure  # noqa: E402
 from bridge.rtp.packet import RTP_FIXED_HEADER  # noqa: E402
 from bridge.tts.base import AudioFormat, AudioReceived, TurnDone  # noqa: E402

@@ -89,7 +89,7 @@ from loadgen.wire import WireCapture  # noqa: E402
 from websockets.frames import apply_mask as ws_apply_mask  # noqa: E402
 from websockets.server import ServerProtocol  # noqa: E402
 
-from bridge.control.commands import Say  # noqa: E402
+from bridge.commands import Say  # noqa: E402
 from bridge.engine import SendBytes, SendText  # noqa: E402
 from bridge.io.httpws import HttpRequest, WsConnection  # noqa: E402
 from bridge.media.bargein import BargeInPolicy  # noqa: E402

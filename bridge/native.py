@@ -39,7 +39,7 @@ caller frame; compiled, 500 ms of 24 kHz PCM to mu-law frames costs about 10 % l
 
 NATIVE_MODULES = (
     "bridge/engine.py",
-    "bridge/control/commands.py",
+    "bridge/commands.py",
     "bridge/tts/base.py",
     "bridge/tts/common.py",
     "bridge/tts/kova.py",

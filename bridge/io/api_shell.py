@@ -12,9 +12,9 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
+from bridge.commands import Say
 from bridge.config import ApiConfig, Config
 from bridge.control.api import CallInfo, DirectoryError, authorized, handle
-from bridge.control.commands import Say
 from bridge.io.callrun import CallRunner
 from bridge.io.dns import DnsError, is_ip_literal, resolve
 from bridge.io.httpws import HttpRequest, HttpResponse

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 import websockets
 
+from bridge import commands as cmd
 from bridge.config import Config, RouteConfig
-from bridge.control import commands as cmd
 from bridge.control.app import AppLost, AppSession
 from bridge.control.flow import FlowRunner, fallback_runner
 from bridge.engine import CloseConnection, Event, SendText
@@ -45,7 +45,6 @@ from bridge.media.call_types import (
     CallOptions,
     CancelTurn,
     ClearLeg,
-    CommandRejected,
     ConnectApp,
     EndTurn,
     HangupLeg,
@@ -393,7 +392,7 @@ class CallRunner:
         refused (``CommandRejected``: an error to the app), never a failed call."""
         if isinstance(command, cmd.Say) and not self.knows_provider(command.provider):
             log.warning("call.say_refused", call_id=self.call_id, reason="unknown_provider")
-            self._on_event(CommandRejected("Say", command.turn_id, "unknown_provider"), now)
+            self._on_event(cmd.CommandRejected("Say", command.turn_id, "unknown_provider"), now)
             return
         self.bridge.execute(command, now)
 

@@ -200,3 +200,33 @@ def test_the_import_reader_sees_hidden_imports(tmp_path: Path) -> None:
     )
     found = _bridge_imports(probe, "bridge.io.probe")
     assert {"bridge.io.daemon", "bridge.io.ticker", "bridge.io.callrun"} <= found
+
+
+def _imports_of(graph: dict[str, set[str]], package: str) -> dict[str, list[str]]:
+    return {m: sorted(graph[m]) for m in graph if m == package or m.startswith(package + ".")}
+
+
+def test_media_imports_neither_control_nor_a_provider() -> None:
+    """The call engine speaks the shared vocabulary (``bridge.commands``, ``bridge.engine``,
+    the provider interface), never a turn source's module nor a provider protocol's."""
+    offenders = {
+        m: bad
+        for m, names in _imports_of(_graph(), "bridge.media").items()
+        if (bad := [n for n in names if n.startswith("bridge.control") or _is_provider(n)])
+    }
+    assert offenders == {}
+
+
+def test_control_does_not_import_media() -> None:
+    offenders = {
+        m: bad
+        for m, names in _imports_of(_graph(), "bridge.control").items()
+        if (bad := [n for n in names if n.startswith("bridge.media")])
+    }
+    assert offenders == {}
+
+
+def test_provider_modules_are_told_apart() -> None:
+    assert _is_provider("bridge.tts.kletso") and _is_provider("bridge.providers.kova.wire")
+    assert _is_provider("bridge.ttsd.piper_engine")
+    assert not _is_provider("bridge.tts.base") and not _is_provider("bridge.providers.prompts")

@@ -25,8 +25,8 @@ import os
 import re
 import socket
 
+from bridge import commands as cmd
 from bridge.config import ConnectionLimits, RouteConfig, SipRegistration, split_hostport
-from bridge.control import commands as cmd
 from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
 from bridge.io.connlimits import ConnectionGate

@@ -39,8 +39,8 @@ import time
 from typing import Any
 from urllib.parse import parse_qsl
 
+from bridge import commands as cmd
 from bridge.config import split_hostport
-from bridge.control import commands as cmd
 from bridge.io.callrun import CallRunner
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, WsConnection, serve_http_ws
 from bridge.io.legs.stream_call import StreamCall, StreamLeg
