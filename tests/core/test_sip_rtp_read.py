@@ -16,11 +16,25 @@ from typing import Any
 
 import pytest
 
+from bridge.config import parse_config
 from bridge.io.legs.sip_call import _SipCall
+from bridge.io.services import Services
 from bridge.io.ticker import MediaTicker
 from bridge.sip.sdp import NegotiatedAudio
 
 _HDR = struct.Struct("!BBHII")
+CONFIG = """
+[providers.p]
+protocol = "kova"
+url = "ws://127.0.0.1:9/v1/ws/kova"
+[[routes]]
+match = "*"
+provider = "p"
+"""
+
+
+def _services(ticker: MediaTicker) -> Services:
+    return Services.standalone(parse_config(CONFIG, "test.toml"), ticker)
 
 
 class _Runner:
@@ -37,9 +51,7 @@ class _Runner:
 
 async def _call(peer: socket.socket) -> _SipCall:
     ticker = MediaTicker(asyncio.get_running_loop())
-    services: Any = SimpleNamespace(
-        ticker=ticker, config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=30.0))
-    )
+    services = _services(ticker)
     for _ in range(50):  # a free port pair, bound the way the leg binds it
         call = _SipCall(services, None, "call-1", _free_port() & ~1)  # type: ignore[arg-type]
         try:
@@ -196,9 +208,7 @@ def test_ipv6_sources_are_latched_and_read_as_host_and_port() -> None:
     async def main() -> None:
         with peer:
             ticker = MediaTicker(asyncio.get_running_loop())
-            services: Any = SimpleNamespace(
-                ticker=ticker, config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=30.0))
-            )
+            services = _services(ticker)
             call = _SipCall(services, None, "call-6", _free_port() & ~1)  # type: ignore[arg-type]
             await call.attach(call.bind_sockets("::1"))
             call.start_media(
