@@ -54,7 +54,6 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from common import machine
@@ -168,14 +167,19 @@ def _cpu_median_us(run: Callable[[], float], repeats: int) -> float:
 
 
 async def _sip_calls(n_calls: int, peer: socket.socket) -> tuple[list[Any], Any]:
+    from bridge.config import parse_config
     from bridge.io.legs.sip_call import SO_TIMESTAMPNS, _SipCall
+    from bridge.io.services import Services
     from bridge.io.ticker import MediaTicker
     from bridge.sip.sdp import NegotiatedAudio
 
     ticker = MediaTicker(asyncio.get_running_loop())
-    services = SimpleNamespace(
-        ticker=ticker, config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=60.0))
+    config = parse_config(
+        '[sip]\nrtp_timeout_s = 60\n[providers.p]\nprotocol = "kova"\n'
+        'url = "ws://127.0.0.1:9/v1/ws/kova"\n[[routes]]\nmatch = "*"\nprovider = "p"\n',
+        "bench_rtp.toml",
     )
+    services = Services.standalone(config, ticker)
     calls = []
     for i in range(n_calls):
         call = _SipCall(services, None, f"call-{i}", 0)  # type: ignore[arg-type]
