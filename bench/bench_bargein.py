@@ -63,7 +63,7 @@ sys.path.insert(0, str(HERE.parent / "tests" / "e2e"))
 
 from common import pct, write  # noqa: E402
 
-from bridge.control.commands import Say  # noqa: E402
+from bridge.commands import Say  # noqa: E402
 from bridge.media.bargein import BargeInPolicy  # noqa: E402
 from bridge.media.call import CallBridge  # noqa: E402
 from bridge.media.call_types import LegProfile  # noqa: E402

@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codecs"))
 
 from bench import common
-from bridge.control.commands import Say
+from bridge.commands import Say
 from bridge.media.bargein import BargeInPolicy
 from bridge.media.call import CallBridge
 from bridge.media.call_types import LegProfile, SendMark

@@ -1,6 +1,6 @@
 """CPU of one SIP call's whole per-frame chain, with the objects wired as the daemon wires them.
 
-Per call: a real ``_SipCall`` (``bridge/io/sip_call.py``) with its RTP/RTCP
+Per call: a real ``_SipCall`` (``bridge/io/legs/sip_call.py``) with its RTP/RTCP
 socket pair on 127.0.0.1 (``SO_TIMESTAMPNS`` on), a real ``CallRunner``
 (``bridge/io/callrun.py``) with its real ``CallBridge`` (SIP profile, mu-law,
 barge-in policy from the default ``[bargein]`` config, the real metrics
@@ -94,11 +94,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "codecs"))
 
 from bench import common  # noqa: E402
-from bridge.config import RouteConfig  # noqa: E402
-from bridge.control import commands as cmd  # noqa: E402
-from bridge.io.gcpolicy import ReleaseWatch  # noqa: E402
+from bridge import commands as cmd  # noqa: E402
+from bridge.config import parse_config  # noqa: E402
 from bridge.logs import configure  # noqa: E402
-from bridge.media.bargein import BargeInPolicy  # noqa: E402
 from bridge.rtp.packet import RTP_FIXED_HEADER  # noqa: E402
 from bridge.tts.base import AudioFormat, AudioReceived, TurnDone  # noqa: E402
 from telcodec import g711  # noqa: E402
@@ -108,6 +106,20 @@ TURN_S = 15.0
 CHUNK_MS = 100
 CHUNK_EVERY = 2  # periods
 MULAW8K = AudioFormat("mulaw", 8000)
+CONFIG = """
+[daemon]
+prompt_cache_bytes = 0
+[sip]
+rtp_timeout_s = 60
+[providers.bench]
+protocol = "kova"
+url = "ws://127.0.0.1:9/v1/ws/kova"
+[[routes]]
+match = "*"
+provider = "bench"
+"""
+"""The daemon's config for the chain: the default ``[bargein]``, one route whose provider
+the harness plays (no connection is made to its URL)."""
 _pack_header = RTP_FIXED_HEADER.pack
 
 
@@ -201,10 +213,11 @@ class _Chain:
     async def setup(self) -> None:
         from bridge.io import ticker as ticker_module
         from bridge.io.callrun import CallRunner
-        from bridge.io.sip_call import SO_TIMESTAMPNS, _SipCall
+        from bridge.io.legs.sip_call import SO_TIMESTAMPNS, _SipCall
+        from bridge.io.services import Runtime, Services
         from bridge.io.ticker import MediaTicker
         from bridge.media.call_types import LegProfile
-        from bridge.metrics import Metrics
+        from bridge.providers.prompts import PromptCache
         from bridge.sip.sdp import NegotiatedAudio
 
         real = asyncio.get_running_loop()
@@ -216,29 +229,20 @@ class _Chain:
         )
         self.sim = sim = _SimLoop(real)
         self.ticker = ticker = MediaTicker(sim, clock=sim.time)  # type: ignore[arg-type]
-        bargein = BargeInPolicy()
-        config = SimpleNamespace(
-            bargein=bargein, sip=SimpleNamespace(rtp_timeout_s=60.0), flow=lambda name: None
-        )
-        runtime = SimpleNamespace(calls=0, config=config, pools={}, cache=None)
-        daemon = SimpleNamespace(
-            ticker=ticker,
-            config=config,
-            runtime=runtime,
-            metrics=Metrics(),
-            retire_runtimes=lambda: None,
-            release_watch=ReleaseWatch(),
-        )
+        # the services the daemon hands its legs, built from a real config: the default
+        # [bargein], no provider pool (the harness plays the provider), no prompt cache
+        config = parse_config(CONFIG, "bench_chain.toml")
+        runtime = Runtime(config, pools={}, cache=PromptCache(0))
+        services = Services.standalone(config, ticker, runtime)
         self.peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.peer.bind(("127.0.0.1", 0))
         self.peer.setblocking(False)
-        route = RouteConfig(match="*", provider=("bench",))
-        leg = SimpleNamespace(daemon=daemon)
+        route = config.routes[0]
         self.calls: list[Any] = []
         self.runners: list[Any] = []
         self.addrs: list[tuple[str, int]] = []
         for i in range(self.n):
-            call = _SipCall(leg, None, f"call-{i}", 0)  # type: ignore[arg-type]
+            call = _SipCall(services, None, f"call-{i}", 0)  # type: ignore[arg-type]
             call.loop = sim
             rtp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             rtp.setblocking(False)
@@ -254,7 +258,7 @@ class _Chain:
             )
             profile = LegProfile(kind="sip", codec="mulaw", heard_from="frames")
             started = cmd.CallStarted(call_id=call.call_id, leg="sip", from_="a", to="b")
-            runner = CallRunner(daemon, call.call_id, call, profile, route, started)  # type: ignore[arg-type]
+            runner = CallRunner(services, call.call_id, call, profile, route, started)
             runner.loop = sim
             runner.speakers[None] = _ProviderStub(self, i)  # type: ignore[assignment]
             call.runner = runner

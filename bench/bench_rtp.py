@@ -25,7 +25,7 @@ loop, codecs and VAD come on top (see bench_codecs and the design notes).
 Shell figures, in **CPU** microseconds (``time.process_time``, median of the
 repetitions) so that other processes on the machine do not enter them:
 
-* ``sip_call_path``: N real ``_SipCall`` shell objects of ``bridge/io/sip_call.py``
+* ``sip_call_path``: N real ``_SipCall`` shell objects of ``bridge/io/legs/sip_call.py``
   under uvloop, each with a real RTP/RTCP socket pair on 127.0.0.1
   (SO_TIMESTAMPNS on, as the leg binds it); per 20 ms a peer socket sends one
   PCMU packet to every call (not counted), then the ticker's phases run as
@@ -54,7 +54,6 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from common import machine
@@ -168,19 +167,22 @@ def _cpu_median_us(run: Callable[[], float], repeats: int) -> float:
 
 
 async def _sip_calls(n_calls: int, peer: socket.socket) -> tuple[list[Any], Any]:
-    from bridge.io.sip_call import SO_TIMESTAMPNS, _SipCall
+    from bridge.config import parse_config
+    from bridge.io.legs.sip_call import SO_TIMESTAMPNS, _SipCall
+    from bridge.io.services import Services
     from bridge.io.ticker import MediaTicker
     from bridge.sip.sdp import NegotiatedAudio
 
     ticker = MediaTicker(asyncio.get_running_loop())
-    leg = SimpleNamespace(
-        daemon=SimpleNamespace(
-            ticker=ticker, config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=60.0))
-        )
+    config = parse_config(
+        '[sip]\nrtp_timeout_s = 60\n[providers.p]\nprotocol = "kova"\n'
+        'url = "ws://127.0.0.1:9/v1/ws/kova"\n[[routes]]\nmatch = "*"\nprovider = "p"\n',
+        "bench_rtp.toml",
     )
+    services = Services.standalone(config, ticker)
     calls = []
     for i in range(n_calls):
-        call = _SipCall(leg, None, f"call-{i}", 0)  # type: ignore[arg-type]
+        call = _SipCall(services, None, f"call-{i}", 0)  # type: ignore[arg-type]
         rtp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         rtp.setblocking(False)
         rtp.bind(("127.0.0.1", 0))

@@ -456,8 +456,8 @@ _CATEGORIES = (
     ("sip sdp", ("bridge/sip/sdp.py",)),
     ("sip transactions/dialogs/ua", ("bridge/sip/",)),
     (
-        "shell: sip_leg (sockets, RTP ports, SIP pump)",
-        ("bridge/io/sip_leg.py", "bridge/io/sip_call.py"),
+        "shell: legs/sip (sockets, RTP ports, SIP pump)",
+        ("bridge/io/legs/sip.py", "bridge/io/legs/sip_call.py"),
     ),
     ("shell: call runner (CallRunner, turns)", ("bridge/io/callrun.py",)),
     (

@@ -89,7 +89,7 @@ from loadgen.wire import WireCapture  # noqa: E402
 from websockets.frames import apply_mask as ws_apply_mask  # noqa: E402
 from websockets.server import ServerProtocol  # noqa: E402
 
-from bridge.control.commands import Say  # noqa: E402
+from bridge.commands import Say  # noqa: E402
 from bridge.engine import SendBytes, SendText  # noqa: E402
 from bridge.io.httpws import HttpRequest, WsConnection  # noqa: E402
 from bridge.media.bargein import BargeInPolicy  # noqa: E402
@@ -467,7 +467,7 @@ def time_leg_inbound(frames: int) -> float:
     and the leg's events) → ``caller_audio`` of a call that only records the
     frame (the call's own work is not timed).
     """
-    from bridge.io.stream_call import StreamCall
+    from bridge.io.legs.stream_call import StreamCall
     from telcodec.framing import FrameCutter
 
     class _Call:
@@ -505,7 +505,7 @@ def time_leg_outbound(frames: int) -> float:
     to a transport that only counts the writes (no syscall: the Python work
     of the leg, not the kernel's, is timed).
     """
-    from bridge.io.stream_call import StreamCall, StreamLeg
+    from bridge.io.legs.stream_call import StreamCall, StreamLeg
 
     class _CountingTransport:
         def __init__(self) -> None:

@@ -69,7 +69,7 @@ from websockets.client import ClientProtocol
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from bridge.control.commands import Say
+from bridge.commands import Say
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
 from bridge.io.tts_client import (

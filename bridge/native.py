@@ -39,14 +39,14 @@ caller frame; compiled, 500 ms of 24 kHz PCM to mu-law frames costs about 10 % l
 
 NATIVE_MODULES = (
     "bridge/engine.py",
-    "bridge/control/commands.py",
+    "bridge/commands.py",
     "bridge/tts/base.py",
     "bridge/tts/common.py",
     "bridge/tts/kova.py",
     "bridge/io/ticker.py",
     "bridge/io/callrun.py",
-    "bridge/io/sip_call.py",
-    "bridge/io/stream_call.py",
+    "bridge/io/legs/sip_call.py",
+    "bridge/io/legs/stream_call.py",
     "bridge/io/httpws.py",
 )
 """And these: the base classes and types the compiled engines are built on, and the

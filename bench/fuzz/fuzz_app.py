@@ -18,8 +18,8 @@ from pathlib import Path
 
 from fuzz_common import ROOT, frames_of, frames_to_input, main
 
+from bridge.commands import CallStarted, Command
 from bridge.control.app import AppError, AppSession, decode_command
-from bridge.control.commands import CallStarted, Command
 from bridge.engine import SendText
 
 SCHEMA = ROOT / "bridge" / "control" / "app_schema.json"

@@ -53,8 +53,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from bridge import __version__
+from bridge.commands import Say
 from bridge.control.app import COMMAND_FIELDS, FieldSpec
-from bridge.control.commands import Say
 
 __all__ = [
     "MAX_BODY_BYTES",

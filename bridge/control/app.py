@@ -13,7 +13,7 @@ message, each with a ``type``:
   the call refused;
 * commands in (``decode_command``): ``say``, ``cancel``, ``hangup``,
   ``transfer``, ``dtmf``, each mapped to the shared ``Command`` values of
-  ``bridge.control.commands``.
+  ``bridge.commands``.
 
 ``bridge/control/app_schema.json`` is the protocol's JSON Schema and
 ``docs/app-protocol.md`` its description; ``decode_command`` accepts exactly
@@ -67,12 +67,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bridge.control.commands import (
+from bridge.commands import (
     CallEnded,
     CallEvent,
     CallStarted,
     Cancel,
     Command,
+    CommandRejected,
     DtmfHeard,
     Hangup,
     ProviderBacklog,
@@ -87,7 +88,6 @@ from bridge.control.commands import (
     TurnInterrupted,
 )
 from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, SendText
-from bridge.media.call_types import CommandRejected
 
 __all__ = [
     "COMMAND_FIELDS",

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 ``FlowRunner`` is a turn source: it consumes the call's ``CallEvent`` values
-and time, and produces ``Command`` values (``bridge.control.commands``),
+and time, and produces ``Command`` values (``bridge.commands``),
 exactly as the application WebSocket (``bridge.control.app``) does. It owns
 no audio: the per-call bridge speaks, barges in and reports turns.
 
@@ -68,8 +68,7 @@ import enum
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from bridge.config import FlowConfig, FlowStep
-from bridge.control.commands import (
+from bridge.commands import (
     CallEnded,
     CallEvent,
     Command,
@@ -81,6 +80,7 @@ from bridge.control.commands import (
     TurnFinished,
     TurnInterrupted,
 )
+from bridge.config import FlowConfig, FlowStep
 from bridge.engine import Event, LocalProtocolError
 
 __all__ = [

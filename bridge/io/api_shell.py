@@ -9,27 +9,45 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
-from bridge.config import ApiConfig
+from bridge.commands import Say
+from bridge.config import ApiConfig, Config
 from bridge.control.api import CallInfo, DirectoryError, authorized, handle
-from bridge.control.commands import Say
 from bridge.io.callrun import CallRunner
 from bridge.io.dns import DnsError, is_ip_literal, resolve
 from bridge.io.httpws import HttpRequest, HttpResponse
+from bridge.io.legs.sip import _uri_hostport
 from bridge.sip.uri import TargetError
 from bridge.streams.auth import TokenBook
 
-if TYPE_CHECKING:
-    from bridge.io.daemon import Daemon
+__all__ = ["ApiHost", "Directory", "api_handler", "metrics_refusal"]
 
-__all__ = ["Directory", "api_handler", "metrics_refusal"]
+
+class NamedLeg(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class ApiHost(Protocol):
+    """What the API reads of the daemon (which passes itself): its legs, whether it is
+    draining, its config."""
+
+    @property
+    def legs(self) -> Sequence[NamedLeg]: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+    @property
+    def config(self) -> Config: ...
 
 
 class Directory:
     """The daemon's calls, as the API handlers see them."""
 
-    def __init__(self, daemon: Daemon, resolved: dict[str, str | DnsError] | None = None) -> None:
+    def __init__(self, daemon: ApiHost, resolved: dict[str, str | DnsError] | None = None) -> None:
         self.daemon = daemon
         self.resolved = resolved
         """Host names of ``originate`` targets looked up (address or failure); None: not
@@ -74,8 +92,6 @@ class Directory:
         sip = next((leg for leg in self.daemon.legs if leg.name == "sip"), None)
         if sip is None or self.daemon.draining:
             return DirectoryError(503, "unavailable", "the SIP leg is not available")
-        from bridge.io.sip_leg import _uri_hostport
-
         dest = _uri_hostport(to)
         addresses: dict[str, str] = {}
         if dest is not None and not is_ip_literal(dest[0]):
@@ -124,7 +140,7 @@ class Directory:
         return book.mint(call_id, time.time()), book.ttl_s
 
 
-async def api_handler(daemon: Daemon, request: HttpRequest) -> HttpResponse | None:
+async def api_handler(daemon: ApiHost, request: HttpRequest) -> HttpResponse | None:
     if not (request.path.startswith("/v1/") or request.path == "/openapi.json"):
         return None
     directory = Directory(daemon)

@@ -24,16 +24,17 @@ import contextlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import websockets
 
+from bridge import commands as cmd
 from bridge.config import Config, RouteConfig
-from bridge.control import commands as cmd
 from bridge.control.app import AppLost, AppSession
 from bridge.control.flow import FlowRunner, fallback_runner
 from bridge.engine import CloseConnection, Event, SendText
 from bridge.io.gcpolicy import Canary
+from bridge.io.services import Services
 from bridge.io.ticker import InboundCallback
 from bridge.io.tts_client import AgentSession, ProviderPool, Speaker
 from bridge.logs import get_logger
@@ -44,7 +45,6 @@ from bridge.media.call_types import (
     CallOptions,
     CancelTurn,
     ClearLeg,
-    CommandRejected,
     ConnectApp,
     EndTurn,
     HangupLeg,
@@ -60,9 +60,6 @@ from bridge.media.call_types import (
 )
 from bridge.providers.prompts import route_fallback_prompt
 from bridge.tts.base import TurnSettings, UsageReported
-
-if TYPE_CHECKING:
-    from bridge.io.daemon import Daemon
 
 __all__ = [
     "CALL_OUTCOMES",
@@ -146,10 +143,10 @@ class LegAdapter(Protocol):
     def send_dtmf(self, digits: str) -> None: ...
 
 
-def bargein_policy(daemon: Daemon) -> BargeInPolicy:
+def bargein_policy(services: Services) -> BargeInPolicy:
     """The detector's policy as ``[bargein]`` gives it (read at the call's start, so a
     reload reaches new calls)."""
-    return daemon.config.bargein
+    return services.config.bargein
 
 
 def text_pacing(config: Config, route: RouteConfig) -> dict[str, Any]:
@@ -200,7 +197,6 @@ class CallRunner:
         "carrier_ahead",
         "clock",
         "config",
-        "daemon",
         "dry_covered",
         "dry_seen",
         "end_reason",
@@ -215,6 +211,7 @@ class CallRunner:
         "pump_unfinished",
         "route",
         "runtime",
+        "services",
         "source",
         "source_timer",
         "speakers",
@@ -227,7 +224,7 @@ class CallRunner:
 
     def __init__(
         self,
-        daemon: Daemon,
+        services: Services,
         call_id: str,
         leg: LegAdapter,
         profile: LegProfile,
@@ -237,7 +234,7 @@ class CallRunner:
         lead_frames: int = 0,
         on_finished: Callable[[CallRunner], None] | None = None,
     ) -> None:
-        self.daemon = daemon
+        self.services = services
         self.loop = asyncio.get_running_loop()
         self.call_id = call_id
         self.canary = Canary()
@@ -248,7 +245,7 @@ class CallRunner:
         self.started_info = started
         self.lead_frames = lead_frames
         self.on_finished = on_finished
-        runtime = daemon.runtime
+        runtime = services.runtime
         assert runtime is not None
         self.runtime = runtime  # this call keeps the providers it started with
         self.runtime.calls += 1
@@ -259,7 +256,7 @@ class CallRunner:
         self.bridge = CallBridge(
             call_id,
             profile,
-            bargein_policy(daemon),
+            bargein_policy(services),
             now,
             options=CallOptions(
                 default_voice=route.voice,
@@ -298,12 +295,12 @@ class CallRunner:
         self.tail_pending = False
         self.finished = False
         self.end_reason = ""
-        self.ticker = daemon.ticker
-        self.clock = daemon.ticker.add(
+        self.ticker = services.ticker
+        self.clock = services.ticker.add(
             call_id, self._on_frame, self._on_tick_error, ts0=random.getrandbits(32)
         )
-        daemon.metrics.calls_active.labels(leg.kind, route.match).inc()
-        self.pacing = daemon.metrics.pacing_deviation_seconds.labels(leg.kind)
+        services.metrics.calls_active.labels(leg.kind, route.match).inc()
+        self.pacing = services.metrics.pacing_deviation_seconds.labels(leg.kind)
 
     # ------------------------------------------------------------- start-up
 
@@ -395,7 +392,7 @@ class CallRunner:
         refused (``CommandRejected``: an error to the app), never a failed call."""
         if isinstance(command, cmd.Say) and not self.knows_provider(command.provider):
             log.warning("call.say_refused", call_id=self.call_id, reason="unknown_provider")
-            self._on_event(CommandRejected("Say", command.turn_id, "unknown_provider"), now)
+            self._on_event(cmd.CommandRejected("Say", command.turn_id, "unknown_provider"), now)
             return
         self.bridge.execute(command, now)
 
@@ -525,7 +522,7 @@ class CallRunner:
         try:
             bridge.provider_event(event, now)
             if self.idle and bridge.frame_ready():
-                self.daemon.ticker.start_talkspurt(self.call_id)
+                self.ticker.start_talkspurt(self.call_id)
             # most audio chunks only queue frames: pump (two drains, the app, the turn
             # source, the source timer) only when the bridge has something for them,
             # as caller_audio and _on_frame do
@@ -751,7 +748,7 @@ class CallRunner:
             self.finish(reason)
 
     def _on_event(self, event: cmd.CallEvent, now: float) -> None:
-        m = self.daemon.metrics
+        m = self.services.metrics
         if self.source is not None:
             self.source.handle_event(event, now)
         if self.app is not None:
@@ -829,9 +826,9 @@ class CallRunner:
         self.end_reason = self.end_reason or reason
         if self.runtime is not None:
             self.runtime.calls -= 1
-            if self.runtime is not self.daemon.runtime:
-                self.daemon.retire_runtimes()
-        self.daemon.ticker.remove(self.call_id)
+            if self.runtime is not self.services.runtime:
+                self.services.generation_idle()
+        self.ticker.remove(self.call_id)
         if self.source_timer is not None:
             self.source_timer.cancel()
         if self.bridge_timer is not None:
@@ -851,12 +848,12 @@ class CallRunner:
                 self.loop.call_later(1.0, lambda: self.loop.create_task(self.app_ws.close()))
             elif self.app_task is not None:
                 self.app_task.cancel()
-        m = self.daemon.metrics
+        m = self.services.metrics
         m.calls_active.labels(self.leg.kind, self.route.match).dec()
         outcome = bounded_label(self.end_reason, CALL_OUTCOMES)
         m.calls_total.labels(self.leg.kind, self.route.match, outcome).inc()
         self._log_cdr()
-        self.daemon.release_watch.ended(self.call_id, self.canary, self.loop.time())
+        self.services.release_watch.ended(self.call_id, self.canary, self.loop.time())
         if self.on_finished is not None:
             self.on_finished(self)
 
@@ -867,12 +864,12 @@ class CallRunner:
 
     def _provider_label(self, provider: str) -> str:
         """A configured provider's name, or ``?`` (never a name from the wire)."""
-        cfg = self.daemon.runtime.config if self.daemon.runtime else self.daemon.config
+        cfg = self.services.call_config()
         return provider if any(p.name == provider for p in cfg.providers) else "?"
 
     def _log_cdr(self) -> None:
         s = self.bridge.stats()
-        m = self.daemon.metrics
+        m = self.services.metrics
         for v in s.time_to_first_audio_s:
             m.time_to_first_audio_seconds.labels(self._route_providers).observe(v)
         for v in s.added_latency_s:

@@ -42,12 +42,16 @@ from bridge.config import (
     split_hostport,
 )
 from bridge.engine import Event
+from bridge.io.api_shell import api_handler, metrics_refusal
 from bridge.io.embedded import EmbeddedTts
 from bridge.io.gcpolicy import GcPolicy, ReleaseWatch, YoungFinds, thaw_described
 from bridge.io.gcpolicy import apply as gc_apply
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, serve_http_ws
+from bridge.io.legs.sip import SipLeg
+from bridge.io.legs.streams import MediaStreamsLeg
 from bridge.io.notify import Notifier
 from bridge.io.prompt_store import PromptStore
+from bridge.io.services import Runtime, Services
 from bridge.io.startup import EXIT_EMBEDDED, StartupError, listen_error
 from bridge.io.ticker import MediaTicker
 from bridge.io.tts_client import PromptCache, ProviderPool, render_prompt
@@ -113,20 +117,6 @@ def _engine_versions(engine: str) -> str:
 
 
 @dataclass
-class Runtime:
-    """What one config generation provides to the calls that start under it."""
-
-    config: Config
-    pools: dict[str, ProviderPool]
-    cache: PromptCache
-    calls: int = 0
-    """Calls started under this generation and not finished yet."""
-
-    async def close(self) -> None:
-        await asyncio.gather(*(p.close() for p in self.pools.values()), return_exceptions=True)
-
-
-@dataclass
 class Prerender:
     """The static prompts of one config generation being rendered (``/readyz``)."""
 
@@ -161,23 +151,15 @@ class Leg(Protocol):
     async def stop(self) -> None: ...
 
 
-LegFactory = Callable[["Daemon"], Leg | None]
+LegFactory = Callable[[Services], Leg | None]
 
 
-def _media_streams_leg(daemon: Daemon) -> Leg | None:
-    if not daemon.config.media_streams.enabled:
-        return None
-    from bridge.io.streams_leg import MediaStreamsLeg
-
-    return MediaStreamsLeg(daemon)
+def _media_streams_leg(services: Services) -> Leg | None:
+    return MediaStreamsLeg(services) if services.config.media_streams.enabled else None
 
 
-def _sip_leg(daemon: Daemon) -> Leg | None:
-    if not daemon.config.sip.enabled:
-        return None
-    from bridge.io.sip_leg import SipLeg
-
-    return SipLeg(daemon)
+def _sip_leg(services: Services) -> Leg | None:
+    return SipLeg(services) if services.config.sip.enabled else None
 
 
 LEG_FACTORIES: list[LegFactory] = [_sip_leg, _media_streams_leg]
@@ -185,8 +167,6 @@ ApiHandler = Callable[["Daemon", HttpRequest], Awaitable[HttpResponse | None]]
 
 
 async def _v1_api(daemon: Daemon, request: HttpRequest) -> HttpResponse | None:
-    from bridge.io.api_shell import api_handler
-
     return await api_handler(daemon, request)
 
 
@@ -205,6 +185,8 @@ class Daemon:
     draining: bool = False
     ready: bool = False
     ticker: MediaTicker = field(init=False)
+    services: Services = field(init=False)
+    """What the legs get (``bridge.io.services``), built at start."""
     gc_policy: GcPolicy = field(default_factory=GcPolicy)
     release_watch: ReleaseWatch = field(default_factory=ReleaseWatch)
     """Ended calls that were not freed: evidence for a busy thaw (``bridge.io.gcpolicy``)."""
@@ -391,6 +373,14 @@ class Daemon:
         """Start everything; a failure a user can cause raises ``StartupError`` naming the
         key, address and cause (``bridge.io.startup``)."""
         self.ticker = MediaTicker(asyncio.get_running_loop())
+        self.services = Services(
+            self.config,
+            self.ticker,
+            self.metrics,
+            self.loop_task,
+            release_watch=self.release_watch,
+            generation_idle=self.retire_runtimes,
+        )
         try:
             await self._ensure_embedded(self.config)
         except (RuntimeError, OSError) as e:
@@ -398,7 +388,7 @@ class Daemon:
             raise StartupError(
                 f"providers.{name}.url: the embedded TTS server did not start: {e}", EXIT_EMBEDDED
             ) from e
-        self.runtime = await self._build_runtime(self.config)
+        self.runtime = self.services.runtime = await self._build_runtime(self.config)
         if self.prompt_store is not None:
             self.loop_task(self._store_prompts_every())
         embedded_ok = all(
@@ -424,7 +414,7 @@ class Daemon:
                 raise listen_error("api.listen", self.config.api.listen, "tcp", e) from e
             log.info("api.listening", listen=self.config.api.listen, port=self.api.port)
         for factory in LEG_FACTORIES:
-            leg = factory(self)
+            leg = factory(self.services)
             if leg is not None:
                 try:
                     await leg.start()
@@ -566,8 +556,6 @@ class Daemon:
             }
             return HttpResponse.json(200 if ok else 503, json.dumps(state).encode())
         if path == "/metrics":
-            from bridge.io.api_shell import metrics_refusal
-
             refusal = metrics_refusal(self.config.api, request)
             if refusal is not None:
                 return refusal
@@ -609,6 +597,7 @@ class Daemon:
                 return
             await self._prerender_within(runtime)  # the new config's prompts, before its calls
             old, self.runtime, self.config = self.runtime, runtime, cfg
+            self.services.config, self.services.runtime = cfg, runtime
             self._apply_live(cfg, old.config if old is not None else cfg)
             if old is not None:
                 self._old_runtimes.append(old)  # calls in progress keep their providers

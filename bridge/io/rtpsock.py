@@ -1,7 +1,7 @@
 """The RTP socket's per-packet calls: one datagram in with its arrival time, the tick's out.
 
 A SIP call's media tick reads its RTP socket once and the ticker sends every
-due call's packet back to back (``bridge.io.sip_call``, ``bridge.io.ticker``).
+due call's packet back to back (``bridge.io.legs.sip_call``, ``bridge.io.ticker``).
 Through the socket module each read formats the peer's address as text,
 builds the ancillary-data list and, on an empty socket, raises; each send
 encodes the destination host and parses it back. The C module

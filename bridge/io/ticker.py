@@ -59,7 +59,7 @@ for that phase too (``after_send``: the call's transcoding of its next
 frames), so it runs once the wake-up's frames have left. A stream's third
 phase still runs before its next frame is built, except where a talkspurt
 start moves that frame into the window: a stream's second phase must then
-keep whatever the first one read (``bridge.io.sip_call``'s does).
+keep whatever the first one read (``bridge.io.legs.sip_call``'s does).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ Actions (``bridge.media.call_types``): ``OpenTurn``, ``SendTurnText``,
 ``StopAgent``, ``SendAgentAudio``, ``AgentPlayed`` (send Kletso
 ``voice.played`` now with this position) for the voice agent; ``ConnectApp``.
 
-Events (``bridge.control.commands``): ``DtmfHeard``, ``SpeechStarted``
+Events (``bridge.commands``): ``DtmfHeard``, ``SpeechStarted``
 (``at_s`` = onset of the caller's speech), ``SpeechStopped`` (``at_s`` = last
 speech frame), ``TurnBegan``, ``TurnFinished``, ``TurnInterrupted``,
 ``ProviderErrored``, ``CallEnded``; plus ``CommandRejected`` and
@@ -127,7 +127,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from bridge.control import commands as cmd
+from bridge import commands as cmd
 from bridge.engine import Action, Event, LocalProtocolError
 from bridge.media import bargein
 from bridge.media.bargein import BargeInDetector, BargeInPolicy
@@ -156,7 +156,6 @@ from bridge.media.call_types import (
     CallStats,
     CancelTurn,
     ClearLeg,
-    CommandRejected,
     ConnectApp,
     EndTurn,
     HangupLeg,
@@ -841,7 +840,7 @@ class CallBridge:
             self._actions.append(ConnectApp(command.app))
 
     def _reject(self, command: cmd.Command, turn_id: str, reason: str) -> None:
-        self._events.append(CommandRejected(type(command).__name__, turn_id, reason))
+        self._events.append(cmd.CommandRejected(type(command).__name__, turn_id, reason))
 
     # ------------------------------------------------------------ provider input
 

@@ -5,8 +5,8 @@ these values; the asyncio shell that drives a call consumes the actions, the
 turn source consumes the events. See ``bridge.media.call`` for the contract.
 
 Actions are imperative (the shell *does* them); events are past tense. The
-call events the turn sources already share live in ``bridge.control.commands``;
-the two defined here (``CommandRejected``, ``AgentEnded``) are extra events of
+call events the turn sources share (``CommandRejected`` among them) live in
+``bridge.commands``; the one defined here (``AgentEnded``) is an extra event of
 the same ``CallEvent`` family.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from bridge.control.commands import CallEvent
+from bridge.commands import CallEvent
 from bridge.engine import Action
 from bridge.tts.base import TurnSettings
 
@@ -27,7 +27,6 @@ __all__ = [
     "CallStats",
     "CancelTurn",
     "ClearLeg",
-    "CommandRejected",
     "ConnectApp",
     "EndTurn",
     "HangupLeg",
@@ -255,15 +254,6 @@ class AgentPlayed(Action):
 
 
 # ------------------------------------------------------------------ events
-
-
-@dataclass(frozen=True, slots=True)
-class CommandRejected(CallEvent):
-    """A command from the turn source could not be carried out; nothing changed."""
-
-    command: str
-    turn_id: str
-    reason: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from bridge.control.commands import CallEvent, Say
+from bridge.commands import CallEvent, Say
 from bridge.engine import Action, Event
 from bridge.media.bargein import BargeInPolicy
 from bridge.media.call import CallBridge

@@ -15,13 +15,12 @@ from call_harness import (
     tone_ulaw_frames,
 )
 
-from bridge.control.commands import CallEnded, HandOver, TurnBegan, TurnInterrupted
+from bridge.commands import CallEnded, CommandRejected, HandOver, TurnBegan, TurnInterrupted
 from bridge.media.call_types import (
     AgentEnded,
     AgentPlayed,
     CancelTurn,
     ClearLeg,
-    CommandRejected,
     LegProfile,
     SendAgentAudio,
     SendMark,

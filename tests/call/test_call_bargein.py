@@ -17,7 +17,7 @@ from call_harness import (
     voiced_ulaw_frames,
 )
 
-from bridge.control.commands import (
+from bridge.commands import (
     CallEnded,
     Cancel,
     DtmfHeard,

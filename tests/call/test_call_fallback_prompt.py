@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from call_harness import Harness, at, tone_ulaw_frames
 
-from bridge.control.commands import ProviderErrored, TurnBegan, TurnFinished, TurnInterrupted
+from bridge.commands import ProviderErrored, TurnBegan, TurnFinished, TurnInterrupted
 from bridge.providers.prompts import TurnFellBack
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from call_harness import SIP, TWILIO, Harness, at, of_type, tone_ulaw_frames, voiced_ulaw_frames
 
-from bridge.control.commands import Cancel, Say, SpeechStarted, SpeechStopped
+from bridge.commands import Cancel, Say, SpeechStarted, SpeechStopped
 from bridge.media.call_types import LegProfile, SendMark
 from bridge.media.vad import MIN_DBFS, Vad, energy_dbfs
 from telcodec import g711

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from call_harness import PCM_24K, SIP, TWILIO, Harness, at, of_type, tone_s16le, tone_ulaw_frames
 
-from bridge.control.commands import TurnFinished, TurnInterrupted
+from bridge.commands import TurnFinished, TurnInterrupted
 from bridge.media.call_audio import Framer
 from bridge.media.call_types import CallOptions, SendMark
 from bridge.tts.base import MULAW_8K, AudioFormat, AudioReceived, TurnFailed, WordsTimed, WordTiming
@@ -276,7 +276,7 @@ def test_equivalent_format_change_and_provider_error_mid_turn() -> None:
 
 
 def test_equivalent_voice_agent_truncation_by_position() -> None:
-    from bridge.control.commands import HandOver
+    from bridge.commands import HandOver
     from bridge.tts.base import TurnStarted
 
     def scenario(h: Harness) -> None:

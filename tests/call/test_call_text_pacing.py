@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 from call_harness import SIP, TWILIO, Harness, at, of_type
 
-from bridge.control.commands import TurnFinished, TurnInterrupted
+from bridge.commands import TurnFinished, TurnInterrupted
 from bridge.media.call_types import (
     CallOptions,
     CancelTurn,

@@ -14,9 +14,10 @@ from call_harness import (
     tone_ulaw_frames,
 )
 
-from bridge.control.commands import (
+from bridge.commands import (
     CallEnded,
     Cancel,
+    CommandRejected,
     HandOver,
     Hangup,
     ProviderErrored,
@@ -28,7 +29,6 @@ from bridge.control.commands import (
 )
 from bridge.media.call_types import (
     CancelTurn,
-    CommandRejected,
     ConnectApp,
     EndTurn,
     HangupLeg,
@@ -368,7 +368,7 @@ def test_inbound_frames_of_the_wrong_size_are_counted_not_raised() -> None:
 
 
 def test_provider_queue_depth_reaches_the_turn_source_as_backlog() -> None:
-    from bridge.control.commands import ProviderBacklog
+    from bridge.commands import ProviderBacklog
     from bridge.tts.base import QueueDepthChanged
 
     h = Harness(SIP)

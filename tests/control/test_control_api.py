@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from control_jsonschema import errors
 
+from bridge.commands import Say
 from bridge.control.api import (
     MAX_BODY_BYTES,
     ROUTES,
@@ -21,7 +22,6 @@ from bridge.control.api import (
     handle,
     openapi,
 )
-from bridge.control.commands import Say
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

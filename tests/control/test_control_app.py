@@ -12,26 +12,13 @@ from control_jsonschema import errors, is_valid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.config import load_config
-from bridge.control.app import (
-    COMMAND_TYPES,
-    EVENT_TYPES,
-    MAX_MESSAGE_BYTES,
-    AppConnected,
-    AppError,
-    AppLost,
-    AppSession,
-    AppState,
-    decode_command,
-    encode_error,
-    encode_event,
-)
-from bridge.control.commands import (
+from bridge.commands import (
     CallEnded,
     CallEvent,
     CallStarted,
     Cancel,
     Command,
+    CommandRejected,
     DtmfHeard,
     HandOver,
     Hangup,
@@ -46,9 +33,22 @@ from bridge.control.commands import (
     TurnFinished,
     TurnInterrupted,
 )
+from bridge.config import load_config
+from bridge.control.app import (
+    COMMAND_TYPES,
+    EVENT_TYPES,
+    MAX_MESSAGE_BYTES,
+    AppConnected,
+    AppError,
+    AppLost,
+    AppSession,
+    AppState,
+    decode_command,
+    encode_error,
+    encode_event,
+)
 from bridge.control.flow import fallback_runner
 from bridge.engine import CloseConnection, LocalProtocolError, SendText
-from bridge.media.call_types import CommandRejected
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA: dict[str, Any] = json.loads((ROOT / "bridge/control/app_schema.json").read_text())

@@ -13,8 +13,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge.commands import Command
 from bridge.control.app import COMMAND_FIELDS, COMMAND_TYPES, AppError, decode_command
-from bridge.control.commands import Command
 
 TRICKY = "²³٣०０\u2028\u2029\u202e\u200b\x00\x85\ufeff"
 HOSTILE_TEXT = st.text(st.characters(codec=None) | st.sampled_from(TRICKY), max_size=24)

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import FlowConfig, FlowStep, load_config, parse_config
-from bridge.control.commands import (
+from bridge.commands import (
     CallEnded,
     Command,
     DtmfHeard,
@@ -20,6 +19,7 @@ from bridge.control.commands import (
     TurnFinished,
     TurnInterrupted,
 )
+from bridge.config import FlowConfig, FlowStep, load_config, parse_config
 from bridge.control.flow import (
     DigitsGathered,
     FlowEnded,

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import load_config
-from bridge.control.commands import (
+from bridge.commands import (
     CallEvent,
     DtmfHeard,
     Say,
     TurnFinished,
     TurnInterrupted,
 )
+from bridge.config import load_config
 from bridge.control.flow import FlowRunner
 from bridge.engine import Action
 from bridge.media.call import CallBridge

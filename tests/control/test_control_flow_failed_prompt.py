@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bridge.commands import ProviderErrored, Say, TurnInterrupted
 from bridge.config import load_config
-from bridge.control.commands import ProviderErrored, Say, TurnInterrupted
 from bridge.control.flow import FlowRunner
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bridge.io.sip_leg import _uri_hostport
+from bridge.io.legs.sip import _uri_hostport
 
 
 def test_ports_are_ascii_digits_in_range() -> None:

@@ -16,11 +16,25 @@ from typing import Any
 
 import pytest
 
-from bridge.io.sip_call import _SipCall
+from bridge.config import parse_config
+from bridge.io.legs.sip_call import _SipCall
+from bridge.io.services import Services
 from bridge.io.ticker import MediaTicker
 from bridge.sip.sdp import NegotiatedAudio
 
 _HDR = struct.Struct("!BBHII")
+CONFIG = """
+[providers.p]
+protocol = "kova"
+url = "ws://127.0.0.1:9/v1/ws/kova"
+[[routes]]
+match = "*"
+provider = "p"
+"""
+
+
+def _services(ticker: MediaTicker) -> Services:
+    return Services.standalone(parse_config(CONFIG, "test.toml"), ticker)
 
 
 class _Runner:
@@ -37,12 +51,9 @@ class _Runner:
 
 async def _call(peer: socket.socket) -> _SipCall:
     ticker = MediaTicker(asyncio.get_running_loop())
-    daemon = SimpleNamespace(
-        ticker=ticker, config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=30.0))
-    )
-    leg: Any = SimpleNamespace(daemon=daemon)
+    services = _services(ticker)
     for _ in range(50):  # a free port pair, bound the way the leg binds it
-        call = _SipCall(leg, None, "call-1", _free_port() & ~1)  # type: ignore[arg-type]
+        call = _SipCall(services, None, "call-1", _free_port() & ~1)  # type: ignore[arg-type]
         try:
             sock, rtcp = call.bind_sockets("127.0.0.1")
             break
@@ -143,14 +154,14 @@ def test_a_closed_call_reads_nothing_and_its_queued_frame_is_dropped_and_counted
 def test_a_sip_message_is_followed_by_a_preemption_point_for_the_ticker() -> None:
     """The loop hands a socket's queued SIP datagrams over in one pass; after each
     one is handled (its answer sent) the ticker may run the frames due meanwhile."""
-    from bridge.io.sip_leg import _UaRunner
+    from bridge.io.legs.sip import _UaRunner
     from bridge.sip.settings import SipSettings
 
     async def main() -> None:
         order: list[str] = []
         ticker = SimpleNamespace(run_if_due=lambda: order.append("ticker"))
         leg: Any = SimpleNamespace(
-            daemon=SimpleNamespace(ticker=ticker),
+            services=SimpleNamespace(ticker=ticker),
             count_response=lambda data: order.append(data.split(b" ", 2)[1].decode()),
         )
         runner = _UaRunner(leg, SipSettings())
@@ -168,7 +179,7 @@ def test_a_sip_message_is_followed_by_a_preemption_point_for_the_ticker() -> Non
 
 
 def test_without_kernel_stamps_every_queued_datagram_is_read_in_order_in_one_tick() -> None:
-    from bridge.io.sip_call import SO_TIMESTAMPNS
+    from bridge.io.legs.sip_call import SO_TIMESTAMPNS
 
     async def main() -> None:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
@@ -197,11 +208,8 @@ def test_ipv6_sources_are_latched_and_read_as_host_and_port() -> None:
     async def main() -> None:
         with peer:
             ticker = MediaTicker(asyncio.get_running_loop())
-            daemon = SimpleNamespace(
-                ticker=ticker, config=SimpleNamespace(sip=SimpleNamespace(rtp_timeout_s=30.0))
-            )
-            leg: Any = SimpleNamespace(daemon=daemon)
-            call = _SipCall(leg, None, "call-6", _free_port() & ~1)  # type: ignore[arg-type]
+            services = _services(ticker)
+            call = _SipCall(services, None, "call-6", _free_port() & ~1)  # type: ignore[arg-type]
             await call.attach(call.bind_sockets("::1"))
             call.start_media(
                 NegotiatedAudio(0, "PCMU", 0, 101, ("::1", peer.getsockname()[1]), "sendrecv", 20)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 from bridge.control.report import build_report
 from bridge.io.caller import CallerOptions, place_call
-from bridge.io.sip_leg import SipLeg, _UaRunner
+from bridge.io.legs.sip import SipLeg, _UaRunner
 
 from .harness import FACTOR, Stack, free_sip_port, stack
 

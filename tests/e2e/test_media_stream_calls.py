@@ -519,6 +519,9 @@ def test_reload_keeps_calls_on_their_generation_and_retires_it_when_they_end(
                 await st.daemon.reload()
                 assert st.daemon.runtime is not old
                 assert st.daemon.runtime is not None
+                # the legs' seam follows: new calls start under the new generation
+                assert st.daemon.services.runtime is st.daemon.runtime
+                assert st.daemon.services.config is st.daemon.config
                 assert st.daemon.runtime.config.routes[0].greeting.startswith("Reloaded")
                 assert st.daemon._old_runtimes == [old]  # the call in progress keeps it
             await until(lambda: leg.active_calls() == 0)

@@ -19,8 +19,8 @@ import pytest
 
 from bridge.control.report import build_report
 from bridge.io.caller import CallerOptions, place_call
-from bridge.io.sip_call import _SipCall
-from bridge.io.sip_leg import SipLeg
+from bridge.io.legs.sip import SipLeg
+from bridge.io.legs.sip_call import _SipCall
 
 from .harness import FACTOR, free_sip_port, stack
 

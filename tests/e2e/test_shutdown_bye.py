@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bridge.io.sip_leg import SipLeg
+from bridge.io.legs.sip import SipLeg
 from bridge.sip.message import SipRequest, SipResponse, build_response, parse_message
 
 from .harness import FACTOR, free_sip_port, stack

@@ -141,7 +141,7 @@ def test_the_sip_udp_socket_asks_for_a_receive_buffer_that_holds_a_burst() -> No
     would be dropped unread, leaving those calls up until the RTP timeout."""
     from pathlib import Path
 
-    from bridge.io.sip_leg import SipLeg
+    from bridge.io.legs.sip import SipLeg
 
     default = int(Path("/proc/sys/net/core/rmem_default").read_text())
 

@@ -17,7 +17,7 @@ from collections.abc import Awaitable
 import pytest
 
 from bridge.io.dns import DnsCache, DnsError, is_ip_literal
-from bridge.io.sip_leg import SipLeg, _UaRunner
+from bridge.io.legs.sip import SipLeg, _UaRunner
 
 from .harness import FACTOR, Stack, stack
 

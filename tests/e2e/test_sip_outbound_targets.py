@@ -13,7 +13,7 @@ import socket
 import pytest
 
 from bridge.config import ConfigError, parse_config
-from bridge.io.sip_leg import SipLeg
+from bridge.io.legs.sip import SipLeg
 from bridge.sip.digest import AuthResult, DigestVerifier
 from bridge.sip.message import SipRequest, build_response, parse_message
 from bridge.sip.uri import TargetError

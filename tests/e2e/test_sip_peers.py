@@ -40,7 +40,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Stack, stack
 
-from bridge.io.sip_leg import SipLeg
+from bridge.io.legs.sip import SipLeg
 from bridge.ttsd.synth import TONE_GAP_S, ToneEngine, split_words
 from telcodec import g711
 

@@ -115,14 +115,14 @@ def test_refused_while_full_or_lagging_and_the_calls_in_progress_keep_their_fram
             # max_calls (1) reached: 503 with Retry-After
             full = await invite_answer(target)
             # the media clock lags: new SIP calls and new streams are refused
-            real = daemon.ticker
-            daemon.ticker = Overloaded(real)  # type: ignore[assignment]
+            real = daemon.services.ticker
+            daemon.services.ticker = Overloaded(real)  # type: ignore[assignment]
             try:
                 lagging_status = await upgrade_status(f"ws://127.0.0.1:{ms_port}/twilio")
                 lagging = await invite_answer(target)
                 await asyncio.sleep(2.0)  # an observation window, not a wait for an event
             finally:
-                daemon.ticker = real
+                daemon.services.ticker = real
             window_end = loop.time()
             sip_result, ws_result = await sip_call, await ws_call
         finally:

@@ -219,14 +219,14 @@ def test_every_refusal_path_moves_its_reason(clients: list[SipClient]) -> None:
         assert rejected("no_codec") == 2
 
         # the media clock lags: a new SIP call and a new stream get 503
-        real = daemon.ticker
-        daemon.ticker = Overloaded(real)  # type: ignore[assignment]
+        real = daemon.services.ticker
+        daemon.services.ticker = Overloaded(real)  # type: ignore[assignment]
         try:
             proxy.invite(sdp=SDP)
             assert await wait_for(lambda: len(proxy.read()) == 5)
             assert await upgrade_status(f"{ws}/twilio") == 503
         finally:
-            daemon.ticker = real
+            daemon.services.ticker = real
         assert proxy.answers[-1] == "503 Service Unavailable"
         assert rejected("overloaded") == 2
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge.io.stream_call import StreamCall
+from bridge.io.legs.stream_call import StreamCall
 from bridge.streams.base import AudioReceived
 from telcodec.framing import FrameCutter
 

@@ -355,7 +355,7 @@ def _no_start(stream: Any, event: Any) -> None:
 def test_leg_writes_a_frame_as_the_pumped_send_frame_did(
     cls: type[MediaStreamProtocol], fixture: str, direct: bool
 ) -> None:
-    from bridge.io.stream_call import StreamCall, StreamLeg
+    from bridge.io.legs.stream_call import StreamCall, StreamLeg
 
     recorder = _RecordingConn()
     engine = _streaming(cls, fixture)

@@ -1,6 +1,6 @@
 """One SIP call's media: its RTP session and sockets, driven by the media ticker.
 
-The per-frame half of the SIP leg (``bridge.io.sip_leg`` has the rest: the
+The per-frame half of the SIP leg (``bridge.io.legs.sip`` has the rest: the
 listeners, the user agents, routing and answering). Each 20 ms tick of the
 call's media clock sends one RTP packet (the turn's frame, comfort silence
 between turns, or an RFC 4733 event while DTMF is being sent), reads the
@@ -17,10 +17,11 @@ import contextlib
 import socket
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from bridge.engine import SendDatagram
 from bridge.io.rtpsock import SCM_TIMESTAMPNS, recv_stamped
+from bridge.io.services import Services
 from bridge.io.ticker import InboundCallback, ProcessCallback
 from bridge.logs import get_logger
 from bridge.rtp.dtmf import DtmfReceived, DtmfSender, InbandDtmf
@@ -36,11 +37,9 @@ from bridge.rtp.session import (
     silence_frame,
 )
 from bridge.sip.sdp import NegotiatedAudio
+from bridge.sip.ua import SipUserAgent
 
-if TYPE_CHECKING:
-    from bridge.io.sip_leg import SipLeg, _UaRunner
-
-__all__ = ["SO_TIMESTAMPNS", "CallerSide", "_DatagramProtocol", "_SipCall"]
+__all__ = ["SO_TIMESTAMPNS", "CallerSide", "Signalling", "_DatagramProtocol", "_SipCall"]
 
 log = get_logger("callbridge.sip")
 
@@ -61,6 +60,15 @@ class CallerSide(Protocol):
     def hangup(self, reason: str) -> None: ...
 
     def leg_ended(self, reason: str) -> None: ...
+
+
+class Signalling(Protocol):
+    """The user agent a SIP call's dialog lives in (the leg's ``_UaRunner``): a hang-up or
+    a transfer is a request on it, then a pump that sends it."""
+
+    ua: SipUserAgent
+
+    def pump(self) -> None: ...
 
 
 class _DatagramProtocol(asyncio.DatagramProtocol):
@@ -103,7 +111,6 @@ class _SipCall:
         "dtmf_active",
         "ended",
         "inband",
-        "leg",
         "loop",
         "outbound",
         "outbox",
@@ -115,13 +122,14 @@ class _SipCall:
         "rtp_sock",
         "runner",
         "sending_audio",
+        "services",
         "silence",
         "ticker",
         "ua",
     )
 
-    def __init__(self, leg: SipLeg, ua: _UaRunner, call_id: str, rtp_port: int) -> None:
-        self.leg = leg
+    def __init__(self, services: Services, ua: Signalling, call_id: str, rtp_port: int) -> None:
+        self.services = services
         self.ua = ua
         self.call_id = call_id
         self.port_key = call_id
@@ -138,7 +146,7 @@ class _SipCall:
         self.rtp_sock: socket.socket | None = None
         """The RTP socket: read at the call's tick (``_inbound``), not by the loop."""
         self.rtcp_transport: asyncio.DatagramTransport | None = None
-        self.ticker = leg.daemon.ticker
+        self.ticker = services.ticker
         self.outbox = self.ticker.outbox
         self._inbound_cb: InboundCallback = self._inbound
         self._process_cb: ProcessCallback = self._process
@@ -180,7 +188,7 @@ class _SipCall:
                 latch_host=policy.latch_host,
                 learn_window_s=policy.learn_window_s,
                 rebind_packets=policy.rebind_packets,
-                timeout_s=self.leg.daemon.config.sip.rtp_timeout_s,
+                timeout_s=self.services.config.sip.rtp_timeout_s,
             ),
             audio.remote_addr,
             self.loop.time(),

@@ -9,7 +9,7 @@ A ``CallOffered`` is routed by the request-URI user (``sip:demo@host`` →
 route ``demo``), negotiated (PCMU/PCMA + telephone-event), given an RTP port
 pair from ``[sip] rtp_ports`` and answered; the call then runs in a
 ``CallRunner``; its media (one RTP packet out and one frame in per 20 ms
-tick) is a ``_SipCall`` (``bridge.io.sip_call``, compiled with mypyc). The
+tick) is a ``_SipCall`` (``bridge.io.legs.sip_call``, compiled with mypyc). The
 port pair is released on every exit path (BYE, CANCEL, RTP timeout, error,
 refused call, shutdown).
 """
@@ -24,15 +24,15 @@ import ipaddress
 import os
 import re
 import socket
-from typing import TYPE_CHECKING
 
+from bridge import commands as cmd
 from bridge.config import ConnectionLimits, RouteConfig, SipRegistration, split_hostport
-from bridge.control import commands as cmd
 from bridge.engine import SendDatagram
 from bridge.io.callrun import CallRunner
 from bridge.io.connlimits import ConnectionGate
 from bridge.io.dns import DnsCache, DnsError, is_ip_literal
-from bridge.io.sip_call import _DatagramProtocol, _SipCall
+from bridge.io.legs.sip_call import _DatagramProtocol, _SipCall
+from bridge.io.services import Services
 from bridge.io.startup import listen_error
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
@@ -58,9 +58,6 @@ from bridge.sip.sdp import build_answer, build_offer, negotiate, parse_sdp
 from bridge.sip.settings import SipAuthUser, SipSettings
 from bridge.sip.ua import SipUserAgent
 from bridge.sip.uri import OutboundTarget, outbound_target, parse_uri
-
-if TYPE_CHECKING:
-    from bridge.io.daemon import Daemon
 
 __all__ = ["SipLeg"]
 
@@ -156,7 +153,7 @@ class _UaRunner:
         # the loop hands a socket's queued datagrams over in one pass: a burst
         # of INVITEs (a few hundred microseconds each) must not hold every
         # call's frames back (bridge.io.ticker, "run_if_due")
-        self.leg.daemon.ticker.run_if_due()
+        self.leg.services.ticker.run_if_due()
 
     async def _on_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -181,7 +178,7 @@ class _UaRunner:
         conn_id = self.next_conn_id
         self.next_conn_id += 1
         self.pending[conn_id] = []
-        self.leg.daemon.loop_task(self._connect(conn_id, addr))
+        self.leg.services.spawn(self._connect(conn_id, addr))
         return conn_id
 
     async def _connect(self, conn_id: int, addr: tuple[str, int]) -> None:
@@ -245,7 +242,7 @@ class _UaRunner:
                     # what is left over began in this read
                     last_complete = started = now
                 self.pump()
-                self.leg.daemon.ticker.run_if_due()
+                self.leg.services.ticker.run_if_due()
         except (ConnectionError, OSError):
             pass
         finally:
@@ -271,7 +268,7 @@ class _UaRunner:
                     log.exception("sip.action_failed", action=type(action).__name__)
             if self.ua.refusals:  # what the engine refused: allowlist, rate, drain, limit, auth
                 for reason, count in self.ua.take_refusals().items():
-                    self.leg.daemon.metrics.rejected_total.labels(reason).inc(count)
+                    self.leg.services.metrics.rejected_total.labels(reason).inc(count)
             for event in self.ua.events_received():
                 try:
                     self.leg.on_sip_event(self, event)
@@ -317,7 +314,7 @@ class _UaRunner:
             waiting.append((data, port))
             return
         self.awaiting_dns[host] = [(data, port)]
-        self.leg.daemon.loop_task(self._resolve_and_send(host))
+        self.leg.services.spawn(self._resolve_and_send(host))
 
     async def _resolve_and_send(self, host: str) -> None:
         try:
@@ -368,9 +365,9 @@ class SipLeg:
 
     name = "sip"
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-        cfg = daemon.config.sip
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        cfg = services.config.sip
         self.ports = RtpPortAllocator(cfg.rtp_ports)
         self.port_cooldown_s = UNUSABLE_COOLDOWN_S
         """How long a port found in use by another process is left out (``RtpPortAllocator``)."""
@@ -382,7 +379,7 @@ class SipLeg:
         """Outbound calls not answered yet: route, From, To and the next hop's host."""
 
     def _settings(self, host: str, port: int, transport: str) -> SipSettings:
-        cfg = self.daemon.config.sip
+        cfg = self.services.config.sip
         return SipSettings(
             local_host=host,
             local_port=port,
@@ -400,7 +397,7 @@ class SipLeg:
         )
 
     async def start(self) -> None:
-        cfg = self.daemon.config.sip
+        cfg = self.services.config.sip
         bound: list[str] = []
         for listen in cfg.listen:
             host, port = split_hostport(listen)
@@ -424,7 +421,7 @@ class SipLeg:
         """One ``listen`` address's runners, one a transport, all on one port. Port 0: the
         first transport binds any free port and the others that one; [] if another process
         holds it for a later transport (unless ``last``: then that is an error)."""
-        cfg = self.daemon.config.sip
+        cfg = self.services.config.sip
         runners: list[_UaRunner] = []
         for transport in cfg.transports:
             runner = _UaRunner(self, self._settings(host, port, transport.upper()), cfg.limits)
@@ -446,12 +443,12 @@ class SipLeg:
         for runner in self.runners:
             s = runner.ua.settings
             runner.ua.apply_settings(self._settings(s.local_host, s.local_port, runner.kind))
-            runner.gate.limits = self.daemon.config.sip.limits
+            runner.gate.limits = self.services.config.sip.limits
 
     def _register_all(self) -> None:
         """Keep a binding at every ``[sip.registrations]`` registrar (refreshed by the engine)."""
         ua = next((r for r in self.runners if r.kind == "UDP"), None)
-        for reg in self.daemon.config.sip.registrations:
+        for reg in self.services.config.sip.registrations:
             dest = _uri_hostport(reg.registrar)
             if ua is None or dest is None:
                 log.error("sip.register_impossible", registration=reg.name)
@@ -473,7 +470,7 @@ class SipLeg:
 
     def count_response(self, data: bytes) -> None:
         if data.startswith(b"SIP/2.0 "):
-            self.daemon.metrics.sip_responses_total.labels(
+            self.services.metrics.sip_responses_total.labels(
                 data[8:11].decode("ascii", "replace")
             ).inc()
 
@@ -514,7 +511,7 @@ class SipLeg:
 
     def on_sip_event(self, ua: _UaRunner, event: object) -> None:
         if isinstance(event, CallOffered):
-            self.daemon.loop_task(self._offered(ua, event))
+            self.services.spawn(self._offered(ua, event))
         elif isinstance(event, CallEnded | CallCancelled):
             call = self.calls.get(event.call_id)
             if call is not None:
@@ -585,7 +582,7 @@ class SipLeg:
     async def _offered(self, ua: _UaRunner, event: CallOffered) -> None:
         loop = asyncio.get_running_loop()
         offered_at = loop.time()
-        cfg = self.daemon.runtime.config if self.daemon.runtime else self.daemon.config
+        cfg = self.services.call_config()
         route = cfg.route_for(_route_key(event.request_uri))
         reject: tuple[int, str, str] | None = None
         audio = negotiate(parse_sdp(event.offer_sdp), cfg.sip.codecs) if event.offer_sdp else None
@@ -595,12 +592,12 @@ class SipLeg:
             reject = (488, "Not Acceptable Here", "no_codec")
         elif self.active_calls() >= cfg.sip.max_calls:
             reject = (503, "Service Unavailable", "max_calls")
-        elif self.daemon.ticker.overloaded(cfg.daemon.max_loop_lag_ms / 1000):
+        elif self.services.ticker.overloaded(cfg.daemon.max_loop_lag_ms / 1000):
             reject = (503, "Service Unavailable", "overloaded")  # protect the calls in progress
-            log.warning("sip.overloaded", lag_ms=round(self.daemon.ticker.lag_s * 1000, 2))
+            log.warning("sip.overloaded", lag_ms=round(self.services.ticker.lag_s * 1000, 2))
         if reject is not None or route is None or audio is None:
             status, phrase, reason = reject or (500, "Server Internal Error", "error")
-            self.daemon.metrics.rejected_total.labels(reason).inc()
+            self.services.metrics.rejected_total.labels(reason).inc()
             ua.ua.reject(
                 event.call_id,
                 status,
@@ -613,7 +610,7 @@ class SipLeg:
         host = ua.ua.settings.local_host
         bound = self._bind(ua, event.call_id, host)
         if bound is None:
-            self.daemon.metrics.rejected_total.labels("no_ports").inc()
+            self.services.metrics.rejected_total.labels("no_ports").inc()
             ua.ua.reject(
                 event.call_id, 503, "Service Unavailable", loop.time(), (("Retry-After", "5"),)
             )
@@ -635,7 +632,7 @@ class SipLeg:
             self._release(call)
             return
         ua.pump()
-        self.daemon.metrics.call_setup_seconds.labels("sip").observe(loop.time() - offered_at)
+        self.services.metrics.call_setup_seconds.labels("sip").observe(loop.time() - offered_at)
         self._run_call(call, route, event.from_uri, event.to_uri)
 
     def _run_call(self, call: _SipCall, route: RouteConfig, from_uri: str, to_uri: str) -> None:
@@ -643,7 +640,7 @@ class SipLeg:
         profile = LegProfile(kind="sip", codec=call.codec, heard_from="frames")  # type: ignore[arg-type]
         started = cmd.CallStarted(call_id=call.call_id, leg="sip", from_=from_uri, to=to_uri)
         runner = CallRunner(
-            self.daemon,
+            self.services,
             call.call_id,
             call,
             profile,
@@ -674,7 +671,7 @@ class SipLeg:
             TargetError: the target cannot be called (TLS, not a global number, ...).
             ValueError: no route, no transport of that kind, or no RTP port.
         """
-        cfg = self.daemon.runtime.config if self.daemon.runtime else self.daemon.config
+        cfg = self.services.call_config()
         registrar = cfg.sip.registrations[0].registrar if cfg.sip.registrations else None
         target = outbound_target(
             to_uri, cfg.sip.outbound_proxy or None, cfg.sip.outbound_proxy or registrar
@@ -694,7 +691,7 @@ class SipLeg:
         if bound is None:
             raise ValueError("no RTP port could be bound")
         call = bound[0]
-        self.daemon.loop_task(call.attach(bound[1]))
+        self.services.spawn(call.attach(bound[1]))
         offer = build_offer(cfg.sip.external_address or host, call.rtp_port, 1, 1, cfg.sip.codecs)
         credentials = _credentials_for(cfg.sip.registrations, target)
         headers = (("Route", f"<{cfg.sip.outbound_proxy};lr>"),) if target.via_proxy else ()
@@ -720,14 +717,14 @@ class SipLeg:
         pending = self.pending_routes.pop(event.call_id, None)
         if call is None or pending is None:
             return
-        audio = negotiate(parse_sdp(event.answer_sdp), self.daemon.config.sip.codecs)
+        audio = negotiate(parse_sdp(event.answer_sdp), self.services.config.sip.codecs)
         if audio is None:
             call.hangup("no_codec")
             self._release(call)
             return
         route, from_uri, to_uri, next_hop = pending
-        call.start_media(audio, next_hop, _latching(self.daemon.config.sip.latching))
-        self.daemon.metrics.call_setup_seconds.labels("sip").observe(
+        call.start_media(audio, next_hop, _latching(self.services.config.sip.latching))
+        self.services.metrics.call_setup_seconds.labels("sip").observe(
             call.loop.time() - call.created_at
         )
         self._run_call(call, route, from_uri, to_uri)
@@ -741,7 +738,7 @@ class SipLeg:
             if port is None:
                 log.warning("sip.rtp_ports_exhausted", call_id=call_id)
                 return None
-            call = _SipCall(self, ua, call_id, port)
+            call = _SipCall(self.services, ua, call_id, port)
             try:
                 return call, call.bind_sockets(_bind_host(host))
             except OSError as e:
@@ -774,7 +771,7 @@ class SipLeg:
         if self.calls.pop(call.call_id, None) is not None:
             lost = call.rtp.reception_stats().lost
             if lost > 0:
-                self.daemon.metrics.rtp_packets_lost_total.inc(lost)
+                self.services.metrics.rtp_packets_lost_total.inc(lost)
             call.close()
             self.ports.release(call.port_key)
 

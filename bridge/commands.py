@@ -19,6 +19,7 @@ __all__ = [
     "CallStarted",
     "Cancel",
     "Command",
+    "CommandRejected",
     "DtmfHeard",
     "HandOver",
     "Hangup",
@@ -177,4 +178,13 @@ class ProviderErrored(CallEvent):
 
 @dataclass(frozen=True, slots=True)
 class CallEnded(CallEvent):
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRejected(CallEvent):
+    """A command from the turn source could not be carried out; nothing changed."""
+
+    command: str
+    turn_id: str
     reason: str

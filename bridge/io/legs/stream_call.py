@@ -1,6 +1,6 @@
 """One carrier WebSocket of the media-stream leg: its dialect engine, messages in, frames out.
 
-The per-message half of the media-stream leg (``bridge.io.streams_leg`` has
+The per-message half of the media-stream leg (``bridge.io.legs.streams`` has
 the rest: the listener, the upgrade's checks, starting a call at the
 stream's ``start``). A carrier sends each call's caller audio as one message
 every 20 ms, and the media ticker sends the call's frame back as one message

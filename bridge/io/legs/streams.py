@@ -20,7 +20,7 @@ is set (and refused on a public listener without it); a CallSid gets at most
 one token (a replayed webhook gets 409).
 
 Each accepted socket is pumped through its dialect engine
-(``bridge.streams``) by a ``StreamCall`` (``bridge.io.stream_call``, the
+(``bridge.streams``) by a ``StreamCall`` (``bridge.io.legs.stream_call``, the
 per-message half, compiled); ``StreamStarted`` comes back here
 (``_start_call``), which picks the route and starts a ``CallRunner``; inbound
 audio, DTMF and mark echoes go to the call; the call's frames, marks and
@@ -36,14 +36,15 @@ import ipaddress
 import os
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qsl
 
+from bridge import commands as cmd
 from bridge.config import split_hostport
-from bridge.control import commands as cmd
 from bridge.io.callrun import CallRunner
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, WsConnection, serve_http_ws
-from bridge.io.stream_call import StreamCall, StreamLeg
+from bridge.io.legs.stream_call import StreamCall, StreamLeg
+from bridge.io.services import Services
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.streams import DIALECTS
@@ -59,9 +60,6 @@ from bridge.streams.auth import (
 from bridge.streams.base import MediaStreamProtocol, StreamSettings, StreamStarted
 from bridge.streams.twiml import twiml_for_route
 from telcodec.framing import FrameCutter
-
-if TYPE_CHECKING:
-    from bridge.io.daemon import Daemon
 
 __all__ = ["MediaStreamsLeg"]
 
@@ -93,12 +91,12 @@ class MediaStreamsLeg:
 
     name = "media_streams"
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, services: Services) -> None:
+        self.services = services
         self.server: HttpWsServer | None = None
         self.calls: dict[str, CallRunner] = {}
         self.draining = False
-        ms = daemon.config.media_streams
+        ms = services.config.media_streams
         secret = ms.token_secret.encode() or os.urandom(32)
         self.tokens = TokenBook(secret, ttl_s=ms.token_ttl_s) if ms.single_use_tokens else None
         self.plivo_nonces = ReplayGuard()
@@ -108,23 +106,23 @@ class MediaStreamsLeg:
 
     @property
     def settings(self) -> StreamSettings:
-        ms = self.daemon.config.media_streams
+        ms = self.services.config.media_streams
         return StreamSettings(max_message_bytes=ms.max_message_bytes)
 
     async def start(self) -> None:
-        host, port = split_hostport(self.daemon.config.media_streams.listen)
+        host, port = split_hostport(self.services.config.media_streams.listen)
         self.server = await serve_http_ws(
             host,
             port,
             http=self._http,
             ws=self._ws,
-            max_message_bytes=self.daemon.config.media_streams.max_message_bytes,
-            limits=self.daemon.config.media_streams.limits,
+            max_message_bytes=self.services.config.media_streams.max_message_bytes,
+            limits=self.services.config.media_streams.limits,
             max_body_bytes=TWIML_BODY_BYTES,
         )
         log.info(
             "media_streams.listening",
-            listen=self.daemon.config.media_streams.listen,
+            listen=self.services.config.media_streams.listen,
             port=self.port,
         )
 
@@ -168,7 +166,7 @@ class MediaStreamsLeg:
         return unique
 
     def _refuse_start(self, stream: StreamCall, reason: str, text: str) -> None:
-        self.daemon.metrics.rejected_total.labels(reason).inc()
+        self.services.metrics.rejected_total.labels(reason).inc()
         log.warning("streams.start_refused", reason=reason, dialect=stream.engine.DIALECT)
         stream.engine.reject(text, stream.now())
         stream.pump()
@@ -181,17 +179,17 @@ class MediaStreamsLeg:
         ``stream_token_due``: the shared ``stream_token`` was not presented at
         the upgrade (Twilio, Plivo) and must be the ``stream_token`` parameter.
         """
-        daemon = self.daemon
-        cfg = daemon.runtime.config if daemon.runtime else daemon.config
+        services = self.services
+        cfg = services.call_config()
         route = cfg.route_for(event.route or "")
         if route is None:
-            daemon.metrics.rejected_total.labels("no_route").inc()
+            services.metrics.rejected_total.labels("no_route").inc()
             log.warning("streams.no_route", route=event.route)
             stream.engine.hangup(stream.now())
             stream.pump()
             return
         call_id = event.call_id or event.stream_id
-        ms = daemon.config.media_streams
+        ms = services.config.media_streams
         if stream_token_due and not shared_token_valid(
             ms.stream_token, event.custom_parameters.get("stream_token")
         ):
@@ -223,9 +221,9 @@ class MediaStreamsLeg:
                 k: v for k, v in event.custom_parameters.items() if k not in _CREDENTIAL_PARAMS
             },
         )
-        lead = max(0, self.daemon.config.media_streams.lead_ms // 20 - 1)
+        lead = max(0, self.services.config.media_streams.lead_ms // 20 - 1)
         call = CallRunner(
-            daemon,
+            services,
             call_id,
             StreamLeg(stream),
             profile,
@@ -235,7 +233,7 @@ class MediaStreamsLeg:
             on_finished=self._call_finished,
         )
         self.calls[call_id] = call
-        daemon.metrics.call_setup_seconds.labels(stream.engine.DIALECT).observe(
+        services.metrics.call_setup_seconds.labels(stream.engine.DIALECT).observe(
             stream.now() - stream.connected_at
         )
         stream.call = call
@@ -243,7 +241,7 @@ class MediaStreamsLeg:
         unbind_call()
 
     def _public_url(self, request: HttpRequest) -> str:
-        base = self.daemon.config.media_streams.public_url.rstrip("/")
+        base = self.services.config.media_streams.public_url.rstrip("/")
         for path in DIALECTS:  # public_url may name the /twilio URL itself
             base = base.removesuffix(path)
         if base:
@@ -263,7 +261,7 @@ class MediaStreamsLeg:
         return HttpResponse.text(404, "not found")
 
     def _twiml(self, request: HttpRequest) -> HttpResponse:
-        ms = self.daemon.config.media_streams
+        ms = self.services.config.media_streams
         form = dict(parse_qsl(request.body.decode("latin-1"), keep_blank_values=True))
         signed = False
         if ms.twilio_auth_token:
@@ -271,17 +269,17 @@ class MediaStreamsLeg:
             if not twilio_webhook_valid(
                 ms.twilio_auth_token, self._webhook_url(request), form, signature
             ):
-                self.daemon.metrics.rejected_total.labels("bad_signature").inc()
+                self.services.metrics.rejected_total.labels("bad_signature").inc()
                 log.warning("streams.twiml_bad_signature")
                 return HttpResponse.text(403, "invalid X-Twilio-Signature")
             signed = True
         elif self.public:
-            self.daemon.metrics.rejected_total.labels("no_credential").inc()
+            self.services.metrics.rejected_total.labels("no_credential").inc()
             return HttpResponse.text(
                 403, "POST /twiml needs media_streams.twilio_auth_token on a public listener"
             )
         route = request.query.get("route") or form.get("route", "")
-        base = self.daemon.config.media_streams.public_url or (
+        base = self.services.config.media_streams.public_url or (
             f"wss://{request.headers.get('host', '')}"
         )
         stream_url = base.rstrip("/").replace("ws://", "wss://", 1)
@@ -297,7 +295,7 @@ class MediaStreamsLeg:
                 return HttpResponse.text(400, "CallSid is required for single-use stream tokens")
             now = time.time()
             if not self.twiml_call_sids.first_use(call_sid, now + TWIML_REPLAY_WINDOW_S, now):
-                self.daemon.metrics.rejected_total.labels("twiml_replayed").inc()
+                self.services.metrics.rejected_total.labels("twiml_replayed").inc()
                 log.warning("streams.twiml_replayed")
                 return HttpResponse.text(409, "a stream token was already issued for this call")
             params["token"] = self.tokens.mint(call_sid, now)
@@ -312,13 +310,13 @@ class MediaStreamsLeg:
         if cls is None:
             return HttpResponse.text(404, f"no media-stream dialect at {request.path}")
         if self.draining:
-            self.daemon.metrics.rejected_total.labels("draining").inc()
+            self.services.metrics.rejected_total.labels("draining").inc()
             return HttpResponse(503, b"draining\n", headers=(("Retry-After", "5"),))
-        if self.daemon.ticker.overloaded(self.daemon.config.daemon.max_loop_lag_ms / 1000):
-            self.daemon.metrics.rejected_total.labels("overloaded").inc()
+        if self.services.ticker.overloaded(self.services.config.daemon.max_loop_lag_ms / 1000):
+            self.services.metrics.rejected_total.labels("overloaded").inc()
             return HttpResponse(503, b"overloaded\n", headers=(("Retry-After", "2"),))
-        if self.streams_open >= self.daemon.config.media_streams.max_streams:
-            self.daemon.metrics.rejected_total.labels("max_streams").inc()
+        if self.streams_open >= self.services.config.media_streams.max_streams:
+            self.services.metrics.rejected_total.labels("max_streams").inc()
             return HttpResponse(503, b"too many media streams\n", headers=(("Retry-After", "5"),))
         refusal, stream_token_due = self._upgrade_refusal(cls.DIALECT, request)
         if refusal is not None:
@@ -330,8 +328,8 @@ class MediaStreamsLeg:
     ) -> tuple[HttpResponse | None, bool]:
         """(a 403 for an upgrade that fails its dialect's checks, or None; whether the
         shared ``stream_token`` is still due in ``start``)."""
-        ms = self.daemon.config.media_streams
-        metrics = self.daemon.metrics
+        ms = self.services.config.media_streams
+        metrics = self.services.metrics
         credentialed = self.tokens is not None  # checked in start
         if dialect == "twilio" and ms.twilio_auth_token:
             signature = request.headers.get("x-twilio-signature")
@@ -374,9 +372,9 @@ class MediaStreamsLeg:
         self, cls: type[MediaStreamProtocol], request: HttpRequest, stream_token_due: bool
     ) -> Any:
         async def handler(conn: WsConnection) -> None:
-            if self.streams_open >= self.daemon.config.media_streams.max_streams:
+            if self.streams_open >= self.services.config.media_streams.max_streams:
                 # upgrades decided while others were still handshaking: the cap is exact
-                self.daemon.metrics.rejected_total.labels("max_streams").inc()
+                self.services.metrics.rejected_total.labels("max_streams").inc()
                 await conn.close(1013, "too many media streams")
                 return
             self.streams_open += 1
@@ -384,7 +382,7 @@ class MediaStreamsLeg:
                 engine = cls(self.settings, route=request.query.get("route"))
                 loop = asyncio.get_running_loop()
                 on_started = functools.partial(self._start_call, stream_token_due=stream_token_due)
-                stream = StreamCall(conn, engine, loop, self.daemon.ticker.run_if_due, on_started)
+                stream = StreamCall(conn, engine, loop, self.services.ticker.run_if_due, on_started)
                 await stream.run()
             finally:
                 self.streams_open -= 1
