@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.media.bargein import BargeInPolicy
+from bridge.sip.settings import SRTP_MODES, SipSecurity
 from bridge.sip.uri import outbound_target
 from bridge.tts.base import OptionType
 
@@ -134,6 +135,12 @@ class SipConfig:
     auth_users: tuple[SipAuthUser, ...] = ()
     registrations: tuple[SipRegistration, ...] = ()
     limits: ConnectionLimits = ConnectionLimits(idle_timeout_s=1800.0)
+    tls_listen: tuple[str, ...] = ()
+    """SIP over TLS listen addresses (their certificate and key: the two files below)."""
+    tls_certificate_file: str = ""
+    tls_key_file: str = ""
+    security: SipSecurity = field(default_factory=SipSecurity)
+    """``srtp``, ``tls_ca_file``, ``tls_unverified_hosts`` (one object a trunk can carry)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -576,9 +583,12 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
             "codecs", "allow",
             "max_calls", "invite_rate_per_source", "rtp_timeout_s", "session_expires_s",
             "auth", "registrations", "trusted_proxies",
+            "tls_listen", "tls_certificate_file", "tls_key_file", "tls_ca_file",
+            "tls_unverified_hosts", "srtp",
         },
         p,
     )  # fmt: skip
+    tls_listen, tls_files, security = _read_sip_tls(r, d)
     listen = r.str_list(d, "listen", p, ("127.0.0.1:5060",))
     for i, v in enumerate(listen):
         r.hostport(v, f"sip.listen[{i}]" if isinstance(d.get("listen"), list) else "sip.listen")
@@ -640,7 +650,8 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
             r.err(f"{rp}.registrar", f"expected a sip: URI, got {registrar!r}")
         else:
             try:
-                outbound_target(registrar)
+                if outbound_target(registrar).transport == "TLS":
+                    r.err(f"{rp}.registrar", f"{registrar}: REGISTER over TLS is not supported yet")
             except ValueError as exc:
                 r.err(f"{rp}.registrar", str(exc))
         regs.append(
@@ -671,7 +682,56 @@ def _read_sip(r: _Reader, d: dict[str, Any]) -> SipConfig:
         auth_users=tuple(users),
         registrations=tuple(regs),
         limits=_read_limits(r, d, p),
+        tls_listen=tls_listen,
+        tls_certificate_file=tls_files[0],
+        tls_key_file=tls_files[1],
+        security=security,
     )
+
+
+def _read_sip_tls(
+    r: _Reader, d: dict[str, Any]
+) -> tuple[tuple[str, ...], tuple[str, str], SipSecurity]:
+    """``[sip]``'s TLS and SRTP keys: (tls_listen, (certificate, key) paths, security).
+
+    The certificate and key must be readable files when ``tls_listen`` is set (paths
+    expand ``$CREDENTIALS_DIRECTORY``, so systemd ``LoadCredential=`` works); SDES keys
+    travel only over TLS, so ``srtp`` other than ``off`` needs ``tls_listen``."""
+    p = "sip"
+    tls_listen = r.str_list(d, "tls_listen", p, ())
+    for i, v in enumerate(tls_listen):
+        key = f"sip.tls_listen[{i}]" if isinstance(d.get("tls_listen"), list) else "sip.tls_listen"
+        r.hostport(v, key)
+    files = []
+    for name in ("tls_certificate_file", "tls_key_file"):
+        raw = r.str_(d, name, p, "")
+        path = Path(os.path.expandvars(raw)) if raw else None
+        if path is not None and not path.is_absolute():
+            path = r.base_dir / path
+        if path is None and tls_listen:
+            r.err(f"sip.{name}", "required with sip.tls_listen")
+        elif path is not None:
+            try:
+                with path.open("rb") as f:
+                    f.read(1)
+            except OSError as e:
+                r.err(f"sip.{name}", f"cannot read {raw!r}: {e.strerror}")
+        files.append(str(path) if path is not None else "")
+    ca = r.str_(d, "tls_ca_file", p, "")
+    ca_path = Path(os.path.expandvars(ca)) if ca else None
+    if ca_path is not None and not ca_path.is_absolute():
+        ca_path = r.base_dir / ca_path
+    if ca_path is not None and not ca_path.is_file():
+        r.err("sip.tls_ca_file", f"cannot read {ca!r}: not a file")
+    srtp = r.choice(d, "srtp", p, "off", SRTP_MODES)
+    if srtp != "off" and not tls_listen:
+        r.err("sip.srtp", f"{srtp!r} needs sip.tls_listen: SRTP keys (SDES) travel only over TLS")
+    security = SipSecurity(
+        srtp=srtp,
+        ca_file=str(ca_path) if ca_path is not None else "",
+        unverified_hosts=tuple(h.lower() for h in r.str_list(d, "tls_unverified_hosts", p, ())),
+    )
+    return tls_listen, (files[0], files[1]), security
 
 
 def _read_port_range(r: _Reader, v: object) -> tuple[int, int]:

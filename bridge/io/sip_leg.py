@@ -1,9 +1,10 @@
-"""The SIP/RTP leg: SIP over UDP and TCP, one RTP socket pair per call.
+"""The SIP/RTP leg: SIP over UDP, TCP and TLS, one RTP socket pair per call.
 
 One ``SipUserAgent`` engine per listening transport (``[sip] listen`` ×
-``transports``). Each transport callback feeds its engine with
-``loop.time()`` and pumps: datagrams and stream bytes out, call events to
-this leg, one timer re-armed from ``next_deadline()``.
+``transports``, and one per ``[sip] tls_listen``: ``bridge.io.sip_tls``). Each
+transport callback feeds its engine with ``loop.time()`` and pumps: datagrams
+and stream bytes out, call events to this leg, one timer re-armed from
+``next_deadline()``.
 
 A ``CallOffered`` is routed by the request-URI user (``sip:demo@host`` →
 route ``demo``), negotiated (PCMU/PCMA + telephone-event), given an RTP port
@@ -24,6 +25,7 @@ import ipaddress
 import os
 import re
 import socket
+import ssl
 from typing import TYPE_CHECKING
 
 from bridge.config import ConnectionLimits, RouteConfig, SipRegistration, split_hostport
@@ -33,6 +35,7 @@ from bridge.io.callrun import CallRunner
 from bridge.io.connlimits import ConnectionGate
 from bridge.io.dns import DnsCache, DnsError, is_ip_literal
 from bridge.io.sip_call import _DatagramProtocol, _SipCall
+from bridge.io.sip_tls import HANDSHAKE_TIMEOUT_S, ClientContexts, server_context
 from bridge.io.startup import listen_error
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
@@ -90,7 +93,11 @@ class _UaRunner:
     """One SIP transport and its user agent engine."""
 
     def __init__(
-        self, leg: SipLeg, settings: SipSettings, limits: ConnectionLimits | None = None
+        self,
+        leg: SipLeg,
+        settings: SipSettings,
+        limits: ConnectionLimits | None = None,
+        tls: tuple[ssl.SSLContext, ClientContexts] | None = None,
     ) -> None:
         self.leg = leg
         self.ua = SipUserAgent(settings)
@@ -118,6 +125,15 @@ class _UaRunner:
         """Host names the engine sends to (``bridge.io.dns``), resolved off the media path."""
         self.awaiting_dns: dict[str, list[tuple[bytes, int]]] = {}
         """Datagrams for a name being looked up: (data, port), sent once it resolves."""
+        self.tls = tls
+        """TLS: the listener's context and the outbound ones (``bridge.io.sip_tls``)."""
+        self.peer_conns: dict[tuple[str, int, str], int] = {}
+        """TLS: the one connection per peer (address, port, server name) we call out on,
+        reused by later requests (RFC 5923's spirit) and opened again once it drops."""
+        self.conn_peers: dict[int, tuple[str, int, str]] = {}
+        """The reverse of ``peer_conns``."""
+        self.tls_handshakes = 0
+        """Outbound TLS handshakes completed (one per peer while its connection lives)."""
 
     async def start(self, host: str, port: int) -> int:
         """Bind the listener; the port it got (port 0 binds any free one, and the engine's
@@ -136,6 +152,16 @@ class _UaRunner:
                     got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
                     # Linux reports twice what it grants (the other half is its bookkeeping)
                     log.info("sip.udp_receive_buffer", bytes=got, asked=SIP_UDP_RCVBUF_BYTES)
+        elif self.tls is not None:
+            # the handshake comes first: [sip] allow and the connection caps are checked
+            # once it is done (a stranger costs one handshake, bounded by its timeout)
+            self.tcp = await asyncio.start_server(
+                self._on_stream,
+                host,
+                port,
+                ssl=self.tls[0],
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
+            )
         else:
             self.tcp = await asyncio.start_server(self._on_stream, host, port)
         if self.udp is not None:
@@ -174,20 +200,50 @@ class _UaRunner:
         self.next_conn_id += 1
         await self._serve_stream(conn_id, reader, writer, source, gated=True)
 
-    def connect(self, addr: tuple[str, int]) -> int:
-        """Open a TCP connection for an outbound call; its conn_id at once (what the
+    def connect(self, addr: tuple[str, int], server_name: str = "") -> int:
+        """Open a connection for an outbound call; its conn_id at once (what the
         engine sends before it is up waits in ``pending``; if it cannot connect, the
-        call fails at once, as a 503)."""
+        call fails at once, as a 503). TCP: a connection per call. TLS: the peer's
+        connection if one is open or opening (``server_name``: the name its
+        certificate must carry, and SNI; empty: the address)."""
+        if self.tls is not None:
+            key = (addr[0], addr[1], server_name or addr[0])
+            conn_id = self.peer_conns.get(key, 0)
+            if conn_id and (conn_id in self.writers or conn_id in self.pending):
+                return conn_id
+            if not conn_id:
+                conn_id = self.next_conn_id
+                self.next_conn_id += 1
+                self.peer_conns[key] = conn_id
+                self.conn_peers[conn_id] = key
+            self._open(conn_id, [])
+            return conn_id
         conn_id = self.next_conn_id
         self.next_conn_id += 1
         self.pending[conn_id] = []
         self.leg.daemon.loop_task(self._connect(conn_id, addr))
         return conn_id
 
-    async def _connect(self, conn_id: int, addr: tuple[str, int]) -> None:
+    def _open(self, conn_id: int, queued: list[bytes]) -> None:
+        """(Re)open the pooled TLS connection ``conn_id`` with ``queued`` to send on it."""
+        host, port, name = self.conn_peers[conn_id]
+        self.pending[conn_id] = queued
+        self.leg.daemon.loop_task(self._connect(conn_id, (host, port), name))
+
+    async def _connect(self, conn_id: int, addr: tuple[str, int], server_name: str = "") -> None:
         try:
-            reader, writer = await asyncio.open_connection(addr[0], addr[1])
-        except OSError as exc:
+            if self.tls is not None:
+                reader, writer = await asyncio.open_connection(
+                    addr[0],
+                    addr[1],
+                    ssl=self.tls[1].for_host(server_name or addr[0]),
+                    server_hostname=server_name or addr[0],
+                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
+                )
+                self.tls_handshakes += 1
+            else:
+                reader, writer = await asyncio.open_connection(addr[0], addr[1])
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             self.pending.pop(conn_id, None)
             log.info("sip.connect_failed", host=addr[0], port=addr[1], error=str(exc))
             self.ua.connection_lost(conn_id)
@@ -295,6 +351,8 @@ class _UaRunner:
                 writer.write(action.data)
             elif action.conn_id in self.pending:  # an outbound connection still opening
                 self.pending[action.conn_id].append(action.data)
+            elif action.conn_id in self.conn_peers:  # a peer's TLS connection dropped
+                self._open(action.conn_id, [action.data])
         elif isinstance(action, CloseStream):
             writer = self.writers.pop(action.conn_id, None)
             if writer is not None:
@@ -384,6 +442,7 @@ class SipLeg:
     def _settings(self, host: str, port: int, transport: str) -> SipSettings:
         cfg = self.daemon.config.sip
         return SipSettings(
+            security=cfg.security,
             local_host=host,
             local_port=port,
             contact_host=cfg.external_address,
@@ -411,6 +470,20 @@ class SipLeg:
                     break
             self.runners.extend(runners)
             got = runners[0].ua.settings.local_port
+            bound.append(f"[{host}]:{got}" if ":" in host else f"{host}:{got}")
+        if cfg.tls_listen:
+            tls = (
+                server_context(cfg.tls_certificate_file, cfg.tls_key_file),
+                ClientContexts(cfg.security),
+            )
+        for listen in cfg.tls_listen:
+            host, port = split_hostport(listen)
+            runner = _UaRunner(self, self._settings(host, port, "TLS"), cfg.limits, tls)
+            try:
+                got = await runner.start(host, port)
+            except OSError as e:
+                raise listen_error("sip.tls_listen", listen, "tls", e) from e
+            self.runners.append(runner)
             bound.append(f"[{host}]:{got}" if ":" in host else f"{host}:{got}")
         log.info(
             "sip.listening",
@@ -661,7 +734,8 @@ class SipLeg:
         self, to_uri: str, from_uri: str, route_key: str, resolved: dict[str, str] | None = None
     ) -> str:
         """Place a call to ``to_uri`` (``sip:`` or ``tel:+E164``); returns its Call-ID
-        (answered later). Over UDP, or TCP when the next hop says ``transport=tcp``;
+        (answered later). Over UDP, or TCP when the next hop says ``transport=tcp``,
+        or TLS for ``sips:`` and ``transport=tls`` (on the peer's one connection);
         through ``[sip] outbound_proxy`` when set; a tel: number goes to the proxy's
         or the first registrar's host. Credentials for a 401/407: the registration
         whose registrar host is the next hop's or the Request-URI's.
@@ -671,7 +745,7 @@ class SipLeg:
         resolve); without one the name is resolved as the INVITE leaves.
 
         Raises:
-            TargetError: the target cannot be called (TLS, not a global number, ...).
+            TargetError: the target cannot be called (not a global number, ...).
             ValueError: no route, no transport of that kind, or no RTP port.
         """
         cfg = self.daemon.runtime.config if self.daemon.runtime else self.daemon.config
@@ -684,7 +758,9 @@ class SipLeg:
             raise ValueError("no route matches")
         ua = next((r for r in self.runners if r.kind == target.transport), None)
         if ua is None:
-            raise ValueError(f"no {target.transport} transport to call out on")
+            raise ValueError(
+                f"no {target.transport} transport to call out on (sip.listen, sip.tls_listen)"
+            )
         dest = (target.host, target.port)
         if resolved and dest[0] in resolved:
             dest = (resolved[dest[0]], dest[1])
@@ -698,7 +774,7 @@ class SipLeg:
         offer = build_offer(cfg.sip.external_address or host, call.rtp_port, 1, 1, cfg.sip.codecs)
         credentials = _credentials_for(cfg.sip.registrations, target)
         headers = (("Route", f"<{cfg.sip.outbound_proxy};lr>"),) if target.via_proxy else ()
-        conn_id = ua.connect(dest) if target.transport == "TCP" else None
+        conn_id = ua.connect(dest, target.host) if target.transport != "UDP" else None
         call_id = ua.ua.invite(
             target.request_uri,
             from_uri,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["SipAuthUser", "SipSettings", "TimerSettings"]
+__all__ = ["SRTP_MODES", "SipAuthUser", "SipSecurity", "SipSettings", "TimerSettings"]
+
+SRTP_MODES = ("off", "offer", "require")
+"""``srtp`` settings: no SRTP; offered (taken when the peer offers it); required."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,20 @@ class SipAuthUser:
 
 
 @dataclass(frozen=True, slots=True)
+class SipSecurity:
+    """TLS peer verification and SRTP of the calls placed and taken (today ``[sip]``; a
+    trunk will carry its own). SDES keys travel only over TLS (``docs/sip.md``)."""
+
+    srtp: str = "off"
+    """One of ``SRTP_MODES``: ``offer`` takes SRTP when offered and offers it (best effort,
+    ``RTP/AVP`` with ``a=crypto``); ``require`` refuses a call without it (488)."""
+    ca_file: str = ""
+    """CA bundle that verifies TLS peers we call; empty: the system's store."""
+    unverified_hosts: tuple[str, ...] = ()
+    """Hosts we call over TLS without verifying their certificate (an explicit opt-out)."""
+
+
+@dataclass(frozen=True, slots=True)
 class SipSettings:
     """Everything a :class:`~bridge.sip.ua.SipUserAgent` needs to know."""
 
@@ -44,7 +61,7 @@ class SipSettings:
     public address when the daemon sits behind NAT); empty: ``local_host``."""
     """Port of the listening transport."""
     transport: str = "UDP"
-    """``UDP`` or ``TCP``: reliable transports do not retransmit (RFC 3261 §17)."""
+    """``UDP``, ``TCP`` or ``TLS``: reliable transports do not retransmit (RFC 3261 §17)."""
     user_agent: str = ""
     """``User-Agent``/``Server`` header; empty sends none (no version banner)."""
     timers: TimerSettings = field(default_factory=TimerSettings)
@@ -82,3 +99,5 @@ class SipSettings:
     """Expires we ask for in REGISTER; refreshed at half of the granted value."""
     codecs: tuple[str, ...] = ("PCMU", "PCMA")
     """SDP codec preference order."""
+    security: SipSecurity = field(default_factory=SipSecurity)
+    """SRTP mode and TLS peer verification (``SipSecurity``)."""

@@ -184,9 +184,12 @@ class UaCore(Outbox):
 
     def _contact(self, user: str = "callbridge") -> str:
         s = self.settings
-        transport = "" if s.transport.upper() == "UDP" else f";transport={s.transport.lower()}"
+        kind = s.transport.upper()
         name = s.contact_host or s.local_host
         host = f"[{name}]" if ":" in name else name
+        if kind == "TLS":  # a sips: Contact (RFC 5630 deprecates ;transport=tls)
+            return f"<sips:{user}@{host}:{s.local_port}>"
+        transport = "" if kind == "UDP" else f";transport={kind.lower()}"
         return f"<sip:{user}@{host}:{s.local_port}{transport}>"
 
     # --- input -------------------------------------------------------------------
