@@ -24,6 +24,7 @@ import errno
 import ipaddress
 import os
 import re
+import secrets
 import socket
 import ssl
 from typing import TYPE_CHECKING
@@ -41,6 +42,7 @@ from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.rtp.ports import UNUSABLE_COOLDOWN_S, RtpPortAllocator
 from bridge.rtp.session import LatchingMode
+from bridge.rtp.srtp import SrtpContext
 from bridge.sip.digest import DigestCredentials
 from bridge.sip.errors import SipParseError
 from bridge.sip.events import (
@@ -57,10 +59,19 @@ from bridge.sip.events import (
     SendStream,
     TransferProgress,
 )
-from bridge.sip.sdp import build_answer, build_offer, negotiate, parse_sdp
-from bridge.sip.settings import SipAuthUser, SipSettings
+from bridge.sip.sdp import (
+    SDES_SUITES,
+    NegotiatedAudio,
+    SdesCrypto,
+    build_answer,
+    build_offer,
+    choose_crypto,
+    negotiate,
+    parse_sdp,
+)
+from bridge.sip.settings import SipAuthUser, SipSecurity, SipSettings
 from bridge.sip.ua import SipUserAgent
-from bridge.sip.uri import OutboundTarget, outbound_target, parse_uri
+from bridge.sip.uri import OutboundTarget, TargetError, outbound_target, parse_uri
 
 if TYPE_CHECKING:
     from bridge.io.daemon import Daemon
@@ -438,6 +449,8 @@ class SipLeg:
         self.secret = os.urandom(32)
         self.pending_routes: dict[str, tuple[RouteConfig, str, str, str]] = {}
         """Outbound calls not answered yet: route, From, To and the next hop's host."""
+        self.offered_keys: dict[str, tuple[SdesCrypto, ...]] = {}
+        """Outbound calls not answered yet that offered SRTP: the keys they offered."""
 
     def _settings(self, host: str, port: int, transport: str) -> SipSettings:
         cfg = self.daemon.config.sip
@@ -607,6 +620,7 @@ class SipLeg:
             self._outbound_answered(event)
         elif isinstance(event, OutboundCallFailed):
             self.pending_routes.pop(event.call_id, None)
+            self.offered_keys.pop(event.call_id, None)
             call = self.calls.get(event.call_id)
             log.info("sip.outbound_failed", call_id=event.call_id, status=event.status)
             if call is not None:
@@ -694,12 +708,25 @@ class SipLeg:
             return
         call = bound[0]
         await call.attach(bound[1])
-        call.start_media(audio, event.source[0], _latching(cfg.sip.latching))
+        # SRTP when offered over TLS and not off (the engine refused every other
+        # combination with 488, sdp.srtp_refusal): our own key for the offered suite
+        local = remote = None
+        if audio.crypto and cfg.sip.security.srtp != "off" and ua.kind == "TLS":
+            local = choose_crypto(audio.crypto, secrets.token_bytes)
+            remote = next((c for c in audio.crypto if local and c.tag == local.tag), None)
+        srtp = SrtpContext(local, remote) if local and remote else None
+        call.start_media(audio, event.source[0], _latching(cfg.sip.latching), srtp)
         self.calls[event.call_id] = call
         rtp_host = cfg.sip.external_address or host
         offer = parse_sdp(event.offer_sdp)
         answer = build_answer(
-            offer, audio, rtp_host, call.rtp_port, int.from_bytes(os.urandom(4), "big") >> 1, 1
+            offer,
+            audio,
+            rtp_host,
+            call.rtp_port,
+            int.from_bytes(os.urandom(4), "big") >> 1,
+            1,
+            crypto=local if srtp else None,
         )
         try:
             ua.ua.answer(event.call_id, answer, loop.time())
@@ -756,6 +783,12 @@ class SipLeg:
         route = cfg.route_for(route_key or _route_key(target.request_uri))
         if route is None:
             raise ValueError("no route matches")
+        security = cfg.sip.security
+        if security.srtp == "require" and target.transport != "TLS":
+            raise TargetError(
+                f"{to_uri}: sip.srtp is 'require' and SDES keys travel only over TLS "
+                "(call a sips: or ;transport=tls target)"
+            )
         ua = next((r for r in self.runners if r.kind == target.transport), None)
         if ua is None:
             raise ValueError(
@@ -771,7 +804,16 @@ class SipLeg:
             raise ValueError("no RTP port could be bound")
         call = bound[0]
         self.daemon.loop_task(call.attach(bound[1]))
-        offer = build_offer(cfg.sip.external_address or host, call.rtp_port, 1, 1, cfg.sip.codecs)
+        keys = _offered_keys(security) if target.transport == "TLS" else ()
+        offer = build_offer(
+            cfg.sip.external_address or host,
+            call.rtp_port,
+            1,
+            1,
+            cfg.sip.codecs,
+            crypto=keys,
+            proto="RTP/SAVP" if keys and security.srtp == "require" else "RTP/AVP",
+        )
         credentials = _credentials_for(cfg.sip.registrations, target)
         headers = (("Route", f"<{cfg.sip.outbound_proxy};lr>"),) if target.via_proxy else ()
         conn_id = ua.connect(dest, target.host) if target.transport != "UDP" else None
@@ -788,12 +830,15 @@ class SipLeg:
         call.call_id, call.outbound = call_id, True
         self.calls[call_id] = call
         self.pending_routes[call_id] = (route, from_uri, to_uri, dest[0])
+        if keys:
+            self.offered_keys[call_id] = keys
         ua.pump()
         return call_id
 
     def _outbound_answered(self, event: OutboundCallAnswered) -> None:
         call = self.calls.get(event.call_id)
         pending = self.pending_routes.pop(event.call_id, None)
+        offered = self.offered_keys.pop(event.call_id, ())
         if call is None or pending is None:
             return
         audio = negotiate(parse_sdp(event.answer_sdp), self.daemon.config.sip.codecs)
@@ -801,8 +846,15 @@ class SipLeg:
             call.hangup("no_codec")
             self._release(call)
             return
+        srtp = _answered_srtp(offered, audio)
+        if srtp is None and (self.daemon.config.sip.security.srtp == "require" or audio.crypto):
+            # required and not answered, or answered with a key for nothing we offered
+            log.info("sip.srtp_not_answered", call_id=event.call_id)
+            call.hangup("srtp_mismatch")
+            self._release(call)
+            return
         route, from_uri, to_uri, next_hop = pending
-        call.start_media(audio, next_hop, _latching(self.daemon.config.sip.latching))
+        call.start_media(audio, next_hop, _latching(self.daemon.config.sip.latching), srtp)
         self.daemon.metrics.call_setup_seconds.labels("sip").observe(
             call.loop.time() - call.created_at
         )
@@ -862,6 +914,26 @@ def _uri_hostport(uri: str) -> tuple[str, int] | None:
     if m is None or int(m.group(2) or 5060) > 65535:
         return None
     return m.group(1).strip("[]"), int(m.group(2) or 5060)
+
+
+def _offered_keys(security: SipSecurity) -> tuple[SdesCrypto, ...]:
+    """The keys an outbound call over TLS offers: one per suite, or none (``srtp`` off)."""
+    if security.srtp == "off":
+        return ()
+    return tuple(
+        SdesCrypto.generate(tag, secrets.token_bytes, suite)
+        for tag, suite in enumerate(SDES_SUITES, start=1)
+    )
+
+
+def _answered_srtp(offered: tuple[SdesCrypto, ...], audio: NegotiatedAudio) -> SrtpContext | None:
+    """The SRTP keys of an answered outbound call: the answer's key for one we offered
+    (same tag and suite), or None (not offered, or not answered)."""
+    for theirs in audio.crypto:
+        for ours in offered:
+            if (ours.tag, ours.suite) == (theirs.tag, theirs.suite):
+                return SrtpContext(ours, theirs)
+    return None
 
 
 def _latching(mode: str) -> LatchingMode:

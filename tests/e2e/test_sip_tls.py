@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 import ssl
 from collections.abc import Awaitable
 from pathlib import Path
@@ -20,6 +21,8 @@ from bridge.io.sip_leg import SipLeg, _UaRunner
 from bridge.io.startup import StartupError
 from bridge.sip.framer import SipStreamFramer
 from bridge.sip.message import SipRequest, SipResponse, parse_message
+from bridge.sip.sdp import build_answer, choose_crypto, negotiate, parse_sdp
+from bridge.sip.uri import TargetError
 
 from .harness import FACTOR, Stack, stack
 from .tlscerts import Issued, make_ca_and_leaf
@@ -227,7 +230,10 @@ class TlsUas:
     """A Python SIP end on a TLS listener that answers every INVITE with 200 and every
     BYE with 200, and counts its connections and the requests it got."""
 
-    def __init__(self, certs: Issued) -> None:
+    def __init__(self, certs: Issued, srtp: bool = False) -> None:
+        self.srtp = srtp
+        """Answer an offer's SDES keys with a key of our own (else: plain RTP/AVP)."""
+        self.offers: list[str] = []
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.context.load_cert_chain(certs.cert_file, certs.key_file)
         self.connections = 0
@@ -266,7 +272,7 @@ class TlsUas:
                 self.requests.append((number, message.method))
                 if message.method == "ACK":
                     continue
-                body = SDP if message.method == "INVITE" else ""
+                body = self._answer(message) if message.method == "INVITE" else ""
                 headers = "".join(
                     f"{name}: {message.get(name)}\r\n"
                     for name in ("via", "from", "call-id", "cseq")
@@ -283,6 +289,16 @@ class TlsUas:
                 )
         except (AssertionError, ConnectionError, TimeoutError, ssl.SSLError):
             pass
+
+    def _answer(self, invite: SipRequest) -> str:
+        offer_text = invite.body.decode()
+        self.offers.append(offer_text)
+        offer = parse_sdp(offer_text)
+        audio = negotiate(offer, ("PCMU",))
+        if not self.srtp or audio is None or not audio.crypto:
+            return SDP
+        key = choose_crypto(audio.crypto, secrets.token_bytes)
+        return build_answer(offer, audio, "127.0.0.1", 9, 1, 1, crypto=key)
 
     def drop_connections(self) -> None:
         for writer in self.writers:
@@ -354,6 +370,45 @@ def test_a_peer_with_an_untrusted_certificate_is_not_called_unless_opted_out(
                 leg = sip_leg(s)
                 leg.originate(f"sips:bob@127.0.0.1:{uas.port}", "sip:c@127.0.0.1", "g")
                 assert await wait_for(lambda: (uas.connections, "ACK") in uas.requests)
+        finally:
+            uas.close()
+
+    run(body())
+
+
+@pytest.mark.parametrize("answers_keys", [True, False])
+def test_a_call_out_with_srtp_required_offers_savp_and_ends_if_not_answered_with_a_key(
+    tmp_path: Path, answers_keys: bool
+) -> None:
+    """``srtp = "require"``: the INVITE offers RTP/SAVP with a key per suite; an answer
+    with a key for one of them keys the call's SRTP, a plain answer ends it (BYE)."""
+    daemon_certs = make_ca_and_leaf(tmp_path, "daemon")
+    peer_certs = make_ca_and_leaf(tmp_path, "peer")
+
+    async def body() -> None:
+        uas = await TlsUas(peer_certs, srtp=answers_keys).start()
+        try:
+            extra = tls_extra(daemon_certs, peer_certs.ca_file, 'srtp = "require"\n')
+            async with stack(ROUTES, sip_extra=extra) as s:
+                leg = sip_leg(s)
+                with pytest.raises(TargetError, match="only over TLS"):
+                    leg.originate("sip:bob@127.0.0.1:5999", "sip:c@127.0.0.1", "g")
+                call_id = leg.originate(f"sips:bob@127.0.0.1:{uas.port}", "sip:c@127.0.0.1", "g")
+                assert await wait_for(lambda: (1, "ACK") in uas.requests), uas.requests
+                [offer] = uas.offers
+                media = parse_sdp(offer).media[0]
+                assert media.proto == "RTP/SAVP"
+                assert [c.suite for c in media.crypto] == [
+                    "AES_CM_128_HMAC_SHA1_80",
+                    "AES_CM_128_HMAC_SHA1_32",
+                ]
+                if answers_keys:
+                    assert await wait_for(lambda: leg.calls[call_id].runner is not None)
+                    assert leg.calls[call_id].srtp is not None
+                    assert (1, "BYE") not in uas.requests
+                else:
+                    assert await wait_for(lambda: (1, "BYE") in uas.requests), uas.requests
+                    assert call_id not in leg.calls
         finally:
             uas.close()
 
