@@ -475,7 +475,7 @@ class UasAgent(UaCore):
             )
             return
         headers = [
-            ("Contact", self._contact()),
+            ("Contact", self._contact(secure=_secure(call))),
             _ALLOW,
             _SUPPORTED,
             *self._uas_timer_headers(call, request, interval, refresher),
@@ -543,7 +543,7 @@ class UasAgent(UaCore):
         call = self._inbound_unanswered(call_id)
         entry = self._server_txs[call.invite_tx_key]
         interval, refresher = _session_expires(call.invite)
-        headers = [("Contact", self._contact()), _ALLOW, _SUPPORTED, _SDP]
+        headers = [("Contact", self._contact(secure=_secure(call))), _ALLOW, _SUPPORTED, _SDP]
         headers += self._uas_timer_headers(call, call.invite, interval, refresher)
         response = self._respond(
             entry,
@@ -650,7 +650,7 @@ class UasAgent(UaCore):
     ) -> ClientEntry:
         request = call.dialog.build_request(method)
         if method in ("INVITE", "UPDATE", "REFER"):
-            request.add("Contact", self._contact())
+            request.add("Contact", self._contact(secure=_secure(call)))
         for name, value in headers:
             request.add(name, value)
         request.body = body
@@ -774,3 +774,8 @@ _HANDLERS: dict[str, Handler] = {
     "NOTIFY": UasAgent._on_notify,
     "UPDATE": UasAgent._on_update,
 }
+
+
+def _secure(call: Call) -> bool:
+    """The call's dialog is a ``sips:`` one (its INVITE's Request-URI, RFC 3261 §12.1)."""
+    return call.invite.uri.lower().startswith("sips:")

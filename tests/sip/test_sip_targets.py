@@ -103,7 +103,7 @@ def test_an_invite_on_a_stream_connection_fails_at_once_when_it_cannot_connect()
     assert ua.events_received() == []
 
 
-def test_an_invite_over_tls_says_tls_in_its_via_and_sips_in_its_contact() -> None:
+def test_an_invite_over_tls_says_tls_in_its_via_and_its_contact() -> None:
     settings = SipSettings(transport="TLS", local_port=5061, session_expires_s=0)
     ua = SipUserAgent(settings, random.Random(1))
     offer = build_offer("127.0.0.1", 30000, 1, 1)
@@ -114,3 +114,9 @@ def test_an_invite_over_tls_says_tls_in_its_via_and_sips_in_its_contact() -> Non
     assert lines[0] == "INVITE sips:bob@192.0.2.1 SIP/2.0"
     assert lines[1].startswith("Via: SIP/2.0/TLS 127.0.0.1:5061;branch=z9hG4bK")
     assert "Contact: <sips:callbridge@127.0.0.1:5061>" in lines
+    # a sip: target over TLS: a sip: Contact that says TLS (what peers route)
+    ua.invite(
+        "sip:bob@192.0.2.1;transport=tls", "sip:a@x", offer, ("192.0.2.1", 5061), 0.0, conn_id=3
+    )
+    (action,) = ua.actions_to_send()
+    assert b"\r\nContact: <sip:callbridge@127.0.0.1:5061;transport=tls>\r\n" in action.data
