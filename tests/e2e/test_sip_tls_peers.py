@@ -60,13 +60,16 @@ class TlsBaresip(Baresip):
     """baresip with the ``srtp`` module, the test CA, and an account that requires SRTP."""
 
     ca_file: Path = field(default_factory=Path)
+    certificate: Path | None = None
+    """Its own certificate and key in one PEM (to take calls on its TLS port, SIP + 1)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         config = self.workdir / "config"
-        config.write_text(
-            config.read_text() + f"module\t\t\tsrtp.so\nsip_cafile\t\t{self.ca_file}\n"
-        )
+        extra = f"module\t\t\tsrtp.so\nsip_cafile\t\t{self.ca_file}\n"
+        if self.certificate is not None:
+            extra += f"sip_certificate\t\t{self.certificate}\n"
+        config.write_text(config.read_text() + extra)
         accounts = self.workdir / "accounts"
         line = accounts.read_text().strip().splitlines()[-1]
         accounts.write_text(line + ";mediaenc=srtp-mand\n")
@@ -151,6 +154,51 @@ def test_baresip_calls_over_tls_with_srtp_hears_the_greeting_and_the_wire_has_no
         assert not [data for data in media if CLEAR_SILENCE in data[12:]]
         sizes = {len(data) for data in media}
         assert sizes == {12 + 160 + SRTP_80_OVERHEAD_BYTES}, sizes
+
+    run(main())
+
+
+@pytest.mark.peers
+@requires_baresip
+def test_daemon_calls_baresip_over_tls_with_srtp_which_hears_the_greeting(tmp_path: Path) -> None:
+    """The reverse direction: originate over TLS to baresip's TLS port (its certificate
+    verified against tls_ca_file); RTP/SAVP offered, SRTP on both sides; baresip hangs
+    up and its BYE reaches the daemon."""
+    daemon_certs = make_ca_and_leaf(tmp_path / "pki", "daemon")
+    phone_certs = make_ca_and_leaf(tmp_path / "pki", "phone")
+    combined = tmp_path / "pki" / "phone-combined.pem"
+    combined.write_bytes(phone_certs.cert_file.read_bytes() + phone_certs.key_file.read_bytes())
+    combined.chmod(0o600)
+
+    async def main() -> None:
+        extra = tls_extra(daemon_certs, phone_certs.ca_file, 'srtp = "require"\n')
+        async with stack(ROUTES, rtp=_rtp_range(), sip_extra=extra) as st:
+            leg = sip_leg(st)
+            skips = SkippedFrames(leg)
+            phone = TlsBaresip(
+                tmp_path / "baresip", ca_file=daemon_certs.ca_file, certificate=combined
+            )
+            await phone.start()
+            # sip:;transport=tls, not sips: (libre 1.0 sends no in-dialog request to a
+            # sips: Contact, ENOSYS: its BYE would never leave)
+            target = f"sip:tester@127.0.0.1:{phone.sip_port + 1};transport=tls"
+            call_id = leg.originate(target, "sip:callbridge@127.0.0.1", "greet")
+            established = await wait_for(lambda: phone.said("Call established"), 10.0)
+            assert established, phone.explain()
+            assert leg.calls[call_id].srtp is not None
+            assert await wait_for(lambda: prompt_played(leg), 10.0)
+            assert await wait_for(phone.heard_through, 10.0), phone.explain()
+            heard = leg.calls[call_id].rtp.reception_stats()
+            await phone.command("hangup")  # (what comes back may be its CALL_CLOSED event)
+            assert await wait_for(lambda: leg.ports.allocated_count == 0, 5.0), phone.explain()
+            await phone.stop()
+        assert phone.said("SRTP is Enabled"), phone.explain()
+        assert heard.received >= 20, heard
+        segments = audible_segments_s(phone.received_pcm())
+        assert len(segments) == 1, segments
+        [(start_s, end_s)] = segments
+        expected_s = greeting_speech_s(GREETING)
+        assert abs((end_s - start_s) - expected_s) <= skips.slack(), (segments, expected_s)
 
     run(main())
 
