@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import ConfigError, parse_config
+from bridge.config import Config, ConfigError, parse_config
 from bridge.io.sip_leg import SipLeg, _UaRunner
 from bridge.io.startup import StartupError
 from bridge.sip.framer import SipStreamFramer
@@ -40,7 +40,7 @@ SDP = (
 
 
 def run(coro: Awaitable[None]) -> None:
-    asyncio.run(asyncio.wait_for(coro, 60 * FACTOR))  # type: ignore[arg-type]
+    asyncio.run(asyncio.wait_for(coro, 60 * FACTOR))
 
 
 def tls_extra(daemon: Issued, ca_file: Path | None = None, extra: str = "") -> str:
@@ -413,3 +413,21 @@ def test_a_call_out_with_srtp_required_offers_savp_and_ends_if_not_answered_with
             uas.close()
 
     run(body())
+
+
+def test_a_reload_applies_srtp_and_refuses_a_change_of_the_tls_keys(tmp_path: Path) -> None:
+    from bridge.io.daemon import restart_keys
+
+    certs = make_ca_and_leaf(tmp_path, "daemon")
+
+    def cfg(extra: str) -> Config:
+        return parse_config(f"[sip]\n{tls_extra(certs, extra=extra)}{ROUTE_BASE}")
+
+    base = cfg("")
+    assert restart_keys(base, cfg('srtp = "require"\n')) == []
+    moved = parse_config(
+        f"[sip]\n{tls_extra(certs).replace('127.0.0.1:0', '127.0.0.1:5071')}{ROUTE_BASE}"
+    )
+    assert restart_keys(base, moved) == ["sip.tls_listen"]
+    opted_out = cfg('tls_unverified_hosts = ["pbx.example"]\n')
+    assert restart_keys(base, opted_out) == ["sip.tls_ca_file"]
