@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bridge.engine import Action, Event
 
@@ -52,7 +52,7 @@ class CallOffered(Event):
     call_id: str
     from_uri: str
     to_uri: str
-    offer_sdp: str
+    offer_sdp: str = field(repr=False)  # SDES keys (a=crypto): never in a log line
     source: Address
     request_uri: str
 
@@ -62,7 +62,7 @@ class CallEstablished(Event):
     """The ACK for our 2xx arrived: media may flow both ways."""
 
     call_id: str
-    remote_sdp: str = ""
+    remote_sdp: str = field(default="", repr=False)  # SDES keys: never in a log line
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +128,7 @@ class OutboundCallAnswered(Event):
     """Our INVITE got a 2xx (we sent the ACK)."""
 
     call_id: str
-    answer_sdp: str
+    answer_sdp: str = field(repr=False)  # SDES keys (a=crypto): never in a log line
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ import pytest
 
 from bridge.rtp.packet import build_rtp
 from bridge.rtp.srtp import SrtpContext
-from bridge.sip.events import CallOffered
+from bridge.sip.events import CallEstablished, CallOffered, OutboundCallAnswered
 from bridge.sip.message import SipResponse
 from bridge.sip.sdp import (
     SDES_SUITES,
@@ -220,3 +220,14 @@ def test_srtp_round_trip_from_an_offer_answer_pair(suite: str) -> None:
     assert callee.unprotect(protected) == packet
     reply = build_rtp(0, 9, 160, 0x9999, b"\xff" * 160, False)
     assert caller.unprotect(callee.protect(reply)) == reply
+
+
+def test_the_events_that_carry_sdp_keep_it_out_of_their_repr() -> None:
+    key = SdesCrypto.generate(1, rand(10).randbytes)
+    sdp = build_offer("192.0.2.1", 4000, 1, 1, crypto=(key,))
+    secret = key.to_attribute().split("inline:")[1]
+    offered = CallOffered("c", "sip:a@x", "sip:b@y", sdp, ("192.0.2.1", 5061), "sips:b@y")
+    events = (offered, OutboundCallAnswered("c", sdp), CallEstablished("c", sdp))
+    for event in events:
+        assert secret not in repr(event)
+    assert offered.offer_sdp == sdp  # still there to be read
