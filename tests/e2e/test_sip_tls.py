@@ -236,6 +236,9 @@ class TlsUas:
         self.offers: list[str] = []
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.context.load_cert_chain(certs.cert_file, certs.key_file)
+        self.server_names: list[str | None] = []
+        """The SNI of each handshake."""
+        self.context.sni_callback = lambda _sock, name, _ctx: self.server_names.append(name)
         self.connections = 0
         self.failed_handshakes = 0
         self.requests: list[tuple[int, str]] = []
@@ -431,3 +434,30 @@ def test_a_reload_applies_srtp_and_refuses_a_change_of_the_tls_keys(tmp_path: Pa
     assert restart_keys(base, moved) == ["sip.tls_listen"]
     opted_out = cfg('tls_unverified_hosts = ["pbx.example"]\n')
     assert restart_keys(base, opted_out) == ["sip.tls_ca_file"]
+
+
+@pytest.mark.parametrize(("name", "answered"), [("localhost", True), ("pbx.example", False)])
+def test_a_peer_called_by_name_gets_sni_and_must_carry_that_name(
+    tmp_path: Path, name: str, answered: bool
+) -> None:
+    """sips:bob@localhost: SNI ``localhost``, the certificate checked for that name; a
+    certificate for another name fails the call."""
+    daemon_certs = make_ca_and_leaf(tmp_path, "daemon")
+    peer_certs = make_ca_and_leaf(tmp_path, "peer", hosts=(name,))
+
+    async def body() -> None:
+        uas = await TlsUas(peer_certs).start()
+        try:
+            async with stack(ROUTES, sip_extra=tls_extra(daemon_certs, peer_certs.ca_file)) as s:
+                leg = sip_leg(s)
+                call_id = leg.originate(f"sips:bob@localhost:{uas.port}", "sip:c@x", "g")
+                if answered:
+                    assert await wait_for(lambda: (1, "ACK") in uas.requests), uas.requests
+                else:
+                    assert await wait_for(lambda: call_id not in leg.calls)
+                    assert uas.requests == []
+                assert uas.server_names == ["localhost"]
+        finally:
+            uas.close()
+
+    run(body())
