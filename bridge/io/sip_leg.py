@@ -503,6 +503,7 @@ class SipLeg:
             listen=list(cfg.listen),
             bound=bound,
             transports=list(cfg.transports),
+            tls_listen=list(cfg.tls_listen),
         )
         self._register_all()
 
