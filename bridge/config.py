@@ -27,6 +27,7 @@ import ipaddress
 import math
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -717,6 +718,12 @@ def _read_sip_tls(
             except OSError as e:
                 r.err(f"sip.{name}", f"cannot read {raw!r}: {e.strerror}")
         files.append(str(path) if path is not None else "")
+    if tls_listen and all(files) and not any(k.startswith("sip.tls_") for k in r.errors):
+        try:  # a pair that does not match fails check-config, not only the start
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(files[0], files[1])
+        except (ssl.SSLError, OSError) as e:
+            why = getattr(e, "reason", None) or type(e).__name__
+            r.err("sip.tls_certificate_file", f"not a certificate chain and its key ({why})")
     ca = r.str_(d, "tls_ca_file", p, "")
     ca_path = Path(os.path.expandvars(ca)) if ca else None
     if ca_path is not None and not ca_path.is_absolute():

@@ -18,6 +18,7 @@ import pytest
 
 from bridge.config import Config, ConfigError, parse_config
 from bridge.io.sip_leg import SipLeg, _UaRunner
+from bridge.io.sip_tls import server_context
 from bridge.io.startup import StartupError
 from bridge.sip.framer import SipStreamFramer
 from bridge.sip.message import SipRequest, SipResponse, parse_message
@@ -208,22 +209,27 @@ def test_srtp_without_a_tls_listener_is_a_config_error() -> None:
     ]
 
 
-def test_a_certificate_file_that_is_not_one_refuses_the_start_naming_the_key(
+def test_a_certificate_and_key_that_are_not_a_pair_are_refused_naming_the_key(
     tmp_path: Path,
 ) -> None:
+    """At load (check-config) and, should the files change after it, at start."""
     certs = make_ca_and_leaf(tmp_path, "daemon")
+    other = make_ca_and_leaf(tmp_path, "other")
     broken = tmp_path / "broken.pem"
     broken.write_text("not a certificate\n")
-    bad = Issued(certs.ca_file, broken, certs.key_file)
-
-    async def body() -> None:
-        with pytest.raises(StartupError) as info:
-            async with stack(ROUTES, sip_extra=tls_extra(bad)):
-                pass
-        assert str(info.value).startswith("sip.tls_certificate_file: ")
-        assert info.value.exit_status == 2
-
-    run(body())
+    for bad in (
+        Issued(certs.ca_file, broken, certs.key_file),
+        Issued(certs.ca_file, certs.cert_file, other.key_file),
+    ):
+        with pytest.raises(ConfigError) as info:
+            parse_config(f"[sip]\n{tls_extra(bad)}{ROUTE_BASE}")
+        [error] = info.value.errors
+        assert error.startswith("sip.tls_certificate_file: not a certificate chain and its key")
+        with pytest.raises(StartupError) as started:
+            server_context(str(bad.cert_file), str(bad.key_file))
+        assert str(started.value).startswith("sip.tls_certificate_file: ")
+        assert started.value.exit_status == 2
+        assert "PRIVATE KEY" not in str(started.value)
 
 
 class TlsUas:
