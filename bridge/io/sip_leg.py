@@ -57,6 +57,7 @@ from bridge.sip.events import (
     OutboundCallFailed,
     RegistrationStateChanged,
     SendStream,
+    SrtpKeyChanged,
     TransferProgress,
 )
 from bridge.sip.sdp import (
@@ -659,6 +660,11 @@ class SipLeg:
                         now=call.loop.time(),
                         latch_host=event.remote_rtp_addr[0],
                     )
+        elif isinstance(event, SrtpKeyChanged):
+            call = self.calls.get(event.call_id)
+            if call is not None and call.srtp is not None:
+                call.srtp.rekey_remote(event.remote)
+                log.info("sip.srtp_rekeyed", call_id=event.call_id)
         elif isinstance(event, AuthFailed):
             # one line per failed answer (fail2ban reads these), one more when the
             # source is blocked; later refusals of a blocked source are not logged (the

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bridge.engine import Action, Event
+from bridge.sip.sdp import SdesCrypto
 
 __all__ = [
     "Address",
@@ -20,6 +21,7 @@ __all__ = [
     "OutboundCallFailed",
     "RegistrationStateChanged",
     "SendStream",
+    "SrtpKeyChanged",
     "TransferProgress",
 ]
 
@@ -101,6 +103,16 @@ class HoldChanged(Event):
     call_id: str
     direction: str
     remote_rtp_addr: Address | None
+
+
+@dataclass(frozen=True, slots=True)
+class SrtpKeyChanged(Event):
+    """The peer's re-offer of an SRTP call carries a new key for our suite (RFC 4568
+    §7.1.4): what arrives from now on is protected with ``remote`` (ours is unchanged)."""
+
+    call_id: str
+    remote: SdesCrypto
+    """The peer's new key (never in a ``repr``)."""
 
 
 @dataclass(frozen=True, slots=True)

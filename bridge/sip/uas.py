@@ -69,6 +69,7 @@ from bridge.sip.events import (
     CallOffered,
     DtmfInfoReceived,
     HoldChanged,
+    SrtpKeyChanged,
     TransferProgress,
 )
 from bridge.sip.guard import (
@@ -502,12 +503,13 @@ class UasAgent(UaCore):
         crypto = None
         if ours is not None and ours.crypto:
             key = ours.crypto[0]
-            crypto = next(
-                (dataclasses.replace(key, tag=c.tag) for c in audio.crypto if c.suite == key.suite),
-                None,
-            )
-            if crypto is None:
+            theirs = next((c for c in audio.crypto if c.suite == key.suite), None)
+            if theirs is None:
                 return None
+            crypto = dataclasses.replace(key, tag=theirs.tag)
+            before = call.audio.crypto if call.audio is not None else ()
+            if all(c.key_salt != theirs.key_salt for c in before if c.suite == key.suite):
+                self._events.append(SrtpKeyChanged(call.call_id, theirs))
         elif audio.proto == "RTP/SAVP":
             return None
         address = (

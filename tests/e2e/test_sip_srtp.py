@@ -192,3 +192,58 @@ def test_an_offer_with_sdes_keys_over_udp_is_refused_with_488(tmp_path: Path) ->
             assert not sip_leg(s).calls
 
     run(body())
+
+
+def test_a_reinvite_with_a_new_key_rekeys_what_the_daemon_accepts(tmp_path: Path) -> None:
+    """RFC 4568 §7.1.4: the peer re-offers with a new key; the daemon answers with its
+    own unchanged key and from then on takes the new key only."""
+    certs = make_ca_and_leaf(tmp_path, "daemon")
+    first, second = (SdesCrypto.generate(1, secrets.token_bytes) for _ in range(2))
+
+    async def body() -> None:
+        async with stack(ROUTES, sip_extra=tls_extra(certs, extra='srtp = "offer"\n')) as s:
+            leg = sip_leg(s)
+            port = tls_runner(s).ua.settings.local_port
+            media = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            media.bind(("127.0.0.1", 0))
+            context = ssl.create_default_context(cafile=str(certs.ca_file))
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+            peer = SipStream(reader, writer)
+            uri = f"sips:greet@127.0.0.1:{port}"
+            local = media.getsockname()[1]
+            offer = build_offer("127.0.0.1", local, 1, 1, ("PCMU",), crypto=[first])
+            peer.send(request("INVITE", uri, "rekey", 1, body=offer))
+            ok = await peer.final()
+            answer = parse_sdp(ok.body.decode())
+            [theirs] = answer.media[0].crypto
+            daemon_rtp = ("127.0.0.1", answer.media[0].port)
+            to_tag = (ok.get("to") or "").split("tag=")[1]
+            peer.send(request("ACK", uri, "rekey", 1, to_tag))
+            call = leg.calls["rekey"]
+            silence = bytes([g711.ULAW_SILENCE]) * 160
+            ssrc = secrets.randbits(32)
+
+            def send(key: SdesCrypto, seqs: range) -> None:
+                srtp = SrtpContext(key, theirs)
+                for n in seqs:
+                    media.sendto(srtp.protect(rtp(n, n * 160, ssrc, silence)), daemon_rtp)
+
+            send(first, range(10))
+            assert await wait_for(lambda: call.rtp.reception_stats().received >= 10)
+            reoffer = build_offer("127.0.0.1", local, 1, 2, ("PCMU",), crypto=[second])
+            peer.send(request("INVITE", uri, "rekey", 2, to_tag, body=reoffer))
+            reanswered = await peer.final()
+            assert reanswered.status == 200
+            assert parse_sdp(reanswered.body.decode()).media[0].crypto == (theirs,)
+            send(second, range(10, 20))
+            assert await wait_for(lambda: call.rtp.reception_stats().received >= 20)
+            assert call.srtp_dropped == 0
+            send(first, range(20, 21))  # the old key is no longer taken
+            assert await wait_for(lambda: call.srtp_dropped == 1)
+            peer.send(request("ACK", uri, "rekey", 2, to_tag))
+            peer.send(request("BYE", uri, "rekey", 3, to_tag))
+            assert (await peer.final()).status == 200
+            writer.close()
+            media.close()
+
+    run(body())

@@ -11,7 +11,7 @@ import pytest
 
 from bridge.rtp.packet import build_rtp
 from bridge.rtp.srtp import SrtpContext
-from bridge.sip.events import CallEstablished, CallOffered, OutboundCallAnswered
+from bridge.sip.events import CallEstablished, CallOffered, OutboundCallAnswered, SrtpKeyChanged
 from bridge.sip.message import SipResponse
 from bridge.sip.sdp import (
     SDES_SUITES,
@@ -137,8 +137,10 @@ def test_srtp_refusal_takes_sdes_only_over_tls_and_as_the_mode_says(
     assert srtp_refusal(_audio(proto, keyed), transport, srtp) == why
 
 
-def _sdes_offer(proto: str = "RTP/SAVP", keyed: bool = True, direction: str = "sendrecv") -> str:
-    key = SdesCrypto.generate(3, rand(8).randbytes)
+def _sdes_offer(
+    proto: str = "RTP/SAVP", keyed: bool = True, direction: str = "sendrecv", seed: int = 8
+) -> str:
+    key = SdesCrypto.generate(3, rand(seed).randbytes)
     return build_offer(
         "127.0.0.1", 30000, 11, 1, crypto=(key,) if keyed else (), proto=proto,
         direction=direction,  # type: ignore[arg-type]
@@ -202,6 +204,15 @@ def test_a_reinvite_of_an_srtp_call_keeps_our_key_and_cannot_drop_srtp() -> None
     held = parse_sdp(body).media[0]
     assert status == "200" and held.direction == "recvonly"
     assert held.crypto == (ours,) and held.proto == "RTP/SAVP"
+    assert not [e for e in sim.take(B_ADDR) if isinstance(e, SrtpKeyChanged)]  # same key
+    # the peer re-keys (RFC 4568 §7.1.4): reported; our answer keeps our key
+    rekeyed = _sdes_offer(seed=99)
+    a.reinvite(call_id, rekeyed, sim.now)
+    sim.run_until(sim.now + 0.01)
+    [new_key] = parse_sdp(rekeyed).media[0].crypto
+    changed = [e for e in sim.take(B_ADDR) if isinstance(e, SrtpKeyChanged)]
+    assert changed == [SrtpKeyChanged(call_id, new_key)]
+    assert parse_sdp(answers[-1].partition(" ")[2]).media[0].crypto == (ours,)
     a.reinvite(call_id, _sdes_offer("RTP/AVP", keyed=False), sim.now)
     sim.run_until(sim.now + 0.01)
     assert answers[-1].startswith("488 ")
@@ -231,3 +242,17 @@ def test_the_events_that_carry_sdp_keep_it_out_of_their_repr() -> None:
     for event in events:
         assert secret not in repr(event)
     assert offered.offer_sdp == sdp  # still there to be read
+
+
+def test_a_context_rekeyed_for_the_peer_unprotects_its_new_key_and_keeps_ours() -> None:
+    ours, theirs, new = (SdesCrypto.generate(1, rand(n).randbytes) for n in (20, 21, 22))
+    us, peer = SrtpContext(ours, theirs), SrtpContext(theirs, ours)
+    packet = build_rtp(0, 1, 160, 0x42, b"\x7f" * 160, False)
+    assert us.unprotect(peer.protect(packet)) == packet
+    us.rekey_remote(new)
+    rekeyed_peer = SrtpContext(new, ours)
+    later = build_rtp(0, 2, 320, 0x42, b"\x7f" * 160, False)
+    assert us.unprotect(rekeyed_peer.protect(later)) == later
+    with pytest.raises(ValueError):
+        us.unprotect(peer.protect(build_rtp(0, 3, 480, 0x42, b"\x7f" * 160, False)))
+    assert peer.unprotect(us.protect(packet)) == packet  # ours unchanged
