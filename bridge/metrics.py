@@ -28,6 +28,7 @@ REJECT_REASONS = (
     "overloaded",  # SIP INVITE 503 or upgrade 503: the media clock lags (max_loop_lag_ms)
     "no_route",  # SIP 404 or a stream closed: no route matches
     "no_codec",  # SIP 488: no codec in common
+    "srtp_mismatch",  # SIP 488: SDES keys over UDP/TCP, SRTP offered while off, or required
     "no_ports",  # SIP 503: no RTP port pair free
     # media streams
     "bad_signature",  # X-Twilio-Signature / X-Plivo-Signature-V3 does not verify (403)

@@ -660,9 +660,13 @@ def reference_rows(cls: type, defaults: Any = None, exclude: tuple[str, ...] = (
     """The reference's rows for the keys of ``cls`` (sub-tables' keys dotted)."""
     rows = []
     for f, s in _settings(cls):
-        if f.name in exclude or s.kind == "flat":
+        if f.name in exclude:
             continue
         default = getattr(defaults, f.name) if defaults is not None else f.default
+        if s.kind == "flat":  # the connection limits have a table of their own
+            if s.item is not ConnectionLimits:
+                rows.extend(reference_rows(s.item, default, s.exclude))
+            continue
         key = f"`{_key(f, s)}.NAME`" if s.kind == "tables" else f"`{_key(f, s)}`"
         if s.extra is not None:
             key = "protocol options"

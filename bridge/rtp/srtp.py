@@ -51,6 +51,11 @@ class SrtpContext:
         self._tx = pylibsrtp.Session(policy=_policy(local, pylibsrtp.Policy.SSRC_ANY_OUTBOUND))
         self._rx = pylibsrtp.Session(policy=_policy(remote, pylibsrtp.Policy.SSRC_ANY_INBOUND))
 
+    def rekey_remote(self, remote: SdesCrypto) -> None:
+        """The peer's re-offer brought a new key (RFC 4568 §7.1.4): unprotect with it
+        from now on (a new session: a new replay window too); ours stays."""
+        self._rx = pylibsrtp.Session(policy=_policy(remote, pylibsrtp.Policy.SSRC_ANY_INBOUND))
+
     def protect(self, rtp: bytes) -> bytes:
         """Encrypt and authenticate one RTP packet.
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bridge.engine import Action, Event
+from bridge.sip.sdp import SdesCrypto
 
 __all__ = [
     "Address",
@@ -20,6 +21,7 @@ __all__ = [
     "OutboundCallFailed",
     "RegistrationStateChanged",
     "SendStream",
+    "SrtpKeyChanged",
     "TransferProgress",
 ]
 
@@ -52,7 +54,7 @@ class CallOffered(Event):
     call_id: str
     from_uri: str
     to_uri: str
-    offer_sdp: str
+    offer_sdp: str = field(repr=False)  # SDES keys (a=crypto): never in a log line
     source: Address
     request_uri: str
 
@@ -62,7 +64,7 @@ class CallEstablished(Event):
     """The ACK for our 2xx arrived: media may flow both ways."""
 
     call_id: str
-    remote_sdp: str = ""
+    remote_sdp: str = field(default="", repr=False)  # SDES keys: never in a log line
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,16 @@ class HoldChanged(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class SrtpKeyChanged(Event):
+    """The peer's re-offer of an SRTP call carries a new key for our suite (RFC 4568
+    §7.1.4): what arrives from now on is protected with ``remote`` (ours is unchanged)."""
+
+    call_id: str
+    remote: SdesCrypto
+    """The peer's new key (never in a ``repr``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class RegistrationStateChanged(Event):
     """A REGISTER completed. ``expires_s`` is the granted time when registered."""
 
@@ -128,7 +140,7 @@ class OutboundCallAnswered(Event):
     """Our INVITE got a 2xx (we sent the ACK)."""
 
     call_id: str
-    answer_sdp: str
+    answer_sdp: str = field(repr=False)  # SDES keys (a=crypto): never in a log line
 
 
 @dataclass(frozen=True, slots=True)

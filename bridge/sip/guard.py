@@ -49,6 +49,7 @@ REFUSAL_REASONS = (
     "max_calls",
     "auth_failed",
     "no_codec",
+    "srtp_mismatch",
 )
 """Reasons the SIP engine counts its refusals under (``UaCore.refusals``)."""
 

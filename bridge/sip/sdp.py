@@ -27,8 +27,11 @@ keeps the o= session id and version).
   (others, and malformed ones, are skipped: an offer may list suites we do
   not have); ``choose_crypto`` answers an offer (§7.1.1: the first offered
   suite we support, its tag, our own key). The key is never in a ``repr``,
-  so it cannot reach a log line through one. Not wired to the leg yet:
-  ``negotiate`` still takes only ``RTP/AVP``.
+  so it cannot reach a log line through one. ``negotiate`` takes ``RTP/SAVP``
+  as well as ``RTP/AVP`` and keeps the stream's crypto; ``srtp_refusal`` says
+  why an offer cannot be taken under an ``srtp`` mode over a transport (SDES
+  keys only over TLS); the answer's profile mirrors the offer's (``RTP/AVP``
+  with ``a=crypto`` is best-effort SRTP).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ __all__ = [
     "choose_crypto",
     "negotiate",
     "parse_sdp",
+    "srtp_refusal",
 ]
 
 Direction = Literal["sendrecv", "sendonly", "recvonly", "inactive"]
@@ -210,6 +214,10 @@ class NegotiatedAudio:
     """Where to send RTP; None while the peer holds with ``c=0.0.0.0`` or port 0."""
     remote_direction: Direction
     ptime_ms: int
+    proto: str = "RTP/AVP"
+    """``RTP/AVP`` or ``RTP/SAVP`` (SRTP, RFC 3711)."""
+    crypto: tuple[SdesCrypto, ...] = ()
+    """The stream's usable ``a=crypto`` attributes (RFC 4568), in the offered order."""
 
     @property
     def remote_on_hold(self) -> bool:
@@ -350,7 +358,8 @@ def _codec_of(media: MediaDescription, fmt: str) -> tuple[int, str, int] | None:
 
 
 def negotiate(sdp: SessionDescription, codecs: Sequence[str]) -> NegotiatedAudio | None:
-    """Choose the audio stream and codec from an offer (or from an answer to ours).
+    """Choose the audio stream and codec from an offer (or from an answer to ours):
+    ``RTP/AVP`` or ``RTP/SAVP``, the latter's crypto kept (``srtp_refusal`` decides).
 
     Args:
         sdp: the remote description.
@@ -360,7 +369,7 @@ def negotiate(sdp: SessionDescription, codecs: Sequence[str]) -> NegotiatedAudio
         The negotiated stream, or None when nothing is acceptable (answer 488).
     """
     for index, media in enumerate(sdp.media):
-        if media.media != "audio" or media.port == 0 or media.proto != "RTP/AVP":
+        if media.media != "audio" or media.port == 0 or media.proto not in _PROFILES:
             continue
         offered = [c for c in (_codec_of(media, f) for f in media.formats) if c is not None]
         chosen = _choose(offered, codecs)
@@ -379,7 +388,29 @@ def negotiate(sdp: SessionDescription, codecs: Sequence[str]) -> NegotiatedAudio
             remote_addr=None if held else (connection, media.port),
             remote_direction=media.direction or sdp.direction or "sendrecv",
             ptime_ms=media.ptime_ms or PTIME_MS,
+            proto=media.proto,
+            crypto=media.crypto,
         )
+    return None
+
+
+_PROFILES = ("RTP/AVP", "RTP/SAVP")
+
+
+def srtp_refusal(audio: NegotiatedAudio, transport: str, srtp: str) -> str | None:
+    """Why an offered stream cannot be taken (answered 488), or None if it can.
+
+    ``transport``: the SIP transport the offer came over (``UDP``, ``TCP``, ``TLS``);
+    ``srtp``: ``off``, ``offer`` or ``require``. SDES keys are readable by anyone
+    who sees the SIP, so they are taken only over TLS (RFC 4568, security considerations)."""
+    if audio.crypto and transport.upper() != "TLS":
+        return "SDES keys (a=crypto) are taken over TLS only"
+    if audio.proto == "RTP/SAVP" and not audio.crypto:
+        return "RTP/SAVP without a supported crypto suite"
+    if audio.proto == "RTP/SAVP" and srtp == "off":
+        return "SRTP is off here"
+    if srtp == "require" and not audio.crypto:
+        return "SRTP is required here"
     return None
 
 
@@ -421,9 +452,10 @@ def _audio_lines(
     event_pt: int | None,
     direction: Direction,
     crypto: Sequence[SdesCrypto] = (),
+    proto: str = "",
 ) -> list[str]:
     formats = [str(pt) for pt, _ in codec_pts] + ([str(event_pt)] if event_pt is not None else [])
-    proto = "RTP/SAVP" if crypto else "RTP/AVP"
+    proto = proto or ("RTP/SAVP" if crypto else "RTP/AVP")
     lines = [f"m=audio {port} {proto} {' '.join(formats)}"]
     lines += [f"a={c.to_attribute()}" for c in crypto]
     lines += [f"a=rtpmap:{pt} {name}/{CLOCK_RATE_HZ}" for pt, name in codec_pts]
@@ -444,14 +476,16 @@ def build_answer(
     crypto: SdesCrypto | None = None,
 ) -> str:
     """The answer to ``offer``: same m= lines in the same order, ours for the audio
-    (``RTP/SAVP`` with our ``a=crypto`` when ``crypto``: ``choose_crypto``)."""
+    with our ``a=crypto`` when ``crypto`` (``choose_crypto``), in the offer's profile
+    (``RTP/SAVP``, or ``RTP/AVP`` for a best-effort offer)."""
     lines = _session_lines(address, session_id, version, offer.timing)
     direction = answer_direction(audio.remote_direction, wanted)
     for index, media in enumerate(offer.media):
         if index == audio.media_index:
             codec = [(audio.payload_type, audio.codec)]
+            keys = (crypto,) if crypto else ()
             lines += _audio_lines(
-                port, codec, audio.telephone_event_pt, direction, (crypto,) if crypto else ()
+                port, codec, audio.telephone_event_pt, direction, keys, audio.proto
             )
         else:
             lines.append(f"m={media.media} 0 {media.proto} {' '.join(media.formats)}")
@@ -467,11 +501,13 @@ def build_offer(
     telephone_event_pt: int | None = 101,
     direction: Direction = "sendrecv",
     crypto: Sequence[SdesCrypto] = (),
+    proto: str = "",
 ) -> str:
     """An audio offer for an outbound call (static payload types 0/8); ``RTP/SAVP``
-    with one ``a=crypto`` per key when ``crypto`` is given."""
+    with one ``a=crypto`` per key when ``crypto`` is given (``proto="RTP/AVP"`` with
+    ``crypto``: best-effort SRTP, a peer without it answers plain RTP)."""
     pts = {"PCMU": 0, "PCMA": 8}
     codec_pts = [(pts[name], name) for name in codecs if name in pts]
     lines = _session_lines(address, session_id, version, "0 0")
-    lines += _audio_lines(port, codec_pts, telephone_event_pt, direction, crypto)
+    lines += _audio_lines(port, codec_pts, telephone_event_pt, direction, crypto, proto)
     return "\r\n".join(lines) + "\r\n"

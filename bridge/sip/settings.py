@@ -8,8 +8,12 @@ the shell turns it into the engines' own ``SipSettings``.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import ssl
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from bridge.settings import (
     ConnectionLimits,
@@ -17,6 +21,7 @@ from bridge.settings import (
     check_cidrs,
     check_hostport,
     read,
+    register_check,
     setting,
     tname,
 )
@@ -24,9 +29,11 @@ from bridge.sip.uri import outbound_target
 
 __all__ = [
     "CODECS",
+    "SRTP_MODES",
     "SipAuthUser",
     "SipConfig",
     "SipRegistration",
+    "SipSecurity",
     "SipSettings",
     "SipUserConfig",
     "TimerSettings",
@@ -56,6 +63,57 @@ class SipAuthUser:
 
     username: str
     password: str
+
+
+SRTP_MODES = ("off", "offer", "require")
+"""``srtp`` settings: no SRTP; offered (taken when the peer offers it); required."""
+
+
+def _file(value: str, at: Spot) -> str:
+    """A path, ``$CREDENTIALS_DIRECTORY`` and other variables expanded, relative to the
+    config's directory; it must be a readable file."""
+    if not value:
+        return ""
+    path = Path(os.path.expandvars(value))
+    if not path.is_absolute():
+        path = at.reader.base_dir / path
+    try:
+        with path.open("rb") as f:
+            f.read(1)
+    except OSError as e:
+        at.error(f"cannot read {value!r}: {e.strerror}")
+    return str(path)
+
+
+@dataclass(frozen=True, slots=True)
+class SipSecurity:
+    """TLS peer verification and SRTP of the calls placed and taken (today ``[sip]``; a
+    trunk will carry its own). SDES keys travel only over TLS (``docs/sip.md``)."""
+
+    srtp: str = setting(
+        "off",
+        "SRTP with SDES keys (`a=crypto`, RFC 4568, `AES_CM_128_HMAC_SHA1_80` and `_32`) on "
+        "calls over TLS. `offer`: an offer with crypto is answered with our own key, one "
+        "without plain; calls out offer crypto in `RTP/AVP` (best effort). `require`: calls "
+        "without SRTP get 488; calls out offer `RTP/SAVP`, and must be placed over TLS. Needs "
+        "`tls_listen` (SDES keys travel only over TLS: an offer with `a=crypto` over UDP or TCP "
+        "gets 488 whatever this says)",
+        choices=SRTP_MODES,
+    )  # fmt: skip
+    ca_file: str = setting(
+        "",
+        "CA bundle (PEM) that TLS peers we call must chain to; `\"\"`: the system's store. "
+        "Their certificate must also name the host we called (SNI sent for a name)",
+        key="tls_ca_file", type_doc="path", check=_file,
+    )  # fmt: skip
+    unverified_hosts: tuple[str, ...] = setting(
+        (),
+        "hosts (as the target names them) called over TLS without verifying their "
+        "certificate: an explicit opt-out for a lab peer with a self-signed certificate. "
+        "Never set it for a carrier",
+        key="tls_unverified_hosts", type_doc="list of hosts",
+        check=lambda v, at: tuple(h.lower() for h in v),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +166,8 @@ class SipSettings:
     """Expires we ask for in REGISTER; refreshed at half of the granted value."""
     codecs: tuple[str, ...] = ("PCMU", "PCMA")
     """SDP codec preference order."""
+    security: SipSecurity = field(default_factory=SipSecurity)
+    """SRTP mode and TLS peer verification (``SipSecurity``)."""
 
 
 # ------------------------------------------------------------ [sip] in the config
@@ -141,7 +201,12 @@ def _registrar(value: str, at: Spot) -> str:
     if not value.startswith(("sip:", "sips:")):
         at.error(f"expected a sip: URI, got {value!r}")
         return value
-    return _sip_target(value, at)
+    try:
+        if outbound_target(value).transport == "TLS":
+            at.error(f"{value}: REGISTER over TLS is not supported yet")
+    except ValueError as exc:
+        at.error(str(exc))
+    return value
 
 
 def _port_range(raw: object, at: Spot) -> tuple[int, int]:
@@ -164,7 +229,8 @@ class SipRegistration:
 
     name: str
     registrar: str = setting(
-        doc="PBX or trunk to register with (`sips:` is refused: no TLS yet)",
+        doc="PBX or trunk to register with (`sips:` is refused: REGISTER over TLS is not "
+        "supported yet)",
         kind="str", type_doc="`sip:` URI", required="a sip: URI", check=_registrar,
     )  # fmt: skip
     user: str = setting(doc="the user name to register", kind="str")
@@ -237,9 +303,9 @@ class SipConfig:
         "every outbound call (`POST /v1/calls`) is sent there, with a `Route: <URI;lr>`; a "
         "`tel:+E164` target becomes `sip:+NUMBER@HOST;user=phone` at its host (without it: at "
         "the first registration's registrar host). A 401/407 is answered with the credentials "
-        "of the registration whose registrar host is the next hop's or the target's. `sips:` / "
-        '`transport=tls` are refused ("TLS transport not supported yet"), for targets too; '
-        "`;transport=tcp` calls out over TCP",
+        "of the registration whose registrar host is the next hop's or the target's. "
+        "`;transport=tcp` calls out over TCP; `sips:` / `;transport=tls` over TLS (port 5061 "
+        "by default; needs `tls_listen`)",
         type_doc="`sip:` URI", check=_sip_target,
     )  # fmt: skip
     codecs: tuple[str, ...] = setting(
@@ -285,3 +351,48 @@ class SipConfig:
     limits: ConnectionLimits = setting(
         ConnectionLimits(idle_timeout_s=1800.0), "", kind="flat", item=ConnectionLimits
     )
+    tls_listen: tuple[str, ...] = setting(
+        (),
+        "SIP over TLS listeners (5061 is the usual port; 0 binds a free one). Calls to `sips:` "
+        "/ `;transport=tls` targets go out from the first one. `allow` and the connection "
+        "limits apply once the handshake is done (docs/sip.md)",
+        type_doc="string or list of `HOST:PORT`", check=check_hostport,
+    )  # fmt: skip
+    tls_certificate_file: str = setting(
+        "",
+        "the TLS listener's certificate chain (PEM, leaf first); required with `tls_listen`; a "
+        "file that cannot be read, or a certificate that does not match the key, is a config "
+        "error naming the key (`check-config` too). `$CREDENTIALS_DIRECTORY` and other "
+        "variables are expanded, so systemd `LoadCredential=` works; relative paths are from "
+        "the config's directory",
+        type_doc="path", check=_file,
+    )  # fmt: skip
+    tls_key_file: str = setting(
+        "", "the TLS listener's private key (PEM); as `tls_certificate_file`",
+        type_doc="path", check=_file,
+    )  # fmt: skip
+    security: SipSecurity = setting(SipSecurity(), "", kind="flat", item=SipSecurity)
+    """``srtp``, ``tls_ca_file``, ``tls_unverified_hosts`` (one object a trunk can carry)."""
+
+
+def _check_sip_tls(values: dict[str, Any], at: Spot) -> None:
+    """The certificate and key with ``tls_listen``; SDES keys only with TLS."""
+    listen, cert, key = values["tls_listen"], values["tls_certificate_file"], values["tls_key_file"]
+    for name in ("tls_certificate_file", "tls_key_file"):
+        if listen and not values[name]:
+            at.error("required with sip.tls_listen", name)
+    unread = any(
+        e.startswith(("sip.tls_certificate_file", "sip.tls_key_file")) for e in at.reader.errors
+    )
+    if listen and cert and key and not unread:
+        try:  # a pair that does not match fails check-config, not only the start
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+        except (ssl.SSLError, OSError) as e:
+            why = getattr(e, "reason", None) or type(e).__name__
+            at.error(f"not a certificate chain and its key ({why})", "tls_certificate_file")
+    srtp = values["security"].srtp
+    if srtp != "off" and not listen:
+        at.error(f"{srtp!r} needs sip.tls_listen: SRTP keys (SDES) travel only over TLS", "srtp")
+
+
+register_check(SipConfig, _check_sip_tls)

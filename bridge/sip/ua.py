@@ -102,7 +102,7 @@ class SipUserAgent(UasAgent):
         request.add("To", f"<{to_uri}>")
         request.add("Call-ID", call_id)
         request.add("CSeq", "1 INVITE")
-        request.add("Contact", self._contact())
+        request.add("Contact", self._contact(secure=to_uri.lower().startswith("sips:")))
         request.add("Allow", ", ".join(ALLOWED_METHODS))
         request.add("Supported", "timer")
         if self.settings.session_expires_s > 0:

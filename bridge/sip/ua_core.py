@@ -182,11 +182,18 @@ class UaCore(Outbox):
         branch = f"{MAGIC_COOKIE}{self._token()}"
         return f"SIP/2.0/{s.transport.upper()} {host}:{s.local_port};branch={branch};rport"
 
-    def _contact(self, user: str = "callbridge") -> str:
+    def _contact(self, user: str = "callbridge", secure: bool = False) -> str:
+        """Our Contact; ``secure``: the dialog's Request-URI was ``sips:`` (RFC 3261
+        §12.1.1: then Contact must be one too). Otherwise over TLS a ``sip:`` URI with
+        ``;transport=tls``, which RFC 5630 deprecates but every peer routes (baresip 1.0
+        ends a call whose Contact is ``sips:`` when it dialled ``sip:``: ENOSYS)."""
         s = self.settings
-        transport = "" if s.transport.upper() == "UDP" else f";transport={s.transport.lower()}"
+        kind = s.transport.upper()
         name = s.contact_host or s.local_host
         host = f"[{name}]" if ":" in name else name
+        if kind == "TLS" and secure:
+            return f"<sips:{user}@{host}:{s.local_port}>"
+        transport = "" if kind == "UDP" else f";transport={kind.lower()}"
         return f"<sip:{user}@{host}:{s.local_port}{transport}>"
 
     # --- input -------------------------------------------------------------------

@@ -28,9 +28,11 @@ body not application/sdp    415 + Accept
 digest (when configured)    401, same challenge for unknown users and bad passwords
 Session-Expires < Min-SE    422 + Min-SE
 SDP unparseable / no codec  400 / 488
+SRTP mismatch               488 + Warning (``sdp.srtp_refusal``: SDES keys
+                            over UDP/TCP, SRTP off or required)
 ==========================  ============================================
 
-The allowlist, rate, drain, call-limit, digest and no-codec (488) refusals
+The allowlist, rate, drain, call-limit, digest, no-codec and SRTP (488) refusals
 are counted in ``refusals`` under a reason of ``guard.REFUSAL_REASONS`` (the
 other protocol errors are not); a 401 counts only when the request carried
 credentials (a first challenge is not a refusal).
@@ -51,6 +53,7 @@ Outbound: ``invite`` (digest retry on 401/407, 422 retry with Min-SE),
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 
@@ -66,6 +69,7 @@ from bridge.sip.events import (
     CallOffered,
     DtmfInfoReceived,
     HoldChanged,
+    SrtpKeyChanged,
     TransferProgress,
 )
 from bridge.sip.guard import (
@@ -76,7 +80,14 @@ from bridge.sip.guard import (
     TrustedProxies,
 )
 from bridge.sip.message import SipRequest, SipResponse
-from bridge.sip.sdp import NegotiatedAudio, SdpError, build_answer, negotiate, parse_sdp
+from bridge.sip.sdp import (
+    NegotiatedAudio,
+    SdpError,
+    build_answer,
+    negotiate,
+    parse_sdp,
+    srtp_refusal,
+)
 from bridge.sip.settings import SipSettings
 from bridge.sip.transaction import State
 from bridge.sip.ua_core import ClientEntry, ServerEntry, TimerHolder, UaCore, server_key
@@ -340,6 +351,12 @@ class UasAgent(UaCore):
             self.refusals["no_codec"] += 1
             self._respond(entry, 488, "Not Acceptable Here", now, to_tag=tag)
             return True, None
+        why = srtp_refusal(audio, self.settings.transport, self.settings.security.srtp)
+        if why is not None:
+            self.refusals["srtp_mismatch"] += 1
+            warning = ("Warning", f'399 callbridge "{why}"')
+            self._respond(entry, 488, "Not Acceptable Here", now, to_tag=tag, headers=(warning,))
+            return True, None
         return False, audio
 
     def _on_ack(self, request: SipRequest, peer: Peer, now: float) -> None:
@@ -459,7 +476,7 @@ class UasAgent(UaCore):
             )
             return
         headers = [
-            ("Contact", self._contact()),
+            ("Contact", self._contact(secure=_secure(call))),
             _ALLOW,
             _SUPPORTED,
             *self._uas_timer_headers(call, request, interval, refresher),
@@ -481,6 +498,20 @@ class UasAgent(UaCore):
         if audio is None or local is None:
             return None
         ours = next((m for m in local.media if m.media == "audio" and m.port), None)
+        # an SRTP call keeps its key (the offer's tag for our suite); it is not
+        # dropped, nor taken up, in the middle of a call (488 then)
+        crypto = None
+        if ours is not None and ours.crypto:
+            key = ours.crypto[0]
+            theirs = next((c for c in audio.crypto if c.suite == key.suite), None)
+            if theirs is None:
+                return None
+            crypto = dataclasses.replace(key, tag=theirs.tag)
+            before = call.audio.crypto if call.audio is not None else ()
+            if all(c.key_salt != theirs.key_salt for c in before if c.suite == key.suite):
+                self._events.append(SrtpKeyChanged(call.call_id, theirs))
+        elif audio.proto == "RTP/SAVP":
+            return None
         address = (
             (ours.connection if ours else None) or local.connection or self.settings.local_host
         )
@@ -496,9 +527,11 @@ class UasAgent(UaCore):
         call.audio = audio
         session_id = int(local.origin.session_id) if ascii_digits(local.origin.session_id) else 1
         version = local.origin.session_version
-        answer = build_answer(offer, audio, address, port, session_id, version)
+        answer = build_answer(offer, audio, address, port, session_id, version, crypto=crypto)
         if _without_origin(answer) != _without_origin(call.local_sdp):
-            answer = build_answer(offer, audio, address, port, session_id, version + 1)
+            answer = build_answer(
+                offer, audio, address, port, session_id, version + 1, crypto=crypto
+            )
         call.local_sdp = answer
         return answer
 
@@ -512,7 +545,7 @@ class UasAgent(UaCore):
         call = self._inbound_unanswered(call_id)
         entry = self._server_txs[call.invite_tx_key]
         interval, refresher = _session_expires(call.invite)
-        headers = [("Contact", self._contact()), _ALLOW, _SUPPORTED, _SDP]
+        headers = [("Contact", self._contact(secure=_secure(call))), _ALLOW, _SUPPORTED, _SDP]
         headers += self._uas_timer_headers(call, call.invite, interval, refresher)
         response = self._respond(
             entry,
@@ -619,7 +652,7 @@ class UasAgent(UaCore):
     ) -> ClientEntry:
         request = call.dialog.build_request(method)
         if method in ("INVITE", "UPDATE", "REFER"):
-            request.add("Contact", self._contact())
+            request.add("Contact", self._contact(secure=_secure(call)))
         for name, value in headers:
             request.add(name, value)
         request.body = body
@@ -743,3 +776,8 @@ _HANDLERS: dict[str, Handler] = {
     "NOTIFY": UasAgent._on_notify,
     "UPDATE": UasAgent._on_update,
 }
+
+
+def _secure(call: Call) -> bool:
+    """The call's dialog is a ``sips:`` one (its INVITE's Request-URI, RFC 3261 §12.1)."""
+    return call.invite.uri.lower().startswith("sips:")

@@ -427,7 +427,7 @@ class OutboundTarget:
     """Next hop: the outbound proxy, the tel: gateway, or the target's own host."""
     port: int
     transport: str
-    """``UDP`` or ``TCP`` (``TLS`` is refused until the TLS transport exists)."""
+    """``UDP``, ``TCP`` or ``TLS`` (``sips:`` or ``;transport=tls``: port 5061 by default)."""
     via_proxy: bool = False
     """The next hop is the outbound proxy: put it in a Route header (``;lr``)."""
 
@@ -448,11 +448,13 @@ def e164(number: str) -> str:
 
 
 def _transport_of(uri: Uri) -> str:
-    transport = (uri.param("transport") or "udp").lower()
-    if uri.scheme == "sips" or transport == "tls":
-        raise TargetError(f"{uri}: TLS transport not supported yet")
-    if transport not in ("udp", "tcp"):
-        raise TargetError(f"{uri}: transport {transport!r} not supported (udp, tcp)")
+    """``UDP``, ``TCP`` or ``TLS``: a ``sips:`` URI is TLS (RFC 3261 §26.2: never
+    anything weaker), as is ``;transport=tls``."""
+    transport = (uri.param("transport") or ("tls" if uri.scheme == "sips" else "udp")).lower()
+    if uri.scheme == "sips" and transport != "tls":
+        raise TargetError(f"{uri}: a sips: URI goes over TLS only, not {transport}")
+    if transport not in ("udp", "tcp", "tls"):
+        raise TargetError(f"{uri}: transport {transport!r} not supported (udp, tcp, tls)")
     return transport.upper()
 
 
@@ -468,9 +470,9 @@ def outbound_target(
             (the outbound proxy or the registrar, until trunks exist).
 
     Raises:
-        TargetError: unparseable, TLS (``sips:`` or ``transport=tls``, not
-            supported yet: never sent over UDP instead), a tel: number that
-            is not global, a tel: target without a gateway, another scheme.
+        TargetError: unparseable, ``sips:`` with a transport other than TLS, a
+            tel: number that is not global, a tel: target without a gateway,
+            another scheme.
     """
     try:
         uri = parse_uri(target.strip().strip("<>"))
@@ -493,6 +495,8 @@ def outbound_target(
         raise TargetError(f"cannot call a {uri.scheme}: URI (sip:, tel:)")
     if not hop.is_sip or not hop.host:
         raise TargetError(f"no host to send the call to in {str(hop)!r}")
+    transport = _transport_of(hop)
+    default_port = 5061 if transport == "TLS" else 5060
     return OutboundTarget(
-        request_uri, hop.host, hop.port or 5060, _transport_of(hop), via_proxy=hop_uri is not None
+        request_uri, hop.host, hop.port or default_port, transport, via_proxy=hop_uri is not None
     )

@@ -60,7 +60,8 @@ def test_tls_registrar_is_refused_by_key() -> None:
         '[sip.registrations.pbx]\nregistrar = "sips:pbx.example.com"\nuser = "u"\npassword = "p"\n'
     )
     assert error == (
-        "sip.registrations.pbx.registrar: sips:pbx.example.com: TLS transport not supported yet"
+        "sip.registrations.pbx.registrar: sips:pbx.example.com: REGISTER over TLS is not "
+        "supported yet"
     )
 
 

@@ -226,6 +226,7 @@ def test_refusal_reasons_are_the_documented_set() -> None:
         "max_calls",
         "auth_failed",
         "no_codec",
+        "srtp_mismatch",
     }
 
 

@@ -11,6 +11,7 @@ from bridge.sip.sdp import (
     build_offer,
     negotiate,
     parse_sdp,
+    srtp_refusal,
 )
 
 OFFER = (
@@ -119,8 +120,12 @@ def test_no_acceptable_codec_or_rejected_stream_means_488() -> None:
     assert negotiate(parse_sdp(g722_only), ("PCMU", "PCMA")) is None
     port_zero = OFFER.replace("m=audio 49170", "m=audio 0")
     assert negotiate(parse_sdp(port_zero), ("PCMU",)) is None
+    # RTP/SAVP with no key is negotiated, and refused by srtp_refusal (488) in any mode
     srtp = OFFER.replace("RTP/AVP 9 8 0 96", "RTP/SAVP 9 8 0 96")
-    assert negotiate(parse_sdp(srtp), ("PCMU",)) is None
+    audio = negotiate(parse_sdp(srtp), ("PCMU",))
+    assert audio is not None and (audio.proto, audio.crypto) == ("RTP/SAVP", ())
+    for mode in ("off", "offer", "require"):
+        assert srtp_refusal(audio, "TLS", mode) == "RTP/SAVP without a supported crypto suite"
 
 
 def test_dynamic_payload_type_mapped_to_pcmu_is_kept() -> None:

@@ -1,4 +1,4 @@
-"""Outbound call targets: tel:+E164 numbers, TCP, and TLS refused (bridge.sip.uri)."""
+"""Outbound call targets: tel:+E164 numbers, TCP and TLS (bridge.sip.uri)."""
 
 from __future__ import annotations
 
@@ -56,17 +56,26 @@ def test_sip_targets_keep_their_uri_and_say_their_transport() -> None:
 
 
 @pytest.mark.parametrize(
-    ("target", "proxy"),
+    ("target", "proxy", "host", "port"),
     [
-        ("sips:bob@192.0.2.1", None),
-        ("sip:bob@192.0.2.1;transport=tls", None),
-        ("sip:bob@192.0.2.1", "sips:proxy.example.com"),
-        ("tel:+15551230000", "sip:proxy.example.com;transport=tls"),
+        ("sips:bob@192.0.2.1", None, "192.0.2.1", 5061),
+        ("sip:bob@192.0.2.1;transport=tls", None, "192.0.2.1", 5061),
+        ("sips:bob@192.0.2.1:5071;transport=tls", None, "192.0.2.1", 5071),
+        ("sip:bob@192.0.2.1", "sips:proxy.example.com", "proxy.example.com", 5061),
+        ("tel:+15551230000", "sip:proxy.example.com;transport=tls", "proxy.example.com", 5061),
     ],
 )
-def test_tls_is_refused_not_sent_over_udp(target: str, proxy: str | None) -> None:
-    with pytest.raises(TargetError, match="TLS transport not supported yet"):
-        outbound_target(target, proxy)
+def test_tls_targets_go_over_tls_on_5061_by_default(
+    target: str, proxy: str | None, host: str, port: int
+) -> None:
+    got = outbound_target(target, proxy)
+    assert (got.transport, got.host, got.port) == ("TLS", host, port)
+
+
+@pytest.mark.parametrize("target", ["sips:bob@192.0.2.1;transport=udp", "sips:b@h;transport=tcp"])
+def test_a_sips_target_is_never_sent_over_a_weaker_transport(target: str) -> None:
+    with pytest.raises(TargetError, match="sips: URI goes over TLS only"):
+        outbound_target(target)
 
 
 def test_other_targets_are_clear_errors() -> None:
@@ -92,3 +101,22 @@ def test_an_invite_on_a_stream_connection_fails_at_once_when_it_cannot_connect()
     assert ua.events_received() == [OutboundCallFailed(call_id, 503, "Service Unavailable")]
     ua.handle_timer(100.0)  # the transaction's own end later reports nothing more
     assert ua.events_received() == []
+
+
+def test_an_invite_over_tls_says_tls_in_its_via_and_its_contact() -> None:
+    settings = SipSettings(transport="TLS", local_port=5061, session_expires_s=0)
+    ua = SipUserAgent(settings, random.Random(1))
+    offer = build_offer("127.0.0.1", 30000, 1, 1)
+    ua.invite("sips:bob@192.0.2.1", "sip:a@x", offer, ("192.0.2.1", 5061), 0.0, conn_id=3)
+    (action,) = ua.actions_to_send()
+    assert isinstance(action, SendStream) and action.conn_id == 3
+    lines = action.data.decode().split("\r\n")
+    assert lines[0] == "INVITE sips:bob@192.0.2.1 SIP/2.0"
+    assert lines[1].startswith("Via: SIP/2.0/TLS 127.0.0.1:5061;branch=z9hG4bK")
+    assert "Contact: <sips:callbridge@127.0.0.1:5061>" in lines
+    # a sip: target over TLS: a sip: Contact that says TLS (what peers route)
+    ua.invite(
+        "sip:bob@192.0.2.1;transport=tls", "sip:a@x", offer, ("192.0.2.1", 5061), 0.0, conn_id=3
+    )
+    (action,) = ua.actions_to_send()
+    assert b"\r\nContact: <sip:callbridge@127.0.0.1:5061;transport=tls>\r\n" in action.data

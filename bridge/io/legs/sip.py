@@ -1,9 +1,10 @@
-"""The SIP/RTP leg: SIP over UDP and TCP, one RTP socket pair per call.
+"""The SIP/RTP leg: SIP over UDP, TCP and TLS, one RTP socket pair per call.
 
 One ``SipUserAgent`` engine per listening transport (``[sip] listen`` ×
-``transports``). Each transport callback feeds its engine with
-``loop.time()`` and pumps: datagrams and stream bytes out, call events to
-this leg, one timer re-armed from ``next_deadline()``.
+``transports``, and one per ``[sip] tls_listen``: ``bridge.io.sip_tls``). Each
+transport callback feeds its engine with ``loop.time()`` and pumps: datagrams
+and stream bytes out, call events to this leg, one timer re-armed from
+``next_deadline()``.
 
 A ``CallOffered`` is routed by the request-URI user (``sip:demo@host`` →
 route ``demo``), negotiated (PCMU/PCMA + telephone-event), given an RTP port
@@ -23,7 +24,9 @@ import errno
 import ipaddress
 import os
 import re
+import secrets
 import socket
+import ssl
 
 from bridge import commands as cmd
 from bridge.config import ConnectionLimits, RouteConfig, SipRegistration, split_hostport
@@ -33,11 +36,13 @@ from bridge.io.connlimits import ConnectionGate
 from bridge.io.dns import DnsCache, DnsError, is_ip_literal
 from bridge.io.legs.sip_call import _DatagramProtocol, _SipCall
 from bridge.io.services import Services
+from bridge.io.sip_tls import HANDSHAKE_TIMEOUT_S, ClientContexts, server_context
 from bridge.io.startup import listen_error
 from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import LegProfile
 from bridge.rtp.ports import UNUSABLE_COOLDOWN_S, RtpPortAllocator
 from bridge.rtp.session import LatchingMode
+from bridge.rtp.srtp import SrtpContext
 from bridge.sip.digest import DigestCredentials
 from bridge.sip.errors import SipParseError
 from bridge.sip.events import (
@@ -52,12 +57,22 @@ from bridge.sip.events import (
     OutboundCallFailed,
     RegistrationStateChanged,
     SendStream,
+    SrtpKeyChanged,
     TransferProgress,
 )
-from bridge.sip.sdp import build_answer, build_offer, negotiate, parse_sdp
-from bridge.sip.settings import SipAuthUser, SipSettings
+from bridge.sip.sdp import (
+    SDES_SUITES,
+    NegotiatedAudio,
+    SdesCrypto,
+    build_answer,
+    build_offer,
+    choose_crypto,
+    negotiate,
+    parse_sdp,
+)
+from bridge.sip.settings import SipAuthUser, SipSecurity, SipSettings
 from bridge.sip.ua import SipUserAgent
-from bridge.sip.uri import OutboundTarget, outbound_target, parse_uri
+from bridge.sip.uri import OutboundTarget, TargetError, outbound_target, parse_uri
 
 __all__ = ["SipLeg"]
 
@@ -87,7 +102,11 @@ class _UaRunner:
     """One SIP transport and its user agent engine."""
 
     def __init__(
-        self, leg: SipLeg, settings: SipSettings, limits: ConnectionLimits | None = None
+        self,
+        leg: SipLeg,
+        settings: SipSettings,
+        limits: ConnectionLimits | None = None,
+        tls: tuple[ssl.SSLContext, ClientContexts] | None = None,
     ) -> None:
         self.leg = leg
         self.ua = SipUserAgent(settings)
@@ -115,6 +134,15 @@ class _UaRunner:
         """Host names the engine sends to (``bridge.io.dns``), resolved off the media path."""
         self.awaiting_dns: dict[str, list[tuple[bytes, int]]] = {}
         """Datagrams for a name being looked up: (data, port), sent once it resolves."""
+        self.tls = tls
+        """TLS: the listener's context and the outbound ones (``bridge.io.sip_tls``)."""
+        self.peer_conns: dict[tuple[str, int, str], int] = {}
+        """TLS: the one connection per peer (address, port, server name) we call out on,
+        reused by later requests (RFC 5923's spirit) and opened again once it drops."""
+        self.conn_peers: dict[int, tuple[str, int, str]] = {}
+        """The reverse of ``peer_conns``."""
+        self.tls_handshakes = 0
+        """Outbound TLS handshakes completed (one per peer while its connection lives)."""
 
     async def start(self, host: str, port: int) -> int:
         """Bind the listener; the port it got (port 0 binds any free one, and the engine's
@@ -133,6 +161,16 @@ class _UaRunner:
                     got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
                     # Linux reports twice what it grants (the other half is its bookkeeping)
                     log.info("sip.udp_receive_buffer", bytes=got, asked=SIP_UDP_RCVBUF_BYTES)
+        elif self.tls is not None:
+            # the handshake comes first: [sip] allow and the connection caps are checked
+            # once it is done (a stranger costs one handshake, bounded by its timeout)
+            self.tcp = await asyncio.start_server(
+                self._on_stream,
+                host,
+                port,
+                ssl=self.tls[0],
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
+            )
         else:
             self.tcp = await asyncio.start_server(self._on_stream, host, port)
         if self.udp is not None:
@@ -171,20 +209,50 @@ class _UaRunner:
         self.next_conn_id += 1
         await self._serve_stream(conn_id, reader, writer, source, gated=True)
 
-    def connect(self, addr: tuple[str, int]) -> int:
-        """Open a TCP connection for an outbound call; its conn_id at once (what the
+    def connect(self, addr: tuple[str, int], server_name: str = "") -> int:
+        """Open a connection for an outbound call; its conn_id at once (what the
         engine sends before it is up waits in ``pending``; if it cannot connect, the
-        call fails at once, as a 503)."""
+        call fails at once, as a 503). TCP: a connection per call. TLS: the peer's
+        connection if one is open or opening (``server_name``: the name its
+        certificate must carry, and SNI; empty: the address)."""
+        if self.tls is not None:
+            key = (addr[0], addr[1], server_name or addr[0])
+            conn_id = self.peer_conns.get(key, 0)
+            if conn_id and (conn_id in self.writers or conn_id in self.pending):
+                return conn_id
+            if not conn_id:
+                conn_id = self.next_conn_id
+                self.next_conn_id += 1
+                self.peer_conns[key] = conn_id
+                self.conn_peers[conn_id] = key
+            self._open(conn_id, [])
+            return conn_id
         conn_id = self.next_conn_id
         self.next_conn_id += 1
         self.pending[conn_id] = []
         self.leg.services.spawn(self._connect(conn_id, addr))
         return conn_id
 
-    async def _connect(self, conn_id: int, addr: tuple[str, int]) -> None:
+    def _open(self, conn_id: int, queued: list[bytes]) -> None:
+        """(Re)open the pooled TLS connection ``conn_id`` with ``queued`` to send on it."""
+        host, port, name = self.conn_peers[conn_id]
+        self.pending[conn_id] = queued
+        self.leg.services.spawn(self._connect(conn_id, (host, port), name))
+
+    async def _connect(self, conn_id: int, addr: tuple[str, int], server_name: str = "") -> None:
         try:
-            reader, writer = await asyncio.open_connection(addr[0], addr[1])
-        except OSError as exc:
+            if self.tls is not None:
+                reader, writer = await asyncio.open_connection(
+                    addr[0],
+                    addr[1],
+                    ssl=self.tls[1].for_host(server_name or addr[0]),
+                    server_hostname=server_name or addr[0],
+                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
+                )
+                self.tls_handshakes += 1
+            else:
+                reader, writer = await asyncio.open_connection(addr[0], addr[1])
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             self.pending.pop(conn_id, None)
             log.info("sip.connect_failed", host=addr[0], port=addr[1], error=str(exc))
             self.ua.connection_lost(conn_id)
@@ -292,6 +360,8 @@ class _UaRunner:
                 writer.write(action.data)
             elif action.conn_id in self.pending:  # an outbound connection still opening
                 self.pending[action.conn_id].append(action.data)
+            elif action.conn_id in self.conn_peers:  # a peer's TLS connection dropped
+                self._open(action.conn_id, [action.data])
         elif isinstance(action, CloseStream):
             writer = self.writers.pop(action.conn_id, None)
             if writer is not None:
@@ -377,10 +447,13 @@ class SipLeg:
         self.secret = os.urandom(32)
         self.pending_routes: dict[str, tuple[RouteConfig, str, str, str]] = {}
         """Outbound calls not answered yet: route, From, To and the next hop's host."""
+        self.offered_keys: dict[str, tuple[SdesCrypto, ...]] = {}
+        """Outbound calls not answered yet that offered SRTP: the keys they offered."""
 
     def _settings(self, host: str, port: int, transport: str) -> SipSettings:
         cfg = self.services.config.sip
         return SipSettings(
+            security=cfg.security,
             local_host=host,
             local_port=port,
             contact_host=cfg.external_address,
@@ -409,11 +482,26 @@ class SipLeg:
             self.runners.extend(runners)
             got = runners[0].ua.settings.local_port
             bound.append(f"[{host}]:{got}" if ":" in host else f"{host}:{got}")
+        if cfg.tls_listen:
+            tls = (
+                server_context(cfg.tls_certificate_file, cfg.tls_key_file),
+                ClientContexts(cfg.security),
+            )
+        for listen in cfg.tls_listen:
+            host, port = split_hostport(listen)
+            runner = _UaRunner(self, self._settings(host, port, "TLS"), cfg.limits, tls)
+            try:
+                got = await runner.start(host, port)
+            except OSError as e:
+                raise listen_error("sip.tls_listen", listen, "tls", e) from e
+            self.runners.append(runner)
+            bound.append(f"[{host}]:{got}" if ":" in host else f"{host}:{got}")
         log.info(
             "sip.listening",
             listen=list(cfg.listen),
             bound=bound,
             transports=list(cfg.transports),
+            tls_listen=list(cfg.tls_listen),
         )
         self._register_all()
 
@@ -531,6 +619,7 @@ class SipLeg:
             self._outbound_answered(event)
         elif isinstance(event, OutboundCallFailed):
             self.pending_routes.pop(event.call_id, None)
+            self.offered_keys.pop(event.call_id, None)
             call = self.calls.get(event.call_id)
             log.info("sip.outbound_failed", call_id=event.call_id, status=event.status)
             if call is not None:
@@ -568,6 +657,11 @@ class SipLeg:
                         now=call.loop.time(),
                         latch_host=event.remote_rtp_addr[0],
                     )
+        elif isinstance(event, SrtpKeyChanged):
+            call = self.calls.get(event.call_id)
+            if call is not None and call.srtp is not None:
+                call.srtp.rekey_remote(event.remote)
+                log.info("sip.srtp_rekeyed", call_id=event.call_id)
         elif isinstance(event, AuthFailed):
             # one line per failed answer (fail2ban reads these), one more when the
             # source is blocked; later refusals of a blocked source are not logged (the
@@ -618,12 +712,25 @@ class SipLeg:
             return
         call = bound[0]
         await call.attach(bound[1])
-        call.start_media(audio, event.source[0], _latching(cfg.sip.latching))
+        # SRTP when offered over TLS and not off (the engine refused every other
+        # combination with 488, sdp.srtp_refusal): our own key for the offered suite
+        local = remote = None
+        if audio.crypto and cfg.sip.security.srtp != "off" and ua.kind == "TLS":
+            local = choose_crypto(audio.crypto, secrets.token_bytes)
+            remote = next((c for c in audio.crypto if local and c.tag == local.tag), None)
+        srtp = SrtpContext(local, remote) if local and remote else None
+        call.start_media(audio, event.source[0], _latching(cfg.sip.latching), srtp)
         self.calls[event.call_id] = call
         rtp_host = cfg.sip.external_address or host
         offer = parse_sdp(event.offer_sdp)
         answer = build_answer(
-            offer, audio, rtp_host, call.rtp_port, int.from_bytes(os.urandom(4), "big") >> 1, 1
+            offer,
+            audio,
+            rtp_host,
+            call.rtp_port,
+            int.from_bytes(os.urandom(4), "big") >> 1,
+            1,
+            crypto=local if srtp else None,
         )
         try:
             ua.ua.answer(event.call_id, answer, loop.time())
@@ -658,7 +765,8 @@ class SipLeg:
         self, to_uri: str, from_uri: str, route_key: str, resolved: dict[str, str] | None = None
     ) -> str:
         """Place a call to ``to_uri`` (``sip:`` or ``tel:+E164``); returns its Call-ID
-        (answered later). Over UDP, or TCP when the next hop says ``transport=tcp``;
+        (answered later). Over UDP, or TCP when the next hop says ``transport=tcp``,
+        or TLS for ``sips:`` and ``transport=tls`` (on the peer's one connection);
         through ``[sip] outbound_proxy`` when set; a tel: number goes to the proxy's
         or the first registrar's host. Credentials for a 401/407: the registration
         whose registrar host is the next hop's or the Request-URI's.
@@ -668,7 +776,7 @@ class SipLeg:
         resolve); without one the name is resolved as the INVITE leaves.
 
         Raises:
-            TargetError: the target cannot be called (TLS, not a global number, ...).
+            TargetError: the target cannot be called (not a global number, ...).
             ValueError: no route, no transport of that kind, or no RTP port.
         """
         cfg = self.services.call_config()
@@ -679,9 +787,17 @@ class SipLeg:
         route = cfg.route_for(route_key or _route_key(target.request_uri))
         if route is None:
             raise ValueError("no route matches")
+        security = cfg.sip.security
+        if security.srtp == "require" and target.transport != "TLS":
+            raise TargetError(
+                f"{to_uri}: sip.srtp is 'require' and SDES keys travel only over TLS "
+                "(call a sips: or ;transport=tls target)"
+            )
         ua = next((r for r in self.runners if r.kind == target.transport), None)
         if ua is None:
-            raise ValueError(f"no {target.transport} transport to call out on")
+            raise ValueError(
+                f"no {target.transport} transport to call out on (sip.listen, sip.tls_listen)"
+            )
         dest = (target.host, target.port)
         if resolved and dest[0] in resolved:
             dest = (resolved[dest[0]], dest[1])
@@ -692,10 +808,19 @@ class SipLeg:
             raise ValueError("no RTP port could be bound")
         call = bound[0]
         self.services.spawn(call.attach(bound[1]))
-        offer = build_offer(cfg.sip.external_address or host, call.rtp_port, 1, 1, cfg.sip.codecs)
+        keys = _offered_keys(security) if target.transport == "TLS" else ()
+        offer = build_offer(
+            cfg.sip.external_address or host,
+            call.rtp_port,
+            1,
+            1,
+            cfg.sip.codecs,
+            crypto=keys,
+            proto="RTP/SAVP" if keys and security.srtp == "require" else "RTP/AVP",
+        )
         credentials = _credentials_for(cfg.sip.registrations, target)
         headers = (("Route", f"<{cfg.sip.outbound_proxy};lr>"),) if target.via_proxy else ()
-        conn_id = ua.connect(dest) if target.transport == "TCP" else None
+        conn_id = ua.connect(dest, target.host) if target.transport != "UDP" else None
         call_id = ua.ua.invite(
             target.request_uri,
             from_uri,
@@ -709,12 +834,15 @@ class SipLeg:
         call.call_id, call.outbound = call_id, True
         self.calls[call_id] = call
         self.pending_routes[call_id] = (route, from_uri, to_uri, dest[0])
+        if keys:
+            self.offered_keys[call_id] = keys
         ua.pump()
         return call_id
 
     def _outbound_answered(self, event: OutboundCallAnswered) -> None:
         call = self.calls.get(event.call_id)
         pending = self.pending_routes.pop(event.call_id, None)
+        offered = self.offered_keys.pop(event.call_id, ())
         if call is None or pending is None:
             return
         audio = negotiate(parse_sdp(event.answer_sdp), self.services.config.sip.codecs)
@@ -722,8 +850,15 @@ class SipLeg:
             call.hangup("no_codec")
             self._release(call)
             return
+        srtp = _answered_srtp(offered, audio)
+        if srtp is None and (self.services.config.sip.security.srtp == "require" or audio.crypto):
+            # required and not answered, or answered with a key for nothing we offered
+            log.info("sip.srtp_not_answered", call_id=event.call_id)
+            call.hangup("srtp_mismatch")
+            self._release(call)
+            return
         route, from_uri, to_uri, next_hop = pending
-        call.start_media(audio, next_hop, _latching(self.services.config.sip.latching))
+        call.start_media(audio, next_hop, _latching(self.services.config.sip.latching), srtp)
         self.services.metrics.call_setup_seconds.labels("sip").observe(
             call.loop.time() - call.created_at
         )
@@ -783,6 +918,26 @@ def _uri_hostport(uri: str) -> tuple[str, int] | None:
     if m is None or int(m.group(2) or 5060) > 65535:
         return None
     return m.group(1).strip("[]"), int(m.group(2) or 5060)
+
+
+def _offered_keys(security: SipSecurity) -> tuple[SdesCrypto, ...]:
+    """The keys an outbound call over TLS offers: one per suite, or none (``srtp`` off)."""
+    if security.srtp == "off":
+        return ()
+    return tuple(
+        SdesCrypto.generate(tag, secrets.token_bytes, suite)
+        for tag, suite in enumerate(SDES_SUITES, start=1)
+    )
+
+
+def _answered_srtp(offered: tuple[SdesCrypto, ...], audio: NegotiatedAudio) -> SrtpContext | None:
+    """The SRTP keys of an answered outbound call: the answer's key for one we offered
+    (same tag and suite), or None (not offered, or not answered)."""
+    for theirs in audio.crypto:
+        for ours in offered:
+            if (ours.tag, ours.suite) == (theirs.tag, theirs.suite):
+                return SrtpContext(ours, theirs)
+    return None
 
 
 def _latching(mode: str) -> LatchingMode:

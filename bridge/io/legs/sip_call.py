@@ -5,7 +5,11 @@ listeners, the user agents, routing and answering). Each 20 ms tick of the
 call's media clock sends one RTP packet (the turn's frame, comfort silence
 between turns, or an RFC 4733 event while DTMF is being sent), reads the
 call's RTP socket and takes one inbound frame from the jitter buffer for the
-VAD/barge-in path. This module is compiled with mypyc (``bridge/native.py``):
+VAD/barge-in path. A call with SRTP (SDES keys, ``bridge.rtp.srtp``) protects
+every RTP and RTCP packet as it leaves and unprotects each as it arrives,
+before the RTP engine sees it: a packet that fails authentication is dropped
+(counted in ``srtp_dropped``) and can neither latch nor reach the jitter
+buffer. This module is compiled with mypyc (``bridge/native.py``):
 it runs 50 times a second for every call, and the signalling half, which
 runs once per SIP message, stays interpreted.
 """
@@ -36,6 +40,7 @@ from bridge.rtp.session import (
     latch_policy,
     silence_frame,
 )
+from bridge.rtp.srtp import SrtpContext
 from bridge.sip.sdp import NegotiatedAudio
 from bridge.sip.ua import SipUserAgent
 
@@ -124,6 +129,8 @@ class _SipCall:
         "sending_audio",
         "services",
         "silence",
+        "srtp",
+        "srtp_dropped",
         "ticker",
         "ua",
     )
@@ -146,6 +153,10 @@ class _SipCall:
         self.rtp_sock: socket.socket | None = None
         """The RTP socket: read at the call's tick (``_inbound``), not by the loop."""
         self.rtcp_transport: asyncio.DatagramTransport | None = None
+        self.srtp: SrtpContext | None = None
+        """The call's SRTP keys (None: plain RTP)."""
+        self.srtp_dropped = 0
+        """Inbound packets dropped by SRTP: authentication or replay check failed."""
         self.ticker = services.ticker
         self.outbox = self.ticker.outbox
         self._inbound_cb: InboundCallback = self._inbound
@@ -171,13 +182,16 @@ class _SipCall:
         audio: NegotiatedAudio,
         signalling_host: str | None = None,
         latching: LatchingMode = "strict",
+        srtp: SrtpContext | None = None,
     ) -> None:
         """Offer/answer is done: the RTP session for the negotiated stream.
 
         ``latching``: ``[sip] latching``; ``signalling_host``: where the call's SIP
-        came from (or went to), which ``learn`` compares with the SDP address.
+        came from (or went to), which ``learn`` compares with the SDP address;
+        ``srtp``: the keys of an SRTP call.
         """
         self.audio = audio
+        self.srtp = srtp
         host = audio.remote_addr[0] if audio.remote_addr else None
         policy = latch_policy(latching, host, signalling_host)
         self.rtp = RtpSession(
@@ -232,19 +246,43 @@ class _SipCall:
             self.close()
 
     def _on_rtcp(self, data: bytes, addr: tuple[str, int]) -> None:
+        if self.srtp is not None:
+            opened = self._unprotect(data)
+            if opened is None:
+                return
+            data = opened
         self.rtp.receive_rtcp(data, addr, self.loop.time())
         self._pump_rtp()
 
+    def _unprotect(self, data: bytes) -> bytes | None:
+        """An SRTP/SRTCP packet verified and decrypted; None (counted) if it fails."""
+        srtp = self.srtp
+        assert srtp is not None
+        try:
+            return srtp.unprotect_rtcp(data) if is_rtcp(data) else srtp.unprotect(data)
+        except ValueError:
+            self.srtp_dropped += 1
+            return None
+
     def _pump_rtp(self) -> None:
+        srtp = self.srtp
         for action in self.rtp.actions_to_send():
             if isinstance(action, SendDatagram) and self.rtp_sock is not None:
+                data = action.data
+                rtcp = is_rtcp(data)
+                if srtp is not None:
+                    try:
+                        data = srtp.protect_rtcp(data) if rtcp else srtp.protect(data)
+                    except ValueError:
+                        self.ticker.send_errors += 1
+                        continue
                 # by content, not by the destination's parity: RTP must leave from the RTP
                 # port (symmetric RTP, RFC 4961) even when the peer's port is odd (NAT)
-                if is_rtcp(action.data) and self.rtcp_transport is not None:
-                    self.rtcp_transport.sendto(action.data, action.addr)
+                if rtcp and self.rtcp_transport is not None:
+                    self.rtcp_transport.sendto(data, action.addr)
                 else:
                     try:
-                        self.rtp_sock.sendto(action.data, action.addr)
+                        self.rtp_sock.sendto(data, action.addr)
                     except OSError:  # full buffer or closed: RTP does not queue
                         self.ticker.send_errors += 1
         for event in self.rtp.events_received():
@@ -284,6 +322,13 @@ class _SipCall:
             self.sending_audio = True
         data = rtp.frame_packet(frame, self.pt, now, n)
         if data is not None:
+            srtp = self.srtp
+            if srtp is not None:
+                try:
+                    data = srtp.protect(data)
+                except ValueError:  # libsrtp refused (a sequence number protected twice)
+                    self.ticker.send_errors += 1
+                    return self._inbound_cb
             sock = self.rtp_sock
             if sock is not None:
                 self.outbox.append((sock, data, rtp.remote_addr))
@@ -363,13 +408,17 @@ class _SipCall:
         data = self._rx_data
         if data is not None:
             self._rx_data = None
+            srtp = self.srtp
+            if srtp is not None:
+                data = self._unprotect(data)
             # (host, port): rtpsock gives IPv6 sources without flow info and scope
-            if rtp.receive_datagram(data, self._rx_addr, self._rx_at):
+            if data is not None and rtp.receive_datagram(data, self._rx_addr, self._rx_at):
                 pump = True  # the engine queued something (latch, DTMF, SSRC, ...)
             rx = self._rx
             if rx:
-                for data, addr, arrival in rx:
-                    if rtp.receive_datagram(data, addr, arrival):
+                for packet, addr, arrival in rx:
+                    opened = packet if srtp is None else self._unprotect(packet)
+                    if opened is not None and rtp.receive_datagram(opened, addr, arrival):
                         pump = True
                 rx.clear()
         # RTCP report, RTP timeout, DTMF end: every few seconds (poll_timer's own first test)
