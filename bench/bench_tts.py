@@ -72,7 +72,7 @@ from websockets.uri import parse_uri
 from bridge.control.commands import Say
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
-from bridge.io.tts_client import (
+from bridge.io.provider_ws import (
     PromptCache,
     ProviderPool,
     Speaker,

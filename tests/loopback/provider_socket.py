@@ -8,7 +8,7 @@ from websockets.client import ClientProtocol
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from bridge.io.tts_client import _ProviderWebSocket
+from bridge.io.provider_ws import _ProviderWebSocket
 
 
 class FakeTransport:

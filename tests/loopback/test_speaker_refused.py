@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.engine import Event, LocalProtocolError
-from bridge.io.tts_client import Speaker
+from bridge.io.provider_ws import Speaker
 from bridge.tts.base import MULAW_8K, ProviderSettings, TurnFailed, TurnSettings
 
 

@@ -22,7 +22,7 @@ from websockets.uri import parse_uri
 from websockets.utils import accept_key
 
 from bridge.engine import Action, Event
-from bridge.io.tts_client import _Connection, _ProviderWebSocket
+from bridge.io.provider_ws import _Connection, _ProviderWebSocket
 from bridge.tts.base import ConnectParams
 
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from bridge.engine import Action, Event
-from bridge.io.tts_client import _Connection
+from bridge.io.provider_ws import _Connection
 
 
 class DeadlineEngine:

@@ -16,7 +16,7 @@ import pytest
 
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
-from bridge.io.tts_client import PromptCache, ProviderPool, Speaker, _Connection
+from bridge.io.provider_ws import PromptCache, ProviderPool, Speaker, _Connection
 from bridge.io.ttsd_server import TtsServer, start_tts_server
 from bridge.tts.base import (
     MULAW_8K,
@@ -464,7 +464,7 @@ def test_zwst_slow_reader_is_closed_with_1008() -> None:
     from websockets.frames import Close
     from websockets.uri import parse_uri
 
-    from bridge.io.tts_client import _http_request
+    from bridge.io.provider_ws import _http_request
     from bridge.tts.base import HttpRequest
 
     async def body(server: TtsServer) -> None:
