@@ -1,19 +1,18 @@
-"""Provider connections: the asyncio shell around the ``bridge/tts/<protocol>.py`` engines.
+"""Provider connections: the asyncio shell around the provider engines.
+
+The decisions are pure and live in ``bridge.providers``: turn placement,
+reconnect backoff and idle closing (``pool``), flow control (``flow``), turn
+deadlines (``turn_deadlines``), underrun verdicts (``underrun``) and the
+failover speaker with the prompt cache (``failover``, ``prompts``). This
+module owns what they cannot: the sockets, the timers and the pump.
 
 ``ProviderPool`` (one per configured provider) owns the WebSocket connections
-to that provider. It keeps a warm connection open before the first call (time
-to first audio must not include a handshake), multiplexes turns onto one
-connection where the protocol allows it (``max_turns``), opens more
-connections where it does not (KugelAudio: one turn per session), and
-reconnects with capped, jittered exponential backoff. Each connection is
-pumped the engine-contract way: messages in with ``loop.time()``, actions
-out, events dispatched to the turn's sink, one timer re-armed from
-``next_deadline()``.
-
-``Speaker`` sits above the pools for one route: a failover chain of
-providers (a turn that fails before its first audio is replayed on the next
-provider with the text it had so far), the prompt cache, the fallback prompt
-and the first-audio deadline (``bridge.providers.first_audio``).
+to that provider: a warm connection before the first call, turns multiplexed
+where the protocol allows (``max_turns``), more connections where it does not,
+reconnects after ``Backoff``. Each connection is pumped the engine-contract
+way: messages in with ``loop.time()``, actions out, events dispatched to the
+turn's sink, one timer re-armed from ``next_deadline()``. ``Speaker`` is
+``bridge.providers.failover.Speaker`` on the loop's clock.
 """
 
 from __future__ import annotations
@@ -23,13 +22,12 @@ import contextlib
 import fcntl
 import functools
 import importlib
-import random
 import socket
 import termios
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -40,15 +38,33 @@ from websockets.protocol import State
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes, SendText
 from bridge.logs import get_logger
-from bridge.providers.first_audio import FIRST_AUDIO_TIMEOUT_KIND, FirstAudioDeadlines
-from bridge.providers.prompts import (
-    Flight,
-    PromptCache,
-    PromptKey,
-    TurnFellBack,
-    Waiter,
-    provider_identity,
+from bridge.providers import failover
+from bridge.providers.failover import (
+    AudioSink,
+    Sink,
+    WordsSink,
+    pool_identity,
+    prompt_key,
+    render_prompt,
 )
+from bridge.providers.flow import (
+    FLOW_HIGH_S,
+    FLOW_LOW_S,
+    FLOW_PAUSE_MAX_S,
+    NO_FLOW_CONTROL,
+    FlowControl,
+)
+from bridge.providers.pool import BACKOFF_STABLE_S, CLOSE_IDLE_AFTER_S, Backoff, Placement
+from bridge.providers.prompts import PromptCache, TurnFellBack
+from bridge.providers.turn_deadlines import (
+    TURN_BASE_S,
+    TURN_CHECK_S,
+    TURN_S_PER_CHAR,
+    TURN_STALL_S,
+    TurnDeadlines,
+    TurnWatch,
+)
+from bridge.providers.underrun import DryWatch, DryWatches, dry_verdict
 from bridge.tts.base import (
     MULAW_8K,
     AudioFormat,
@@ -62,19 +78,22 @@ from bridge.tts.base import (
     TurnDone,
     TurnFailed,
     TurnSettings,
-    UsageReported,
     WordsPiece,
     WordsTimed,
     WordTiming,
 )
 
 __all__ = [
+    "FLOW_HIGH_S",
+    "FLOW_PAUSE_MAX_S",
+    "AgentSession",
     "Backoff",
     "PromptCache",
     "ProviderPool",
     "Speaker",
     "TurnFellBack",
     "engine_class",
+    "pool_identity",
     "prompt_key",
     "render_prompt",
 ]
@@ -83,64 +102,12 @@ log = get_logger("callbridge.tts")
 _INQ = array("i", [0])
 """``FIONREAD``'s answer (``_Connection.unread_bytes``)."""
 
-Sink = Callable[[Event], None]
-AudioSink = Callable[[bytes, AudioFormat], None]
-"""A turn's audio, straight from the engine (``receive_*_fast``): no event object, no drain."""
-WordsSink = Callable[[tuple[WordTiming, ...]], None]
-"""A turn's word timings, straight from the engine, likewise."""
-
 SEND_BUFFER_LIMIT_BYTES = 65_536
 """Above this much unsent data on a provider socket, messages wait for it to drain."""
-
-FLOW_HIGH_S = 4.0
-"""A connection stops reading while every turn on it has more than this many seconds of
-audio received and not yet due to play, when flow control is on (``ProviderPool(flow_high_s=
-FLOW_HIGH_S)``). It is off by default. Pausing holds back every turn on the connection:
-with several turns on one, the others' audio then waits in the provider's and the kernel's
-buffers in front of a restarted turn's first audio, where reading it at once would have
-moved it into the calls' queues. With one turn per connection (``turns_per_connection =
-1``) it holds back only its own turn. There, with a provider that sends faster than real
-time, it keeps a restarted turn's first audio from waiting behind the other calls' bulk:
-at 400 SIP calls of 24 kHz PCM, restarted turns' first audio took 38-143 ms (p50) with 4 s
-ahead and 0.7-0.9 s without (``bench/bench_capacity.py``)."""
-FLOW_LOW_S = 2.0
-"""It reads again once one of its turns is down to this many seconds ahead."""
-FLOW_PAUSE_MAX_S = 5.0
-"""And at the latest after this long (a server close, a ping or a control message waits
-behind the paused bytes; each resumed read is judged afresh). Under the keepalive's
-``ping_timeout`` (20 s), so a pong behind paused bytes is read in time. Not much
-shorter: one read takes up to 256 KB (uvloop's buffer), about 4 s of 24 kHz audio in
-base64, so at 1 s (the value before) a paused turn was still read about 4 times
-faster than it played, and its read-ahead was not bounded at all."""
-PAUSED_LOAD = 1 << 20
-"""Placement: what a paused connection adds to its count of turns (more than any has)."""
-CLOSE_IDLE_AFTER_S = 60.0
-"""A pool closes a connection that has held no turn for this long (``ProviderPool(
-close_idle_after_s=...)``; provider key ``close_idle_after_s``), keeping the newest idle
-one of each kind as the spare and never going below ``warm``. With one turn per
-connection a pool opens one per call in progress; this hands them back after a peak."""
 SESSION_TIMEOUT_S = 10.0
 """A session route's answer (zwst's POST) must be whole within this time."""
 SESSION_REPLY_MAX_BYTES = 64 * 1024
 """And no larger than this (its JSON holds one URL)."""
-BACKOFF_STABLE_S = 30.0
-"""A connection that stayed up this long resets the pool's reconnect backoff, as does one
-that carried a turn to its end; merely opening does not (a provider that accepts and then
-closes, 1008 for a bad key, would otherwise be reconnected to at the base delay forever)."""
-TURN_STALL_S = 10.0
-"""A turn fails (``TurnFailed(kind="timeout")``) when the provider owes it a reply (text
-sent since its last audio, or the turn ended and not done) and nothing came for this long."""
-TURN_BASE_S = 15.0
-TURN_S_PER_CHAR = 0.25
-"""And when it is not done ``TURN_BASE_S`` + this much per character of its text + the
-duration of the audio it sent, after its last text: about 4 characters a second, a quarter
-of speech's rate, so a provider that trickles a frame every few seconds cannot hold a call
-silent for ever, while one that sent a turn's audio has the time it takes to play."""
-TURN_CHECK_S = 1.0
-"""How often a connection with turns in progress looks at their deadlines."""
-NO_FLOW_CONTROL = frozenset({"zwst"})
-"""Protocols whose servers punish a client that lets their send queue grow (zwst drops
-audio over ~2 s of backlog and closes a slow reader with 1008): never paused."""
 
 
 def engine_class(protocol: str) -> type[TtsProtocol]:
@@ -163,24 +130,6 @@ def _pooling(protocol: str) -> tuple[Any, Any] | None:
     if hasattr(mod, "pool_key") and hasattr(mod, "settings_for"):
         return mod.pool_key, mod.settings_for
     return None
-
-
-@dataclass
-class Backoff:
-    """Capped exponential backoff with full jitter (``random`` is injectable for tests)."""
-
-    base_s: float = 0.25
-    cap_s: float = 30.0
-    attempt: int = 0
-    rng: random.Random = field(default_factory=random.Random)
-
-    def next_delay_s(self) -> float:
-        ceiling = min(self.cap_s, self.base_s * (2**self.attempt))
-        self.attempt += 1
-        return self.rng.uniform(ceiling / 2, ceiling)
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 class SessionRouteError(Exception):
@@ -377,79 +326,13 @@ class _ProviderWebSocket(ClientConnection):
         self.on_message(decoded)
 
 
-class _TurnClock:
-    """How far ahead of its playout one turn's audio is, by the clock.
-
-    ``due_at`` is when the audio received so far runs out if it plays from
-    its arrival on without a break: each piece of audio starts at the later of
-    ``due_at`` and its arrival and adds its duration. The true queue can only
-    be longer (playout starts at a tick, after a previous turn, or is held),
-    never shorter, so a turn this counts as needing audio may not, but one it
-    counts as well ahead is.
-    """
-
-    __slots__ = ("due_at", "fmt", "s_per_byte")
-
-    def __init__(self) -> None:
-        self.due_at = 0.0
-        self.fmt: AudioFormat | None = None
-        self.s_per_byte = 0.0
-
-    def set_format(self, audio_format: AudioFormat) -> None:
-        self.fmt = audio_format
-        self.s_per_byte = 1.0 / (audio_format.sample_rate_hz * audio_format.bytes_per_sample)
-
-    def add(self, n_bytes: int, audio_format: AudioFormat, now: float) -> None:
-        if audio_format is not self.fmt:
-            self.set_format(audio_format)
-        due_at = self.due_at
-        self.due_at = (due_at if due_at > now else now) + n_bytes * self.s_per_byte
-
-
-@dataclass(slots=True)
-class _DryWatch:
-    """An underrun counted as the daemon's while bytes read later may show otherwise."""
-
-    wire_id: str
-    mark: int
-    """The stream offset where the bytes waiting unread at the dry tick end."""
-    on_provider: Callable[[], None]
-
-
-class _TurnWatch:
-    """A turn's progress, for its deadlines (``TURN_STALL_S``, ``TURN_S_PER_CHAR``)."""
-
-    __slots__ = ("audio_s", "chars", "ended", "owed_since", "progress_at", "text_at")
-
-    def __init__(self, now: float) -> None:
-        self.chars = 0
-        self.text_at = now
-        """When it was opened or last given text (or ended)."""
-        self.progress_at = now
-        """When the provider last sent anything for it."""
-        self.owed_since: float | None = None
-        """Since when the provider owes a reply (None: it has answered all it was sent)."""
-        self.ended = False
-        self.audio_s = 0.0
-        """Seconds of audio received: the caller listens to that much anyway."""
-
-    def progress(self, now: float, audio: bytes | None, audio_format: AudioFormat | None) -> None:
-        self.progress_at = now
-        if not self.ended:
-            self.owed_since = None
-        if audio is not None and audio_format is not None:
-            self.audio_s += len(audio) / (
-                audio_format.sample_rate_hz * audio_format.bytes_per_sample
-            )
-
-
 class _Connection:
     """One WebSocket to the provider and the engine that speaks its protocol.
 
     Flow control (off unless the pool sets ``flow_high_s``: see ``FLOW_HIGH_S``):
     a read that leaves every turn on the connection more than
-    ``pool.flow_high_s`` of audio ahead of its playout (``_TurnClock``) stops
-    the reading (``transport.pause_reading``), so what the provider sends
+    ``pool.flow_high_s`` of audio ahead of its playout (``bridge.providers.flow``)
+    stops the reading (``transport.pause_reading``), so what the provider sends
     beyond that waits in its socket buffers, not in ours, and a connection
     whose turns need audio gets the loop. Reading resumes when a turn is
     opened on it, when its neediest turn is down to ``pool.flow_low_s`` ahead,
@@ -481,11 +364,11 @@ class _Connection:
         self.writer: asyncio.Task[None] | None = None
         self.early: list[str | bytes] | None = []
         """Messages that came with the handshake, before the engine heard of the connection."""
-        self.clocks: dict[str, _TurnClock] = {}
+        self.flow = FlowControl()
+        self.clocks = self.flow.clocks
         """Each turn's audio ahead of its playout (only with flow control on)."""
-        self.paused = False
         self.flow_timer: asyncio.TimerHandle | None = None
-        self.dry_watches: list[_DryWatch] = []
+        self.dry = DryWatches()
         """Underruns waiting for their verdict (``watch_dry``)."""
         self.listed_idle = False
         """On the pool's ``idle`` list (``ProviderPool._connection_for_turn``)."""
@@ -493,7 +376,8 @@ class _Connection:
         """When it last became idle (``note_idle``): what the pool's idle closing reads."""
         self.retiring = False
         """Closed by the pool for being idle (``ProviderPool._close_idle``): takes no turn."""
-        self.watches: dict[str, _TurnWatch] = {}
+        self.deadlines = TurnDeadlines()
+        self.watches = self.deadlines.watches
         """Turns in progress and their deadlines (``_check_turns``)."""
         self.watch_timer: asyncio.TimerHandle | None = None
         self.ready_at: float | None = None
@@ -504,58 +388,56 @@ class _Connection:
     def now(self) -> float:
         return self.loop.time()
 
+    @property
+    def paused(self) -> bool:
+        """Flow control stopped reading (``resume`` reads again)."""
+        return self.flow.paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self.flow.paused = value
+
+    @property
+    def dry_watches(self) -> list[DryWatch]:
+        """Underruns waiting for their verdict (``watch_dry``)."""
+        return self.dry.watches
+
+    # what the pool's placement reads (``bridge.providers.pool.Slot``)
+
+    def is_ready(self) -> bool:
+        return self.engine.ready
+
+    def is_handshaking(self) -> bool:
+        return not self.ready_event.is_set()
+
+    def is_open(self) -> bool:
+        return not self.closed and not self.retiring and self.catch_all is None
+
     def watch_dry(self, wire_id: str, on_provider: Callable[[], None]) -> bool:
         """A turn on this connection ran dry: did the daemon hold its next audio unread?
 
         False: nothing waits unread, in the kernel or read and not yet handed
         over; the provider had not sent it. True: bytes wait, and the underrun
-        is the daemon's unless they turn out not to hold the turn's audio:
-        the connection then remembers where those bytes end and, once it has
-        handed over everything before that point without the turn's audio,
-        calls ``on_provider`` (they were other turns' audio; the provider sent
-        this turn's later). It stays the daemon's without a verdict when so
-        much waits in the kernel that the provider may have been held back by
-        the receive window, on TLS (the kernel counts encrypted bytes) and
-        if the connection closes first.
+        is the daemon's unless they turn out not to hold the turn's audio
+        (``bridge.providers.underrun``: ``on_provider`` is called then).
         """
         ws = self.ws
         if not isinstance(ws, _ProviderWebSocket):
             return self.unread_bytes() > 0
         kernel = self.unread_bytes()
-        if not kernel and ws.received == ws.consumed:
-            return False
-        transport = ws.transport
-        if transport.get_extra_info("sslcontext") is not None:
-            return True
-        sock = transport.get_extra_info("socket")
-        try:
-            window = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
-        except (OSError, AttributeError):
-            return True
-        if kernel >= window:
-            return True
-        self.dry_watches.append(_DryWatch(wire_id, ws.received + kernel, on_provider))
-        return True
-
-    def _dry_audio(self, wire_id: str) -> None:
-        """Audio of ``wire_id`` is being handed over: it was waiting unread at its
-        watches' dry ticks, which stay the daemon's. (A watch whose mark an earlier
-        message passed was settled after that message; only where websockets' own
-        parser cuts the frames can a watch outlive its mark until the read ends,
-        and then the verdict errs to the daemon.)"""
-        self.dry_watches = [w for w in self.dry_watches if w.wire_id != wire_id]
-
-    def _dry_settle(self) -> None:
-        """Watches whose unread bytes are all handed over without their turn's audio."""
-        ws = self.ws
-        consumed = ws.consumed if isinstance(ws, _ProviderWebSocket) else 0
-        keep: list[_DryWatch] = []
-        for w in self.dry_watches:
-            if w.mark <= consumed:
-                w.on_provider()
-            else:
-                keep.append(w)
-        self.dry_watches = keep
+        unconsumed = ws.received - ws.consumed
+        encrypted, window = False, None
+        if kernel or unconsumed:
+            transport = ws.transport
+            encrypted = transport.get_extra_info("sslcontext") is not None
+            if not encrypted:
+                sock = transport.get_extra_info("socket")
+                with contextlib.suppress(OSError, AttributeError):
+                    window = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
+        verdict = dry_verdict(kernel, unconsumed, encrypted, window)
+        if verdict == "watch":
+            self.dry.add(wire_id, ws.received + kernel, on_provider)
+        return verdict != "provider"
 
     def unread_bytes(self) -> int:
         """Bytes the kernel holds for this connection that the daemon has not read."""
@@ -592,35 +474,32 @@ class _Connection:
 
     def _after_read(self) -> None:
         """A read's messages are handed over: stop reading while every turn is well ahead."""
-        if self.dry_watches:
+        if self.dry.watches:
             self._dry_settle()
-        high = self.pool.flow_high_s
-        clocks = self.clocks
-        if high is None or self.paused or self.closed or not clocks:
+        flow, pool = self.flow, self.pool
+        if pool.flow_high_s is None or flow.paused or self.closed or not flow.clocks:
             return
-        if len(clocks) < len(self.sinks):
-            return  # a turn without a clock (an agent's): counted as needing audio
         ws = self.ws
-        if ws is None or ws.protocol.state is not State.OPEN or ws.pending_pings:
-            return
-        neediest = min(c.due_at for c in clocks.values())
+        can_pause = ws is not None and ws.protocol.state is State.OPEN and not ws.pending_pings
         now = self.loop.time()
-        if neediest - now <= high:
-            return
-        self.paused = True
-        ws.transport.pause_reading()
-        resume_at = min(neediest - self.pool.flow_low_s, now + FLOW_PAUSE_MAX_S)
-        self.flow_timer = self.loop.call_at(resume_at, self.resume)
+        resume_at = flow.after_read(
+            now, len(self.sinks), can_pause, pool.flow_high_s, pool.flow_low_s
+        )
+        if resume_at is not None and ws is not None:
+            ws.transport.pause_reading()
+            self.flow_timer = self.loop.call_at(resume_at, self.resume)
+
+    def _dry_settle(self) -> None:
+        ws = self.ws
+        self.dry.settle(ws.consumed if isinstance(ws, _ProviderWebSocket) else 0)
 
     def resume(self) -> None:
         """Read again (a turn needs audio, or the pause has lasted long enough)."""
         if self.flow_timer is not None:
             self.flow_timer.cancel()
             self.flow_timer = None
-        if self.paused:
-            self.paused = False
-            if self.ws is not None:
-                self.ws.transport.resume_reading()
+        if self.flow.resumed() and self.ws is not None:
+            self.ws.transport.resume_reading()
 
     async def run(self) -> None:
         try:
@@ -699,7 +578,7 @@ class _Connection:
         self._after_message()
 
     def _after_message(self) -> None:
-        if self.dry_watches:
+        if self.dry.watches:
             self._dry_settle()
         # a burst (many turns' audio at once) is read in one data_received, without
         # a return to the loop: let frames due meanwhile leave on time
@@ -707,51 +586,34 @@ class _Connection:
 
     # ------------------------------------------------------------ turn deadlines
 
-    def _watch(self, wire_id: str) -> _TurnWatch | None:
+    def _watch(self, wire_id: str) -> TurnWatch | None:
         if wire_id not in self.sinks or self.closed:
             return None
-        watch = self.watches.get(wire_id)
-        if watch is None:
-            watch = self.watches[wire_id] = _TurnWatch(self.now())
-            if self.watch_timer is None:
-                self.watch_timer = self.loop.call_later(TURN_CHECK_S, self._check_turns)
+        watch, first = self.deadlines.watch(wire_id, self.now())
+        if first and self.watch_timer is None:
+            self.watch_timer = self.loop.call_later(TURN_CHECK_S, self._check_turns)
         return watch
 
     def note_text(self, wire_id: str, chars: int) -> None:
         """The turn was given ``chars`` characters of text: the provider owes audio."""
         watch = self._watch(wire_id)
         if watch is not None:
-            now = self.now()
-            watch.chars += chars
-            watch.text_at = now
-            if watch.owed_since is None:
-                watch.owed_since = now
+            watch.text(chars, self.now())
 
     def note_end(self, wire_id: str) -> None:
         """The turn's text is complete: the provider owes the rest and its end."""
         watch = self._watch(wire_id)
         if watch is not None:
-            watch.ended = True
-            watch.text_at = self.now()
-            if watch.owed_since is None:
-                watch.owed_since = watch.text_at
+            watch.end(self.now())
 
     def _check_turns(self) -> None:
         self.watch_timer = None
         if self.closed:
             return
-        now = self.now()
         pool = self.pool
-        late: list[tuple[str, str]] = []
-        for wire_id, w in self.watches.items():
-            if w.owed_since is not None and now - max(w.owed_since, w.progress_at) >= (
-                pool.turn_stall_s
-            ):
-                late.append((wire_id, f"no audio from the provider for {pool.turn_stall_s:g} s"))
-            elif w.chars and now - w.text_at >= (
-                pool.turn_base_s + w.chars * pool.turn_s_per_char + w.audio_s
-            ):
-                late.append((wire_id, f"not done {now - w.text_at:.0f} s after its last text"))
+        late = self.deadlines.late(
+            self.now(), pool.turn_stall_s, pool.turn_base_s, pool.turn_s_per_char
+        )
         for wire_id, message in late:
             self._fail_turn(wire_id, message)
         if self.watches and not self.closed:
@@ -770,8 +632,8 @@ class _Connection:
 
     def _audio(self, piece: AudioPiece) -> None:
         turn_id, audio, audio_format = piece
-        if self.dry_watches:
-            self._dry_audio(turn_id)
+        if self.dry.watches:
+            self.dry.audio(turn_id)
         audio_sink = self.audio_sinks.get(turn_id)
         if audio_sink is not None:
             clocks = self.clocks
@@ -795,10 +657,9 @@ class _Connection:
         """Forget a turn's sinks (it ended, failed or was cancelled); its event sink."""
         self.audio_sinks.pop(wire_id, None)
         self.words_sinks.pop(wire_id, None)
-        self.clocks.pop(wire_id, None)
         self.watches.pop(wire_id, None)
         sink = self.sinks.pop(wire_id, None)
-        if self.paused and not self.clocks:
+        if self.flow.drop_turn(wire_id):
             # no turn left to hold back: read what is left of the dropped one (a
             # cancelled turn's audio, the server's release of it) now, not at the timer
             self.resume()
@@ -820,12 +681,8 @@ class _Connection:
     def note_idle(self) -> None:
         """Put this connection on the pool's ``idle`` list if it ``is_idle()``, and note
         since when it is."""
-        if self.is_idle():
-            self.idle_since = self.loop.time()
-            if not self.listed_idle:
-                self.listed_idle = True
-                self.pool.idle.append(self)
-                self.pool.arm_idle_close()
+        if self.pool.placement.list_idle(self, self.loop.time()):
+            self.pool.arm_idle_close()
 
     async def _connect(self) -> None:
         req = self.engine.session_request()
@@ -936,8 +793,8 @@ class _Connection:
 
     def _dispatch(self, event: Event) -> None:
         cls = type(event)
-        if cls is AudioReceived and self.dry_watches:
-            self._dry_audio(event.turn_id)  # type: ignore[attr-defined]
+        if cls is AudioReceived and self.dry.watches:
+            self.dry.audio(event.turn_id)  # type: ignore[attr-defined]
         if cls is AudioReceived or cls is WordsTimed:  # the bulk of a turn: straight to its sink
             watch = self.watches.get(event.turn_id) if self.watches else None  # type: ignore[attr-defined]
             if watch is not None:
@@ -1004,9 +861,6 @@ class ProviderPool:
         self.settings = settings
         self.preempt = preempt
         """Called between two provider messages (``MediaTicker.run_if_due``)."""
-        self.turns_per_connection = turns_per_connection
-        """Above this many turns on every connection a new turn opens another connection
-        (None: only when every one is at the protocol's ``max_turns``)."""
         self.flow_high_s = None if settings.protocol in NO_FLOW_CONTROL else flow_high_s
         self.flow_low_s = flow_low_s
         """Flow control (``_Connection``): off while ``flow_high_s`` is None (the default)."""
@@ -1019,10 +873,11 @@ class ProviderPool:
         self.pooling = _pooling(settings.protocol)
         self.warm = warm
         self.connections: list[_Connection] = []
-        self.idle: list[_Connection] = []
-        """Connections that held no turn when last seen (oldest first; some may since
-        have closed or taken a turn): where a new turn is placed without a scan of every
-        connection, which at one turn per connection means every call's."""
+        self.placement: Placement[_Connection] = Placement(
+            turns_per_connection, self.engine_cls.max_turns
+        )
+        """Where turns go and which idle connections close (``bridge.providers.pool``)."""
+        self.idle = self.placement.idle
         self.backoff = Backoff()
         self.turn_stall_s = TURN_STALL_S
         self.turn_base_s = TURN_BASE_S
@@ -1041,6 +896,12 @@ class ProviderPool:
     @property
     def name(self) -> str:
         return self.settings.name
+
+    @property
+    def turns_per_connection(self) -> int | None:
+        """Above this many turns on every connection a new turn opens another connection
+        (None: only when every one is at the protocol's ``max_turns``)."""
+        return self.placement.turns_per_connection
 
     def unread_bytes(self) -> int:
         """Bytes waiting unread on the pool's connections (an underrun's cause)."""
@@ -1067,30 +928,6 @@ class ProviderPool:
         conn.task = asyncio.get_running_loop().create_task(conn.run())
         return conn
 
-    def _idle_connection(self, key: PoolKey) -> _Connection | None:
-        """A connection of ``key`` holding no turn, ready and reading if one is listed, else
-        one still handshaking; None if the list has none (the caller then scans).
-
-        The list is pruned as it is read: a connection that closed or holds a turn
-        leaves it (``note_idle`` lists it again once it holds none).
-        """
-        idle = self.idle
-        handshaking: _Connection | None = None
-        i = 0
-        while i < len(idle):
-            conn = idle[i]
-            if not conn.is_idle():
-                conn.listed_idle = False
-                del idle[i]
-                continue
-            if conn.key == key:
-                if conn.engine.ready and not conn.paused:
-                    return conn
-                if handshaking is None and not conn.ready_event.is_set():
-                    handshaking = conn
-            i += 1
-        return handshaking
-
     def arm_idle_close(self, at: float | None = None) -> None:
         """Look for connections idle too long at ``at`` (default: one timeout from now)."""
         after = self.close_idle_after_s
@@ -1113,50 +950,17 @@ class ProviderPool:
         if after is None or self._closing:
             return
         now = asyncio.get_running_loop().time()
-        listed: list[_Connection] = []
-        for conn in self.idle:
-            if not conn.is_idle():
-                conn.listed_idle = False  # pruned as ``_idle_connection`` would
-            else:
-                listed.append(conn)
-        spares: dict[PoolKey, _Connection] = {}
-        for conn in listed:
-            spare = spares.get(conn.key)
-            if spare is None or conn.idle_since > spare.idle_since:
-                spares[conn.key] = conn
-        open_now = sum(
-            1 for c in self.connections if not c.closed and not c.retiring and c.catch_all is None
-        )
-        kept: list[_Connection] = []
-        closed = 0
-        for conn in listed:
-            if (
-                conn is spares[conn.key]
-                or now - conn.idle_since < after
-                or not conn.engine.ready
-                or open_now <= self.warm
-            ):
-                kept.append(conn)
-                continue
-            conn.listed_idle = False
+        closing, again_at = self.placement.idle_to_close(now, after, self.connections, self.warm)
+        for conn in closing:
             conn.retiring = True
-            open_now -= 1
-            closed += 1
             conn.engine.close(now)
             conn.pump()
-        self.idle[:] = kept
-        if closed:
-            self.idle_closed += closed
-            log.info("tts.idle_closed", provider=self.name, connections=closed, open=open_now)
-        # the next look: when the first of the others is due (one kept past its time,
-        # handshaking or for ``warm``, is looked at again one timeout from now)
-        due = [
-            c.idle_since + after if now - c.idle_since < after else now + after
-            for c in kept
-            if c is not spares[c.key]
-        ]
-        if due:
-            self.arm_idle_close(min(due))
+        if closing:
+            self.idle_closed += len(closing)
+            open_now = sum(1 for c in self.connections if c.is_open())
+            log.info("tts.idle_closed", provider=self.name, connections=len(closing), open=open_now)
+        if again_at is not None:
+            self.arm_idle_close(again_at)
 
     async def start(self, timeout_s: float = 10.0) -> bool:
         """Open the warm connection(s); True once one is ready."""
@@ -1187,52 +991,10 @@ class ProviderPool:
             self._open()
 
     def _connection_for_turn(self, turn: TurnSettings) -> _Connection:
-        """The connection a new turn's first audio waits least on.
-
-        A connection is one FIFO: a turn's first audio comes after whatever
-        the provider has queued on it for the turns already open there. So the
-        turn goes to the ready connection with the fewest turns open (one that
-        flow control paused only if every one is paused), else to
-        one still handshaking, else to one busy finishing a cancelled turn
-        (one-turn protocols); another connection is opened when every one is
-        full, or holds ``turns_per_connection`` turns or more.
-
-        A connection with no turn, from the ``idle`` list, is taken without
-        looking at the others: none can be better when it is ready, nor when
-        it is still handshaking and a connection carries one turn at most.
-        Only without one are all connections scanned.
-        """
+        """The connection a new turn's first audio waits least on (``Placement.choose``),
+        or a new one."""
         key = self._key(turn)
-        soft = self.turns_per_connection
-        conn = self._idle_connection(key)
-        if conn is not None and (conn.engine.ready or soft == 1 or self.engine_cls.max_turns == 1):
-            return conn
-        best: _Connection | None = None
-        best_load = 0
-        connecting: _Connection | None = None
-        busy: _Connection | None = None
-        for conn in self.connections:
-            if conn.key != key or not conn.has_room():
-                continue
-            if conn.engine.ready:
-                # a paused connection (flow control) holds its turns' audio in front of a
-                # new turn's: it goes after every reading one
-                load = conn.load() + (PAUSED_LOAD if conn.paused else 0)
-                if best is None or load < best_load:
-                    best, best_load = conn, load
-            elif not conn.ready_event.is_set():
-                if connecting is None or conn.load() < connecting.load():
-                    connecting = conn
-            elif busy is None:
-                busy = conn
-        if soft is not None:
-            if best is not None and best_load % PAUSED_LOAD >= soft:
-                best = None
-            if connecting is not None and connecting.load() >= soft:
-                connecting = None
-            if best is None and connecting is None:
-                return self._open(key)
-        return best or connecting or busy or self._open(key)
+        return self.placement.choose(key, self.connections) or self._open(key)
 
     def open_turn(
         self,
@@ -1269,7 +1031,7 @@ class ProviderPool:
 
         conn.words_sinks[wire_id] = words_sink
         if self.flow_high_s is not None:
-            conn.clocks[wire_id] = _TurnClock()
+            conn.flow.open_turn(wire_id)
             conn.resume()  # the new turn needs its first audio
         handle = _TurnHandle(conn, wire_id)
         try:
@@ -1281,16 +1043,10 @@ class ProviderPool:
         return handle
 
     def _keep_spare(self, key: PoolKey) -> None:
-        """Open a connection in the background if no connection of ``key`` has room for
-        another turn (under ``turns_per_connection`` and the protocol's ``max_turns``),
-        so the next turn goes to one already open instead of waiting for a handshake."""
-        if self._closing or self._idle_connection(key) is not None:
-            return
-        soft = self.turns_per_connection
-        for conn in self.connections:
-            if conn.key == key and conn.has_room() and (soft is None or conn.load() < soft):
-                return
-        self._open(key)
+        """Open a connection in the background if none of ``key`` has room for another
+        turn, so the next turn goes to one already open instead of waiting for a handshake."""
+        if not self._closing and self.placement.needs_spare(key, self.connections):
+            self._open(key)
 
     async def open_agent(self, sink: Sink, timeout_s: float = 10.0) -> AgentSession:
         """A dedicated connection for one call's voice-agent session (Kletso)."""
@@ -1396,6 +1152,9 @@ class _TurnHandle:
         self.conn.drop_turn(self.turn_id)
         self.call(lambda e, now: e.cancel(self.turn_id, now))
 
+    def watch_dry(self, on_provider: Callable[[], None]) -> bool:
+        return self.conn.watch_dry(self.turn_id, on_provider)
+
 
 class AgentSession:
     """One call's voice-agent session on its own connection.
@@ -1493,125 +1252,13 @@ class AgentSession:
                 await asyncio.wait_for(self.conn.task, 2)
 
 
-# ------------------------------------------------------------ prompt cache
-# The cache itself is the pure engine ``bridge.providers.prompts.PromptCache``; this
-# shell starts its renders on a pool and feeds their events back to it.
-
-
-def pool_identity(pool: ProviderPool) -> str:
-    """``provider_identity`` of the pool's provider (computed once per pool)."""
-    ident = pool.prompt_identity
-    if ident is None:
-        ident = pool.prompt_identity = provider_identity(pool.settings)
-    return ident
-
-
-def prompt_key(pool: ProviderPool, settings: TurnSettings, text: str) -> PromptKey:
-    """What names a prompt's audio, for ``text`` spoken by ``pool`` with ``settings``."""
-    voice = settings.voice or pool.settings.voice
-    return PromptKey(pool.name, pool_identity(pool), voice, settings.audio_format,
-                     settings.speed, text)  # fmt: skip
-
-
-def _turn_settings(pool: ProviderPool, settings: TurnSettings) -> TurnSettings:
-    if not settings.voice and pool.settings.voice:
-        return replace(settings, voice=pool.settings.voice)
-    return settings
-
-
-def render_prompt(
-    cache: PromptCache,
-    pool: ProviderPool,
-    settings: TurnSettings,
-    text: str,
-    turn_id: str,
-    sink: Sink,
-    *,
-    lead: bool = True,
-) -> tuple[str | None, Waiter | None]:
-    """``text`` as a prompt for turn ``turn_id``: from the cache, by joining the render in
-    flight, or by starting one on ``pool`` (``PromptCache.request``'s answer)."""
-    outcome, waiter = cache.request(prompt_key(pool, settings, text), turn_id, sink, lead=lead)
-    if outcome == "lead" and waiter is not None:
-        _start_flight(cache, pool, waiter.flight, _turn_settings(pool, settings), text)
-    return outcome, waiter
-
-
-def _start_flight(
-    cache: PromptCache, pool: ProviderPool, flight: Flight, settings: TurnSettings, text: str
-) -> None:
-    """One attempt at a render; a failure before audio is retried once (the engine says)."""
-
-    def on_event(event: Event) -> None:
-        if isinstance(event, TurnFailed | ProviderFailed):
-            kind, message, retryable = event.kind, event.message, event.retryable
-            if cache.flight_failed(flight, kind, message, retryable):
-                log.warning("tts.prompt_retry", provider=pool.name, kind=kind)
-                _start_flight(cache, pool, flight, settings, text)
-            elif flight.done:
-                log.warning("tts.prompt_failed", provider=pool.name, kind=kind)
-            return
-        if isinstance(event, UsageReported):  # a render shared by many calls: logged once
-            log.info("provider.usage", provider=pool.name, prompt=flight.wire_id, usage=event.usage)
-            return
-        cache.flight_event(flight, event)
-
-    try:
-        handle = flight.handle = pool.open_turn(flight.wire_id, settings, on_event)
-        handle.send_text(text)
-        handle.end()
-    except LocalProtocolError as e:
-        on_event(TurnFailed(flight.wire_id, "open_refused", str(e), retryable=True))
-
-
-# ----------------------------------------------------------------- speaker
-
-
-class _SpokenTurn:
-    def __init__(self, turn_id: str, settings: TurnSettings, sink: Sink, cacheable: bool) -> None:
-        self.turn_id = turn_id
-        self.settings = settings
-        self.sink = sink
-        self.text: list[str] = []
-        self.ended = False
-        self.got_audio = False
-        self.chain_index = 0
-        self.handle: _TurnHandle | None = None
-        self.cacheable = cacheable
-        self.waiter: Waiter | None = None
-        """The render this turn waits on (a prompt, or the fallback prompt)."""
-        self.fell_back = False
-        self.attempt = 0
-        """Bumped at each start on a provider and when one is given up: events of an
-        earlier attempt (a provider cancelled at its first-audio deadline) are dropped."""
-
-
-class Speaker:
-    """One route's providers: a failover chain, the prompt cache and the fallback prompt.
-
-    A turn that fails (``TurnFailed`` or ``ProviderFailed``) before its first
-    audio is replayed on the next provider of the chain with all the text it
-    had; one that fails after audio started ends with the failure event (a
-    caller cannot un-hear half a sentence). A cacheable turn (a prompt) is
-    served by the cache: a hit, a render in flight, or a new render shared
-    with every identical request (``bridge.providers.prompts``). A turn that
-    fails on every provider before its first audio plays ``fallback_prompt``
-    when the cache holds it (or is rendering it): ``TurnFellBack`` first, so
-    the call reports the error, then the fallback's audio as the turn's own.
-
-    First-audio deadline (``first_audio_timeouts``, one per pool, 0 or none:
-    off): a turn that has somewhere else to go (a next provider in the chain, or
-    the fallback prompt in the cache) and still has no audio that long after its
-    provider got its whole text is cancelled on that provider (late audio is
-    dropped) and fails there with kind ``first_audio_timeout``: it fails over or
-    falls back at once. A prompt render shared with other calls is left to go on
-    and fill the cache (``PromptCache.leave``). ``clock`` and ``call_at`` are the
-    loop's unless given (tests pass a fake clock and fire ``check_deadlines``).
-    """
+class Speaker(failover.Speaker):
+    """``bridge.providers.failover.Speaker`` on the running loop's clock and timers
+    unless ``clock`` and ``call_at`` are given."""
 
     def __init__(
         self,
-        pools: list[ProviderPool],
+        pools: Sequence[failover.Pool],
         cache: PromptCache | None = None,
         fallback_prompt: str = "",
         fallback_voice: str = "",
@@ -1619,287 +1266,20 @@ class Speaker:
         clock: Callable[[], float] | None = None,
         call_at: Callable[[float, Callable[[], None]], Any] | None = None,
     ) -> None:
-        if not pools:
-            raise ValueError("a Speaker needs at least one provider")
-        self.pools = pools
-        self.cache = cache
-        self.fallback_prompt = fallback_prompt
-        self.fallback_voice = fallback_voice
-        """The voice the fallback prompt was rendered in (the route's: ``static_prompts``)."""
-        self.turns: dict[str, _SpokenTurn] = {}
-        self.failovers = 0
-        self.fallbacks = 0
-        self.first_audio_timeouts = tuple(first_audio_timeouts)
-        self.first_audio_expired = 0
-        """Turns given up on a provider at their first-audio deadline, ever."""
-        self._deadlines = FirstAudioDeadlines()
-        self._clock = clock
-        self._call_at = call_at
-        self._timer: Any = None
-        self._timer_at: float | None = None
-
-    def speak(
-        self, turn_id: str, text: str, settings: TurnSettings, sink: Sink, cacheable: bool = False
-    ) -> None:
-        """A complete-text turn (greetings, menus); served from the cache when it can be."""
-        turn = _SpokenTurn(turn_id, settings, sink, cacheable and self.cache is not None)
-        turn.text.append(text)
-        turn.ended = True
-        self.turns[turn_id] = turn
-        self._start(turn)
-
-    def open_turn(self, turn_id: str, settings: TurnSettings, sink: Sink) -> None:
-        turn = _SpokenTurn(turn_id, settings, sink, cacheable=False)
-        self.turns[turn_id] = turn
-        self._start(turn)
-
-    def watch_dry(self, turn_id: str, on_provider: Callable[[], None]) -> bool | None:
-        """The turn ran dry: whether its connection holds bytes unread (``_Connection.
-        watch_dry``, which may call ``on_provider`` later); ``None``: not a turn here."""
-        turn = self.turns.get(turn_id)
-        if turn is None:
-            return None
-        handle = turn.handle
-        if handle is None and turn.waiter is not None:  # a prompt: its render's turn
-            flight_handle = turn.waiter.flight.handle
-            handle = flight_handle if isinstance(flight_handle, _TurnHandle) else None
-        if handle is None:
-            return None
-        return handle.conn.watch_dry(handle.turn_id, on_provider)
-
-    def send_text(self, turn_id: str, text: str) -> None:
-        turn = self.turns.get(turn_id)
-        if turn is not None and turn.handle is not None:
-            turn.text.append(text)
-            turn.handle.send_text(text)
-
-    def end_turn(self, turn_id: str) -> None:
-        turn = self.turns.get(turn_id)
-        if turn is not None and turn.handle is not None:
-            turn.ended = True
-            turn.handle.end()
-            self._arm(turn, turn.attempt)
-
-    def cancel(self, turn_id: str) -> None:
-        turn = self.turns.pop(turn_id, None)
-        if turn is None:
-            return
-        if turn_id in self._deadlines:
-            self._deadlines.disarm(turn_id)
-            self._set_timer()
-        if turn.handle is not None:
-            turn.handle.cancel()
-        if turn.waiter is not None and self.cache is not None:
-            self.cache.leave(turn.waiter)  # the render goes on for the others and the cache
-            turn.waiter = None
-
-    def _start(self, turn: _SpokenTurn) -> None:
-        pool = self.pools[turn.chain_index]
-        turn.attempt += 1
-        attempt = turn.attempt
-        if turn.cacheable and self.cache is not None:
-            sink = functools.partial(self._on_event, turn)
-            _, turn.waiter = render_prompt(
-                self.cache, pool, turn.settings, "".join(turn.text), turn.turn_id, sink
-            )
-            self._arm(turn, attempt)  # a hit has played (and ended) already: nothing armed
-            return
-        settings = _turn_settings(pool, turn.settings)
-        try:
-            direct = self._direct_sinks(turn, attempt)
-            turn.handle = pool.open_turn(
-                turn.turn_id, settings, lambda e: self._on_event(turn, e, attempt), *direct
-            )
-            text = "".join(turn.text)
-            if text:
-                turn.handle.send_text(text)
-            if turn.ended:
-                turn.handle.end()
-        except LocalProtocolError as e:
-            # the engine refused the turn (no free context, connection closing): a
-            # failed turn on this provider, so the next one in the chain gets it and
-            # the call hears about it as a provider error rather than ending
-            log.warning("tts.open_refused", provider=pool.name, turn_id=turn.turn_id, error=str(e))
-            if turn.handle is not None:
-                turn.handle.cancel()
-                turn.handle = None
-            self._on_event(turn, TurnFailed(turn.turn_id, "open_refused", str(e), retryable=True))
-            return
-        self._arm(turn, attempt)
-
-    def _direct_sinks(
-        self, turn: _SpokenTurn, attempt: int
-    ) -> tuple[AudioSink | None, WordsSink | None]:
-        """The turn's audio and word timings straight to its sink (what ``_on_event``
-        does with them)."""
-        turns, turn_id, sink = self.turns, turn.turn_id, turn.sink
-
-        def audio_sink(audio: bytes, audio_format: AudioFormat) -> None:
-            # else cancelled, or given up at its first-audio deadline: late audio is dropped
-            if turns.get(turn_id) is turn and turn.attempt == attempt:
-                if not turn.got_audio:
-                    self._first_audio(turn)
-                sink(AudioReceived(turn_id, audio, audio_format))
-
-        def words_sink(words: tuple[WordTiming, ...]) -> None:
-            if turns.get(turn_id) is turn and turn.attempt == attempt:
-                sink(WordsTimed(turn_id, words))
-
-        return audio_sink, words_sink
-
-    def _on_event(self, turn: _SpokenTurn, event: Event, attempt: int | None = None) -> None:
-        if self.turns.get(turn.turn_id) is not turn:
-            return  # cancelled: late events are dropped here too
-        if attempt is not None and attempt != turn.attempt:
-            return  # a provider given up at its first-audio deadline
-        cls = type(event)
-        if cls is AudioReceived:  # the bulk of a turn: straight on
-            if not turn.got_audio:
-                self._first_audio(turn)
-            turn.sink(event)
-            return
-        if cls is WordsTimed:
-            turn.sink(event)
-            return
-        failed = isinstance(event, TurnFailed | ProviderFailed)
-        if failed and not turn.got_audio and turn.chain_index + 1 < len(self.pools):
-            log.warning(
-                "tts.failover",
-                turn_id=turn.turn_id,
-                provider=self.pools[turn.chain_index].name,
-                next=self.pools[turn.chain_index + 1].name,
-                kind=getattr(event, "kind", ""),
-            )
-            self.failovers += 1
-            turn.chain_index += 1
-            turn.waiter = None
-            self._start(turn)
-            return
-        if failed and not turn.got_audio and self._fall_back(turn, event):
-            return
-        if isinstance(event, TurnDone | TurnFailed | ProviderFailed):
-            self.turns.pop(turn.turn_id, None)
-            turn.waiter = None  # its sink holds the turn: no cycle left behind
-            if turn.turn_id in self._deadlines:
-                self._deadlines.disarm(turn.turn_id)
-                self._set_timer()
-        turn.sink(event)
-
-    def _fall_back(self, turn: _SpokenTurn, event: Event) -> bool:
-        """Play the fallback prompt as the failed turn's audio, if the cache holds it or is
-        rendering it (``TurnFellBack`` first); ``False``: nothing to play, fail as before."""
-        pool = self._fallback_pool(turn, cached_only=False)
-        if pool is not None and self.cache is not None:
-            settings = TurnSettings(self.fallback_voice, turn.settings.audio_format)
-            turn.fell_back = True
-            self.fallbacks += 1
-            if turn.handle is not None:
-                turn.handle = None  # failed: the text still to come has nowhere to go
-            kind, message = getattr(event, "kind", ""), getattr(event, "message", "")
-            log.warning("tts.fallback_prompt", turn_id=turn.turn_id, provider=pool.name, kind=kind)
-            turn.sink(TurnFellBack(turn.turn_id, kind, message))
-            if self.turns.get(turn.turn_id) is not turn:
-                return True  # the call let go of the turn meanwhile
-            sink = functools.partial(self._on_event, turn)
-            _, turn.waiter = render_prompt(
-                self.cache, pool, settings, self.fallback_prompt, turn.turn_id, sink, lead=False
-            )
-            return True
-        return False
-
-    def _fallback_pool(self, turn: _SpokenTurn, cached_only: bool) -> ProviderPool | None:
-        """The pool whose rendering of the fallback prompt the cache holds (or, unless
-        ``cached_only``, is rendering) for this turn's format; ``None``: none."""
-        if turn.fell_back or not self.fallback_prompt or self.cache is None:
-            return None
-        settings = TurnSettings(self.fallback_voice, turn.settings.audio_format)
-        for pool in self.pools:
-            key = prompt_key(pool, settings, self.fallback_prompt)
-            if self.cache.holds(key) or (not cached_only and self.cache.in_flight(key)):
-                return pool
-        return None
-
-    # ------------------------------------------------- first-audio deadline
-
-    def _first_audio(self, turn: _SpokenTurn) -> None:
-        turn.got_audio = True
-        if turn.turn_id in self._deadlines:
-            self._deadlines.disarm(turn.turn_id)
-            self._set_timer()
-
-    def _has_way_out(self, turn: _SpokenTurn) -> bool:
-        """Whether a turn given up on its provider now would be heard anyway: a next
-        provider to fail over to, or the fallback prompt in the cache."""
-        if turn.chain_index + 1 < len(self.pools):
-            return True
-        return self._fallback_pool(turn, cached_only=True) is not None
-
-    def _now(self) -> float:
-        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
-
-    def _arm(self, turn: _SpokenTurn, attempt: int) -> None:
-        """Start the turn's first-audio deadline on its current provider, if it has one
-        (a timeout set, its whole text given, no audio yet, a way out)."""
-        index, timeouts = turn.chain_index, self.first_audio_timeouts
-        timeout_s = timeouts[index] if index < len(timeouts) else 0.0
-        if (
-            timeout_s <= 0
-            or not turn.ended
-            or turn.got_audio
-            or turn.fell_back
-            or turn.attempt != attempt
-            or self.turns.get(turn.turn_id) is not turn
-            or not self._has_way_out(turn)
-        ):
-            return
-        self._deadlines.arm(turn.turn_id, self._now(), timeout_s)
-        self._set_timer()
-
-    def _set_timer(self) -> None:
-        """One timer, at the earliest deadline armed (none with none)."""
-        at = self._deadlines.next_deadline()
-        if at == self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer, self._timer_at = None, at
-        if at is None:
-            return
-        if self._call_at is not None:
-            self._timer = self._call_at(at, self._on_timer)
-        else:
-            self._timer = asyncio.get_running_loop().call_at(at, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = self._timer_at = None
-        self.check_deadlines(self._now())
-
-    def check_deadlines(self, now: float) -> None:
-        """Give up every turn whose first-audio deadline has passed at ``now`` (the
-        timer's callback; tests call it with a fake clock)."""
-        for turn_id in self._deadlines.expired(now):
-            turn = self.turns.get(turn_id)
-            if turn is not None and not turn.got_audio and self._has_way_out(turn):
-                self._give_up(turn)
-        self._set_timer()
-
-    def _give_up(self, turn: _SpokenTurn) -> None:
-        """The turn's provider sent no audio in time: cancel the turn there (a shared
-        prompt render is only left: it goes on to fill the cache) and fail it over or
-        fall back, as for a failure before audio."""
-        index = turn.chain_index
-        pool = self.pools[index]
-        timeout_s = self.first_audio_timeouts[index]
-        turn.attempt += 1  # whatever that provider still sends for the turn is dropped
-        if turn.handle is not None:
-            turn.handle.cancel()
-            turn.handle = None
-        if turn.waiter is not None and self.cache is not None:
-            self.cache.leave(turn.waiter)
-            turn.waiter = None
-        self.first_audio_expired += 1
-        log.warning(
-            "tts.first_audio_timeout", turn_id=turn.turn_id, provider=pool.name, timeout_s=timeout_s
+        super().__init__(
+            pools,
+            cache,
+            fallback_prompt,
+            fallback_voice,
+            first_audio_timeouts,
+            clock=clock or _loop_time,
+            call_at=call_at or _loop_call_at,
         )
-        message = f"no audio from provider {pool.name} within {timeout_s:g} s"
-        self._on_event(turn, TurnFailed(turn.turn_id, FIRST_AUDIO_TIMEOUT_KIND, message, True))
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def _loop_call_at(when: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+    return asyncio.get_running_loop().call_at(when, callback)

@@ -23,6 +23,7 @@ from websockets.utils import accept_key
 
 from bridge.engine import Action, Event
 from bridge.io.provider_ws import _Connection, _ProviderWebSocket
+from bridge.providers.pool import Placement
 from bridge.tts.base import ConnectParams
 
 
@@ -150,7 +151,7 @@ def test_messages_sent_with_the_handshake_reach_the_engine_after_connection_made
         pool = SimpleNamespace(
             preempt=lambda: None,
             _connection_ended=lambda conn: None,
-            idle=[],
+            placement=Placement(None, 1),
             arm_idle_close=lambda: None,
         )
         conn = _Connection(pool, engine)  # type: ignore[arg-type]
