@@ -177,24 +177,20 @@ def _ignore_message(msg: str | bytes) -> None:
 class _ProviderWebSocket(ClientConnection):
     """websockets' asyncio client connection handing each data message to ``on_message``.
 
-    Frames are parsed by the connection's sans-I/O protocol as usual (control
-    frames, pings, the closing handshake, size limits: all websockets'), but a
-    complete text or binary message goes to ``on_message`` in ``data_received``
-    as it is parsed, instead of through the assembler's queue to a ``recv()``
-    per message: no future, queue or coroutine step per message. A text
-    message is decoded as UTF-8 once; invalid UTF-8 fails the connection with
-    1007, as ``recv()`` does.
+    Frames are parsed by the connection's sans-I/O protocol (control frames,
+    pings, the closing handshake, size limits: all websockets'), and a
+    complete text or binary message goes to ``on_message`` as it comes out of
+    the parser, instead of through the assembler's queue to a ``recv()`` per
+    message: no future, queue or coroutine step per message. A text message
+    is decoded as UTF-8 once; invalid UTF-8 fails the connection with 1007, as
+    ``recv()`` does. (websockets' parser costs about 3 us more per message than
+    the hand-written cutter this replaced: 2-5 % of the daemon's CPU at 500
+    calls of the capacity benchmark's traffic, ``bench/bench_ws_parse.py``.)
 
-    The common frame, a whole unmasked text or binary message within the size
-    limit, is also cut from the bytes here (``data_received``) rather than by
-    the protocol's generator-based parser (about 2.8 us a frame against 0.4).
-    Every other frame (ping, pong, close, fragments, anything odd) is handed
-    whole to the protocol, which then sits at a frame boundary as it expects;
-    a frame not yet complete waits in ``_pending``. The protocol's parser
-    takes over for good when it might not be at a boundary (frames came with
-    the handshake response) or when a header is one it should judge (masked,
-    RSV bits, reserved opcode, over the size limit), and for everything after
-    the connection stops being OPEN.
+    It also counts offsets in the byte stream for the underrun verdict
+    (``_Connection.watch_dry``): the handshake response ends at its blank line,
+    and each frame's length on the wire follows from its payload (a server's
+    frames are unmasked).
     """
 
     def __init__(
@@ -204,8 +200,11 @@ class _ProviderWebSocket(ClientConnection):
         self.on_message = on_message
         self._fragments: list[bytes] = []
         self._fragmented_text = False
-        self._pending = b""  # the start of a frame not yet complete (own parsing only)
-        self._own_parsing: bool | None = None  # None until the handshake response is in
+        self._fragments_start = 0
+        self._head: bytearray | None = bytearray()
+        """The stream until the handshake response's blank line (then None)."""
+        self._parsed = 0
+        """Where the last frame the parser gave us ends."""
         self.after_read: Callable[[], None] | None = None
         """Called once a read's messages are all handed over (``_Connection._after_read``)."""
         # Offsets in the byte stream read from the socket (``_Connection.watch_dry``):
@@ -214,103 +213,49 @@ class _ProviderWebSocket(ClientConnection):
         self.consumed = 0
         """Every message before this offset has been handed over."""
         self.msg_start = 0
-        """Where the message being handed over begins (or an earlier offset)."""
+        """Where the message being handed over begins."""
 
     def data_received(self, data: bytes) -> None:
-        start = self.received
-        self.received = start + len(data)
-        self._data_received(data, start)
-        self.consumed = self.received - len(self._pending) - self._parser_holds()
+        self.received += len(data)
+        head = self._head
+        if head is not None:  # the handshake response is not whole yet
+            head += data
+            end = head.find(b"\r\n\r\n")
+            if end >= 0:
+                self.consumed = self.msg_start = self._parsed = end + 4
+                self._head = None
+        super().data_received(data)
         after_read = self.after_read
         if after_read is not None:
             after_read()
-
-    def _parser_holds(self) -> int:
-        """Bytes websockets' own parser holds, not yet a message (only once it parses)."""
-        if self._own_parsing:
-            return 0
-        reader = getattr(self.protocol, "reader", None)
-        buffer = getattr(reader, "buffer", None)
-        return len(buffer) if buffer is not None else 0
-
-    def _to_protocol(self, data: bytes) -> None:
-        """Bytes for websockets' parser: a message it hands over starts no earlier than
-        the first byte not yet handed over (``msg_start``)."""
-        self.msg_start = self.consumed
-        super().data_received(data)
-
-    def _data_received(self, data: bytes, start: int) -> None:
-        if self._own_parsing is None:
-            self._to_protocol(data)
-            if self.response is not None and self._own_parsing is None:
-                # no frame came with the response and the read ended with it: the
-                # protocol's parser holds nothing and waits for a frame header
-                self._own_parsing = data.endswith(b"\r\n\r\n") and not self.protocol.reader.buffer
-            return
-        if not self._own_parsing:
-            self._to_protocol(data)
-            return
-        base = start - len(self._pending)  # the offset of buf[0]
-        buf = self._pending + data if self._pending else data
-        self._pending = b""
-        protocol = self.protocol
-        max_size = protocol.max_message_size
-        size, pos = len(buf), 0
-        while size - pos >= 2:
-            if protocol.state is not State.OPEN:
-                break
-            b0, b1 = buf[pos], buf[pos + 1]
-            length, head = b1 & 0x7F, pos + 2
-            if length >= 126:
-                extra = 2 if length == 126 else 8
-                if size - head < extra:
-                    self._pending = buf[pos:]  # the rest of the header comes later
-                    return
-                length, head = int.from_bytes(buf[head : head + extra], "big"), head + extra
-            if b1 & 0x80 or b0 & 0x70 or (max_size is not None and length > max_size):
-                break  # masked, RSV bits, too big: the protocol's parser judges it
-            end = head + length
-            if end > size:
-                self._pending = buf[pos:]  # the rest of this frame comes later
-                return
-            if (b0 == 0x81 or b0 == 0x82) and not self._fragments:
-                self.msg_start, self.consumed = base + pos, base + end
-                pos = end
-                self._deliver(b0 == 0x81, buf[head:end])
-            else:  # control frames, fragments, reserved opcodes: whole, to the protocol
-                frame, pos = buf[pos:end], end
-                self._to_protocol(frame)
-                if not self._fragments:  # (a fragmented message began before it)
-                    self.consumed = base + end
-        else:
-            if pos < size:
-                self._pending = buf[pos:]  # less than a header
-            return
-        # not OPEN any more, or a header for the protocol to judge: it takes over
-        self._own_parsing = False
-        if pos < size:
-            self._to_protocol(buf[pos:])
 
     def process_event(self, event: Any) -> None:
         if self.response is None or not isinstance(event, Frame):
             super().process_event(event)  # the handshake response
             return
-        if self._own_parsing is None:
-            self._own_parsing = False  # frames came with the response: the protocol parses
+        data = event.data
+        size = len(data)
+        start = self._parsed
+        end = self._parsed = start + size + (2 if size < 126 else 4 if size < 65_536 else 10)
         opcode = event.opcode
         if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
             if not event.fin:  # the first fragment; the protocol checks their order
                 self._fragmented_text = opcode is Opcode.TEXT
-                self._fragments = [bytes(event.data)]
+                self._fragments = [bytes(data)]
+                self._fragments_start = start
                 return
-            self._deliver(opcode is Opcode.TEXT, event.data)
+            self.msg_start, self.consumed = start, end
+            self._deliver(opcode is Opcode.TEXT, data)
         elif opcode is Opcode.CONT:
-            self._fragments.append(bytes(event.data))
+            self._fragments.append(bytes(data))
             if event.fin:
-                data, self._fragments = b"".join(self._fragments), []
-                self._deliver(self._fragmented_text, data)
+                whole, self._fragments = b"".join(self._fragments), []
+                self.msg_start, self.consumed = self._fragments_start, end
+                self._deliver(self._fragmented_text, whole)
         else:
             super().process_event(event)  # ping, pong, close
+            if not self._fragments:  # (a fragmented message began before it)
+                self.consumed = end
 
     def _deliver(self, text: bool, data: Any) -> None:
         if not text:

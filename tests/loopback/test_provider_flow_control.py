@@ -89,7 +89,6 @@ class Rig:
         ws = open_provider_socket(conn._on_message, URL)
         transport = ReadingTransport()
         ws.transport = transport  # type: ignore[assignment]
-        ws._own_parsing = True
         ws.after_read = conn._after_read
         conn.ws = ws
         conn.early = None

@@ -58,7 +58,6 @@ class Rig:
         ws = self.conn.ws
         assert isinstance(ws, _ProviderWebSocket)
         self.ws = ws
-        ws._own_parsing = True  # the handshake response came alone
         ws.transport.get_extra_info = _Transport(tls).get_extra_info  # type: ignore[method-assign]
         self.kernel = 0
         self.conn.unread_bytes = lambda: self.kernel  # type: ignore[method-assign]
