@@ -184,8 +184,9 @@ class _ProviderWebSocket(ClientConnection):
     message: no future, queue or coroutine step per message. A text message
     is decoded as UTF-8 once; invalid UTF-8 fails the connection with 1007, as
     ``recv()`` does. (websockets' parser costs about 3 us more per message than
-    the hand-written cutter this replaced: 2-5 % of the daemon's CPU at 500
-    calls of the capacity benchmark's traffic, ``bench/bench_ws_parse.py``.)
+    the hand-written cutter this replaced: 2-3 % of the daemon's CPU at 500
+    calls of the capacity benchmark's traffic, 8 % with zwst's 40 ms frames, all
+    calls listening; ``bench/bench_ws_parse.py``.)
 
     It also counts offsets in the byte stream for the underrun verdict
     (``_Connection.watch_dry``): the handshake response ends at its blank line,
