@@ -48,9 +48,9 @@ from bridge.io.gcpolicy import apply as gc_apply
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, serve_http_ws
 from bridge.io.notify import Notifier
 from bridge.io.prompt_store import PromptStore
+from bridge.io.provider_ws import PromptCache, ProviderPool, render_prompt
 from bridge.io.startup import EXIT_EMBEDDED, StartupError, listen_error
 from bridge.io.ticker import MediaTicker
-from bridge.io.provider_ws import PromptCache, ProviderPool, render_prompt
 from bridge.logs import configure, dropped_lines, get_logger
 from bridge.metrics import Metrics
 from bridge.providers.prompts import prerender_formats, provider_identity, static_prompts
