@@ -315,3 +315,41 @@ def test_a_bad_frame_split_over_reads_fails_the_connection_and_nothing_after_it_
             assert ws.protocol.state is State.CLOSING, cut
 
     run(body)
+
+
+def test_offsets_count_from_the_response_end_however_it_and_the_frames_are_cut() -> None:
+    """The handshake response and the first frames in one stream, cut anywhere: each
+    message's ``msg_start``/``consumed`` are its own bytes' offsets in that stream."""
+
+    def body() -> None:
+        frames = [
+            Frame(Opcode.TEXT, b"a" * 200),
+            Frame(Opcode.BINARY, b"b"),
+            Frame(Opcode.PING, b""),
+        ]
+        wires = [f.serialize(mask=False, extensions=[]) for f in frames]
+        for cut in range(0, 150, 7):
+            protocol = ClientProtocol(parse_uri("ws://127.0.0.1:9/v1/ws"))
+            request = protocol.connect()
+            protocol.send_request(request)
+            seen: list[tuple[int, int]] = []
+            ws = _ProviderWebSocket(protocol, on_message=lambda m: None)
+            ws.on_message = lambda msg, ws=ws, seen=seen: seen.append((ws.msg_start, ws.consumed))
+            ws.connection_made(FakeTransport())  # type: ignore[arg-type]
+            accept = accept_key(request.headers["Sec-WebSocket-Key"]).encode()
+            response = (
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+            )
+            stream = response + b"".join(wires)
+            ws.data_received(stream[:cut])
+            ws.data_received(stream[cut:])
+            at = len(response)
+            expected = [
+                (at, at + len(wires[0])),
+                (at + len(wires[0]), at + len(wires[0]) + len(wires[1])),
+            ]
+            assert seen == expected, cut
+            assert ws.consumed == ws.received == len(stream), cut  # the ping counts as handed over
+
+    run(body)
