@@ -68,11 +68,12 @@ from loadgen.procs import TALK_TEXT, TtsProcess
 from websockets.client import ClientProtocol
 from websockets.protocol import State
 from websockets.uri import parse_uri
+from websockets.utils import accept_key
 
 from bridge.commands import Say
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
-from bridge.io.tts_client import (
+from bridge.io.provider_ws import (
     PromptCache,
     ProviderPool,
     Speaker,
@@ -406,11 +407,17 @@ async def replay_rep(recording: dict[str, object], feed: bool, check: bool) -> d
         conn = _Connection(pool, pool.engine_cls(settings))
         pool.connections.append(conn)
         protocol = ClientProtocol(parse_uri(url))
-        protocol.state = State.OPEN
+        request = protocol.connect()
+        protocol.send_request(request)
         ws = _ProviderWebSocket(protocol, on_message=conn._on_message)
         ws.connection_made(_NullTransport())  # type: ignore[arg-type]
-        ws.response = object()  # type: ignore[assignment]  # the handshake is done
-        ws._own_parsing = True
+        accept = accept_key(request.headers["Sec-WebSocket-Key"])
+        ws.data_received(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept.encode() + b"\r\n\r\n"
+        )
+        if protocol.state is not State.OPEN:
+            raise RuntimeError("the replayed socket's handshake did not complete")
         conn.ws = ws
         conn.early = None
         conn.engine.connection_made(None, loop.time())

@@ -34,9 +34,9 @@ from bridge.control.app import AppLost, AppSession
 from bridge.control.flow import FlowRunner, fallback_runner
 from bridge.engine import CloseConnection, Event, SendText
 from bridge.io.gcpolicy import Canary
+from bridge.io.provider_ws import AgentSession, ProviderPool, Speaker
 from bridge.io.services import Services
 from bridge.io.ticker import InboundCallback
-from bridge.io.tts_client import AgentSession, ProviderPool, Speaker
 from bridge.logs import get_logger
 from bridge.media.bargein import BargeInPolicy
 from bridge.media.call import CallBridge

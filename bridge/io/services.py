@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from bridge.config import Config
 from bridge.io.gcpolicy import ReleaseWatch
+from bridge.io.provider_ws import ProviderPool
 from bridge.io.ticker import MediaTicker
-from bridge.io.tts_client import ProviderPool
 from bridge.metrics import Metrics
 from bridge.providers.prompts import PromptCache
 

@@ -11,7 +11,7 @@ if no audio for it has arrived, the turn is given up on that provider.
 turn with the ``now`` it read, disarms it at its first audio or its end, asks
 ``next_deadline()`` when to wake up, and ``expired(now)`` which turns are due.
 What to do with an expired turn (cancel it on the provider, fail over, play the
-fallback prompt) is ``bridge.io.tts_client.Speaker``'s.
+fallback prompt) is ``bridge.io.provider_ws.Speaker``'s.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 One engine instance is one WebSocket connection to one provider. The shell
-(``bridge.io.tts_client``) opens the socket the engine describes, then pumps:
+(``bridge.io.provider_ws``) opens the socket the engine describes, then pumps:
 
 1. ``session_request()``: an HTTP request to make *before* the WebSocket
    (zwst's session route), or ``None``. Its answer goes to

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bridge.config import Config, ConfigError, parse_config
-from bridge.io.sip_leg import SipLeg, _UaRunner
+from bridge.io.legs.sip import SipLeg, _UaRunner
 from bridge.io.sip_tls import server_context
 from bridge.io.startup import StartupError
 from bridge.sip.framer import SipStreamFramer

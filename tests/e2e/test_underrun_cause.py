@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from bridge.io.tts_client import PromptCache, _Connection, _ProviderWebSocket
+from bridge.io.provider_ws import PromptCache, _Connection, _ProviderWebSocket
 
 from .harness import FACTOR, Stack, TwilioCall, stack
 

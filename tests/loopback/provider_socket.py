@@ -7,8 +7,9 @@ from collections.abc import Callable
 from websockets.client import ClientProtocol
 from websockets.protocol import State
 from websockets.uri import parse_uri
+from websockets.utils import accept_key
 
-from bridge.io.tts_client import _ProviderWebSocket
+from bridge.io.provider_ws import _ProviderWebSocket
 
 
 class FakeTransport:
@@ -37,10 +38,19 @@ class FakeTransport:
 def open_provider_socket(
     on_message: Callable[[str | bytes], None], url: str = "ws://127.0.0.1:9/v1/ws"
 ) -> _ProviderWebSocket:
-    """An open ``_ProviderWebSocket``, its handshake done, handing messages to ``on_message``."""
+    """An open ``_ProviderWebSocket``, past a real 101 response, handing messages to
+    ``on_message``."""
     protocol = ClientProtocol(parse_uri(url))
-    protocol.state = State.OPEN
+    request = protocol.connect()
+    protocol.send_request(request)
     ws = _ProviderWebSocket(protocol, on_message=on_message)
-    ws.connection_made(FakeTransport())  # type: ignore[arg-type]
-    ws.response = object()  # type: ignore[assignment]  # the handshake is done
+    transport = FakeTransport()
+    ws.connection_made(transport)  # type: ignore[arg-type]
+    accept = accept_key(request.headers["Sec-WebSocket-Key"])
+    ws.data_received(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Accept: " + accept.encode() + b"\r\n\r\n"
+    )
+    assert protocol.state is State.OPEN
+    transport.written.clear()
     return ws

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bridge.io.embedded import KEY_ENV, PROTOCOL_PATHS, EmbeddedTts
-from bridge.io.tts_client import ProviderPool, Speaker
+from bridge.io.provider_ws import ProviderPool, Speaker
 from bridge.tts.base import (
     MULAW_8K,
     AudioReceived,

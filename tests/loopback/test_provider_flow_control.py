@@ -24,7 +24,7 @@ from typing import Any
 from provider_socket import FakeTransport, open_provider_socket
 
 from bridge.engine import Event
-from bridge.io.tts_client import FLOW_HIGH_S, FLOW_PAUSE_MAX_S, ProviderPool, _Connection
+from bridge.io.provider_ws import FLOW_HIGH_S, FLOW_PAUSE_MAX_S, ProviderPool, _Connection
 from bridge.tts.base import MULAW_8K, AudioReceived, ProviderSettings, TurnSettings
 
 URL = "ws://127.0.0.1:9/v1/kova"
@@ -89,7 +89,6 @@ class Rig:
         ws = open_provider_socket(conn._on_message, URL)
         transport = ReadingTransport()
         ws.transport = transport  # type: ignore[assignment]
-        ws._own_parsing = True
         ws.after_read = conn._after_read
         conn.ws = ws
         conn.early = None

@@ -20,7 +20,7 @@ from typing import Any
 from provider_socket import open_provider_socket
 
 from bridge.engine import Event
-from bridge.io.tts_client import PromptCache, ProviderPool, Speaker, _Connection
+from bridge.io.provider_ws import PromptCache, ProviderPool, Speaker, _Connection
 from bridge.tts.base import (
     MULAW_8K,
     AudioReceived,

@@ -22,7 +22,8 @@ from websockets.uri import parse_uri
 from websockets.utils import accept_key
 
 from bridge.engine import Action, Event
-from bridge.io.tts_client import _Connection, _ProviderWebSocket
+from bridge.io.provider_ws import _Connection, _ProviderWebSocket
+from bridge.providers.pool import Placement
 from bridge.tts.base import ConnectParams
 
 
@@ -150,7 +151,7 @@ def test_messages_sent_with_the_handshake_reach_the_engine_after_connection_made
         pool = SimpleNamespace(
             preempt=lambda: None,
             _connection_ended=lambda conn: None,
-            idle=[],
+            placement=Placement(None, 1),
             arm_idle_close=lambda: None,
         )
         conn = _Connection(pool, engine)  # type: ignore[arg-type]
@@ -176,7 +177,6 @@ def handshaken(messages: list[str | bytes]) -> tuple[_ProviderWebSocket, FakeTra
         b"Sec-WebSocket-Accept: " + accept.encode() + b"\r\n\r\n"
     )
     assert ws.protocol.state is State.OPEN
-    assert ws._own_parsing is True  # frames from here on are cut by the connection itself
     transport.written.clear()
     return ws, transport
 
@@ -269,8 +269,7 @@ def test_a_text_frame_inside_a_fragmented_message_fails_the_connection() -> None
 
 def test_each_message_is_handed_over_with_its_offsets_at_any_split() -> None:
     """``msg_start`` and ``consumed`` (what ``watch_dry`` reads) name the message's own
-    bytes in the stream, however the reads cut it: a frame begun in one read is
-    completed from the next one's head, and the rest of that read is cut in place."""
+    bytes in the stream, however the reads cut it."""
 
     def body() -> None:
         frames = [
@@ -299,7 +298,9 @@ def test_each_message_is_handed_over_with_its_offsets_at_any_split() -> None:
     run(body)
 
 
-def test_a_frame_to_judge_split_over_reads_goes_to_the_protocol_with_all_after_it() -> None:
+def test_a_bad_frame_split_over_reads_fails_the_connection_and_nothing_after_it_is_delivered() -> (
+    None
+):
     def body() -> None:
         ok = Frame(Opcode.TEXT, b"ok").serialize(mask=False, extensions=[])
         bad = Frame(Opcode.TEXT, b"x" * 40).serialize(mask=True, extensions=[])
@@ -307,19 +308,48 @@ def test_a_frame_to_judge_split_over_reads_goes_to_the_protocol_with_all_after_i
         for cut in range(len(ok) + 1, len(ok) + len(bad)):
             got: list[str | bytes] = []
             ws, _ = handshaken(got)
-            to_protocol: list[bytes] = []
-            plain = ws._to_protocol
-
-            def spy(data: bytes, plain: Any = plain, to_protocol: Any = to_protocol) -> None:
-                to_protocol.append(bytes(data))
-                plain(data)
-
-            ws._to_protocol = spy  # type: ignore[method-assign]
             wire = ok + bad + late
             ws.data_received(wire[:cut])
             ws.data_received(wire[cut:])
             assert got == ["ok"], cut
-            assert b"".join(to_protocol) == bad + late, cut
             assert ws.protocol.state is State.CLOSING, cut
+
+    run(body)
+
+
+def test_offsets_count_from_the_response_end_however_it_and_the_frames_are_cut() -> None:
+    """The handshake response and the first frames in one stream, cut anywhere: each
+    message's ``msg_start``/``consumed`` are its own bytes' offsets in that stream."""
+
+    def body() -> None:
+        frames = [
+            Frame(Opcode.TEXT, b"a" * 200),
+            Frame(Opcode.BINARY, b"b"),
+            Frame(Opcode.PING, b""),
+        ]
+        wires = [f.serialize(mask=False, extensions=[]) for f in frames]
+        for cut in range(0, 150, 7):
+            protocol = ClientProtocol(parse_uri("ws://127.0.0.1:9/v1/ws"))
+            request = protocol.connect()
+            protocol.send_request(request)
+            seen: list[tuple[int, int]] = []
+            ws = _ProviderWebSocket(protocol, on_message=lambda m: None)
+            ws.on_message = lambda msg, ws=ws, seen=seen: seen.append((ws.msg_start, ws.consumed))
+            ws.connection_made(FakeTransport())  # type: ignore[arg-type]
+            accept = accept_key(request.headers["Sec-WebSocket-Key"]).encode()
+            response = (
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+            )
+            stream = response + b"".join(wires)
+            ws.data_received(stream[:cut])
+            ws.data_received(stream[cut:])
+            at = len(response)
+            expected = [
+                (at, at + len(wires[0])),
+                (at + len(wires[0]), at + len(wires[0]) + len(wires[1])),
+            ]
+            assert seen == expected, cut
+            assert ws.consumed == ws.received == len(stream), cut  # the ping counts as handed over
 
     run(body)

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from bridge.engine import Action, Event
-from bridge.io.tts_client import _Connection
+from bridge.io.provider_ws import _Connection
+from bridge.providers.pool import Placement
 
 
 class DeadlineEngine:
@@ -60,7 +61,9 @@ def test_a_deadline_moving_later_keeps_one_timer_and_fires_once_when_due() -> No
 
         loop.call_at = counting_call_at  # type: ignore[method-assign,assignment]
         engine = DeadlineEngine()
-        conn = _Connection(SimpleNamespace(idle=[], arm_idle_close=lambda: None), engine)  # type: ignore[arg-type]
+        conn = _Connection(
+            SimpleNamespace(placement=Placement(None, 1), arm_idle_close=lambda: None), engine
+        )  # type: ignore[arg-type]
         t0 = loop.time()
         for i in range(20):  # a reply timeout pushed later by every message
             engine.deadline = t0 + 0.05 + i * 0.001

@@ -16,7 +16,7 @@ import pytest
 
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
-from bridge.io.tts_client import PromptCache, ProviderPool, Speaker, _Connection
+from bridge.io.provider_ws import PromptCache, ProviderPool, Speaker, _Connection
 from bridge.io.ttsd_server import TtsServer, start_tts_server
 from bridge.tts.base import (
     MULAW_8K,
@@ -333,9 +333,12 @@ def test_idle_connections_are_closed_down_to_a_spare(
         cyclic_garbage()
         gc.disable()  # a closed connection must go by reference counting (no cycle)
         try:
+            tasks = [c.task for c in pool.connections if c.task is not None]
             while len(pool.connections) > 1 and loop.time() < deadline:
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(0.1 * FACTOR)  # the closed connections' tasks finish
+            closed = [t for t in tasks if all(c.task is not t for c in pool.connections)]
+            await asyncio.wait(closed, timeout=TIMEOUT_S / 2)  # their tasks finish
+            assert all(t.done() for t in closed)
             left = [name for name in cyclic_garbage() if name.endswith("._Connection")]
         finally:
             gc.enable()
@@ -351,34 +354,6 @@ def test_idle_connections_are_closed_down_to_a_spare(
             speaker.speak(f"u{i}", "Once more.", TurnSettings("tone", MULAW_8K), s)
         await asyncio.gather(*(s.done.wait() for s in again))
         assert all(isinstance(s.events[-1], TurnDone) for s in again)
-        await pool.close()
-
-    _run(body)
-
-
-def test_a_connection_with_a_turn_or_recently_idle_is_not_closed() -> None:
-    async def body(server: TtsServer) -> None:
-        after_s = 0.3 * FACTOR
-        pool = ProviderPool(
-            _settings(server, "kova"), turns_per_connection=1, close_idle_after_s=after_s
-        )
-        assert await pool.start()
-        # a long turn holds its connection past the timeout; the others go idle
-        long_turn = Collector()
-        handle = pool.open_turn("long", TurnSettings("tone", MULAW_8K), long_turn)
-        handle.send_text("This is a rather long turn. " * 20)
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(after_s * 3)
-        busy = [c for c in pool.connections if c.sinks]
-        assert len(busy) == 1 and not busy[0].closed and not busy[0].retiring
-        assert not long_turn.done.is_set()
-        handle.cancel()
-        # now idle: the newest idle connection stays as the spare
-        deadline = loop.time() + TIMEOUT_S / 2
-        while len(pool.connections) > 1 and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        assert len(pool.connections) == 1
-        assert pool.errors == {}
         await pool.close()
 
     _run(body)
@@ -451,12 +426,18 @@ def test_zwst_pools_connections_per_voice_and_format() -> None:
     _run(body)
 
 
-def test_zwst_slow_reader_is_closed_with_1008() -> None:
+def test_zwst_slow_reader_is_closed_with_1008(monkeypatch: pytest.MonkeyPatch) -> None:
     """A client that stops reading: the server drops frames, then closes with 1008.
 
     Driven with websockets' sans-I/O client over a plain socket with a tiny
-    receive buffer, so that "not reading" really backs up the server.
+    receive buffer, so that "not reading" really backs up the server. The rule
+    itself (how long over the limit) is the session engine's, tested with a fake
+    clock (``tests/tts/zwst/test_zwst_server.py``); here it is shortened to 1 s:
+    this checks that the shell feeds the backlog and fires the timer.
     """
+    from bridge.ttsd import zwst
+
+    monkeypatch.setattr(zwst, "SLOW_READER_CLOSE_S", 1.0)
     import json
     import socket
 
@@ -464,7 +445,7 @@ def test_zwst_slow_reader_is_closed_with_1008() -> None:
     from websockets.frames import Close
     from websockets.uri import parse_uri
 
-    from bridge.io.tts_client import _http_request
+    from bridge.io.provider_ws import _http_request
     from bridge.tts.base import HttpRequest
 
     async def body(server: TtsServer) -> None:
@@ -498,7 +479,7 @@ def test_zwst_slow_reader_is_closed_with_1008() -> None:
         proto.send_text(json.dumps({"type": "end", "context_id": "c1"}).encode())
         for chunk in proto.data_to_send():
             await loop.sock_sendall(sock, chunk)
-        await asyncio.sleep(7 * FACTOR)  # stop reading for longer than SLOW_READER_CLOSE_S
+        await asyncio.sleep(3 * FACTOR)  # stop reading for longer than SLOW_READER_CLOSE_S
         audio_frames = 0
         while True:
             data = await asyncio.wait_for(loop.sock_recv(sock, 65536), 10 * FACTOR)

@@ -21,7 +21,7 @@ from test_tts_client_audio_route import chunk, frame, kova_pool
 from websockets.frames import Frame, Opcode
 
 from bridge.engine import Event
-from bridge.io.tts_client import Speaker, _ProviderWebSocket
+from bridge.io.provider_ws import Speaker, _ProviderWebSocket
 from bridge.tts.base import MULAW_8K, AudioFormat, AudioReceived, TurnSettings
 
 RCVBUF = 1 << 20  # SO_RCVBUF as the kernel reports it
@@ -58,7 +58,6 @@ class Rig:
         ws = self.conn.ws
         assert isinstance(ws, _ProviderWebSocket)
         self.ws = ws
-        ws._own_parsing = True  # the handshake response came alone
         ws.transport.get_extra_info = _Transport(tls).get_extra_info  # type: ignore[method-assign]
         self.kernel = 0
         self.conn.unread_bytes = lambda: self.kernel  # type: ignore[method-assign]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bridge.engine import Event
-from bridge.io.tts_client import Speaker, prompt_key
+from bridge.providers.failover import Speaker, prompt_key
 from bridge.providers.first_audio import FIRST_AUDIO_TIMEOUT_KIND
 from bridge.providers.prompts import PromptCache, TurnFellBack
 from bridge.tts.base import (

@@ -5,8 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.engine import Event, LocalProtocolError
-from bridge.io.tts_client import Speaker
+from bridge.providers.failover import Speaker
 from bridge.tts.base import MULAW_8K, ProviderSettings, TurnFailed, TurnSettings
+
+
+def _clock() -> float:
+    return 0.0
+
+
+def _no_timer(at: float, fn: Any) -> Any:
+    raise AssertionError("no first-audio deadline is set: no timer")
 
 
 class _Handle:
@@ -42,7 +50,7 @@ class _Pool:
 def test_a_refused_turn_goes_to_the_next_provider() -> None:
     bad, good = _Pool("bad", refuse=True), _Pool("good", refuse=False)
     events: list[Event] = []
-    speaker = Speaker([bad, good])  # type: ignore[list-item]
+    speaker = Speaker([bad, good], clock=_clock, call_at=_no_timer)  # type: ignore[list-item]
     speaker.speak("greeting", "hello", TurnSettings("v", MULAW_8K), events.append)
     assert bad.log == ["open:greeting"]
     assert good.log == ["open:greeting", "text:hello", "end"]
@@ -53,7 +61,7 @@ def test_a_refused_turn_goes_to_the_next_provider() -> None:
 def test_a_refused_turn_with_no_other_provider_is_a_failed_turn() -> None:
     only = _Pool("only", refuse=True)
     events: list[Event] = []
-    speaker = Speaker([only])  # type: ignore[list-item]
+    speaker = Speaker([only], clock=_clock, call_at=_no_timer)  # type: ignore[list-item]
     speaker.speak("greeting", "hello", TurnSettings("v", MULAW_8K), events.append)
     assert len(events) == 1
     failed = events[0]

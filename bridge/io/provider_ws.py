@@ -1,0 +1,1231 @@
+"""Provider connections: the asyncio shell around the provider engines.
+
+The decisions are pure and live in ``bridge.providers``: turn placement,
+reconnect backoff and idle closing (``pool``), flow control (``flow``), turn
+deadlines (``turn_deadlines``), underrun verdicts (``underrun``) and the
+failover speaker with the prompt cache (``failover``, ``prompts``). This
+module owns what they cannot: the sockets, the timers and the pump.
+
+``ProviderPool`` (one per configured provider) owns the WebSocket connections
+to that provider: a warm connection before the first call, turns multiplexed
+where the protocol allows (``max_turns``), more connections where it does not,
+reconnects after ``Backoff``. Each connection is pumped the engine-contract
+way: messages in with ``loop.time()``, actions out, events dispatched to the
+turn's sink, one timer re-armed from ``next_deadline()``. ``Speaker`` is
+``bridge.providers.failover.Speaker`` on the loop's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import functools
+import importlib
+import socket
+import termios
+from array import array
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+from urllib.parse import urlsplit
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+from websockets.frames import CloseCode, Frame, Opcode
+from websockets.protocol import State
+
+from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes, SendText
+from bridge.logs import get_logger
+from bridge.providers import failover
+from bridge.providers.failover import (
+    AudioSink,
+    Sink,
+    WordsSink,
+    pool_identity,
+    prompt_key,
+    render_prompt,
+)
+from bridge.providers.flow import (
+    FLOW_HIGH_S,
+    FLOW_LOW_S,
+    FLOW_PAUSE_MAX_S,
+    NO_FLOW_CONTROL,
+    FlowControl,
+)
+from bridge.providers.pool import BACKOFF_STABLE_S, CLOSE_IDLE_AFTER_S, Backoff, Placement
+from bridge.providers.prompts import PromptCache, TurnFellBack
+from bridge.providers.turn_deadlines import (
+    TURN_BASE_S,
+    TURN_CHECK_S,
+    TURN_S_PER_CHAR,
+    TURN_STALL_S,
+    TurnDeadlines,
+    TurnWatch,
+)
+from bridge.providers.underrun import DryWatch, DryWatches, dry_verdict
+from bridge.tts.base import (
+    MULAW_8K,
+    AudioFormat,
+    AudioPiece,
+    AudioReceived,
+    ConnectionReady,
+    HttpRequest,
+    ProviderFailed,
+    ProviderSettings,
+    TtsProtocol,
+    TurnDone,
+    TurnFailed,
+    TurnSettings,
+    WordsPiece,
+    WordsTimed,
+    WordTiming,
+)
+
+__all__ = [
+    "FLOW_HIGH_S",
+    "FLOW_PAUSE_MAX_S",
+    "AgentSession",
+    "Backoff",
+    "PromptCache",
+    "ProviderPool",
+    "Speaker",
+    "TurnFellBack",
+    "engine_class",
+    "pool_identity",
+    "prompt_key",
+    "render_prompt",
+]
+
+log = get_logger("callbridge.tts")
+_INQ = array("i", [0])
+"""``FIONREAD``'s answer (``_Connection.unread_bytes``)."""
+
+SEND_BUFFER_LIMIT_BYTES = 65_536
+"""Above this much unsent data on a provider socket, messages wait for it to drain."""
+SESSION_TIMEOUT_S = 10.0
+"""A session route's answer (zwst's POST) must be whole within this time."""
+SESSION_REPLY_MAX_BYTES = 64 * 1024
+"""And no larger than this (its JSON holds one URL)."""
+
+
+def engine_class(protocol: str) -> type[TtsProtocol]:
+    mod = importlib.import_module(f"bridge.tts.{protocol}")
+    cls: type[TtsProtocol] = mod.ENGINE
+    return cls
+
+
+PoolKey = tuple[Any, ...] | None
+
+
+def _pooling(protocol: str) -> tuple[Any, Any] | None:
+    """``(pool_key, settings_for)`` for protocols whose session properties are per connection.
+
+    zwst fixes voice and format per socket (session route): such a protocol
+    module exposes ``pool_key(settings, turn)`` and ``settings_for(settings,
+    voice, format)``, and the pool keeps separate connections per key.
+    """
+    mod = importlib.import_module(f"bridge.tts.{protocol}")
+    if hasattr(mod, "pool_key") and hasattr(mod, "settings_for"):
+        return mod.pool_key, mod.settings_for
+    return None
+
+
+class SessionRouteError(Exception):
+    """A session route's answer that is no HTTP response, or too large."""
+
+
+async def _http_request(req: HttpRequest) -> tuple[int, bytes]:
+    """A minimal HTTP/1.1 client for session routes (no dependency for one POST).
+
+    Bounded: the whole exchange within ``SESSION_TIMEOUT_S`` (else
+    ``TimeoutError``), the answer at most ``SESSION_REPLY_MAX_BYTES``; an
+    answer that is not an HTTP status line raises ``SessionRouteError``.
+    """
+    u = urlsplit(req.url)
+    secure = u.scheme in ("https", "wss")
+    port = u.port or (443 if secure else 80)
+    async with asyncio.timeout(SESSION_TIMEOUT_S):
+        reader, writer = await asyncio.open_connection(u.hostname, port, ssl=secure or None)
+        try:
+            path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+            head = [f"{req.method} {path} HTTP/1.1", f"Host: {u.netloc}", "Connection: close"]
+            head += [f"{k}: {v}" for k, v in req.headers]
+            head.append(f"Content-Length: {len(req.body)}")
+            writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + req.body)
+            await writer.drain()
+            raw = bytearray()
+            while chunk := await reader.read(65536):
+                raw += chunk
+                if len(raw) > SESSION_REPLY_MAX_BYTES:
+                    raise SessionRouteError(f"answer over {SESSION_REPLY_MAX_BYTES} bytes")
+        finally:
+            writer.close()
+    status_line, _, rest = bytes(raw).partition(b"\r\n")
+    parts = status_line.split()
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise SessionRouteError(f"not an HTTP response: {status_line[:40]!r}")
+    _, _, body = rest.partition(b"\r\n\r\n")
+    return int(parts[1]), body
+
+
+def _ignore_message(msg: str | bytes) -> None:
+    """``on_message`` of a connection whose ``_Connection`` has finished."""
+
+
+class _ProviderWebSocket(ClientConnection):
+    """websockets' asyncio client connection handing each data message to ``on_message``.
+
+    Frames are parsed by the connection's sans-I/O protocol (control frames,
+    pings, the closing handshake, size limits: all websockets'), and a
+    complete text or binary message goes to ``on_message`` as it comes out of
+    the parser, instead of through the assembler's queue to a ``recv()`` per
+    message: no future, queue or coroutine step per message. A text message
+    is decoded as UTF-8 once; invalid UTF-8 fails the connection with 1007, as
+    ``recv()`` does. (websockets' parser costs about 3 us more per message than
+    the hand-written cutter this replaced: 2-3 % of the daemon's CPU at 500
+    calls of the capacity benchmark's traffic, 8 % with zwst's 40 ms frames, all
+    calls listening; ``bench/bench_ws_parse.py``.)
+
+    It also counts offsets in the byte stream for the underrun verdict
+    (``_Connection.watch_dry``): the handshake response ends at its blank line,
+    and each frame's length on the wire follows from its payload (a server's
+    frames are unmasked).
+    """
+
+    def __init__(
+        self, protocol: Any, *, on_message: Callable[[str | bytes], None], **kwargs: Any
+    ) -> None:
+        super().__init__(protocol, **kwargs)
+        self.on_message = on_message
+        self._fragments: list[bytes] = []
+        self._fragmented_text = False
+        self._fragments_start = 0
+        self._head: bytearray | None = bytearray()
+        """The stream until the handshake response's blank line (then None)."""
+        self._parsed = 0
+        """Where the last frame the parser gave us ends."""
+        self.after_read: Callable[[], None] | None = None
+        """Called once a read's messages are all handed over (``_Connection._after_read``)."""
+        # Offsets in the byte stream read from the socket (``_Connection.watch_dry``):
+        self.received = 0
+        """Bytes read so far."""
+        self.consumed = 0
+        """Every message before this offset has been handed over."""
+        self.msg_start = 0
+        """Where the message being handed over begins."""
+
+    def data_received(self, data: bytes) -> None:
+        self.received += len(data)
+        head = self._head
+        if head is not None:  # the handshake response is not whole yet
+            head += data
+            end = head.find(b"\r\n\r\n")
+            if end >= 0:
+                self.consumed = self.msg_start = self._parsed = end + 4
+                self._head = None
+        super().data_received(data)
+        after_read = self.after_read
+        if after_read is not None:
+            after_read()
+
+    def process_event(self, event: Any) -> None:
+        if self.response is None or not isinstance(event, Frame):
+            super().process_event(event)  # the handshake response
+            return
+        data = event.data
+        size = len(data)
+        start = self._parsed
+        end = self._parsed = start + size + (2 if size < 126 else 4 if size < 65_536 else 10)
+        opcode = event.opcode
+        if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
+            if not event.fin:  # the first fragment; the protocol checks their order
+                self._fragmented_text = opcode is Opcode.TEXT
+                self._fragments = [bytes(data)]
+                self._fragments_start = start
+                return
+            self.msg_start, self.consumed = start, end
+            self._deliver(opcode is Opcode.TEXT, data)
+        elif opcode is Opcode.CONT:
+            self._fragments.append(bytes(data))
+            if event.fin:
+                whole, self._fragments = b"".join(self._fragments), []
+                self.msg_start, self.consumed = self._fragments_start, end
+                self._deliver(self._fragmented_text, whole)
+        else:
+            super().process_event(event)  # ping, pong, close
+            if not self._fragments:  # (a fragmented message began before it)
+                self.consumed = end
+
+    def _deliver(self, text: bool, data: Any) -> None:
+        if not text:
+            self.on_message(bytes(data))
+            return
+        try:
+            decoded = str(data, "utf-8")
+        except UnicodeDecodeError as exc:
+            self.set_connection_exc(exc)
+            self.protocol.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
+            self.send_data()
+            return
+        self.on_message(decoded)
+
+
+class _Connection:
+    """One WebSocket to the provider and the engine that speaks its protocol.
+
+    Flow control (off unless the pool sets ``flow_high_s``: see ``FLOW_HIGH_S``):
+    a read that leaves every turn on the connection more than
+    ``pool.flow_high_s`` of audio ahead of its playout (``bridge.providers.flow``)
+    stops the reading (``transport.pause_reading``), so what the provider sends
+    beyond that waits in its socket buffers, not in ours, and a connection
+    whose turns need audio gets the loop. Reading resumes when a turn is
+    opened on it, when its neediest turn is down to ``pool.flow_low_s`` ahead,
+    and in any case after ``FLOW_PAUSE_MAX_S``; it never pauses while a turn
+    has no audio yet, while a keepalive ping awaits its pong, or once the
+    connection is not open.
+    """
+
+    def __init__(self, pool: ProviderPool, engine: TtsProtocol, key: PoolKey = None) -> None:
+        self.pool = pool
+        self.engine = engine
+        self.key = key
+        self.catch_all: Sink | None = None  # a dedicated (voice agent) connection's sink
+        self.loop = asyncio.get_running_loop()
+        self.ws: ClientConnection | None = None
+        self.sinks: dict[str, Sink] = {}
+        self.audio_sinks: dict[str, AudioSink] = {}
+        """Where a turn's audio goes when the engine returns it (``_on_message``); a
+        turn without one (a voice agent's) gets ``AudioReceived`` through ``_dispatch``."""
+        self.words_sinks: dict[str, WordsSink] = {}
+        """Where a turn's word timings go when the engine returns them, likewise."""
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0.0  # when ``timer`` fires (it may be before the engine's deadline)
+        self.task: asyncio.Task[None] | None = None
+        self.closed = False
+        self.ready_event = asyncio.Event()
+        self.changed = asyncio.Event()
+        self.outbox: deque[str | bytes] = deque()
+        self.writer: asyncio.Task[None] | None = None
+        self.early: list[str | bytes] | None = []
+        """Messages that came with the handshake, before the engine heard of the connection."""
+        self.flow = FlowControl()
+        self.clocks = self.flow.clocks
+        """Each turn's audio ahead of its playout (only with flow control on)."""
+        self.flow_timer: asyncio.TimerHandle | None = None
+        self.dry = DryWatches()
+        """Underruns waiting for their verdict (``watch_dry``)."""
+        self.listed_idle = False
+        """On the pool's ``idle`` list (``ProviderPool._connection_for_turn``)."""
+        self.idle_since = 0.0
+        """When it last became idle (``note_idle``): what the pool's idle closing reads."""
+        self.retiring = False
+        """Closed by the pool for being idle (``ProviderPool._close_idle``): takes no turn."""
+        self.deadlines = TurnDeadlines()
+        self.watches = self.deadlines.watches
+        """Turns in progress and their deadlines (``_check_turns``)."""
+        self.watch_timer: asyncio.TimerHandle | None = None
+        self.ready_at: float | None = None
+        """When the engine said ready (``BACKOFF_STABLE_S``)."""
+        self.engine_failed = False
+        """The engine reported ``ProviderFailed``: this connection is done."""
+
+    def now(self) -> float:
+        return self.loop.time()
+
+    @property
+    def paused(self) -> bool:
+        """Flow control stopped reading (``resume`` reads again)."""
+        return self.flow.paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self.flow.paused = value
+
+    @property
+    def dry_watches(self) -> list[DryWatch]:
+        """Underruns waiting for their verdict (``watch_dry``)."""
+        return self.dry.watches
+
+    # what the pool's placement reads (``bridge.providers.pool.Slot``)
+
+    def is_ready(self) -> bool:
+        return self.engine.ready
+
+    def is_handshaking(self) -> bool:
+        return not self.ready_event.is_set()
+
+    def is_open(self) -> bool:
+        return not self.closed and not self.retiring and self.catch_all is None
+
+    def watch_dry(self, wire_id: str, on_provider: Callable[[], None]) -> bool:
+        """A turn on this connection ran dry: did the daemon hold its next audio unread?
+
+        False: nothing waits unread, in the kernel or read and not yet handed
+        over; the provider had not sent it. True: bytes wait, and the underrun
+        is the daemon's unless they turn out not to hold the turn's audio
+        (``bridge.providers.underrun``: ``on_provider`` is called then).
+        """
+        ws = self.ws
+        if not isinstance(ws, _ProviderWebSocket):
+            return self.unread_bytes() > 0
+        kernel = self.unread_bytes()
+        unconsumed = ws.received - ws.consumed
+        encrypted, window = False, None
+        if kernel or unconsumed:
+            transport = ws.transport
+            encrypted = transport.get_extra_info("sslcontext") is not None
+            if not encrypted:
+                sock = transport.get_extra_info("socket")
+                with contextlib.suppress(OSError, AttributeError):
+                    window = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
+        verdict = dry_verdict(kernel, unconsumed, encrypted, window)
+        if verdict == "watch":
+            self.dry.add(wire_id, ws.received + kernel, on_provider)
+        return verdict != "provider"
+
+    def unread_bytes(self) -> int:
+        """Bytes the kernel holds for this connection that the daemon has not read."""
+        ws = self.ws
+        transport = None if ws is None else ws.transport
+        sock = None if transport is None else transport.get_extra_info("socket")
+        if sock is None:
+            return 0
+        try:
+            fcntl.ioctl(sock.fileno(), termios.FIONREAD, _INQ, True)
+        except (OSError, ValueError):
+            return 0
+        return int(_INQ[0])
+
+    def has_room(self) -> bool:
+        """Whether one more turn fits: by our sinks (turns handed out, some perhaps not yet
+        sent) and by the engine's own count, which still holds a cancelled turn until the
+        server releases it (a Kova context is held until its ``context_closed``)."""
+        limit = self.engine.max_turns
+        return (
+            self.catch_all is None
+            and not self.closed
+            and not self.retiring
+            and len(self.sinks) < limit
+            and self.engine.open_turns() < limit
+        )
+
+    def load(self) -> int:
+        """Turns open on it (a cancelled one counts until the server releases it): what a
+        new turn's first audio may wait behind on this one FIFO connection."""
+        n = len(self.sinks)
+        held = self.engine.open_turns()
+        return held if held > n else n
+
+    def _after_read(self) -> None:
+        """A read's messages are handed over: stop reading while every turn is well ahead."""
+        if self.dry.watches:
+            self._dry_settle()
+        flow, pool = self.flow, self.pool
+        if pool.flow_high_s is None or flow.paused or self.closed or not flow.clocks:
+            return
+        ws = self.ws
+        can_pause = ws is not None and ws.protocol.state is State.OPEN and not ws.pending_pings
+        now = self.loop.time()
+        resume_at = flow.after_read(
+            now, len(self.sinks), can_pause, pool.flow_high_s, pool.flow_low_s
+        )
+        if resume_at is not None and ws is not None:
+            ws.transport.pause_reading()
+            self.flow_timer = self.loop.call_at(resume_at, self.resume)
+
+    def _dry_settle(self) -> None:
+        ws = self.ws
+        self.dry.settle(ws.consumed if isinstance(ws, _ProviderWebSocket) else 0)
+
+    def resume(self) -> None:
+        """Read again (a turn needs audio, or the pause has lasted long enough)."""
+        if self.flow_timer is not None:
+            self.flow_timer.cancel()
+            self.flow_timer = None
+        if self.flow.resumed() and self.ws is not None:
+            self.ws.transport.resume_reading()
+
+    async def run(self) -> None:
+        try:
+            await self._connect()
+            assert self.ws is not None
+            early, self.early = self.early or [], None
+            for msg in early:
+                self._on_message(msg)
+            await self.ws.wait_closed()  # messages arrive through _on_message meanwhile
+            exc = self.ws.protocol.close_exc
+            if isinstance(exc, websockets.ConnectionClosedOK):
+                code, reason = self.ws.close_code, self.ws.close_reason or ""
+            else:
+                code, reason = None, f"{type(exc).__name__}: {exc}"
+        except (TimeoutError, OSError, websockets.WebSocketException) as e:
+            code, reason = None, f"{type(e).__name__}: {e}"
+        except Exception as e:  # a malformed session answer, an engine's refusal: this
+            # connection ends like any other (its turns fail, the pool reconnects)
+            log.warning("tts.connect_failed", provider=self.pool.name, error=repr(e)[:200])
+            code, reason = None, f"{type(e).__name__}: {e}"
+        finally:
+            self.closed = True
+            if self.timer is not None:
+                self.timer.cancel()
+            if self.watch_timer is not None:
+                self.watch_timer.cancel()
+                self.watch_timer = None
+            self.resume()
+        if self.ready_at is not None and self.now() - self.ready_at >= BACKOFF_STABLE_S:
+            self.pool.backoff.reset()  # it stayed up: the next drop is not a storm
+        with contextlib.suppress(LocalProtocolError):  # an engine that failed itself already
+            self.engine.connection_lost(code, reason, self.now())
+        self.pump()
+        self.ready_event.set()
+        self.pool._connection_ended(self)
+        ws = self.ws
+        if isinstance(ws, _ProviderWebSocket):
+            # it holds our bound methods and we hold it: let a closed one go by
+            # reference counting, not at the next full collection
+            ws.on_message = _ignore_message
+            ws.after_read = None
+
+    def _on_message(self, msg: str | bytes) -> None:
+        """One provider message, as websockets parsed it (``_ProviderWebSocket``).
+
+        The bulk of a turn, a plain audio message, comes back from the engine
+        as ``(turn_id, audio, format)`` and goes straight to the turn's audio
+        sink: no event object, no drain, no timer (its reply deadline only
+        moved later: the timer fires early and re-arms). Anything else is
+        pumped the engine-contract way.
+        """
+        if self.early is not None:
+            self.early.append(msg)
+            return
+        if self.closed:
+            return
+        now = self.loop.time()
+        if isinstance(msg, str):
+            piece = self.engine.receive_text_fast(msg, now)
+        else:
+            piece = self.engine.receive_bytes_fast(msg, now)
+        if piece is None:
+            self.pump()
+            self._after_message()
+            return
+        watch = self.watches.get(piece[0]) if self.watches else None
+        if watch is not None:
+            if len(piece) == 3:
+                watch.progress(now, piece[1], piece[2])
+            else:
+                watch.progress(now, None, None)
+        if len(piece) == 3:
+            self._audio(piece)
+        else:
+            self._words(piece)
+        self._after_message()
+
+    def _after_message(self) -> None:
+        if self.dry.watches:
+            self._dry_settle()
+        # a burst (many turns' audio at once) is read in one data_received, without
+        # a return to the loop: let frames due meanwhile leave on time
+        self.pool.preempt()
+
+    # ------------------------------------------------------------ turn deadlines
+
+    def _watch(self, wire_id: str) -> TurnWatch | None:
+        if wire_id not in self.sinks or self.closed:
+            return None
+        watch, first = self.deadlines.watch(wire_id, self.now())
+        if first and self.watch_timer is None:
+            self.watch_timer = self.loop.call_later(TURN_CHECK_S, self._check_turns)
+        return watch
+
+    def note_text(self, wire_id: str, chars: int) -> None:
+        """The turn was given ``chars`` characters of text: the provider owes audio."""
+        watch = self._watch(wire_id)
+        if watch is not None:
+            watch.text(chars, self.now())
+
+    def note_end(self, wire_id: str) -> None:
+        """The turn's text is complete: the provider owes the rest and its end."""
+        watch = self._watch(wire_id)
+        if watch is not None:
+            watch.end(self.now())
+
+    def _check_turns(self) -> None:
+        self.watch_timer = None
+        if self.closed:
+            return
+        pool = self.pool
+        late = self.deadlines.late(
+            self.now(), pool.turn_stall_s, pool.turn_base_s, pool.turn_s_per_char
+        )
+        for wire_id, message in late:
+            self._fail_turn(wire_id, message)
+        if self.watches and not self.closed:
+            self.watch_timer = self.loop.call_later(TURN_CHECK_S, self._check_turns)
+
+    def _fail_turn(self, wire_id: str, message: str) -> None:
+        """End a turn the provider does not deliver: its cancel goes out, it fails."""
+        sink = self.drop_turn(wire_id)
+        with contextlib.suppress(LocalProtocolError):
+            self.engine.cancel(wire_id, self.now())
+        self.pump()
+        self.pool.note_error("timeout")
+        log.warning("tts.turn_timeout", provider=self.pool.name, detail=message)
+        if sink is not None:
+            sink(TurnFailed(wire_id, "timeout", message, retryable=True))
+
+    def _audio(self, piece: AudioPiece) -> None:
+        turn_id, audio, audio_format = piece
+        if self.dry.watches:
+            self.dry.audio(turn_id)
+        audio_sink = self.audio_sinks.get(turn_id)
+        if audio_sink is not None:
+            clocks = self.clocks
+            if clocks:  # turns have clocks only with flow control on
+                clock = clocks.get(turn_id)
+                if clock is not None:
+                    clock.add(len(audio), audio_format, self.loop.time())
+            audio_sink(audio, audio_format)
+        else:  # counted by _dispatch
+            self._dispatch(AudioReceived(turn_id, audio, audio_format))
+
+    def _words(self, piece: WordsPiece) -> None:
+        turn_id, words = piece
+        words_sink = self.words_sinks.get(turn_id)
+        if words_sink is not None:
+            words_sink(words)
+        else:
+            self._dispatch(WordsTimed(turn_id, words))
+
+    def drop_turn(self, wire_id: str) -> Sink | None:
+        """Forget a turn's sinks (it ended, failed or was cancelled); its event sink."""
+        self.audio_sinks.pop(wire_id, None)
+        self.words_sinks.pop(wire_id, None)
+        self.watches.pop(wire_id, None)
+        sink = self.sinks.pop(wire_id, None)
+        if self.flow.drop_turn(wire_id):
+            # no turn left to hold back: read what is left of the dropped one (a
+            # cancelled turn's audio, the server's release of it) now, not at the timer
+            self.resume()
+        if not self.sinks:
+            self.note_idle()
+        return sink
+
+    def is_idle(self) -> bool:
+        """Open, the pool's to place turns on, and holding no turn (a cancelled turn the
+        engine still holds counts until the server lets go: ``pump``)."""
+        return (
+            not self.closed
+            and not self.retiring
+            and self.catch_all is None
+            and not self.sinks
+            and self.engine.open_turns() == 0
+        )
+
+    def note_idle(self) -> None:
+        """Put this connection on the pool's ``idle`` list if it ``is_idle()``, and note
+        since when it is."""
+        if self.pool.placement.list_idle(self, self.loop.time()):
+            self.pool.arm_idle_close()
+
+    async def _connect(self) -> None:
+        req = self.engine.session_request()
+        if req is not None:
+            status, body = await _http_request(req)
+            self.engine.session_response(status, body, self.now())
+            self.pump()
+            if self.engine_failed:  # refused, or an answer with no usable URL: no connect
+                raise SessionRouteError(f"session route answer not usable (HTTP {status})")
+        params = self.engine.connect_params()
+        self.ws = await websockets.connect(
+            params.url,
+            additional_headers=list(params.headers),
+            subprotocols=[websockets.Subprotocol(s) for s in params.subprotocols] or None,
+            max_size=params.max_message_bytes,
+            open_timeout=10,
+            ping_interval=20,
+            ping_timeout=20,
+            compression=None,
+            create_connection=functools.partial(  # type: ignore[arg-type]
+                _ProviderWebSocket, on_message=self._on_message
+            ),
+        )
+        assert isinstance(self.ws, _ProviderWebSocket)
+        self.ws.after_read = self._after_read
+        self.engine.connection_made(self.ws.subprotocol, self.now())
+        self.pump()
+
+    def pump(self) -> None:
+        for action in self.engine.actions_to_send():
+            if self.ws is None:
+                break
+            if isinstance(action, SendText):
+                self._queue_send(action.text)
+            elif isinstance(action, SendBytes):
+                self._queue_send(action.data)
+            elif isinstance(action, CloseConnection):
+                self.loop.create_task(self.ws.close(action.code, action.reason))
+        for event in self.engine.events_received():
+            self._dispatch(event)
+        if not self.sinks and not self.listed_idle:
+            self.note_idle()  # e.g. the server let go of a cancelled turn
+        self.changed.set()
+        # One timer, re-armed only when the deadline comes earlier: a deadline that
+        # moves later with every message (a reply timeout) costs no timer churn; the
+        # timer then fires early, finds nothing due and re-arms (``_on_timer``).
+        deadline = self.engine.next_deadline()
+        timer = self.timer
+        if deadline is None or self.closed:
+            if timer is not None:
+                timer.cancel()
+                self.timer = None
+        elif timer is None or deadline < self.timer_at:
+            if timer is not None:
+                timer.cancel()
+            self.timer = self.loop.call_at(deadline, self._on_timer)
+            self.timer_at = deadline
+
+    def _queue_send(self, data: str | bytes) -> None:
+        """Send one message now, straight through the connection's sans-I/O protocol.
+
+        The frame is built by ``ws.protocol`` and written to the transport at
+        once: no task, no loop iteration per message. Only when the transport
+        is above its write-buffer limit (the provider is not reading) or an
+        earlier message still waits there do messages queue behind one
+        writer task that awaits the connection's flow control, so the order
+        is kept either way. A connection that is not open sends nothing (as
+        ``ws.send`` raised ``ConnectionClosed``, which was ignored).
+        """
+        ws = self.ws
+        if ws is None:
+            return
+        if self.outbox or ws.transport.get_write_buffer_size() > SEND_BUFFER_LIMIT_BYTES:
+            self.outbox.append(data)
+            if self.writer is None or self.writer.done():
+                self.writer = self.loop.create_task(self._write())
+            return
+        if ws.protocol.state is not State.OPEN:
+            return
+        if isinstance(data, str):
+            ws.protocol.send_text(data.encode())
+        else:
+            ws.protocol.send_binary(data)
+        try:
+            ws.send_data()
+        except Exception as exc:  # as ws.send: a failed write fails the connection
+            log.warning("tts.send_failed", provider=self.pool.name, error=str(exc))
+            ws.transport.abort()
+
+    async def _write(self) -> None:
+        with contextlib.suppress(websockets.ConnectionClosed):
+            while self.outbox and self.ws is not None:
+                await self.ws.send(self.outbox.popleft())
+        self.outbox.clear()
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        deadline = self.engine.next_deadline()
+        if deadline is None or self.closed:
+            return
+        now = self.now()
+        if now < deadline:  # armed for an earlier deadline that has since moved later
+            self.timer = self.loop.call_at(deadline, self._on_timer)
+            self.timer_at = deadline
+            return
+        self.engine.handle_timer(now)
+        self.pump()
+
+    def _dispatch(self, event: Event) -> None:
+        cls = type(event)
+        if cls is AudioReceived and self.dry.watches:
+            self.dry.audio(event.turn_id)  # type: ignore[attr-defined]
+        if cls is AudioReceived or cls is WordsTimed:  # the bulk of a turn: straight to its sink
+            watch = self.watches.get(event.turn_id) if self.watches else None  # type: ignore[attr-defined]
+            if watch is not None:
+                if cls is AudioReceived:
+                    got: AudioReceived = event  # type: ignore[assignment]
+                    watch.progress(self.loop.time(), got.audio, got.audio_format)
+                else:
+                    watch.progress(self.loop.time(), None, None)
+            if cls is AudioReceived and self.clocks:  # flow control on
+                clock = self.clocks.get(event.turn_id)  # type: ignore[attr-defined]
+                if clock is not None:
+                    audio: AudioReceived = event  # type: ignore[assignment]
+                    clock.add(len(audio.audio), audio.audio_format, self.loop.time())
+            sink = self.sinks.get(event.turn_id)  # type: ignore[attr-defined]
+            if sink is not None:
+                sink(event)
+                return
+        if isinstance(event, ConnectionReady):
+            self.ready_event.set()
+            self.ready_at = self.loop.time()  # the backoff resets only once it proves stable
+            return
+        if isinstance(event, ProviderFailed):
+            self.engine_failed = True
+            self.pool.note_error(event.kind)
+            if self.catch_all is not None:
+                self.catch_all(event)
+            for failed_id in event.turn_ids or tuple(self.sinks):
+                failed_sink = self.drop_turn(failed_id)
+                if failed_sink is not None:
+                    failed_sink(replace(event, turn_ids=(failed_id,)))
+            return
+        turn_id = getattr(event, "turn_id", None)
+        sink = self.sinks.get(turn_id) if isinstance(turn_id, str) else None
+        if sink is None:
+            if self.catch_all is not None:
+                self.catch_all(event)
+            return
+        if isinstance(event, TurnFailed):
+            self.pool.note_error(event.kind)
+        if isinstance(event, TurnDone | TurnFailed):
+            if isinstance(event, TurnDone) and not event.cancelled:
+                self.pool.backoff.reset()  # it carried a turn to its end
+            self.drop_turn(event.turn_id)
+        else:
+            watch = self.watches.get(event.turn_id) if self.watches else None  # type: ignore[attr-defined]
+            if watch is not None:
+                watch.progress(self.loop.time(), None, None)
+        sink(event)
+
+
+class ProviderPool:
+    """Every connection to one provider."""
+
+    def __init__(
+        self,
+        settings: ProviderSettings,
+        warm: int = 1,
+        preempt: Callable[[], None] = lambda: None,
+        turns_per_connection: int | None = None,
+        flow_high_s: float | None = None,
+        flow_low_s: float = FLOW_LOW_S,
+        close_idle_after_s: float | None = CLOSE_IDLE_AFTER_S,
+    ) -> None:
+        self.settings = settings
+        self.preempt = preempt
+        """Called between two provider messages (``MediaTicker.run_if_due``)."""
+        self.flow_high_s = None if settings.protocol in NO_FLOW_CONTROL else flow_high_s
+        self.flow_low_s = flow_low_s
+        """Flow control (``_Connection``): off while ``flow_high_s`` is None (the default)."""
+        self.close_idle_after_s = close_idle_after_s
+        """Close a connection idle this long (``CLOSE_IDLE_AFTER_S``; None: never)."""
+        self.idle_closed = 0
+        """Connections closed for being idle, ever."""
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self.engine_cls = engine_class(settings.protocol)
+        self.pooling = _pooling(settings.protocol)
+        self.warm = warm
+        self.connections: list[_Connection] = []
+        self.placement: Placement[_Connection] = Placement(
+            turns_per_connection, self.engine_cls.max_turns
+        )
+        """Where turns go and which idle connections close (``bridge.providers.pool``)."""
+        self.idle = self.placement.idle
+        self.backoff = Backoff()
+        self.turn_stall_s = TURN_STALL_S
+        self.turn_base_s = TURN_BASE_S
+        self.turn_s_per_char = TURN_S_PER_CHAR
+        """A turn's deadlines (``_Connection._check_turns``)."""
+        self.errors: dict[str, int] = {}
+        self.reconnects = 0
+        self._closing = False
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self._turn_serial = 0
+
+    prompt_identity: str | None = None
+    """The provider's part of its prompts' cache key: ``provider_identity`` of its
+    settings unless set (the daemon sets it: an embedded provider's names its engine)."""
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def turns_per_connection(self) -> int | None:
+        """Above this many turns on every connection a new turn opens another connection
+        (None: only when every one is at the protocol's ``max_turns``)."""
+        return self.placement.turns_per_connection
+
+    def unread_bytes(self) -> int:
+        """Bytes waiting unread on the pool's connections (an underrun's cause)."""
+        return sum(conn.unread_bytes() for conn in self.connections)
+
+    def note_error(self, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    def _key(self, turn: TurnSettings | None) -> PoolKey:
+        if self.pooling is None:
+            return None
+        pool_key, _ = self.pooling
+        default = TurnSettings(self.settings.voice, MULAW_8K)
+        return tuple(pool_key(self.settings, turn or default))
+
+    def _open(self, key: PoolKey = None) -> _Connection:
+        settings = self.settings
+        if self.pooling is not None:
+            key = key if key is not None else self._key(None)
+            settings = self.pooling[1](self.settings, *(key or ()))
+        conn = _Connection(self, self.engine_cls(settings), key)
+        self.connections.append(conn)
+        conn.note_idle()
+        conn.task = asyncio.get_running_loop().create_task(conn.run())
+        return conn
+
+    def arm_idle_close(self, at: float | None = None) -> None:
+        """Look for connections idle too long at ``at`` (default: one timeout from now)."""
+        after = self.close_idle_after_s
+        if after is None or self._closing or self._idle_timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._idle_timer = loop.call_at(loop.time() + after if at is None else at, self._close_idle)
+
+    def _close_idle(self) -> None:
+        """Close the connections idle for ``close_idle_after_s`` or more.
+
+        Kept: the newest idle connection of each kind (the spare the next
+        turn takes: ``_keep_spare`` would only open another), one still
+        handshaking, and as many as it takes to stay at ``warm`` open
+        connections. The engine says goodbye as at shutdown (``close``); a
+        turn placed meanwhile cannot land on it (``has_room``).
+        """
+        self._idle_timer = None
+        after = self.close_idle_after_s
+        if after is None or self._closing:
+            return
+        now = asyncio.get_running_loop().time()
+        closing, again_at = self.placement.idle_to_close(now, after, self.connections, self.warm)
+        for conn in closing:
+            conn.retiring = True
+            conn.engine.close(now)
+            conn.pump()
+        if closing:
+            self.idle_closed += len(closing)
+            open_now = sum(1 for c in self.connections if c.is_open())
+            log.info("tts.idle_closed", provider=self.name, connections=len(closing), open=open_now)
+        if again_at is not None:
+            self.arm_idle_close(again_at)
+
+    async def start(self, timeout_s: float = 10.0) -> bool:
+        """Open the warm connection(s); True once one is ready."""
+        conns = [self._open() for _ in range(self.warm)]
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                asyncio.wait([asyncio.ensure_future(c.ready_event.wait()) for c in conns]),
+                timeout_s,
+            )
+        return any(c.engine.ready for c in self.connections)
+
+    def _connection_ended(self, conn: _Connection) -> None:
+        with contextlib.suppress(ValueError):
+            self.connections.remove(conn)
+        if conn.catch_all is not None:
+            return  # a voice agent connection belongs to its call, not to the pool
+        live = sum(1 for c in self.connections if not c.closed and c.catch_all is None)
+        if not self._closing and live < self.warm and self._reconnect_task is None:
+            self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        delay = self.backoff.next_delay_s()
+        log.info("tts.reconnect", provider=self.name, delay_s=round(delay, 3))
+        await asyncio.sleep(delay)
+        self._reconnect_task = None
+        if not self._closing:
+            self.reconnects += 1
+            self._open()
+
+    def _connection_for_turn(self, turn: TurnSettings) -> _Connection:
+        """The connection a new turn's first audio waits least on (``Placement.choose``),
+        or a new one."""
+        key = self._key(turn)
+        return self.placement.choose(key, self.connections) or self._open(key)
+
+    def open_turn(
+        self,
+        turn_id: str,
+        settings: TurnSettings,
+        sink: Sink,
+        audio_sink: AudioSink | None = None,
+        words_sink: WordsSink | None = None,
+    ) -> _TurnHandle:
+        """Open ``turn_id`` on a connection with room; its events go to ``sink``.
+
+        Calls share connections and every call numbers its own turns
+        (``greeting``, ``flow-talk-1``...), so on the wire the turn gets an id
+        unique in this pool; events come back to ``sink`` under ``turn_id``.
+        Its audio goes to ``audio_sink`` when one is given (as ``(audio,
+        format)``, the bulk of a turn without an event object), else to
+        ``sink`` as ``AudioReceived`` like every other event; its word
+        timings to ``words_sink`` (as the tuple of words) likewise.
+        """
+        conn = self._connection_for_turn(settings)
+        self._turn_serial += 1
+        wire_id = f"{turn_id}~{self._turn_serial}"
+        conn.sinks[wire_id] = lambda e: sink(_retag(e, turn_id))
+        if audio_sink is None:
+
+            def audio_sink(audio: bytes, audio_format: AudioFormat) -> None:
+                sink(AudioReceived(turn_id, audio, audio_format))
+
+        conn.audio_sinks[wire_id] = audio_sink
+        if words_sink is None:
+
+            def words_sink(words: tuple[WordTiming, ...]) -> None:
+                sink(WordsTimed(turn_id, words))
+
+        conn.words_sinks[wire_id] = words_sink
+        if self.flow_high_s is not None:
+            conn.flow.open_turn(wire_id)
+            conn.resume()  # the new turn needs its first audio
+        handle = _TurnHandle(conn, wire_id)
+        try:
+            handle.call(lambda e, now: e.open_turn(wire_id, settings, now))
+        except LocalProtocolError:
+            conn.drop_turn(wire_id)  # refused: the turn holds no room
+            raise
+        self._keep_spare(conn.key)
+        return handle
+
+    def _keep_spare(self, key: PoolKey) -> None:
+        """Open a connection in the background if none of ``key`` has room for another
+        turn, so the next turn goes to one already open instead of waiting for a handshake."""
+        if not self._closing and self.placement.needs_spare(key, self.connections):
+            self._open(key)
+
+    async def open_agent(self, sink: Sink, timeout_s: float = 10.0) -> AgentSession:
+        """A dedicated connection for one call's voice-agent session (Kletso)."""
+        conn = _Connection(self, self.engine_cls(self.settings))
+        conn.catch_all = sink
+        self.connections.append(conn)
+        conn.task = asyncio.get_running_loop().create_task(conn.run())
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(conn.ready_event.wait(), timeout_s)
+        return AgentSession(conn)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        for conn in list(self.connections):
+            if conn.ws is not None:
+                with contextlib.suppress(Exception):
+                    conn.engine.close(conn.now())
+                    conn.pump()
+                    await conn.ws.close()
+            if conn.task is not None:
+                conn.task.cancel()
+        await asyncio.gather(
+            *(c.task for c in self.connections if c.task is not None), return_exceptions=True
+        )
+
+
+def _retag(event: Event, turn_id: str) -> Event:
+    """``event`` as seen by the turn's owner (its own turn id, not the wire id)."""
+    cls = type(event)
+    if cls is AudioReceived:  # the bulk of a turn: built directly, not by ``replace``
+        audio: AudioReceived = event  # type: ignore[assignment]
+        return AudioReceived(turn_id, audio.audio, audio.audio_format)
+    if cls is WordsTimed:
+        timed: WordsTimed = event  # type: ignore[assignment]
+        return WordsTimed(turn_id, timed.words)
+    if isinstance(event, ProviderFailed):
+        return replace(event, turn_ids=(turn_id,))
+    if isinstance(getattr(event, "turn_id", None), str):
+        return replace(event, turn_id=turn_id)  # type: ignore[type-var]
+    return event
+
+
+class _TurnHandle:
+    """Commands for one turn on one connection.
+
+    Until the turn is open on its connection (the connection may still be
+    handshaking, or busy with the previous turn of a one-turn protocol),
+    commands are buffered; after that they go straight to the engine.
+    """
+
+    def __init__(self, conn: _Connection, turn_id: str) -> None:
+        self.conn = conn
+        self.turn_id = turn_id
+        self.live = False
+        self._queued: list[Callable[[TtsProtocol, float], None]] = []
+        self._flushing: asyncio.Task[None] | None = None
+
+    def call(self, fn: Callable[[TtsProtocol, float], None]) -> None:
+        if self.live:
+            if not self.conn.closed:
+                fn(self.conn.engine, self.conn.now())
+                self.conn.pump()
+            return
+        self._queued.append(fn)
+        if self.conn.engine.ready and self._flushing is None:
+            self._flush()
+        elif self._flushing is None:
+            self._flushing = asyncio.get_running_loop().create_task(self._flush_when_ready())
+
+    def _flush(self) -> None:
+        self.live = True
+        for fn in self._queued:
+            fn(self.conn.engine, self.conn.now())
+        self._queued.clear()
+        self.conn.pump()
+
+    async def _flush_when_ready(self) -> None:
+        await self.conn.ready_event.wait()
+        while not self.conn.engine.ready and not self.conn.closed:
+            self.conn.changed.clear()
+            await self.conn.changed.wait()  # e.g. a one-turn protocol finishing its last turn
+        if not self.conn.engine.ready:
+            sink = self.conn.drop_turn(self.turn_id)
+            if sink is not None:
+                sink(ProviderFailed("connect_failed", "provider unreachable", (self.turn_id,)))
+            return
+        self._flush()
+
+    def send_text(self, text: str) -> None:
+        self.conn.note_text(self.turn_id, len(text))
+        self.call(lambda e, now: e.send_text(self.turn_id, text, now))
+
+    def end(self) -> None:
+        self.conn.note_end(self.turn_id)
+        self.call(lambda e, now: e.end_turn(self.turn_id, now))
+
+    def cancel(self) -> None:
+        self.conn.drop_turn(self.turn_id)
+        self.call(lambda e, now: e.cancel(self.turn_id, now))
+
+    def watch_dry(self, on_provider: Callable[[], None]) -> bool:
+        return self.conn.watch_dry(self.turn_id, on_provider)
+
+
+class AgentSession:
+    """One call's voice-agent session on its own connection.
+
+    Every event of the connection goes to the sink given to ``open_agent``:
+    ``AudioReceived`` for the agent's replies, the protocol's voice events
+    (``VoiceStarted``, ``VoiceInterrupted``, ``VoiceEnded``...), and
+    ``ProviderFailed`` if the connection drops.
+    """
+
+    def __init__(self, conn: _Connection) -> None:
+        self.conn = conn
+        self.started = False
+        self.failed_turns: set[str] = set()
+
+    @property
+    def ready(self) -> bool:
+        return self.conn.engine.ready and not self.conn.closed
+
+    def _do(self, method: str, *args: Any) -> None:
+        if self.conn.closed:
+            return
+        getattr(self.conn.engine, method)(*args, self.conn.now())
+        self.conn.pump()
+
+    def start(self, mode: str = "vad", client_id: str = "callbridge") -> None:
+        self._do("start_voice", mode, client_id)
+        self.started = True
+
+    def send_audio(self, pcm_s16le_24k: bytes) -> None:
+        self._do("send_audio", pcm_s16le_24k)
+
+    def commit(self) -> None:
+        self._do("commit")
+
+    def stop(self, reason: str = "user") -> None:
+        """End the voice session; the agent answers with its end-of-session event."""
+        if self.started:
+            self.started = False
+            self._do("stop_voice", reason)
+
+    def played(self, item_id: str, ms: int) -> None:
+        self._do("played", item_id, ms)
+
+    def set_played_position(self, item_id: str, ms: int) -> None:
+        self.conn.engine.set_played_position(item_id, ms)  # type: ignore[attr-defined]
+
+    def say(self, turn_id: str, text: str, settings: TurnSettings, sink: Sink) -> None:
+        """Typed text the agent answers aloud (``voice.text``)."""
+        self.open_turn(turn_id, settings, sink)
+        self.send_text(turn_id, text)
+        self.end_turn(turn_id)
+
+    # A call's text turns while its agent is on: the agent answers each aloud, in the
+    # session the caller talks to (Kletso: one ``voice.text`` at ``end_turn``). A turn the
+    # engine cannot take (one at a time) fails to its sink instead of raising.
+
+    def open_turn(self, turn_id: str, settings: TurnSettings, sink: Sink) -> None:
+        self.conn.sinks[turn_id] = sink
+        self._turn_do(turn_id, "open_turn", settings)
+
+    def send_text(self, turn_id: str, text: str) -> None:
+        self._turn_do(turn_id, "send_text", text)
+
+    def end_turn(self, turn_id: str) -> None:
+        self._turn_do(turn_id, "end_turn")
+
+    def cancel(self, turn_id: str) -> None:
+        """Barge-in or cancel: the engine reports the played position (Kletso
+        ``voice.played``) and drops the rest; an unknown turn is a no-op."""
+        self._turn_do(turn_id, "cancel")
+
+    def _turn_do(self, turn_id: str, method: str, *args: Any) -> None:
+        if turn_id in self.failed_turns:
+            return
+        try:
+            self._do(method, turn_id, *args)
+        except LocalProtocolError as e:
+            if method == "cancel":
+                return
+            self.failed_turns.add(turn_id)
+            sink = self.conn.sinks.pop(turn_id, None) or self.conn.catch_all
+            if sink is not None:
+                sink(TurnFailed(turn_id, "agent_busy", str(e), True))
+
+    async def close(self) -> None:
+        if self.conn.ws is not None and not self.conn.closed:
+            if self.started:
+                with contextlib.suppress(LocalProtocolError):  # the agent already ended it
+                    self._do("stop_voice", "user")
+            with contextlib.suppress(Exception):
+                await self.conn.ws.close()
+        if self.conn.task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self.conn.task, 2)
+
+
+class Speaker(failover.Speaker):
+    """``bridge.providers.failover.Speaker`` on the running loop's clock and timers
+    unless ``clock`` and ``call_at`` are given."""
+
+    def __init__(
+        self,
+        pools: Sequence[failover.Pool],
+        cache: PromptCache | None = None,
+        fallback_prompt: str = "",
+        fallback_voice: str = "",
+        first_audio_timeouts: Sequence[float] = (),
+        clock: Callable[[], float] | None = None,
+        call_at: Callable[[float, Callable[[], None]], Any] | None = None,
+    ) -> None:
+        super().__init__(
+            pools,
+            cache,
+            fallback_prompt,
+            fallback_voice,
+            first_audio_timeouts,
+            clock=clock or _loop_time,
+            call_at=call_at or _loop_call_at,
+        )
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def _loop_call_at(when: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+    return asyncio.get_running_loop().call_at(when, callback)
