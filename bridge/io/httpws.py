@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -530,8 +531,10 @@ class HttpWsServer:
 
     @property
     def port(self) -> int:
+        """The TCP port listened on (0 on a Unix socket)."""
         server: Any = self.server  # uvloop's ``sockets`` is a list, asyncio's a tuple
-        return int(server.sockets[0].getsockname()[1])
+        name = server.sockets[0].getsockname()
+        return 0 if isinstance(name, str | bytes) else int(name[1])
 
     async def close(self) -> None:
         self.server.close()
@@ -601,8 +604,10 @@ async def serve_http_ws(
     max_message_bytes: int = 1024 * 1024,
     limits: ConnectionLimits | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    unix_path: str = "",
 ) -> HttpWsServer:
-    """Listen on ``host:port``; plain requests go to ``http``, upgrades to ``ws``.
+    """Listen on ``host:port`` (or on the Unix socket ``unix_path``, mode 0600, replacing a
+    stale one); plain requests go to ``http``, upgrades to ``ws``.
 
     ``subprotocols(request)`` names the subprotocols offered on that request's
     path (none by default: a client offering one then gets none back).
@@ -704,6 +709,10 @@ async def serve_http_ws(
         finally:
             await conn.close(1000, "")
 
-    server = await asyncio.start_server(on_connection, host, port, limit=MAX_HEAD_BYTES)
+    if unix_path:
+        server = await asyncio.start_unix_server(on_connection, unix_path, limit=MAX_HEAD_BYTES)
+        os.chmod(unix_path, 0o600)
+    else:
+        server = await asyncio.start_server(on_connection, host, port, limit=MAX_HEAD_BYTES)
     result.append(HttpWsServer(server, tasks, gate))
     return result[0]
