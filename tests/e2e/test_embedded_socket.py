@@ -156,13 +156,13 @@ def test_the_embedded_voice_is_served_over_a_private_unix_socket() -> None:
 _INTRUDER = """
 import socket, sys
 path = sys.argv[1]
-for what in ("connect", "bind"):
+for what, target in (("connect", path), ("take", path), ("bind", path + ".squat")):
     s = socket.socket(socket.AF_UNIX)
     try:
         if what == "connect":
-            s.connect(path)
+            s.connect(target)
         else:
-            s.bind(path + ".squat")
+            s.bind(target)
         print(what, "ok")
     except PermissionError:
         print(what, "refused")
@@ -178,13 +178,18 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 @pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
 @pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"no {SYSTEM_PYTHON}")
 def test_another_local_user_can_neither_reach_nor_take_the_childs_socket() -> None:
-    """The squat the loopback port allowed: another user connects to, or binds in place of,
-    the embedded server. Both refused (the directory is the daemon user's, 0700); calls go
-    on being served by the real child."""
+    """The squat the loopback port allowed: while the child is down (killed, not restarted
+    yet), another user connects to its socket, binds its path, or binds beside it. All
+    refused (the directory is the daemon user's, 0700); the restarted child takes its path
+    back and serves the calls."""
 
     async def body() -> None:
         async with AppServer() as app, embedded_daemon(app.url) as daemon:
             child = child_of(daemon)
+            path, old = child.socket_path, child.proc
+            assert old is not None
+            os.kill(old.pid, signal.SIGKILL)
+            await until(lambda: old.returncode is not None, "the child's death")
             out = await asyncio.to_thread(
                 subprocess.run,
                 [SYSTEM_PYTHON, "-I", "-c", _INTRUDER, child.socket_path],
@@ -198,7 +203,15 @@ def test_another_local_user_can_neither_reach_nor_take_the_childs_socket() -> No
                 timeout=30 * FACTOR,
                 check=True,
             )
-            assert out.stdout.split("\n")[:2] == ["connect refused", "bind refused"]
+            assert out.stdout.split("\n")[:3] == ["connect refused", "take refused", "bind refused"]
+            assert daemon.runtime is not None
+            pool = daemon.runtime.pools["main"]
+            await until(
+                lambda: child.restarts == 1 and any(c.engine.ready for c in pool.connections),
+                "the child's restart and the pool's reconnect",
+                30,
+            )
+            assert child.socket_path == path
             async with TwilioCall(ms_port(daemon)):
                 await app.wait_for("call.started", 10)
                 report = await say_and_finish(app, 0, "t1", "Still ours.")

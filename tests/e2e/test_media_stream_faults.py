@@ -122,11 +122,12 @@ async def nothing_left(st: Stack, tasks_before: set[asyncio.Task[Any]], watch: _
     await until(lambda: not left_alive(watch), "the call objects to be freed")
 
 
-def test_fragmented_and_delayed_bytes_keep_the_call_its_digits_and_barge_in() -> None:
+@pytest.mark.parametrize("seed", [1, 33])
+def test_fragmented_and_delayed_bytes_keep_the_call_its_digits_and_barge_in(seed: int) -> None:
     """Every byte both ways arrives in pieces of 1-7 bytes, up to 30 ms late (in order):
     WebSocket frames split anywhere and glued together. The call goes on as normal."""
 
-    async def body(seed: int) -> None:
+    async def body() -> None:
         async with Calls() as app, stack(app_route(app.url), sip="0") as st:
             st.daemon.gc_policy.freeze_every_s = 0  # frozen objects are out of _Watch's sight
             tasks_before = asyncio.all_tasks()
@@ -165,8 +166,7 @@ def test_fragmented_and_delayed_bytes_keep_the_call_its_digits_and_barge_in() ->
             up, down = relay.up_counters(), relay.down_counters()
             assert up.pieces > 2 * up.chunks and down.pieces > 2 * down.chunks, (up, down)
 
-    for seed in (1, 33):
-        asyncio.run(asyncio.wait_for(body(seed), 90 * FACTOR))
+    asyncio.run(asyncio.wait_for(body(), 90 * FACTOR))
 
 
 @pytest.mark.parametrize("fault", ["cut", "stall"])
