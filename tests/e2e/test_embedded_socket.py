@@ -260,17 +260,17 @@ def test_a_killed_child_comes_back_on_the_same_socket_and_calls_go_on() -> None:
     asyncio.run(asyncio.wait_for(body(), 90 * FACTOR))
 
 
-def test_the_socket_path_is_checked_for_length(monkeypatch: pytest.MonkeyPatch) -> None:
-    deep = Path("/tmp") / ("d" * 120)
+def test_the_socket_path_is_checked_for_length(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
     monkeypatch.setenv("RUNTIME_DIRECTORY", str(deep))
-    deep.mkdir(exist_ok=True)
-    try:
-        child = EmbeddedTts("tone")
-        with pytest.raises(RuntimeError, match="longer than 107 bytes"):
-            asyncio.run(child.start())
-        assert not any(deep.iterdir())  # nothing left behind
-    finally:
-        deep.rmdir()
+    child = EmbeddedTts("tone")
+    with pytest.raises(RuntimeError, match="longer than 107 bytes"):
+        asyncio.run(child.start())
+    assert child.proc is None  # no child started
+    assert not any(deep.iterdir())  # nothing left behind
 
 
 def test_the_socket_directory_is_made_in_systemds_runtime_directory(
