@@ -239,7 +239,11 @@ class Peers:
         self._count = 0
         self._server: websockets.Server | None = None
         self.thread.start()
-        self._run(self._start())
+        try:
+            self._run(self._start())
+        except BaseException:
+            self.stop()
+            raise
 
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
@@ -518,7 +522,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=10_000)
     ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--concurrency", type=int, default=20)
+    ap.add_argument("--concurrency", type=int, default=30)
     ap.add_argument("--seed", type=int, default=33)
     ap.add_argument("--fault-every-s", type=float, default=20.0)
     ap.add_argument("--fault-down-s", type=float, default=5.0)
