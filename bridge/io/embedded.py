@@ -102,7 +102,7 @@ class EmbeddedTts:
         """The child's command line (no secret on it: that is in its environment)."""
         return [
             *(sys.executable, "-m", "bridge.cli", "tts-server"),
-            *("--unix-socket", self.socket_path, "--engine", self.engine),
+            *("--unix-socket", self.socket_path, "--remove-socket-dir", "--engine", self.engine),
             *("--port-file", port_file, "--api-key-env", KEY_ENV),
             *("--workers", str(self.workers), "--queue", str(self.queue)),
             *("--max-wait-s", repr(self.max_wait_s), "--nice", str(self.nice)),

@@ -421,8 +421,10 @@ class _UntilEof(asyncio.Protocol):
 
     def __init__(self, stop: asyncio.Event) -> None:
         self.stop = stop
+        self.ended = False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.ended = True
         self.stop.set()
 
 
@@ -466,12 +468,16 @@ def run_tts_server(
     nice: int = 0,
     cpus: frozenset[int] = frozenset(),
     unix_path: str = "",
+    remove_socket_dir: bool = False,
 ) -> int:
     """The ``callbridge tts-server`` command: serve until SIGTERM/SIGINT.
 
     ``unix_path``: listen on that Unix socket instead of ``listen`` (the daemon's
     embedded server: in a private directory, so no other user can take its place);
-    ``port_file`` then gets the path instead of the port.
+    ``port_file`` then gets the path instead of the port. The socket is removed at exit;
+    with ``remove_socket_dir``, when the exit is standard input's end (the daemon gone: it
+    restarts no child then, and may have died before removing it), its directory too if
+    nothing else is in it.
 
     ``exit_with_stdin``: also stop when standard input reaches its end. The
     daemon starts its embedded server with a pipe there and keeps the other
@@ -499,10 +505,17 @@ def run_tts_server(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        stdin = _UntilEof(stop)
         if exit_with_stdin:
-            await loop.connect_read_pipe(lambda: _UntilEof(stop), sys.stdin)
+            await loop.connect_read_pipe(lambda: stdin, sys.stdin)
         await stop.wait()
         await server.close()
+        if unix_path:
+            with contextlib.suppress(OSError):
+                os.unlink(unix_path)
+            if remove_socket_dir and stdin.ended:
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.dirname(unix_path))
 
     asyncio.run(main())
     return 0
