@@ -65,10 +65,10 @@ unit: venv
 	$(PY) -m pytest -q -m "not slow and not peers"
 
 ## make soak: 10 000 mixed calls (SIP and media streams, barge-ins, DTMF, provider
-## failures) against one daemon, then every resource back to baseline (not in `make test`);
-## SOAK_ARGS="--calls 500" runs fewer.
+## failures: kills and mid-turn faults) against one daemon, then every resource back to
+## baseline (not in `make test`); CALLS=500 runs fewer, SOAK_ARGS passes other options.
 soak: venv
-	$(PY) bench/bench_soak.py $(SOAK_ARGS)
+	$(PY) bench/bench_soak.py $(if $(CALLS),--calls $(CALLS)) $(SOAK_ARGS)
 
 ## make fuzz: every coverage-guided fuzz target of bench/fuzz/ (atheris, the bench extra)
 ## for FUZZ_RUNS inputs each, seeded from the test fixtures (not in `make test`); crash

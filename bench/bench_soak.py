@@ -11,19 +11,37 @@ and ``flaky``. Calls are placed by ``callbridge call``'s own code
 =====  ================================  ===========================================
 share  leg and route                     what happens
 =====  ================================  ===========================================
-30 %   SIP, ``greet``                    greeting heard, caller hangs up
+20 %   SIP, ``greet``                    greeting heard, caller hangs up
 10 %   SIP, ``ivr``                      a key press answered by the flow
 10 %   SIP, ``long``                     the caller talks over the greeting (barge-in)
 10 %   SIP, ``flaky``                    provider chain ``flaky`` then ``fast``
-20 %   Twilio media stream, ``greet``
+10 %   SIP, ``dyn``                      an application's turn (not a cached prompt)
+                                         on ``flaky`` then ``fast``
+10 %   Twilio media stream, ``greet``
 10 %   Twilio media stream, ``ivr``      a key press (``dtmf`` message)
 10 %   Twilio media stream, ``long``     the caller talks over the greeting
+10 %   Twilio media stream, ``dyn``
 =====  ================================  ===========================================
 
-Injected provider failures: the ``flaky`` TTS server is killed every
-``--fault-every-s`` seconds and started again (on the same port)
-``--fault-down-s`` later; ``flaky`` turns that fail before their first audio
-go to ``fast`` (the route's failover chain).
+Injected provider failures, two kinds:
+
+* the ``flaky`` TTS server is killed every ``--fault-every-s`` seconds and
+  started again (on the same port) ``--fault-down-s`` later;
+* mid-turn (``--turn-faults F``, default 0.2): ``flaky`` is reached through
+  ``loadgen/turn_faults.py``, which makes that fraction of the ``dyn`` turns
+  fail at the moment their first audio comes back (the turn accepted, its text
+  sent): the connection reset (``drop``), a frame that is not JSON
+  (``garbage``), or the turn's audio held back (``stall``), each turn's kind
+  drawn from ``--turn-fault-kinds``. Each ``dyn`` turn's text carries a token,
+  so every turn a fault hit (others on a dropped connection too) is checked
+  from the application's side: it must still play to its end, failed over to
+  ``fast`` or as the route's fallback prompt (which of the two: the daemon's
+  ``tts.failover`` / ``tts.fallback_prompt`` lines), and its call must not be
+  lost. Static prompts are rendered once and cached, so only ``dyn`` turns
+  reach a provider during the calls.
+
+Ctrl-C or SIGTERM stops the soak: the daemon, the TTS servers, the proxy and
+the application go with it (exit status 130).
 
 Before the measured calls, a warm-up of the same mix (``--warmup`` calls);
 baseline and end state are both read once the daemon is idle and the SIP
@@ -40,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -48,6 +67,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -56,8 +76,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import websockets
 from common import write
 from loadgen.procs import PAGE_BYTES, ROOT, free_port, terminate
+from loadgen.turn_faults import FAULT_KINDS, TurnFaultProxy
 
 from bridge.io.caller import CallerOptions, SpeakClip, place_call
 from telcodec import g711
@@ -69,21 +91,26 @@ LONG_GREETING = " ".join(f"word{i}" for i in range(40)) + "."
 
 MIX: tuple[tuple[str, str, int], ...] = (
     # (leg, route, weight)
-    ("sip", "greet", 30),
+    ("sip", "greet", 20),
     ("sip", "ivr", 10),
     ("sip", "long", 10),
     ("sip", "flaky", 10),
-    ("twilio", "greet", 20),
+    ("sip", "dyn", 10),
+    ("twilio", "greet", 10),
     ("twilio", "ivr", 10),
     ("twilio", "long", 10),
+    ("twilio", "dyn", 10),
 )
+DYN_DURATION_S = 6.0
+"""A ``dyn`` call's length: its turn (under 1 s of audio) after a first-audio deadline
+(1 s) and a failover still ends before the caller hangs up."""
 
 FAULTY = '"flaky"'
 """The injected faults explain a warning or error line that names the killed provider
 (``provider``, ``route``...); anything else at warning or error is unexplained."""
 
 
-def config_text(fast_port: int, flaky_port: int, sip_port: int) -> str:
+def config_text(fast_port: int, flaky_port: int, sip_port: int, app_url: str) -> str:
     return f"""
 [daemon]
 log_format = "json"
@@ -152,6 +179,12 @@ provider = ["flaky", "fast"]
 greeting = "Hello from the flaky voice."
 
 [[routes]]
+match = "dyn"
+provider = ["flaky", "fast"]
+app = "{app_url}"
+fallback_prompt = "Sorry, one moment please."
+
+[[routes]]
 match = "*"
 provider = "fast"
 greeting = "Hello, and welcome."
@@ -190,26 +223,93 @@ class Tts:
             terminate(self.proc, 5)
 
 
+class Peers:
+    """The application the ``dyn`` route dials and the mid-turn fault proxy in front of
+    ``flaky``, on an event loop of their own in a thread (the calls run in the main one).
+
+    The application says one turn per call when it starts: ``Turn k<n> is here.``, the
+    token ``k<n>`` naming it (its ``turn_id`` too), and keeps what it hears of each turn."""
+
+    def __init__(self, flaky_url: str, fraction: float, kinds: tuple[str, ...], seed: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="soak-peers")
+        self.proxy = TurnFaultProxy(flaky_url, fraction, kinds, seed)
+        self.turns: dict[str, list[str]] = {}
+        """token -> the app events of that turn, in order (``provider.error``, ``turn.*``)."""
+        self._count = 0
+        self._server: websockets.Server | None = None
+        self.thread.start()
+        try:
+            self._run(self._start())
+        except BaseException:
+            self.stop()
+            raise
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    async def _start(self) -> None:
+        await self.proxy.start()
+        self._server = await websockets.serve(self._app, "127.0.0.1", 0)
+
+    @property
+    def app_url(self) -> str:
+        assert self._server is not None
+        port = next(iter(self._server.sockets)).getsockname()[1]
+        return f"ws://127.0.0.1:{port}/app"
+
+    async def _app(self, ws: websockets.ServerConnection) -> None:
+        with contextlib.suppress(websockets.ConnectionClosed):
+            async for msg in ws:
+                event = json.loads(msg)
+                kind = event.get("type")
+                if kind == "call.started":
+                    self._count += 1
+                    token = f"k{self._count}"
+                    self.turns[token] = []
+                    say = {"type": "say", "turn_id": token, "text": f"Turn {token} is here.",
+                           "final": True}  # fmt: skip
+                    await ws.send(json.dumps(say))
+                elif event.get("turn_id") in self.turns:
+                    self.turns[event["turn_id"]].append(str(kind))
+
+    def stop(self) -> None:
+        async def stop() -> None:
+            if self._server is not None:
+                self._server.close()
+                await self._server.wait_closed()
+            await self.proxy.close()
+
+        with contextlib.suppress(Exception):
+            self._run(stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
 class SoakDaemon:
-    def __init__(self, workdir: Path, fast: int, flaky: int) -> None:
+    def __init__(self, workdir: Path, fast: int, flaky: int, app_url: str) -> None:
         self.workdir = workdir
         self.sip_port = free_port(socket.SOCK_DGRAM)
         self.config = workdir / "callbridge.toml"
-        self.config.write_text(config_text(fast, flaky, self.sip_port))
+        self.config.write_text(config_text(fast, flaky, self.sip_port, app_url))
         self.state_path = workdir / "state.json"
         self.log = workdir / "daemon.log"
-        self.proc = subprocess.Popen(
+        self.proc: subprocess.Popen[bytes] = subprocess.Popen(
             [sys.executable, "-m", "bench.loadgen.soak_daemon", str(self.config),
              str(self.state_path)],
             stdout=subprocess.DEVNULL, stderr=self.log.open("wb"), start_new_session=True,
             cwd=ROOT,
         )  # fmt: skip
         deadline = time.monotonic() + 30
-        while not self.state_path.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = self.log.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"daemon did not become ready:\n{tail}")
-            time.sleep(0.1)
+        try:
+            while not self.state_path.exists():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    tail = self.log.read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"daemon did not become ready:\n{tail}")
+                time.sleep(0.1)
+        except BaseException:  # not ready, or interrupted meanwhile: not left running
+            self.stop()
+            raise
         self.ms_port = int(self.state()["ports"]["media_streams"])
 
     def state(self) -> dict[str, Any]:
@@ -269,7 +369,7 @@ def options(kind: tuple[str, str], d: SoakDaemon) -> CallerOptions:
         target=target,
         dtmf=dtmf,
         speak=speak,
-        duration_s=3.0 if route == "ivr" else 2.5,
+        duration_s={"ivr": 3.0, "dyn": DYN_DURATION_S}.get(route, 2.5),
         route=route if leg == "twilio" else None,
     )
 
@@ -380,58 +480,121 @@ def cdr_figures(events: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def turn_fault_figures(peers: Peers, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every turn a mid-turn fault hit: did it play to its end, and how (the daemon's
+    ``tts.failover`` / ``tts.fallback_prompt`` lines name the turn)."""
+    failed_over = {str(e.get("turn_id")) for e in events if e.get("event") == "tts.failover"}
+    fell_back = {str(e.get("turn_id")) for e in events if e.get("event") == "tts.fallback_prompt"}
+    by_kind: dict[str, Counter[str]] = {}
+    not_recovered: list[str] = []
+    for kind, token in peers.proxy.faulted:
+        heard = peers.turns.get(token, [])
+        if "turn.finished" not in heard:
+            how = "not_recovered"
+            not_recovered.append(f"{kind} {token}: {heard}")
+        elif token in fell_back:
+            how = "fell_back"
+        elif token in failed_over:
+            how = "failed_over"
+        else:
+            how = "finished_unexplained"  # played on flaky after all: a fault that missed
+        by_kind.setdefault(kind, Counter())[how] += 1
+    dyn_turns = [t for t in peers.turns.values() if t]
+    return {
+        "fraction": peers.proxy.fraction,
+        "faults_injected": dict(peers.proxy.injected),
+        "turns_hit": len(peers.proxy.faulted),
+        "turns_hit_by_kind": {k: dict(c) for k, c in by_kind.items()},
+        "collateral_untokened": peers.proxy.collateral_untokened,
+        "not_recovered": not_recovered[:20],
+        "dyn_turns_with_warmup": len(dyn_turns),
+        "dyn_turns_finished_with_warmup": sum(1 for t in dyn_turns if "turn.finished" in t),
+        "proxy_connections": peers.proxy.connections,
+        "proxy_upstream_failures": peers.proxy.upstream_failures,
+    }
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # the same way out as Ctrl-C: every ``finally`` stops its part
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=10_000)
     ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--concurrency", type=int, default=20)
+    ap.add_argument("--concurrency", type=int, default=30)
     ap.add_argument("--seed", type=int, default=33)
     ap.add_argument("--fault-every-s", type=float, default=20.0)
     ap.add_argument("--fault-down-s", type=float, default=5.0)
+    ap.add_argument(
+        "--turn-faults",
+        type=float,
+        default=0.2,
+        help="fraction of the dyn turns made to fail mid-turn on flaky (0: none)",
+    )
+    ap.add_argument(
+        "--turn-fault-kinds",
+        default=",".join(FAULT_KINDS),
+        help=f"comma-separated, from {','.join(FAULT_KINDS)}",
+    )
     ap.add_argument("--rss-tolerance-mib", type=float, default=16.0)
     args = ap.parse_args()
+    kinds = tuple(k.strip() for k in args.turn_fault_kinds.split(",") if k.strip())
+    signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        return soak(args, kinds)
+    except KeyboardInterrupt:
+        print("interrupted: daemon, TTS servers, proxy and application stopped", flush=True)
+        return 130
+
+
+def soak(args: argparse.Namespace, kinds: tuple[str, ...]) -> int:
     rng = random.Random(args.seed)
-    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="soak-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
         fast = Tts(free_port(), work / "tts-fast.log")
         flaky = Tts(free_port(), work / "tts-flaky.log")
+        stack.callback(fast.stop)
+        stack.callback(flaky.stop)
         fast.start()
         flaky.start()
-        d = SoakDaemon(work, fast.port, flaky.port)
-        try:
-            print(f"warm-up: {args.warmup} calls", flush=True)
-            warm = asyncio.run(run_calls(d, args.warmup, args.concurrency, rng))
-            base = idle_state(d)
-            print(f"baseline: {base}", flush=True)
-            log_mark = len(d.log_events())
-            kills: list[float] = []
+        flaky_url = f"ws://127.0.0.1:{flaky.port}/v1/ws/kova"
+        peers = Peers(flaky_url, args.turn_faults, kinds, args.seed)
+        stack.callback(peers.stop)
+        d = SoakDaemon(work, fast.port, peers.proxy.port, peers.app_url)
+        stack.callback(d.stop)  # last in, first out: the daemon stops first
+        print(f"warm-up: {args.warmup} calls", flush=True)
+        warm = asyncio.run(run_calls(d, args.warmup, args.concurrency, rng))
+        base = idle_state(d)
+        print(f"baseline: {base}", flush=True)
+        log_mark = len(d.log_events())
+        kills: list[float] = []
 
-            async def measured() -> dict[str, Any]:
-                injector = asyncio.ensure_future(
-                    fault_injector(flaky, args.fault_every_s, args.fault_down_s, kills)
-                )
-                try:
-                    return await run_calls(d, args.calls, args.concurrency, rng)
-                finally:
-                    injector.cancel()
+        async def measured() -> dict[str, Any]:
+            injector = asyncio.ensure_future(
+                fault_injector(flaky, args.fault_every_s, args.fault_down_s, kills)
+            )
+            try:
+                return await run_calls(d, args.calls, args.concurrency, rng)
+            finally:
+                injector.cancel()
 
-            t0 = time.monotonic()
-            calls = asyncio.run(measured())
-            wall_s = time.monotonic() - t0
-            if flaky.proc is None or flaky.proc.poll() is not None:
-                flaky.start()
-            print(f"{args.calls} calls in {wall_s:.0f} s: {calls}", flush=True)
-            peak_rss = round(d.rss_bytes() / 2**20, 2)
-            end = idle_state(d)
-            print(f"end: {end}", flush=True)
-            events = d.log_events()[log_mark:]
-            explained, other = unexplained(events)
-            fault_effects = Counter(str(e.get("event")) for e in events if "flaky" in json.dumps(e))
-            cdrs = cdr_figures(events)
-        finally:
-            d.stop()
-            fast.stop()
-            flaky.stop()
+        peers.proxy.armed = True
+        t0 = time.monotonic()
+        calls = asyncio.run(measured())
+        wall_s = time.monotonic() - t0
+        peers.proxy.armed = False
+        if flaky.proc is None or flaky.proc.poll() is not None:
+            flaky.start()
+        print(f"{args.calls} calls in {wall_s:.0f} s: {calls}", flush=True)
+        peak_rss = round(d.rss_bytes() / 2**20, 2)
+        end = idle_state(d)
+        print(f"end: {end}", flush=True)
+        events = d.log_events()[log_mark:]
+        explained, other = unexplained(events)
+        fault_effects = Counter(str(e.get("event")) for e in events if "flaky" in json.dumps(e))
+        cdrs = cdr_figures(events)
+        turn_faults = turn_fault_figures(peers, events)
     checks = {
         "fds": end["fds"] == base["fds"],
         "tasks": end["tasks"] == base["tasks"],
@@ -447,6 +610,10 @@ def main() -> int:
         # every key press reached the daemon, once
         "a_digit_per_ivr_call": cdrs["dtmf_by_route"].get("ivr", 0)
         == sum(n for k, n in calls["placed"].items() if k.endswith(":ivr")),
+        # every turn a mid-turn fault hit still played to its end (failed over or fell
+        # back); with faults asked for, some were injected (else this proves nothing)
+        "every_faulted_turn_recovered": not turn_faults["not_recovered"],
+        "turn_faults_injected": turn_faults["turns_hit"] > 0 or args.turn_faults == 0,
     }
     figures = {
         "calls": args.calls,
@@ -456,6 +623,7 @@ def main() -> int:
         "warmup": warm,
         "measured": calls,
         "provider_kills": len(kills),
+        "turn_faults": turn_faults,
         "baseline": base,
         "end": end,
         "rss_peak_after_calls_mib": peak_rss,

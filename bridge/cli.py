@@ -79,6 +79,8 @@ def _cmd_tts_server(args: argparse.Namespace) -> int:
         limits=limits,
         nice=args.nice,
         cpus=cpus,
+        unix_path=args.unix_socket or "",
+        remove_socket_dir=args.remove_socket_dir,
     )
 
 
@@ -133,7 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--nice", type=int, default=0, help="lower this process's CPU priority by N at start"
     )
     t.add_argument("--cpus", default="", help='run on these CPUs only ("1", "0,2-3")')
-    t.add_argument("--port-file", help="write the bound port here once listening")
+    t.add_argument(
+        "--unix-socket", metavar="PATH", help="listen on this Unix socket instead of --listen"
+    )
+    t.add_argument(
+        "--remove-socket-dir",
+        action="store_true",
+        help="when standard input ends (--exit-with-stdin), also remove --unix-socket's "
+        "directory if empty (one its parent made for it)",
+    )
+    t.add_argument(
+        "--port-file", help="write the bound port (or --unix-socket's path) here once listening"
+    )
     t.add_argument(
         "--exit-with-stdin",
         action="store_true",

@@ -77,6 +77,7 @@ CALL_OUTCOMES = frozenset(
         # the legs: SIP dialog ends, media-stream stops
         "remote-bye", "local-hangup", "ack-timeout", "session-expired", "transaction-timeout",
         "cancelled", "stop", "connection_lost", "hangup", "rejected", "protocol_violation",
+        "carrier_stalled",
         # the call runner, the turn sources and the daemon
         "finished", "internal_error", "no_codec", "rtp_timeout", "transferred", "transfer",
         "flow_hangup", "flow_error", "handed_over", "call_ended", "app_hangup", "api_hangup",

@@ -89,12 +89,13 @@ def provider_settings(p: ProviderConfig, embedded: dict[str, EmbeddedTts]) -> Pr
         voice=p.voice,
         model=p.model,
         options=p.options,
+        unix_socket=child.socket_path if child else "",
     )
 
 
 def prompt_identity(p: ProviderConfig, settings: ProviderSettings) -> str:
     """The provider's part of its prompts' cache key (``provider_identity``). An embedded
-    provider is named by its engine, not by the loopback URL its child got this time, so
+    provider is named by its engine, not by the socket its child got this time, so
     its prompts on disk stay valid across restarts."""
     if p.embedded:
         engine = f"embedded:{p.engine}:{_engine_versions(p.engine)}"

@@ -1,20 +1,23 @@
 """The embedded provider: ``callbridge tts-server`` as a supervised child process.
 
-A provider with ``url = "embedded"`` gets its URL and key from here. One
-child per synthesis engine (``piper`` or ``tone``) serves every protocol on
-one loopback port: the first child binds any free port (port 0, no
-bind-then-release race) and reports it; a restarted child comes back on the
-same port, so the provider pools simply reconnect. The child is restarted
-with capped backoff whenever it dies, and stopped with SIGTERM on shutdown.
+A provider with ``url = "embedded"`` gets its URL, socket and key from here.
+One child per synthesis engine (``piper`` or ``tone``) serves every protocol
+on one Unix socket, ``<engine>.sock`` in a directory only the daemon's user
+may enter (made with mode 0700 in the daemon's ``RuntimeDirectory`` under
+systemd, ``$RUNTIME_DIRECTORY``, else in the temp directory; removed at
+stop). No other local user can connect to it or take its place while the
+child restarts, which a loopback TCP port allowed. A restarted child binds
+the same path again (replacing its predecessor's socket file), so the
+provider pools simply reconnect. The child is restarted with capped backoff
+whenever it dies, and stopped with SIGTERM on shutdown.
 
-The child requires a secret made at each daemon start on every connection
-(as the provider's API key, in each protocol's own way), passed to it in its
-environment, never on its command line; so a local process that is not the
-daemon cannot use it. It runs ``nice`` steps below the daemon's CPU priority
-(it lowers its own priority as it starts: ``tts-server --nice``), so a burst
-of synthesis never delays the daemon's frames; its synthesis workers, queue
-and wait bound, and the CPUs it may run on, are the ``[daemon]
-embedded_tts_*`` keys.
+The child also requires a secret made at each daemon start on every
+connection (as the provider's API key, in each protocol's own way), passed to
+it in its environment, never on its command line. It runs ``nice`` steps
+below the daemon's CPU priority (it lowers its own priority as it starts:
+``tts-server --nice``), so a burst of synthesis never delays the daemon's
+frames; its synthesis workers, queue and wait bound, and the CPUs it may run
+on, are the ``[daemon] embedded_tts_*`` keys.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -44,6 +48,15 @@ PROTOCOL_PATHS = {
 }
 KEY_ENV = "CALLBRIDGE_TTS_SERVER_KEY"
 """The child's environment variable holding the key it requires."""
+UNIX_PATH_MAX = 107
+"""The longest Unix socket path Linux binds (``sun_path`` less its terminating NUL)."""
+
+
+def private_dir() -> Path:
+    """A new directory only this user may enter (0700): in systemd's ``RuntimeDirectory``
+    (``$RUNTIME_DIRECTORY``, its first entry) when there is one, else in the temp directory."""
+    runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    return Path(tempfile.mkdtemp(prefix="tts-", dir=runtime or None))
 
 
 class EmbeddedTts:
@@ -61,8 +74,10 @@ class EmbeddedTts:
         cpus: str = "",
     ) -> None:
         self.engine = engine
-        self.port = 0
-        """0 until the first child has bound one; then every restart binds it again."""
+        self.socket_path = ""
+        """The Unix socket the child listens on ("" before ``start``); every restart binds
+        it again."""
+        self._dir: Path | None = None
         self.api_key = secrets.token_urlsafe(32)
         """What the child requires of every connection (the embedded providers' key)."""
         self.startup_timeout_s = startup_timeout_s
@@ -77,15 +92,17 @@ class EmbeddedTts:
         self._stopping = False
 
     def url(self, protocol: str) -> str:
-        if not self.port:
+        """The protocol's URL on the child (reached over ``socket_path``: the host is a
+        name for the ``Host`` header only)."""
+        if not self.socket_path:
             raise RuntimeError("the embedded TTS server has not started")
-        return f"ws://127.0.0.1:{self.port}{PROTOCOL_PATHS[protocol]}"
+        return f"ws://localhost{PROTOCOL_PATHS[protocol]}"
 
     def command(self, port_file: str) -> list[str]:
         """The child's command line (no secret on it: that is in its environment)."""
         return [
             *(sys.executable, "-m", "bridge.cli", "tts-server"),
-            *("--listen", f"127.0.0.1:{self.port}", "--engine", self.engine),
+            *("--unix-socket", self.socket_path, "--remove-socket-dir", "--engine", self.engine),
             *("--port-file", port_file, "--api-key-env", KEY_ENV),
             *("--workers", str(self.workers), "--queue", str(self.queue)),
             *("--max-wait-s", repr(self.max_wait_s), "--nice", str(self.nice)),
@@ -95,7 +112,21 @@ class EmbeddedTts:
             "--exit-with-stdin",
         ]
 
+    def _make_socket_dir(self) -> None:
+        if self._dir is None:
+            self._dir = private_dir()
+            path = str(self._dir / f"{self.engine}.sock")
+            if len(os.fsencode(path)) > UNIX_PATH_MAX:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
+                raise RuntimeError(
+                    f"socket path {path!r} is longer than {UNIX_PATH_MAX} bytes "
+                    "(RUNTIME_DIRECTORY or TMPDIR too deep)"
+                )
+            self.socket_path = path
+
     async def _spawn(self) -> None:
+        self._make_socket_dir()
         with tempfile.TemporaryDirectory() as d:
             port_file = Path(d) / "port"
             self.proc = await asyncio.create_subprocess_exec(
@@ -111,11 +142,10 @@ class EmbeddedTts:
                 if loop.time() > deadline:
                     raise RuntimeError("tts-server did not start in time")
                 await asyncio.sleep(0.05)
-            self.port = int(port_file.read_text().strip() or 0)
         log.info(
             "embedded.started",
             engine=self.engine,
-            port=self.port,
+            socket=self.socket_path,
             pid=self.proc.pid,
             nice=self.nice,
             workers=self.workers or "auto",
@@ -155,3 +185,6 @@ class EmbeddedTts:
             except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -166,6 +168,53 @@ class WsConnection:
         self._head_for = -1
         self._head = b""
         """The header of the last text frame ``send_encoded_text_nowait`` wrote, and its size."""
+        self.stall_s = 0.0
+        """See ``guard_stall`` (0: no guard)."""
+        self.stalled = False
+        """The connection was aborted by ``guard_stall``: the peer stopped reading."""
+        self._stall_timer: asyncio.TimerHandle | None = None
+
+    def guard_stall(self, stall_s: float, high_bytes: int, sndbuf_bytes: int = 0) -> None:
+        """Abort the connection if the peer reads nothing for about ``stall_s``.
+
+        A peer that stops reading (hung, or its path gone without a reset) leaves
+        what we send in the kernel's buffer and then in the transport's, growing
+        for as long as we write. The transport pauses writing once it holds more
+        than ``high_bytes``; if it has not resumed ``stall_s`` later, the
+        connection is aborted (``stalled``), which ends ``serve``. The kernel's
+        send buffer is capped at ``sndbuf_bytes`` (0: left to its autotuning, up
+        to megabytes), which bounds what it holds and so how long a stall takes
+        to show.
+        """
+        self.stall_s = stall_s
+        if sndbuf_bytes:
+            sock = self._transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf_bytes)
+        self._transport.set_write_buffer_limits(high=high_bytes)
+
+    def _writing_paused(self) -> None:
+        if self.stall_s > 0 and self._stall_timer is None and not self.closed:
+            loop = asyncio.get_running_loop()
+            self._stall_timer = loop.call_later(self.stall_s, self._stall)
+
+    def _writing_resumed(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _stall(self) -> None:
+        self._stall_timer = None
+        if not self._transport.is_closing():
+            self.stalled = True
+            log.warning(
+                "ws.peer_stalled",
+                path=self.request.path,
+                unsent_bytes=self._transport.get_write_buffer_size(),
+                stall_s=self.stall_s,
+            )
+            self._transport.abort()  # unsent bytes dropped; connection_lost ends serve()
 
     @property
     def write_buffer_bytes(self) -> int:
@@ -498,13 +547,16 @@ class _ServeProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._inner.connection_lost(exc)
+        self._conn._writing_resumed()  # no stall timer outlives the connection
         self._conn._serve_eof()
 
     def pause_writing(self) -> None:
         self._inner.pause_writing()
+        self._conn._writing_paused()
 
     def resume_writing(self) -> None:
         self._inner.resume_writing()
+        self._conn._writing_resumed()
 
 
 WsHandler = Callable[[WsConnection], Awaitable[None]]
@@ -530,8 +582,10 @@ class HttpWsServer:
 
     @property
     def port(self) -> int:
+        """The TCP port listened on (0 on a Unix socket)."""
         server: Any = self.server  # uvloop's ``sockets`` is a list, asyncio's a tuple
-        return int(server.sockets[0].getsockname()[1])
+        name = server.sockets[0].getsockname()
+        return 0 if isinstance(name, str | bytes) else int(name[1])
 
     async def close(self) -> None:
         self.server.close()
@@ -601,8 +655,10 @@ async def serve_http_ws(
     max_message_bytes: int = 1024 * 1024,
     limits: ConnectionLimits | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    unix_path: str = "",
 ) -> HttpWsServer:
-    """Listen on ``host:port``; plain requests go to ``http``, upgrades to ``ws``.
+    """Listen on ``host:port`` (or on the Unix socket ``unix_path``, mode 0600, replacing a
+    stale one); plain requests go to ``http``, upgrades to ``ws``.
 
     ``subprotocols(request)`` names the subprotocols offered on that request's
     path (none by default: a client offering one then gets none back).
@@ -704,6 +760,10 @@ async def serve_http_ws(
         finally:
             await conn.close(1000, "")
 
-    server = await asyncio.start_server(on_connection, host, port, limit=MAX_HEAD_BYTES)
+    if unix_path:
+        server = await asyncio.start_unix_server(on_connection, unix_path, limit=MAX_HEAD_BYTES)
+        os.chmod(unix_path, 0o600)
+    else:
+        server = await asyncio.start_server(on_connection, host, port, limit=MAX_HEAD_BYTES)
     result.append(HttpWsServer(server, tasks, gate))
     return result[0]

@@ -136,7 +136,7 @@ class SessionRouteError(Exception):
     """A session route's answer that is no HTTP response, or too large."""
 
 
-async def _http_request(req: HttpRequest) -> tuple[int, bytes]:
+async def _http_request(req: HttpRequest, unix_socket: str = "") -> tuple[int, bytes]:
     """A minimal HTTP/1.1 client for session routes (no dependency for one POST).
 
     Bounded: the whole exchange within ``SESSION_TIMEOUT_S`` (else
@@ -147,7 +147,10 @@ async def _http_request(req: HttpRequest) -> tuple[int, bytes]:
     secure = u.scheme in ("https", "wss")
     port = u.port or (443 if secure else 80)
     async with asyncio.timeout(SESSION_TIMEOUT_S):
-        reader, writer = await asyncio.open_connection(u.hostname, port, ssl=secure or None)
+        if unix_socket:  # the embedded server's (``ProviderSettings.unix_socket``)
+            reader, writer = await asyncio.open_unix_connection(unix_socket)
+        else:
+            reader, writer = await asyncio.open_connection(u.hostname, port, ssl=secure or None)
         try:
             path = (u.path or "/") + (f"?{u.query}" if u.query else "")
             head = [f"{req.method} {path} HTTP/1.1", f"Host: {u.netloc}", "Connection: close"]
@@ -633,7 +636,7 @@ class _Connection:
     async def _connect(self) -> None:
         req = self.engine.session_request()
         if req is not None:
-            status, body = await _http_request(req)
+            status, body = await _http_request(req, self.pool.settings.unix_socket)
             self.engine.session_response(status, body, self.now())
             self.pump()
             if self.engine_failed:  # refused, or an answer with no usable URL: no connect
@@ -651,6 +654,7 @@ class _Connection:
             create_connection=functools.partial(  # type: ignore[arg-type]
                 _ProviderWebSocket, on_message=self._on_message
             ),
+            **({"unix": True, "path": unix} if (unix := self.pool.settings.unix_socket) else {}),
         )
         assert isinstance(self.ws, _ProviderWebSocket)
         self.ws.after_read = self._after_read

@@ -334,8 +334,10 @@ async def start_tts_server(
     engine: SynthEngine | str = "tone",
     options: ServerOptions | None = None,
     limits: SynthLimits | None = None,
+    unix_path: str = "",
 ) -> TtsServer:
-    """Start serving every available protocol; returns once listening.
+    """Start serving every available protocol; returns once listening (on ``unix_path``,
+    a Unix socket, if given: the daemon's embedded server).
 
     ``limits`` applies to an engine that runs on workers (any but ``tone``,
     whose jobs run inline).
@@ -393,12 +395,19 @@ async def start_tts_server(
         return handler
 
     http_server = await serve_http_ws(
-        host, port, http=http, ws=ws, subprotocols=subprotocols, max_message_bytes=1 << 20
+        host,
+        port,
+        http=http,
+        ws=ws,
+        subprotocols=subprotocols,
+        max_message_bytes=1 << 20,
+        unix_path=unix_path,
     )
     server = TtsServer(http_server, synth, by_path, workers)
     log.info(
         "ttsd.listening",
         port=server.port,
+        unix_socket=unix_path or None,
         engine=synth.name,
         paths=sorted(by_path),
         workers=workers.limits.workers if workers else 0,
@@ -412,8 +421,10 @@ class _UntilEof(asyncio.Protocol):
 
     def __init__(self, stop: asyncio.Event) -> None:
         self.stop = stop
+        self.ended = False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.ended = True
         self.stop.set()
 
 
@@ -456,8 +467,17 @@ def run_tts_server(
     limits: SynthLimits | None = None,
     nice: int = 0,
     cpus: frozenset[int] = frozenset(),
+    unix_path: str = "",
+    remove_socket_dir: bool = False,
 ) -> int:
     """The ``callbridge tts-server`` command: serve until SIGTERM/SIGINT.
+
+    ``unix_path``: listen on that Unix socket instead of ``listen`` (the daemon's
+    embedded server: in a private directory, so no other user can take its place);
+    ``port_file`` then gets the path instead of the port. The socket is removed at exit;
+    with ``remove_socket_dir``, when the exit is standard input's end (the daemon gone: it
+    restarts no child then, and may have died before removing it), its directory too if
+    nothing else is in it.
 
     ``exit_with_stdin``: also stop when standard input reaches its end. The
     daemon starts its embedded server with a pipe there and keeps the other
@@ -472,23 +492,30 @@ def run_tts_server(
         lower_priority(nice)
     if cpus:
         pin_cpus(cpus)
-    host, port = split_hostport(listen)
+    host, port = ("", 0) if unix_path else split_hostport(listen)
 
     async def main() -> None:
         opts = ServerOptions(api_keys=frozenset(api_keys))
-        server = await start_tts_server(host, port, engine, opts, limits)
+        server = await start_tts_server(host, port, engine, opts, limits, unix_path)
         if port_file:  # written whole, then renamed: a reader never sees it half-written
             tmp = Path(f"{port_file}.tmp")
-            tmp.write_text(f"{server.port}\n")
+            tmp.write_text(f"{unix_path or server.port}\n")
             tmp.replace(port_file)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        stdin = _UntilEof(stop)
         if exit_with_stdin:
-            await loop.connect_read_pipe(lambda: _UntilEof(stop), sys.stdin)
+            await loop.connect_read_pipe(lambda: stdin, sys.stdin)
         await stop.wait()
         await server.close()
+        if unix_path:
+            with contextlib.suppress(OSError):
+                os.unlink(unix_path)
+            if remove_socket_dir and stdin.ended:
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.dirname(unix_path))
 
     asyncio.run(main())
     return 0

@@ -91,8 +91,9 @@ class ProviderConfig:
         type_doc=", ".join(f"`{p}`" for p in PROTOCOLS),
     )  # fmt: skip
     url: str = setting(
-        doc='`embedded` starts `callbridge tts-server` as a supervised child on a free '
-        "loopback port",
+        doc="`embedded` starts `callbridge tts-server` as a supervised child on a Unix socket "
+        "in a private directory (`$RUNTIME_DIRECTORY` under systemd, else a 0700 temp "
+        "directory)",
         kind="str", required='a ws:// or wss:// URL, or "embedded"', check=_provider_url,
         type_doc='`ws(s)://...`, `http(s)://...` (zwst session route) or `"embedded"`',
     )  # fmt: skip

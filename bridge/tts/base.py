@@ -142,6 +142,8 @@ class ProviderSettings:
     voice: str = ""
     model: str = ""
     options: tuple[tuple[str, str | int | float | bool], ...] = ()
+    unix_socket: str = ""
+    """Connect over this Unix socket (the embedded server's) instead of to ``url``'s host."""
 
     def option(self, key: str, default: str | int | float | bool) -> str | int | float | bool:
         for k, v in self.options:

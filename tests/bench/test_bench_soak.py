@@ -40,3 +40,38 @@ def test_cdrs_barge_ins_and_digits_are_counted_by_route() -> None:
         "bargeins_by_route": {"long": {"speech": 1}},
         "provider_errors_by_route": {"long": 0, "ivr": 2},
     }
+
+
+def test_every_turn_a_fault_hit_is_classed_by_how_it_recovered() -> None:
+    from types import SimpleNamespace
+
+    from bench_soak import turn_fault_figures
+
+    proxy = SimpleNamespace(
+        fraction=0.5,
+        injected={"stall": 1, "drop": 1},
+        faulted=[("stall", "k1"), ("drop", "k2"), ("drop", "k3"), ("drop", "k4")],
+        collateral_untokened=1,
+        connections=2,
+        upstream_failures=0,
+    )
+    turns = {
+        "k1": ["turn.finished"],
+        "k2": ["provider.error", "turn.finished"],
+        "k3": ["turn.interrupted"],
+        "k4": ["turn.finished"],
+        "k5": ["turn.finished"],
+    }
+    events = [
+        {"event": "tts.failover", "turn_id": "k1", "provider": "flaky"},
+        {"event": "tts.fallback_prompt", "turn_id": "k2", "provider": "fast"},
+        {"event": "tts.failover", "turn_id": "k3", "provider": "flaky"},
+    ]
+    got = turn_fault_figures(SimpleNamespace(proxy=proxy, turns=turns), events)  # type: ignore[arg-type]
+    assert got["turns_hit"] == 4
+    assert got["turns_hit_by_kind"] == {
+        "stall": {"failed_over": 1},
+        "drop": {"fell_back": 1, "not_recovered": 1, "finished_unexplained": 1},
+    }
+    assert got["not_recovered"] == ["drop k3: ['turn.interrupted']"]
+    assert got["dyn_turns_finished_with_warmup"] == 4

@@ -42,13 +42,18 @@ async def _speak(pool: ProviderPool, turn_id: str) -> list[object]:
     return events
 
 
-def test_embedded_child_serves_and_is_restarted_on_the_same_port_after_it_dies() -> None:
+def test_embedded_child_serves_and_is_restarted_on_the_same_socket_after_it_dies() -> None:
     async def main() -> None:
         child = EmbeddedTts("tone")
         await child.start()
         try:
             settings = ProviderSettings(
-                "local", "kova", child.url("kova"), api_key=child.api_key, voice="tone"
+                "local",
+                "kova",
+                child.url("kova"),
+                api_key=child.api_key,
+                voice="tone",
+                unix_socket=child.socket_path,
             )
             pool = ProviderPool(settings)
             pool.backoff.base_s = 0.05
@@ -56,14 +61,14 @@ def test_embedded_child_serves_and_is_restarted_on_the_same_port_after_it_dies()
             first = await _speak(pool, "t1")
             assert isinstance(first[-1], TurnDone)
             assert child.proc is not None
-            old_pid, port = child.proc.pid, child.port
+            old_pid, path = child.proc.pid, child.socket_path
             os.kill(old_pid, signal.SIGKILL)  # the child crashes
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 30 * FACTOR
             while child.restarts < 1 or not any(c.engine.ready for c in pool.connections):
                 assert loop.time() < deadline, "the child was not restarted"
                 await asyncio.sleep(0.05)
-            assert child.proc.pid != old_pid and child.port == port
+            assert child.proc.pid != old_pid and child.socket_path == path
             again = await _speak(pool, "t2")
             assert any(isinstance(e, AudioReceived) for e in again)
             assert isinstance(again[-1], TurnDone)
@@ -155,7 +160,11 @@ def test_the_child_refuses_a_connection_without_its_secret(protocol: str) -> Non
             if protocol == "zwst":  # the session route, then the socket it names
                 url = url.removesuffix(PROTOCOL_PATHS["zwst"])
             for key, served in (("", False), ("not-the-secret", False), (child.api_key, True)):
-                pool = ProviderPool(ProviderSettings("p", protocol, url, api_key=key, voice="tone"))
+                pool = ProviderPool(
+                    ProviderSettings(
+                        "p", protocol, url, api_key=key, voice="tone", unix_socket=child.socket_path
+                    )
+                )
                 pool.backoff.base_s = 60.0  # one attempt: no reconnect during the turn
                 await pool.start(2 * FACTOR)
                 events = await _speak(pool, f"t-{served}")

@@ -225,6 +225,8 @@ class StreamCall:
         finally:
             if self.timer is not None:
                 self.timer.cancel()
+            if getattr(self.conn, "stalled", False) and self.call is not None:
+                self.call.leg_ended("carrier_stalled")  # cut off by WsConnection.guard_stall
             self.engine.connection_lost(self.now())
             with contextlib.suppress(Exception):
                 self.pump()

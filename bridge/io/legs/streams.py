@@ -74,6 +74,14 @@ TWIML_REPLAY_WINDOW_S = 86400.0
 """How long a CallSid that got a stream token is remembered (a replayed /twiml: 409)."""
 #: dialects that cannot add a header to their upgrade (stream_token may come in ``start``)
 TOKEN_IN_START = {"twilio", "plivo"}
+CARRIER_STALL_S = 10.0
+"""A carrier that reads nothing of ours for this long, once our unsent bytes pass
+``CARRIER_HIGH_WATER_BYTES``, is cut off (its call ends ``carrier_stalled``)."""
+CARRIER_HIGH_WATER_BYTES = 16 * 1024
+"""About a second of Twilio media messages, held unsent before the stall clock starts."""
+CARRIER_SNDBUF_BYTES = 64 * 1024
+"""The kernel's send buffer of a carrier socket (Linux doubles it): seconds of media,
+not the megabytes of autotuning, so a stall shows in seconds and costs little."""
 
 
 def _is_public(listen: str) -> bool:
@@ -378,6 +386,7 @@ class MediaStreamsLeg:
                 await conn.close(1013, "too many media streams")
                 return
             self.streams_open += 1
+            conn.guard_stall(CARRIER_STALL_S, CARRIER_HIGH_WATER_BYTES, CARRIER_SNDBUF_BYTES)
             try:
                 engine = cls(self.settings, route=request.query.get("route"))
                 loop = asyncio.get_running_loop()
