@@ -1,7 +1,7 @@
 /* The RTP socket's per-packet calls, without the socket module's per-call work.
  *
  * A SIP call's media tick reads one datagram from its RTP socket with the
- * kernel's arrival time and sends one (bridge/io/sip_leg.py, bridge/io/ticker.py).
+ * kernel's arrival time and sends one (bridge/io/legs/sip_call.py, bridge/io/ticker.py).
  * Through the socket module each of those parses its arguments, formats the
  * peer's address as text (``inet_ntop``, a ``sprintf`` in glibc), builds the
  * ancillary-data list, encodes the destination host (IDNA) and parses it back

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import websockets
 
-import bridge.io.streams_leg as streams_leg
+import bridge.io.legs.streams as streams_leg
 from bench.loadgen.tcp_faultrelay import TcpFaultRelay, TcpFaults
 
 from .harness import FACTOR, AppServer, Stack, TwilioCall, app_route, speech_mulaw, stack

@@ -153,6 +153,8 @@ def test_messages_sent_with_the_handshake_reach_the_engine_after_connection_made
             _connection_ended=lambda conn: None,
             placement=Placement(None, 1),
             arm_idle_close=lambda: None,
+            name="test",
+            settings=SimpleNamespace(unix_socket=""),
         )
         conn = _Connection(pool, engine)  # type: ignore[arg-type]
         await asyncio.wait_for(conn.run(), 10)
