@@ -55,7 +55,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 
 typecheck: venv
-	$(VENV)/bin/mypy --strict codecs/telcodec bridge/engine.py bridge/config.py bridge/sip bridge/rtp bridge/streams bridge/tts bridge/media bridge/ttsd bridge/control bridge/providers bridge/io/gcpolicy.py bridge/io/ticker.py bridge/io/callrun.py bridge/io/sip_call.py bridge/io/stream_call.py bridge/io/httpws.py
+	$(VENV)/bin/mypy --strict codecs/telcodec bridge/engine.py bridge/config.py bridge/sip bridge/rtp bridge/streams bridge/media bridge/ttsd bridge/control bridge/providers bridge/io/gcpolicy.py bridge/io/ticker.py bridge/io/callrun.py bridge/io/sip_call.py bridge/io/stream_call.py bridge/io/httpws.py
 
 unit: venv
 	$(PY) -m pytest -q -m "not slow and not peers"

@@ -99,8 +99,8 @@ from bridge.control import commands as cmd  # noqa: E402
 from bridge.io.gcpolicy import ReleaseWatch  # noqa: E402
 from bridge.logs import configure  # noqa: E402
 from bridge.media.bargein import BargeInPolicy  # noqa: E402
+from bridge.providers.base import AudioFormat, AudioReceived, TurnDone  # noqa: E402
 from bridge.rtp.packet import RTP_FIXED_HEADER  # noqa: E402
-from bridge.tts.base import AudioFormat, AudioReceived, TurnDone  # noqa: E402
 from telcodec import g711  # noqa: E402
 
 FRAME_S = 0.020

@@ -464,7 +464,7 @@ _CATEGORIES = (
         "media (rtp, bridge, ticker, codecs)",
         ("bridge/rtp/", "bridge/media/", "bridge/io/ticker.py", "telcodec/"),
     ),
-    ("tts client", ("bridge/io/tts_client.py", "bridge/tts/")),
+    ("tts client", ("bridge/io/tts_client.py", "bridge/providers/")),
     ("logs and metrics", ("bridge/logs.py", "bridge/metrics.py")),
 )
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import ipaddress
 import math
 import os
@@ -34,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from bridge.media.bargein import BargeInPolicy
+from bridge.providers import registry
+from bridge.providers.base import OptionType
 from bridge.sip.uri import outbound_target
-from bridge.tts.base import OptionType
 
 __all__ = [
     "PROTOCOLS",
@@ -782,8 +782,7 @@ def _protocol_options(protocol: str) -> dict[str, OptionType] | None:
     place they are written); ``None`` for an unknown protocol (already an error)."""
     if protocol not in PROTOCOLS:
         return None
-    options: dict[str, OptionType] = importlib.import_module(f"bridge.tts.{protocol}").OPTIONS
-    return options
+    return registry.protocol_options(protocol)
 
 
 def _option_problem(kind: OptionType, v: object) -> str | None:

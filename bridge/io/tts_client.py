@@ -1,4 +1,4 @@
-"""Provider connections: the asyncio shell around the ``bridge/tts/<protocol>.py`` engines.
+"""Provider connections: the asyncio shell around the ``bridge/providers/<p>/client.py`` engines.
 
 ``ProviderPool`` (one per configured provider) owns the WebSocket connections
 to that provider. It keeps a warm connection open before the first call (time
@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import fcntl
 import functools
-import importlib
 import random
 import socket
 import termios
@@ -40,16 +39,8 @@ from websockets.protocol import State
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes, SendText
 from bridge.logs import get_logger
-from bridge.providers.first_audio import FIRST_AUDIO_TIMEOUT_KIND, FirstAudioDeadlines
-from bridge.providers.prompts import (
-    Flight,
-    PromptCache,
-    PromptKey,
-    TurnFellBack,
-    Waiter,
-    provider_identity,
-)
-from bridge.tts.base import (
+from bridge.providers import registry
+from bridge.providers.base import (
     MULAW_8K,
     AudioFormat,
     AudioPiece,
@@ -66,6 +57,15 @@ from bridge.tts.base import (
     WordsPiece,
     WordsTimed,
     WordTiming,
+)
+from bridge.providers.first_audio import FIRST_AUDIO_TIMEOUT_KIND, FirstAudioDeadlines
+from bridge.providers.prompts import (
+    Flight,
+    PromptCache,
+    PromptKey,
+    TurnFellBack,
+    Waiter,
+    provider_identity,
 )
 
 __all__ = [
@@ -144,9 +144,7 @@ audio over ~2 s of backlog and closes a slow reader with 1008): never paused."""
 
 
 def engine_class(protocol: str) -> type[TtsProtocol]:
-    mod = importlib.import_module(f"bridge.tts.{protocol}")
-    cls: type[TtsProtocol] = mod.ENGINE
-    return cls
+    return registry.engine_class(protocol)
 
 
 PoolKey = tuple[Any, ...] | None
@@ -159,7 +157,7 @@ def _pooling(protocol: str) -> tuple[Any, Any] | None:
     module exposes ``pool_key(settings, turn)`` and ``settings_for(settings,
     voice, format)``, and the pool keeps separate connections per key.
     """
-    mod = importlib.import_module(f"bridge.tts.{protocol}")
+    mod = registry.client_module(protocol)
     if hasattr(mod, "pool_key") and hasattr(mod, "settings_for"):
         return mod.pool_key, mod.settings_for
     return None

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from bridge.engine import Action, Event
-from bridge.tts.base import AudioFormat, AudioPiece, AudioReceived, TurnPiece, WordsTimed
+from bridge.providers.base import AudioFormat, AudioPiece, AudioReceived, TurnPiece, WordsTimed
 
 __all__ = ["AudioTaking"]
 

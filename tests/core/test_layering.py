@@ -1,10 +1,14 @@
 """The sans-I/O rule, enforced: only bridge/io/ and bridge/cli.py touch asyncio,
-sockets, clocks and websockets; telcodec never imports bridge."""
+sockets, clocks and websockets; telcodec never imports bridge; a provider protocol's
+modules are reached from outside ``bridge/providers/`` only through its registry."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+from bridge.providers.registry import PROTOCOLS
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = {"asyncio", "socket", "time", "websockets", "uvloop"}
@@ -59,6 +63,78 @@ def test_daemon_never_imports_piper() -> None:
         if "piper" in _top(_imports(p)) and p.relative_to(ROOT).as_posix() not in allowed
     ]
     assert offenders == []
+
+
+def _provider_references(path: Path) -> set[str]:
+    """Every name of a protocol package ``path`` imports or spells as a module string.
+
+    Imports anywhere in the file count (inside functions, under ``TYPE_CHECKING``),
+    and so does a string such as ``"bridge.providers.kova.client"`` or an f-string
+    starting ``"bridge.providers."`` (an ``importlib`` call around the registry).
+    """
+    protocol = re.compile(rf"^bridge\.providers\.({'|'.join(PROTOCOLS)})(\.|$)")
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value]
+        elif isinstance(node, ast.JoinedStr) and node.values:
+            head = node.values[0]
+            if isinstance(head, ast.Constant) and str(head.value).startswith("bridge.providers."):
+                found.add(str(head.value) + "{...}")
+        found.update(n for n in names if protocol.match(n))
+    return found
+
+
+def test_only_the_registry_reaches_a_provider_protocol() -> None:
+    """No module outside ``bridge/providers/`` names a protocol's package: the daemon,
+    the config reader and the tts-server go through ``bridge.providers.registry``."""
+    offenders = {}
+    for path in sorted((ROOT / "bridge").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("bridge/providers/"):
+            continue
+        found = _provider_references(path)
+        if found:
+            offenders[rel] = sorted(found)
+    assert offenders == {}
+
+
+def test_the_registry_lists_every_protocol_package() -> None:
+    packages = sorted(
+        p.name for p in (ROOT / "bridge/providers").iterdir() if (p / "__init__.py").exists()
+    )
+    assert packages == sorted(PROTOCOLS)
+    for name in packages:
+        assert {"client.py", "server.py"} <= {
+            f.name for f in (ROOT / "bridge/providers" / name).iterdir()
+        }
+
+
+def test_the_provider_guard_catches_a_violation(tmp_path: Path) -> None:
+    bad = tmp_path / "leg.py"
+    bad.write_text(
+        "import importlib\n"
+        "from bridge.providers.kova.client import ENGINE\n"
+        "from bridge.providers import zwst\n"
+        "def f(p):\n"
+        "    import bridge.providers.coda.wire\n"
+        "    return importlib.import_module(f'bridge.providers.{p}.client')\n"
+        "X = 'bridge.providers.kletso.server'\n"
+        "OK = 'bridge.providers.registry'\n"
+    )
+    assert _provider_references(bad) == {
+        "bridge.providers.kova.client",
+        "bridge.providers.kova.client.ENGINE",
+        "bridge.providers.zwst",
+        "bridge.providers.coda.wire",
+        "bridge.providers.{...}",
+        "bridge.providers.kletso.server",
+    }
 
 
 def test_the_guard_catches_a_violation(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from bridge.engine import Event, LocalProtocolError
 from bridge.io.tts_client import Speaker
-from bridge.tts.base import MULAW_8K, ProviderSettings, TurnFailed, TurnSettings
+from bridge.providers.base import MULAW_8K, ProviderSettings, TurnFailed, TurnSettings
 
 
 class _Handle:

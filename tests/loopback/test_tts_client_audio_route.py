@@ -21,7 +21,7 @@ from provider_socket import open_provider_socket
 
 from bridge.engine import Event
 from bridge.io.tts_client import PromptCache, ProviderPool, Speaker, _Connection
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioReceived,
     ProviderSettings,

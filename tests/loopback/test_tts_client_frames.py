@@ -23,7 +23,7 @@ from websockets.utils import accept_key
 
 from bridge.engine import Action, Event
 from bridge.io.tts_client import _Connection, _ProviderWebSocket
-from bridge.tts.base import ConnectParams
+from bridge.providers.base import ConnectParams
 
 
 def open_socket(messages: list[str | bytes]) -> _ProviderWebSocket:

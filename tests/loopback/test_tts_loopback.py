@@ -18,7 +18,7 @@ from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
 from bridge.io.tts_client import PromptCache, ProviderPool, Speaker, _Connection
 from bridge.io.ttsd_server import TtsServer, start_tts_server
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     PCM_8K,
     AudioFormat,
@@ -387,7 +387,7 @@ def test_a_connection_with_a_turn_or_recently_idle_is_not_closed() -> None:
 def test_kletso_voice_session_answers_caller_audio_and_is_interrupted() -> None:
     import numpy as np
 
-    from bridge.tts.kletso import VoiceEnded, VoiceInterrupted, VoiceStarted
+    from bridge.providers.kletso.client import VoiceEnded, VoiceInterrupted, VoiceStarted
 
     def speech_24k(seconds: float) -> bytes:
         t = np.arange(int(24000 * seconds)) / 24000
@@ -465,7 +465,7 @@ def test_zwst_slow_reader_is_closed_with_1008() -> None:
     from websockets.uri import parse_uri
 
     from bridge.io.tts_client import _http_request
-    from bridge.tts.base import HttpRequest
+    from bridge.providers.base import HttpRequest
 
     async def body(server: TtsServer) -> None:
         props = {"voice_id": "tone", "format": "pcm_s16le", "sample_rate": 24000}

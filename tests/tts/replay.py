@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 
 from bridge.engine import Action, CloseConnection, Event, SendBytes, SendText
-from bridge.tts.base import AudioReceived, WordsTimed, WordTiming
-from bridge.ttsd.base import Synthesize
+from bridge.providers.base import AudioReceived, WordsTimed, WordTiming
+from bridge.providers.server_base import Synthesize
 
 Line = dict[str, Any]
 Command = Callable[[Any, float], object]

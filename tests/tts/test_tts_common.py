@@ -1,4 +1,4 @@
-"""The pure helpers the provider clients share (bridge.tts.common)."""
+"""The pure helpers the provider clients share (bridge.providers.client_common)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.engine import CloseConnection, Outbox, SendText
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioReceived,
     ProviderFailed,
@@ -20,7 +20,7 @@ from bridge.tts.base import (
     TurnStarted,
     WordTiming,
 )
-from bridge.tts.common import (
+from bridge.providers.client_common import (
     TimingsWording,
     b64decode_fast,
     bearer_headers,
@@ -30,7 +30,7 @@ from bridge.tts.common import (
     parallel_word_timings,
     scrub_secret,
 )
-from bridge.tts.taking import AudioTaking
+from bridge.providers.taking import AudioTaking
 
 WORDING = TimingsWording("not arrays", "lengths differ", "bad entry")
 
@@ -108,7 +108,7 @@ def test_scrub_secret() -> None:
 
 @pytest.mark.parametrize("protocol", ["coda", "kletso", "kova", "kugelaudio", "zwst"])
 def test_every_client_fails_the_connection_on_json_too_deep_to_parse(protocol: str) -> None:
-    engine_cls = importlib.import_module(f"bridge.tts.{protocol}").ENGINE
+    engine_cls = importlib.import_module(f"bridge.providers.{protocol}.client").ENGINE
     engine = engine_cls(
         ProviderSettings(
             name="deep",

@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, SendText
-from bridge.tts.base import (
+from bridge.providers.base import (
     AudioFormat,
     ConnectionReady,
     ConnectParams,
@@ -87,14 +87,14 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.common import (
+from bridge.providers.client_common import (
     b64decode_fast,
     bearer_headers,
     json_object,
     non_negative_seconds,
     scrub_secret,
 )
-from bridge.tts.taking import AudioTaking
+from bridge.providers.taking import AudioTaking
 
 __all__ = [
     "DEFAULT_URL",

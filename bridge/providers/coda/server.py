@@ -59,8 +59,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bridge.engine import CloseConnection, Outbox, SendText
-from bridge.tts.base import WordTiming
-from bridge.tts.coda import (
+from bridge.providers.base import WordTiming
+from bridge.providers.client_common import json_object
+from bridge.providers.coda.client import (
     MAX_CONTEXT_ID_BYTES,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
@@ -70,9 +71,8 @@ from bridge.tts.coda import (
     dump_message,
     format_duration,
 )
-from bridge.tts.common import json_object
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.common import byte_chunks, encode_pcm, offset_words, whole_samples
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.providers.server_common import byte_chunks, encode_pcm, offset_words, whole_samples
 
 __all__ = [
     "PATHS",

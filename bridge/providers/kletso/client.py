@@ -78,7 +78,7 @@ from bridge.engine import (
     SendBytes,
     SendText,
 )
-from bridge.tts.base import (
+from bridge.providers.base import (
     AudioFormat,
     ConnectionReady,
     ConnectParams,
@@ -96,8 +96,8 @@ from bridge.tts.base import (
     VoiceInterrupted,
     VoiceUsage,
 )
-from bridge.tts.common import bearer_headers, scrub_secret
-from bridge.tts.taking import AudioTaking
+from bridge.providers.client_common import bearer_headers, scrub_secret
+from bridge.providers.taking import AudioTaking
 
 __all__ = [
     "ENGINE",

@@ -56,9 +56,9 @@ from typing import ClassVar, Final, Literal
 import numpy as np
 
 from bridge.engine import CloseConnection, Outbox, SendBytes, SendText
-from bridge.tts.base import WordTiming
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.common import byte_chunks, whole_samples
+from bridge.providers.base import WordTiming
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.providers.server_common import byte_chunks, whole_samples
 
 __all__ = ["PATHS", "SESSION", "EnergyDetector", "KletsoServerSession"]
 

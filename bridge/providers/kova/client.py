@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, SendText
-from bridge.tts.base import (
+from bridge.providers.base import (
     AudioEncoding,
     AudioFormat,
     AudioPiece,
@@ -84,7 +84,7 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.common import (
+from bridge.providers.client_common import (
     TimingsWording,
     b64decode_fast,
     bearer_headers,

@@ -49,10 +49,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from bridge.engine import CloseConnection, Outbox, SendText
-from bridge.tts.base import WordTiming
-from bridge.tts.common import non_negative_seconds
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.common import byte_chunks, encode_pcm, timing_arrays, whole_samples
+from bridge.providers.base import WordTiming
+from bridge.providers.client_common import non_negative_seconds
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.providers.server_common import byte_chunks, encode_pcm, timing_arrays, whole_samples
 
 __all__ = ["PATHS", "SESSION", "KovaServerSession"]
 

@@ -72,7 +72,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from bridge.engine import CloseConnection, LocalProtocolError, Outbox, SendText
-from bridge.tts.base import (
+from bridge.providers.base import (
     AudioEncoding,
     AudioFormat,
     ConnectionReady,
@@ -89,8 +89,8 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.common import b64decode_fast, json_object, scrub_secret
-from bridge.tts.taking import AudioTaking
+from bridge.providers.client_common import b64decode_fast, json_object, scrub_secret
+from bridge.providers.taking import AudioTaking
 
 __all__ = ["ENGINE", "KugelAudioProtocol", "TurnState"]
 

@@ -47,10 +47,10 @@ from enum import Enum
 from typing import Any, ClassVar
 
 from bridge.engine import CloseConnection, Outbox, SendText
-from bridge.tts.base import WordTiming
-from bridge.tts.common import json_object
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.common import byte_chunks, whole_samples
+from bridge.providers.base import WordTiming
+from bridge.providers.client_common import json_object
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.providers.server_common import byte_chunks, whole_samples
 
 __all__ = ["PATHS", "SESSION", "KugelAudioServerSession"]
 

@@ -78,7 +78,7 @@ from typing import ClassVar, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, SendText
-from bridge.tts.base import (
+from bridge.providers.base import (
     AudioEncoding,
     AudioFormat,
     ConnectionReady,
@@ -95,14 +95,14 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.common import (
+from bridge.providers.client_common import (
     TimingsWording,
     bearer_headers,
     json_text,
     parallel_word_timings,
     scrub_secret,
 )
-from bridge.tts.taking import AudioTaking
+from bridge.providers.taking import AudioTaking
 
 __all__ = [
     "ENGINE",
@@ -168,7 +168,7 @@ class AudioFrameHeader:
 
 
 def pack_frame_header(header: AudioFrameHeader, byte_order: ByteOrder = "big") -> bytes:
-    """Serialize a header (shared with ``bridge.ttsd.zwst``)."""
+    """Serialize a header (shared with ``bridge.providers.zwst.server``)."""
     flags = FLAG_FINAL if header.final else 0
     return _HEADER_FORMATS[byte_order].pack(
         header.version, flags, header.context_ordinal, header.sequence, header.pts_ms

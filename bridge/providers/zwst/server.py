@@ -37,7 +37,7 @@ the slot immediately rather than waiting for a timeout").
 
 Binary frame header: version 1, flags (bit 0 final), uint16 ordinal, uint32
 sequence, uint32 presentation timestamp in ms, in network byte order (the
-seed does not state it; ``bridge.tts.zwst`` explains and verifies it).
+seed does not state it; ``bridge.providers.zwst.client`` explains and verifies it).
 
 The outbound queue is bounded at about two seconds of audio: the shell
 reports its send backlog with ``transport_backlog(bytes_queued, now)``; while
@@ -66,8 +66,10 @@ from typing import ClassVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from bridge.engine import Action, CloseConnection, SendBytes, SendText
-from bridge.tts.base import WordTiming
-from bridge.tts.zwst import (
+from bridge.providers.base import WordTiming
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.providers.server_common import byte_chunks, timing_arrays
+from bridge.providers.zwst.client import (
     CLOSE_POLICY_VIOLATION,
     CLOSE_SEGMENT_TOO_LONG,
     FRAME_VERSION,
@@ -79,8 +81,6 @@ from bridge.tts.zwst import (
     AudioFrameHeader,
     pack_frame_header,
 )
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.common import byte_chunks, timing_arrays
 
 __all__ = [
     "PATHS",

@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 
 from bridge.engine import Action, CloseConnection, SendText
-from bridge.tts.base import WordTiming
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.coda import (
+from bridge.providers.base import WordTiming
+from bridge.providers.coda.server import (
     PATHS,
     SESSION,
     CodaServerSession,
     SUBcodaCOLS,
     select_subprotocol,
 )
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
 from telcodec import g711
 
 KEY = "server-key-1"

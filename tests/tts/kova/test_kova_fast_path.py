@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.engine import Action, Event
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioFormat,
     AudioReceived,
@@ -27,7 +27,7 @@ from bridge.tts.base import (
     TurnSettings,
     WordTiming,
 )
-from bridge.tts.kova import KovaProtocol
+from bridge.providers.kova.client import KovaProtocol
 
 PCM_24K = AudioFormat("pcm_s16le", 24000)
 
@@ -82,7 +82,7 @@ def test_compact_audio_frames_do_not_need_the_json_parser(
     def no_json(text: str) -> object:
         raise AssertionError("the compact audio_chunk frame went through json.loads")
 
-    monkeypatch.setattr("bridge.tts.kova.json.loads", no_json)
+    monkeypatch.setattr("bridge.providers.kova.client.json.loads", no_json)
     engine.receive_text(compact(audio(b"\x01\x02\x03")), 1.0)
     assert engine.events_received() == [AudioReceived("t1", b"\x01\x02\x03", MULAW_8K)]
     assert engine.next_deadline() == 1.0 + 10.0  # the flushed context's reply timeout moved
