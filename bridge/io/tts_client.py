@@ -43,7 +43,6 @@ from bridge.providers import registry
 from bridge.providers.base import (
     MULAW_8K,
     AudioFormat,
-    AudioPiece,
     AudioReceived,
     ConnectionReady,
     HttpRequest,
@@ -54,7 +53,6 @@ from bridge.providers.base import (
     TurnFailed,
     TurnSettings,
     UsageReported,
-    WordsPiece,
     WordsTimed,
     WordTiming,
 )
@@ -85,7 +83,7 @@ _INQ = array("i", [0])
 
 Sink = Callable[[Event], None]
 AudioSink = Callable[[bytes, AudioFormat], None]
-"""A turn's audio, straight from the engine (``receive_*_fast``): no event object, no drain."""
+"""A turn's audio, handed on from the engine's ``AudioReceived`` without a retagged event."""
 WordsSink = Callable[[tuple[WordTiming, ...]], None]
 """A turn's word timings, straight from the engine, likewise."""
 
@@ -662,14 +660,9 @@ class _Connection:
             ws.after_read = None
 
     def _on_message(self, msg: str | bytes) -> None:
-        """One provider message, as websockets parsed it (``_ProviderWebSocket``).
-
-        The bulk of a turn, a plain audio message, comes back from the engine
-        as ``(turn_id, audio, format)`` and goes straight to the turn's audio
-        sink: no event object, no drain, no timer (its reply deadline only
-        moved later: the timer fires early and re-arms). Anything else is
-        pumped the engine-contract way.
-        """
+        """One provider message, as websockets parsed it (``_ProviderWebSocket``):
+        through the engine's ``receive_*``, then pumped (a turn's audio and word
+        timings go straight to its audio and words sinks, ``_dispatch``)."""
         if self.early is not None:
             self.early.append(msg)
             return
@@ -677,23 +670,10 @@ class _Connection:
             return
         now = self.loop.time()
         if isinstance(msg, str):
-            piece = self.engine.receive_text_fast(msg, now)
+            self.engine.receive_text(msg, now)
         else:
-            piece = self.engine.receive_bytes_fast(msg, now)
-        if piece is None:
-            self.pump()
-            self._after_message()
-            return
-        watch = self.watches.get(piece[0]) if self.watches else None
-        if watch is not None:
-            if len(piece) == 3:
-                watch.progress(now, piece[1], piece[2])
-            else:
-                watch.progress(now, None, None)
-        if len(piece) == 3:
-            self._audio(piece)
-        else:
-            self._words(piece)
+            self.engine.receive_bytes(msg, now)
+        self.pump()
         self._after_message()
 
     def _after_message(self) -> None:
@@ -765,29 +745,6 @@ class _Connection:
         log.warning("tts.turn_timeout", provider=self.pool.name, detail=message)
         if sink is not None:
             sink(TurnFailed(wire_id, "timeout", message, retryable=True))
-
-    def _audio(self, piece: AudioPiece) -> None:
-        turn_id, audio, audio_format = piece
-        if self.dry_watches:
-            self._dry_audio(turn_id)
-        audio_sink = self.audio_sinks.get(turn_id)
-        if audio_sink is not None:
-            clocks = self.clocks
-            if clocks:  # turns have clocks only with flow control on
-                clock = clocks.get(turn_id)
-                if clock is not None:
-                    clock.add(len(audio), audio_format, self.loop.time())
-            audio_sink(audio, audio_format)
-        else:  # counted by _dispatch
-            self._dispatch(AudioReceived(turn_id, audio, audio_format))
-
-    def _words(self, piece: WordsPiece) -> None:
-        turn_id, words = piece
-        words_sink = self.words_sinks.get(turn_id)
-        if words_sink is not None:
-            words_sink(words)
-        else:
-            self._dispatch(WordsTimed(turn_id, words))
 
     def drop_turn(self, wire_id: str) -> Sink | None:
         """Forget a turn's sinks (it ended, failed or was cancelled); its event sink."""
@@ -949,6 +906,16 @@ class _Connection:
                 if clock is not None:
                     audio: AudioReceived = event  # type: ignore[assignment]
                     clock.add(len(audio.audio), audio.audio_format, self.loop.time())
+            if cls is AudioReceived:
+                audio_sink = self.audio_sinks.get(event.turn_id)  # type: ignore[attr-defined]
+                if audio_sink is not None:
+                    audio_sink(event.audio, event.audio_format)  # type: ignore[attr-defined]
+                    return
+            else:
+                words_sink = self.words_sinks.get(event.turn_id)  # type: ignore[attr-defined]
+                if words_sink is not None:
+                    words_sink(event.words)  # type: ignore[attr-defined]
+                    return
             sink = self.sinks.get(event.turn_id)  # type: ignore[attr-defined]
             if sink is not None:
                 sink(event)

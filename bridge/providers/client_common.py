@@ -31,9 +31,7 @@ Rules: no I/O, no clock, no state; nothing here raises on remote input
 except ``parallel_word_timings``, and only the exception class it is given.
 
 Compiled with mypyc (``bridge/native.py``): the Kova engine, compiled too,
-calls these for every frame. ``AudioTaking``, the mixin the other engines
-share, lives apart in ``bridge/providers/taking.py``: those engines inherit from it
-and from ``Outbox``, and a class cannot have two compiled bases.
+calls these for every frame.
 """
 
 from __future__ import annotations

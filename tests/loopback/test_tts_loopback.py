@@ -101,16 +101,18 @@ def test_full_turn(protocol: str, fmt: AudioFormat) -> None:
 def test_plain_audio_messages_go_straight_to_the_turn(
     protocol: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every protocol's audio messages come back from the engine (``receive_*_fast``)
-    and reach the turn without an event queue or a drain (``_Connection._audio``)."""
+    """Every protocol's audio messages come out of the engine's one receive contract
+    as ``AudioReceived`` and reach the turn, all of them and in order, through the
+    connection's dispatch (``_Connection._dispatch``)."""
     direct: list[int] = []
-    route = _Connection._audio
+    route = _Connection._dispatch
 
-    def counted(conn: _Connection, piece: tuple[str, bytes, AudioFormat]) -> None:
-        direct.append(len(piece[1]))
-        route(conn, piece)
+    def counted(conn: _Connection, event: Event) -> None:
+        if isinstance(event, AudioReceived):
+            direct.append(len(event.audio))
+        route(conn, event)
 
-    monkeypatch.setattr(_Connection, "_audio", counted)
+    monkeypatch.setattr(_Connection, "_dispatch", counted)
 
     async def body(server: TtsServer) -> None:
         pool = ProviderPool(_settings(server, protocol))

@@ -80,6 +80,7 @@ from bridge.engine import (
 )
 from bridge.providers.base import (
     AudioFormat,
+    AudioReceived,
     ConnectionReady,
     ConnectParams,
     HttpRequest,
@@ -97,7 +98,6 @@ from bridge.providers.base import (
     VoiceUsage,
 )
 from bridge.providers.client_common import bearer_headers, scrub_secret
-from bridge.providers.taking import AudioTaking
 
 __all__ = [
     "ENGINE",
@@ -217,7 +217,7 @@ class _Reply:
 Handler = Callable[["KletsoProtocol", JsonObject, float], None]
 
 
-class KletsoProtocol(AudioTaking, Outbox):
+class KletsoProtocol(Outbox):
     """Client side of Kletso's voice frames (see the module docstring).
 
     After every call, drain ``actions_to_send()`` (``SendText``, ``SendBytes``,
@@ -497,7 +497,7 @@ class KletsoProtocol(AudioTaking, Outbox):
             self._start_reply(None, now)
         reply = self._reply
         if reply is not None and reply.live:
-            self._report_audio(reply.turn_id, data[1:], PCM_24K)
+            self._events.append(AudioReceived(reply.turn_id, data[1:], PCM_24K))
 
     # ------------------------------------------------------- frame handlers
 

@@ -75,6 +75,7 @@ from bridge.engine import CloseConnection, LocalProtocolError, Outbox, SendText
 from bridge.providers.base import (
     AudioEncoding,
     AudioFormat,
+    AudioReceived,
     ConnectionReady,
     ConnectParams,
     HttpRequest,
@@ -90,7 +91,6 @@ from bridge.providers.base import (
     WordTiming,
 )
 from bridge.providers.client_common import b64decode_fast, json_object, scrub_secret
-from bridge.providers.taking import AudioTaking
 
 __all__ = ["ENGINE", "KugelAudioProtocol", "TurnState"]
 
@@ -184,7 +184,7 @@ class _Turn:
     cancel_deadline: float = 0.0
 
 
-class KugelAudioProtocol(AudioTaking, Outbox):
+class KugelAudioProtocol(Outbox):
     """One ``/ws/tts/stream`` connection, as a sans-I/O engine (see module docstring).
 
     Engine-only options of ``[providers.NAME]`` (never sent): ``idle_flush_s``
@@ -411,7 +411,7 @@ class KugelAudioProtocol(AudioTaking, Outbox):
         turn.chunk_start_s.setdefault(chunk_id, turn.session_audio_s)
         turn.session_audio_s += len(data) / audio_format.bytes_per_sample / rate_hz
         if data:
-            self._report_audio(turn.turn_id, data, audio_format)
+            self._events.append(AudioReceived(turn.turn_id, data, audio_format))
 
     def _on_word_timestamps(self, frame: dict[str, Any], now: float) -> None:
         turn = self._live_turn(now)

@@ -31,8 +31,9 @@ import tts_replay
 
 from bridge.engine import Action, CloseConnection, Event, SendText
 from bridge.providers.base import AudioFormat, ProviderSettings, TurnSettings
-from bridge.providers.coda.client import SUBPROTOCOL, CodaProtocol
+from bridge.providers.coda.client import CodaProtocol
 from bridge.providers.coda.server import PATHS, CodaServerSession, select_subprotocol
+from bridge.providers.coda.wire import SUBPROTOCOL
 from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
 
 FIXTURES = Path(__file__).parent / "fixtures"

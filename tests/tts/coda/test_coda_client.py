@@ -22,12 +22,11 @@ from bridge.providers.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.providers.coda.client import (
-    ENGINE,
+from bridge.providers.coda.client import ENGINE, CodaProtocol
+from bridge.providers.coda.wire import (
     MAX_CONTEXT_ID_BYTES,
     MAX_MESSAGE_BYTES,
     SUBPROTOCOL,
-    CodaProtocol,
     format_duration,
     parse_duration_s,
     split_text,

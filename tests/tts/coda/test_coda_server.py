@@ -14,8 +14,8 @@ from bridge.providers.base import WordTiming
 from bridge.providers.coda.server import (
     PATHS,
     SESSION,
+    SUBPROTOCOLS,
     CodaServerSession,
-    SUBcodaCOLS,
     select_subprotocol,
 )
 from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
@@ -81,7 +81,7 @@ def test_module_attributes() -> None:
     assert SESSION is CodaServerSession
     assert CodaServerSession.protocol_name == "coda"
     assert PATHS == ("/ws", "/v1/ws/coda")
-    assert SUBcodaCOLS == ("rime.v1.json",)
+    assert SUBPROTOCOLS == ("rime.v1.json",)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,6 @@ import pytest
 from bridge.engine import Action, CloseConnection, SendBytes, SendText
 from bridge.providers.base import WordTiming
 from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.providers.zwst.client import AudioFrameHeader, unpack_frame_header
 from bridge.providers.zwst.server import (
     CONTEXT_IDLE_TIMEOUT_S,
     MAX_TEXT_CHARS,
@@ -23,6 +22,7 @@ from bridge.providers.zwst.server import (
     handle_session_request,
     split_segments,
 )
+from bridge.providers.zwst.wire import AudioFrameHeader, unpack_frame_header
 
 OPTIONS = ServerOptions(voices=frozenset({"maichi", "joe"}), default_voice="maichi", max_contexts=2)
 RATE = 8000
