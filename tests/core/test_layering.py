@@ -110,9 +110,44 @@ def test_the_registry_lists_every_protocol_package() -> None:
     )
     assert packages == sorted(PROTOCOLS)
     for name in packages:
-        assert {"client.py", "server.py"} <= {
+        assert {"wire.py", "client.py", "server.py"} <= {
             f.name for f in (ROOT / "bridge/providers" / name).iterdir()
         }
+
+
+def _wire_problems(directory: Path, name: str) -> list[str]:
+    """What breaks "written once" in the protocol package at ``directory``: a side that
+    does not import its ``wire.py``, or one that imports the other side."""
+    package = f"bridge.providers.{name}"
+    problems = []
+    for side, other in (("client", "server"), ("server", "client")):
+        found = _provider_references(directory / f"{side}.py")
+        if not any(n == f"{package}.wire" or n.startswith(f"{package}.wire.") for n in found):
+            problems.append(f"{name}/{side}.py does not import {package}.wire")
+        if any(n == f"{package}.{other}" or n.startswith(f"{package}.{other}.") for n in found):
+            problems.append(f"{name}/{side}.py imports {package}.{other}")
+    return problems
+
+
+def test_each_protocol_writes_its_wire_vocabulary_once() -> None:
+    """``providers/<p>/wire.py`` is imported by both that protocol's client engine and its
+    tts-server session, and neither side imports the other: what both write is in
+    ``wire.py``, nowhere else."""
+    problems = [
+        problem
+        for name in PROTOCOLS
+        for problem in _wire_problems(ROOT / "bridge/providers" / name, name)
+    ]
+    assert problems == []
+
+
+def test_the_wire_guard_catches_a_violation(tmp_path: Path) -> None:
+    (tmp_path / "client.py").write_text("from bridge.providers.kova import wire\n")
+    (tmp_path / "server.py").write_text("from bridge.providers.kova.client import DEFAULT_FORMAT\n")
+    assert _wire_problems(tmp_path, "kova") == [
+        "kova/server.py does not import bridge.providers.kova.wire",
+        "kova/server.py imports bridge.providers.kova.client",
+    ]
 
 
 def test_the_provider_guard_catches_a_violation(tmp_path: Path) -> None:
