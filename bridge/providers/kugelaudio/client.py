@@ -64,7 +64,6 @@ Rules that keep this module honest:
 from __future__ import annotations
 
 import base64
-import json
 import logging
 from dataclasses import dataclass, field
 from enum import Enum
@@ -600,7 +599,7 @@ class KugelAudioProtocol(Outbox):
         self._close_deadline = None
 
     def _send(self, message: dict[str, object]) -> None:
-        self._actions.append(SendText(json.dumps(message, separators=(",", ":"))))
+        self._actions.append(SendText(wire.dump(message)))
 
     def _redact(self, text: str) -> str:
         return scrub_secret(text, self._settings.api_key)

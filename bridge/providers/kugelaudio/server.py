@@ -37,7 +37,6 @@ Rules that keep this module honest:
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import re
 from collections import deque
@@ -596,7 +595,7 @@ class KugelAudioServerSession(Outbox):
         self._send({wire.ERROR: str(exc), wire.ERROR_CODE: exc.error_code, "code": exc.code})
 
     def _send(self, message: dict[str, object]) -> None:
-        self._actions.append(SendText(json.dumps(message, separators=(",", ":"))))
+        self._actions.append(SendText(wire.dump(message)))
 
 
 def _as_int(value: object) -> int:

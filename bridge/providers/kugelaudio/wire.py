@@ -15,6 +15,7 @@ Pure: no I/O, no state.
 
 from __future__ import annotations
 
+import json
 from typing import Final
 
 PATH: Final = "/ws/tts/stream"
@@ -31,6 +32,11 @@ UPDATABLE_FIELDS: Final = (
 server echoes them."""
 CLOSE_PROTOCOL_ERROR: Final = 1002
 CLOSE_POLICY_VIOLATION: Final = 1008
+
+
+def dump(message: dict[str, object]) -> str:
+    """One frame as the text of a message (compact JSON)."""
+    return json.dumps(message, separators=(",", ":"))
 
 
 # ------------------------------------------- message, field and value names

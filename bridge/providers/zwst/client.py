@@ -603,7 +603,7 @@ class ZwstProtocol(Outbox):
     # ------------------------------------------------------------- helpers
 
     def _send(self, frame: dict[str, object]) -> None:
-        self._actions.append(SendText(json.dumps(frame, separators=(",", ":"), ensure_ascii=False)))
+        self._actions.append(SendText(wire.dump(frame)))
 
     def _retire(self, ctx: _Context) -> None:
         """Forget a turn; its frames (JSON by context id, audio by ordinal) are dropped."""

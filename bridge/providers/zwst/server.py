@@ -732,7 +732,7 @@ class ZwstServerSession:
         self._state = _CLOSED
 
     def _send(self, frame: dict[str, object]) -> None:
-        self._actions.append(SendText(json.dumps(frame, separators=(",", ":"), ensure_ascii=False)))
+        self._actions.append(SendText(wire.dump(frame)))
 
     def _send_error(self, cid: str | None, message: str) -> None:
         self._send({wire.TYPE: wire.ERROR, wire.CONTEXT_ID: cid, wire.MESSAGE: message})

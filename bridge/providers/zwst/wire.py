@@ -12,6 +12,7 @@ Pure: no I/O, no state.
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -84,6 +85,11 @@ def unpack_frame_header(data: bytes, byte_order: ByteOrder = "big") -> AudioFram
         raise ValueError(f"audio frame of {len(data)} bytes is shorter than its header")
     version, flags, ordinal, sequence, pts_ms = _HEADER_FORMATS[byte_order].unpack_from(data)
     return AudioFrameHeader(version, bool(flags & FLAG_FINAL), ordinal, sequence, pts_ms)
+
+
+def dump(frame: dict[str, object]) -> str:
+    """One control frame as the text of a message (compact JSON, non-ASCII as is)."""
+    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
 
 
 # ------------------------------------------- message, field and value names
