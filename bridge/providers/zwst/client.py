@@ -414,20 +414,11 @@ class ZwstProtocol(Outbox):
             self._by_ordinal[ctx.ordinal] = ctx
             self._next_sequence[ctx.ordinal] = 0
             if ctx.speed is not None:  # config: only before the context starts
-                self._send(
-                    {wire.TYPE: wire.CONFIG, wire.CONTEXT_ID: ctx.context_id, wire.SPEED: ctx.speed}
-                )
+                self._send(wire.config(ctx.context_id, ctx.speed))
         mode = self._segment_mode
         if mode == wire.NONE and len(text) > self._max_segment_chars:
             mode = wire.AUTO  # "none" over the model's limit would close the socket (4003)
-        self._send(
-            {
-                wire.TYPE: wire.SYNTHESIZE,
-                wire.CONTEXT_ID: ctx.context_id,
-                wire.TEXT: text,
-                wire.SEGMENT_MODE: mode,
-            }
-        )
+        self._send(wire.synthesize(ctx.context_id, text, mode))
 
     def end_turn(self, turn_id: str, now: float) -> None:
         """No more text for the turn: ``end`` (or ``TurnDone`` at once if it sent none).
@@ -442,7 +433,7 @@ class ZwstProtocol(Outbox):
             self._retire(ctx)
             self._events.append(TurnDone(turn_id))
             return
-        self._send({wire.TYPE: wire.END, wire.CONTEXT_ID: ctx.context_id})
+        self._send(wire.end(ctx.context_id))
 
     def cancel(self, turn_id: str, now: float) -> None:
         """Barge-in: ``cancel``, ``TurnDone(cancelled=True)``; late frames are dropped.
@@ -454,7 +445,7 @@ class ZwstProtocol(Outbox):
         if ctx is None:
             return
         if ctx.ordinal is not None:
-            self._send({wire.TYPE: wire.CANCEL, wire.CONTEXT_ID: ctx.context_id})
+            self._send(wire.cancel(ctx.context_id))
         self._retire(ctx)
         self._events.append(TurnDone(turn_id, cancelled=True))
 
@@ -472,7 +463,7 @@ class ZwstProtocol(Outbox):
             )
             return
         if self._ping_at is not None and now >= self._ping_at:
-            self._send({wire.TYPE: wire.PING})
+            self._send(wire.ping())
             self._ping_at = now + PING_INTERVAL_S
             if self._pong_due_at is None:
                 self._pong_due_at = now + PONG_TIMEOUT_S
@@ -596,7 +587,7 @@ class ZwstProtocol(Outbox):
 
     def _on_error(self, ctx: _Context, frame: dict[str, object]) -> None:
         message = self._scrub(json_text(frame.get(wire.MESSAGE)))
-        self._send({wire.TYPE: wire.CANCEL, wire.CONTEXT_ID: ctx.context_id})  # free the slot
+        self._send(wire.cancel(ctx.context_id))  # free the slot
         self._retire(ctx)
         self._events.append(TurnFailed(ctx.turn_id, "provider_error", message))
 

@@ -443,7 +443,7 @@ class ZwstServerSession:
             self._send_error(None, "binary messages are not accepted; send JSON text frames")
 
     def _on_ping(self, frame: dict[str, object], now: float) -> None:
-        self._send({wire.TYPE: wire.PONG})
+        self._send(wire.pong())
 
     def _on_synthesize(self, frame: dict[str, object], now: float) -> None:
         cid = self._context_id(frame)
@@ -547,7 +547,7 @@ class ZwstServerSession:
             timings = timing_arrays(
                 words, offset_s, start_key=wire.START, end_key=wire.END, ndigits=3
             )
-            self._send({wire.TYPE: wire.TIMESTAMPS, wire.CONTEXT_ID: ctx.context_id, **timings})
+            self._send(wire.timestamps(ctx.context_id, timings))
         frame_bytes = rate * FRAME_MS // 1000 * 2
         pcm = pcm[: len(pcm) - len(pcm) % 2]
         for payload in byte_chunks(pcm, frame_bytes):
@@ -569,9 +569,9 @@ class ZwstServerSession:
             ctx.tail = None
         elif last:
             self._send_final_marker(ctx)
-        self._send({wire.TYPE: wire.SEGMENT_DONE, wire.CONTEXT_ID: ctx.context_id})
+        self._send(wire.segment_done(ctx.context_id))
         if last:
-            self._send({wire.TYPE: wire.CONTEXT_DONE, wire.CONTEXT_ID: ctx.context_id})
+            self._send(wire.context_done(ctx.context_id))
             self._forget(ctx)
         elif ctx.queue:
             self._start_segment(ctx)
@@ -585,7 +585,7 @@ class ZwstServerSession:
             return
         ctx.job_id = None
         if not ctx.job_audio and not ctx.job_retried:
-            self._send({wire.TYPE: wire.RESUMED})
+            self._send(wire.resumed())
             self._submit_job(ctx, ctx.job_text, retried=True)
             return
         self._contexts.pop(ctx.context_id, None)
@@ -659,19 +659,13 @@ class ZwstServerSession:
         ctx = _Context(cid, self._next_ordinal, speed)
         self._next_ordinal += 1
         self._contexts[cid] = ctx
-        self._send({wire.TYPE: wire.CONTEXT_START, wire.CONTEXT_ID: cid})
+        self._send(wire.context_start(cid))
         return ctx
 
     def _start_segment(self, ctx: _Context) -> None:
         text = ctx.queue.popleft()
         ctx.segment_start_samples = ctx.samples
-        self._send(
-            {
-                wire.TYPE: wire.SEGMENT_START,
-                wire.CONTEXT_ID: ctx.context_id,
-                wire.QUEUE_DEPTH: len(ctx.queue),
-            }
-        )
+        self._send(wire.segment_start(ctx.context_id, len(ctx.queue)))
         self._submit_job(ctx, text, retried=False)
 
     def _submit_job(self, ctx: _Context, text: str, *, retried: bool) -> None:
@@ -701,7 +695,7 @@ class ZwstServerSession:
     def _finish(self, ctx: _Context) -> None:
         """``end`` (or the idle timeout) with nothing left to synthesise."""
         self._send_final_marker(ctx)
-        self._send({wire.TYPE: wire.CONTEXT_DONE, wire.CONTEXT_ID: ctx.context_id})
+        self._send(wire.context_done(ctx.context_id))
         self._forget(ctx)
 
     def _forget(self, ctx: _Context) -> None:
@@ -735,7 +729,7 @@ class ZwstServerSession:
         self._actions.append(SendText(wire.dump(frame)))
 
     def _send_error(self, cid: str | None, message: str) -> None:
-        self._send({wire.TYPE: wire.ERROR, wire.CONTEXT_ID: cid, wire.MESSAGE: message})
+        self._send(wire.error(cid, message))
 
 
 _HANDLERS: dict[str, Handler] = {

@@ -92,6 +92,65 @@ def dump(frame: dict[str, object]) -> str:
     return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
 
 
+# ------------------------------------------------------------------ frames
+# One builder per control frame, for the side that sends it (``dump`` makes the text).
+
+Frame = dict[str, object]
+
+
+def config(context_id: str, speed: float) -> Frame:
+    return {TYPE: CONFIG, CONTEXT_ID: context_id, SPEED: speed}
+
+
+def synthesize(context_id: str, text: str, segment_mode: str) -> Frame:
+    return {TYPE: SYNTHESIZE, CONTEXT_ID: context_id, TEXT: text, SEGMENT_MODE: segment_mode}
+
+
+def end(context_id: str) -> Frame:
+    return {TYPE: END, CONTEXT_ID: context_id}
+
+
+def cancel(context_id: str) -> Frame:
+    return {TYPE: CANCEL, CONTEXT_ID: context_id}
+
+
+def ping() -> Frame:
+    return {TYPE: PING}
+
+
+def pong() -> Frame:
+    return {TYPE: PONG}
+
+
+def context_start(context_id: str) -> Frame:
+    return {TYPE: CONTEXT_START, CONTEXT_ID: context_id}
+
+
+def segment_start(context_id: str, queue_depth: int) -> Frame:
+    return {TYPE: SEGMENT_START, CONTEXT_ID: context_id, QUEUE_DEPTH: queue_depth}
+
+
+def timestamps(context_id: str, arrays: Frame) -> Frame:
+    """``arrays``: ``words`` / ``start`` / ``end``."""
+    return {TYPE: TIMESTAMPS, CONTEXT_ID: context_id, **arrays}
+
+
+def segment_done(context_id: str) -> Frame:
+    return {TYPE: SEGMENT_DONE, CONTEXT_ID: context_id}
+
+
+def context_done(context_id: str) -> Frame:
+    return {TYPE: CONTEXT_DONE, CONTEXT_ID: context_id}
+
+
+def resumed() -> Frame:
+    return {TYPE: RESUMED}
+
+
+def error(context_id: str | None, message: str) -> Frame:
+    return {TYPE: ERROR, CONTEXT_ID: context_id, MESSAGE: message}
+
+
 # ------------------------------------------- message, field and value names
 # Every string both sides write: control frame types (``config``,
 # ``synthesize``, ``cancel``, ``ping``; ``context_start``, ``segment_start``,
