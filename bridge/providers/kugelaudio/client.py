@@ -262,7 +262,7 @@ class KugelAudioProtocol(Outbox):
         turn = self._turn
         if turn is not None and turn.state is TurnState.ACTIVE:
             self.end_turn(turn.turn_id, now)
-        self._send({wire.CLOSE_SOCKET: True})
+        self._send(wire.close_socket())
         self._conn = _Conn.CLOSING
         if self._turn is None:
             self._actions.append(CloseConnection(1000, wire.CLOSE_SOCKET))
@@ -300,7 +300,7 @@ class KugelAudioProtocol(Outbox):
             return
         if not text:
             return
-        self._send({wire.TEXT: text})
+        self._send(wire.text(text))
         turn.session_open = True
         turn.last_text_at = now
 
@@ -319,7 +319,7 @@ class KugelAudioProtocol(Outbox):
         turn = self._turn
         if turn is None or turn.turn_id != turn_id or turn.state not in _LIVE:
             return
-        self._send({wire.CANCEL: True})
+        self._send(wire.cancel())
         turn.state = TurnState.CANCELLING
         turn.cancel_deadline = now + self._cancel_timeout_s
 
@@ -534,11 +534,11 @@ class KugelAudioProtocol(Outbox):
         if not changed and sticky.keys() == config.keys():
             return []
         if sticky.keys() <= config.keys() and changed.keys() <= set(UPDATABLE_FIELDS):
-            return [{wire.UPDATE_SETTINGS: changed}]
+            return [wire.update_settings(changed)]
         return [config]
 
     def _end_session(self, turn: _Turn) -> None:
-        self._send({wire.FLUSH: True})
+        self._send(wire.flush())
         turn.session_open = False
         turn.sessions_unfinished += 1
         turn.sessions_unclosed += 1
@@ -586,7 +586,7 @@ class KugelAudioProtocol(Outbox):
 
     def _fail_turn(self, turn: _Turn, kind: str, message: str, retryable: bool, now: float) -> None:
         self._events.append(TurnFailed(turn.turn_id, kind, self._redact(message), retryable))
-        self._send({wire.CANCEL: True})
+        self._send(wire.cancel())
         turn.state = TurnState.RESYNC
         turn.cancel_deadline = now + self._cancel_timeout_s
 

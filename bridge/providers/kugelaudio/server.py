@@ -335,7 +335,7 @@ class KugelAudioServerSession(Outbox):
         self._session = None
         self._held.clear()
         self._state = _State.IDLE
-        self._send({wire.INTERRUPTED: True})
+        self._send(wire.interrupted())
 
     def _on_update_settings(self, frame: dict[str, Any], now: float) -> None:
         update = frame[wire.UPDATE_SETTINGS]
@@ -353,7 +353,7 @@ class KugelAudioServerSession(Outbox):
         checked = {key: VALIDATORS[key](key, value) for key, value in update.items()}
         self._config.update(checked)  # applies from the next session on
         settings = {key: self._config[key] for key in UPDATABLE_FIELDS}
-        self._send({wire.SETTINGS_UPDATED: True, wire.SETTINGS: settings})
+        self._send(wire.settings_updated(settings))
 
     def _on_close_socket(self, frame: dict[str, Any], now: float) -> None:
         session = self._session
@@ -437,7 +437,7 @@ class KugelAudioServerSession(Outbox):
         if session is None or job is None:
             return
         if job.words:
-            self._send({wire.WORD_TIMESTAMPS: job.words, wire.CHUNK_ID: job.chunk_id})
+            self._send(wire.word_timestamps(job.words, job.chunk_id))
         self._send(
             {
                 wire.CHUNK_COMPLETE: True,
@@ -506,7 +506,7 @@ class KugelAudioServerSession(Outbox):
         session.characters += len(text)
         job_id = f"ka{session.number}.{chunk_id}"
         session.job = _Job(job_id, chunk_id, text, now, session.audio_samples)
-        self._send({wire.GENERATION_STARTED: True, wire.CHUNK_ID: chunk_id, wire.TEXT: text})
+        self._send(wire.generation_started(chunk_id, text))
         speed = session.settings[wire.SPEED]
         self._actions.append(
             Synthesize(
@@ -525,7 +525,7 @@ class KugelAudioServerSession(Outbox):
             wire.TOTAL_TEXT_CHUNKS: session.text_chunks,
             wire.TOTAL_AUDIO_CHUNKS: session.audio_frames,
         }
-        self._send({wire.FINAL: True, **totals})
+        self._send(wire.final(totals))
         usage = {
             "audio_seconds": audio_seconds,
             "characters": session.characters,
@@ -534,7 +534,7 @@ class KugelAudioServerSession(Outbox):
             "currency": "eur",
             wire.MODEL_ID: session.settings[wire.MODEL_ID],
         }
-        self._send({wire.SESSION_CLOSED: True, **totals, wire.USAGE: usage})
+        self._send(wire.session_closed(totals, usage))
         self._session = None
         self._state = _State.IDLE
         if session.close_socket:
@@ -548,15 +548,9 @@ class KugelAudioServerSession(Outbox):
 
     def _send_audio(self, session: _Session, job: _Job, data: bytes) -> None:
         samples = len(data) // 2
+        b64 = base64.b64encode(data).decode("ascii")
         self._send(
-            {
-                wire.AUDIO: base64.b64encode(data).decode("ascii"),
-                wire.ENC: "pcm_s16le",
-                wire.IDX: session.audio_frames,
-                wire.SR: session.sample_rate_hz,
-                "samples": samples,
-                wire.CHUNK_ID: job.chunk_id,
-            }
+            wire.audio(b64, session.audio_frames, session.sample_rate_hz, samples, job.chunk_id)
         )
         session.audio_frames += 1
         session.audio_samples += samples
@@ -592,7 +586,7 @@ class KugelAudioServerSession(Outbox):
         self._state = _State.CLOSED
 
     def _send_error(self, exc: _Invalid) -> None:
-        self._send({wire.ERROR: str(exc), wire.ERROR_CODE: exc.error_code, "code": exc.code})
+        self._send(wire.error(str(exc), exc.error_code, exc.code))
 
     def _send(self, message: dict[str, object]) -> None:
         self._actions.append(SendText(wire.dump(message)))

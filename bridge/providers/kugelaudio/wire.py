@@ -16,6 +16,7 @@ Pure: no I/O, no state.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Final
 
 PATH: Final = "/ws/tts/stream"
@@ -37,6 +38,72 @@ CLOSE_POLICY_VIOLATION: Final = 1008
 def dump(message: dict[str, object]) -> str:
     """One frame as the text of a message (compact JSON)."""
     return json.dumps(message, separators=(",", ":"))
+
+
+# ------------------------------------------------------------------ frames
+# One builder per frame, for the side that sends it (``dump`` makes the text).
+
+Frame = dict[str, object]
+
+
+def text(value: str) -> Frame:
+    return {TEXT: value}
+
+
+def flush() -> Frame:
+    return {FLUSH: True}
+
+
+def cancel() -> Frame:
+    return {CANCEL: True}
+
+
+def close_socket() -> Frame:
+    return {CLOSE_SOCKET: True}
+
+
+def update_settings(changed: Frame) -> Frame:
+    return {UPDATE_SETTINGS: changed}
+
+
+def generation_started(chunk_id: int, value: str) -> Frame:
+    return {GENERATION_STARTED: True, CHUNK_ID: chunk_id, TEXT: value}
+
+
+def audio(b64: str, idx: int, sample_rate_hz: int, samples: int, chunk_id: int) -> Frame:
+    """An ``audio`` frame of PCM s16le (the only encoding our server sends)."""
+    return {
+        AUDIO: b64,
+        ENC: "pcm_s16le",
+        IDX: idx,
+        SR: sample_rate_hz,
+        "samples": samples,
+        CHUNK_ID: chunk_id,
+    }
+
+
+def word_timestamps(words: object, chunk_id: int) -> Frame:
+    return {WORD_TIMESTAMPS: words, CHUNK_ID: chunk_id}
+
+
+def interrupted() -> Frame:
+    return {INTERRUPTED: True}
+
+
+def settings_updated(settings: Frame) -> Frame:
+    return {SETTINGS_UPDATED: True, SETTINGS: settings}
+
+
+def final(totals: Mapping[str, object]) -> Frame:
+    return {FINAL: True, **totals}
+
+
+def session_closed(totals: Mapping[str, object], usage: Mapping[str, object]) -> Frame:
+    return {SESSION_CLOSED: True, **totals, USAGE: usage}
+
+
+def error(message: str, error_code: str, code: int) -> Frame:
+    return {ERROR: message, ERROR_CODE: error_code, "code": code}
 
 
 # ------------------------------------------- message, field and value names
