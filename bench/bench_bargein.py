@@ -67,7 +67,7 @@ from bridge.commands import Say  # noqa: E402
 from bridge.media.bargein import BargeInPolicy  # noqa: E402
 from bridge.media.call import CallBridge  # noqa: E402
 from bridge.media.call_types import LegProfile  # noqa: E402
-from bridge.tts.base import MULAW_8K, AudioReceived  # noqa: E402
+from bridge.providers.base import MULAW_8K, AudioReceived  # noqa: E402
 from telcodec import g711  # noqa: E402
 
 Signal = npt.NDArray[np.float64]

@@ -60,7 +60,7 @@ from bridge.commands import Say
 from bridge.media.bargein import BargeInPolicy
 from bridge.media.call import CallBridge
 from bridge.media.call_types import LegProfile, SendMark
-from bridge.tts.base import AudioFormat, AudioReceived, TurnDone
+from bridge.providers.base import AudioFormat, AudioReceived, TurnDone
 from telcodec import g711
 
 FRAME_S = 0.020

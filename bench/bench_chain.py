@@ -97,8 +97,8 @@ from bench import common  # noqa: E402
 from bridge import commands as cmd  # noqa: E402
 from bridge.config import parse_config  # noqa: E402
 from bridge.logs import configure  # noqa: E402
+from bridge.providers.base import AudioFormat, AudioReceived, TurnDone  # noqa: E402
 from bridge.rtp.packet import RTP_FIXED_HEADER  # noqa: E402
-from bridge.tts.base import AudioFormat, AudioReceived, TurnDone  # noqa: E402
 from telcodec import g711  # noqa: E402
 
 FRAME_S = 0.020

@@ -464,7 +464,7 @@ _CATEGORIES = (
         "media (rtp, bridge, ticker, codecs)",
         ("bridge/rtp/", "bridge/media/", "bridge/io/ticker.py", "telcodec/"),
     ),
-    ("tts client", ("bridge/io/provider_ws.py", "bridge/tts/")),
+    ("tts client", ("bridge/io/provider_ws.py", "bridge/providers/")),
     ("logs and metrics", ("bridge/logs.py", "bridge/metrics.py")),
 )
 

@@ -95,6 +95,8 @@ from bridge.io.httpws import HttpRequest, WsConnection  # noqa: E402
 from bridge.media.bargein import BargeInPolicy  # noqa: E402
 from bridge.media.call import CallBridge  # noqa: E402
 from bridge.media.call_types import LegProfile, SendMark  # noqa: E402
+from bridge.providers.base import MULAW_8K  # noqa: E402
+from bridge.providers.base import AudioReceived as ProviderAudio  # noqa: E402
 from bridge.streams import DIALECTS  # noqa: E402
 from bridge.streams.base import (  # noqa: E402
     AudioReceived,
@@ -103,8 +105,6 @@ from bridge.streams.base import (  # noqa: E402
     StreamState,
 )
 from bridge.streams.twilio import TwilioStreamProtocol  # noqa: E402
-from bridge.tts.base import MULAW_8K  # noqa: E402
-from bridge.tts.base import AudioReceived as ProviderAudio  # noqa: E402
 from telcodec import g711  # noqa: E402
 
 FIXTURES = HERE.parent / "tests" / "streams" / "fixtures"

@@ -84,7 +84,7 @@ from bridge.io.provider_ws import (
 from bridge.io.ttsd_server import start_tts_server
 from bridge.media.call import CallBridge
 from bridge.media.call_types import CallOptions, EndTurn, LegProfile, OpenTurn
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioFormat,
     AudioReceived,

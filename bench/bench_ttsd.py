@@ -44,7 +44,7 @@ from common import write
 from bridge.engine import Event
 from bridge.io.embedded import KEY_ENV, PROTOCOL_PATHS
 from bridge.io.provider_ws import ProviderPool, Speaker
-from bridge.tts.base import (
+from bridge.providers.base import (
     PCM_8K,
     AudioReceived,
     ProviderFailed,

@@ -470,7 +470,7 @@ def restart_demo(turns: int, wait_s: float = 2.0, reps: int = 3) -> None:
     from bridge.io.embedded import PROTOCOL_PATHS
     from bridge.io.provider_ws import FLOW_HIGH_S, ProviderPool
     from bridge.io.ttsd_server import start_tts_server
-    from bridge.tts.base import MULAW_8K, AudioReceived, ProviderSettings, TurnSettings
+    from bridge.providers.base import MULAW_8K, AudioReceived, ProviderSettings, TurnSettings
 
     bytes_per_s = 8000  # mu-law 8 kHz
     turn = TurnSettings("tone", MULAW_8K)

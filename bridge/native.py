@@ -40,9 +40,9 @@ caller frame; compiled, 500 ms of 24 kHz PCM to mu-law frames costs about 10 % l
 NATIVE_MODULES = (
     "bridge/engine.py",
     "bridge/commands.py",
-    "bridge/tts/base.py",
-    "bridge/tts/common.py",
-    "bridge/tts/kova.py",
+    "bridge/providers/base.py",
+    "bridge/providers/client_common.py",
+    "bridge/providers/kova/client.py",
     "bridge/io/ticker.py",
     "bridge/io/callrun.py",
     "bridge/io/legs/sip_call.py",

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import pytest
 
+from bridge.providers.base import ProviderSettings
+from bridge.providers.server_base import ServerOptions
 from bridge.streams import DIALECTS
-from bridge.tts.base import ProviderSettings
-from bridge.ttsd.base import ServerOptions
 
 PROVIDERS = ["coda", "kletso", "kova", "kugelaudio", "zwst"]
 
@@ -36,7 +36,7 @@ def unreachable_after(make: Callable[[], object], garbage: Callable[[], list[str
 
 
 def _client(protocol: str) -> object:
-    engine = importlib.import_module(f"bridge.tts.{protocol}").ENGINE(
+    engine = importlib.import_module(f"bridge.providers.{protocol}.client").ENGINE(
         ProviderSettings(
             name="p", protocol=protocol, url="wss://provider.example/v1", api_key="k", voice="v"
         )
@@ -51,7 +51,7 @@ def _client(protocol: str) -> object:
 
 
 def _server(protocol: str) -> object:
-    module = importlib.import_module(f"bridge.ttsd.{protocol}")
+    module = importlib.import_module(f"bridge.providers.{protocol}.server")
     session = module.SESSION(ServerOptions())
     session.receive_text('{"type": "unknown"}', 0.0)
     return session

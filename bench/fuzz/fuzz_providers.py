@@ -19,13 +19,13 @@ from typing import Any
 
 from fuzz_common import FIXTURES, frames_of, frames_to_input, main
 
-from bridge.tts.base import AudioFormat, ProviderSettings, TurnDone, TurnFailed, TurnSettings
+from bridge.providers.base import AudioFormat, ProviderSettings, TurnDone, TurnFailed, TurnSettings
 
 PROTOCOLS = ["coda", "kletso", "kova", "kugelaudio", "zwst"]
 SESSION_REPLY = len(PROTOCOLS)
 """Selector of the zwst session POST reply."""
 CODA_READY = {"ready": {"protocol": 1, "languages": ["en"], "defaultLanguage": "en"}}
-ENGINES = {p: importlib.import_module(f"bridge.tts.{p}").ENGINE for p in PROTOCOLS}
+ENGINES = {p: importlib.import_module(f"bridge.providers.{p}.client").ENGINE for p in PROTOCOLS}
 
 
 def seeds() -> list[bytes]:

@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import bridge.io.ttsd_server as ttsd_server
-import bridge.ttsd.kova as kova_server
+import bridge.providers.kova.server as kova_server
 from bridge.io.ttsd_server import start_tts_server
-from bridge.tts.base import WordTiming
-from bridge.ttsd.base import ServerOptions
+from bridge.providers.base import WordTiming
+from bridge.providers.server_base import ServerOptions
 from bridge.ttsd.synth import SynthChunk, ToneEngine
 
 CHUNKS: list[list[Any]] = []

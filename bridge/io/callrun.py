@@ -58,8 +58,8 @@ from bridge.media.call_types import (
     StopAgent,
     TransferLeg,
 )
+from bridge.providers.base import TurnSettings, UsageReported
 from bridge.providers.prompts import route_fallback_prompt
-from bridge.tts.base import TurnSettings, UsageReported
 
 __all__ = [
     "CALL_OUTCOMES",

@@ -57,8 +57,14 @@ from bridge.io.startup import EXIT_EMBEDDED, StartupError, listen_error
 from bridge.io.ticker import MediaTicker
 from bridge.logs import configure, dropped_lines, get_logger
 from bridge.metrics import Metrics
+from bridge.providers.base import (
+    ProviderFailed,
+    ProviderSettings,
+    TurnDone,
+    TurnFailed,
+    TurnSettings,
+)
 from bridge.providers.prompts import prerender_formats, provider_identity, static_prompts
-from bridge.tts.base import ProviderFailed, ProviderSettings, TurnDone, TurnFailed, TurnSettings
 
 __all__ = ["Daemon", "Leg", "Runtime", "prompt_identity", "provider_settings", "run_daemon"]
 

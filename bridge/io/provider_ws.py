@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import fcntl
 import functools
-import importlib
 import socket
 import termios
 from array import array
@@ -38,7 +37,22 @@ from websockets.protocol import State
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes, SendText
 from bridge.logs import get_logger
-from bridge.providers import failover
+from bridge.providers import failover, registry
+from bridge.providers.base import (
+    MULAW_8K,
+    AudioFormat,
+    AudioReceived,
+    ConnectionReady,
+    HttpRequest,
+    ProviderFailed,
+    ProviderSettings,
+    TtsProtocol,
+    TurnDone,
+    TurnFailed,
+    TurnSettings,
+    WordsTimed,
+    WordTiming,
+)
 from bridge.providers.failover import (
     AudioSink,
     Sink,
@@ -55,7 +69,10 @@ from bridge.providers.flow import (
     FlowControl,
 )
 from bridge.providers.pool import BACKOFF_STABLE_S, CLOSE_IDLE_AFTER_S, Backoff, Placement
-from bridge.providers.prompts import PromptCache, TurnFellBack
+from bridge.providers.prompts import (
+    PromptCache,
+    TurnFellBack,
+)
 from bridge.providers.turn_deadlines import (
     TURN_BASE_S,
     TURN_CHECK_S,
@@ -65,23 +82,6 @@ from bridge.providers.turn_deadlines import (
     TurnWatch,
 )
 from bridge.providers.underrun import DryWatch, DryWatches, dry_verdict
-from bridge.tts.base import (
-    MULAW_8K,
-    AudioFormat,
-    AudioPiece,
-    AudioReceived,
-    ConnectionReady,
-    HttpRequest,
-    ProviderFailed,
-    ProviderSettings,
-    TtsProtocol,
-    TurnDone,
-    TurnFailed,
-    TurnSettings,
-    WordsPiece,
-    WordsTimed,
-    WordTiming,
-)
 
 __all__ = [
     "FLOW_HIGH_S",
@@ -111,9 +111,7 @@ SESSION_REPLY_MAX_BYTES = 64 * 1024
 
 
 def engine_class(protocol: str) -> type[TtsProtocol]:
-    mod = importlib.import_module(f"bridge.tts.{protocol}")
-    cls: type[TtsProtocol] = mod.ENGINE
-    return cls
+    return registry.engine_class(protocol)
 
 
 PoolKey = tuple[Any, ...] | None
@@ -126,7 +124,7 @@ def _pooling(protocol: str) -> tuple[Any, Any] | None:
     module exposes ``pool_key(settings, turn)`` and ``settings_for(settings,
     voice, format)``, and the pool keeps separate connections per key.
     """
-    mod = importlib.import_module(f"bridge.tts.{protocol}")
+    mod = registry.client_module(protocol)
     if hasattr(mod, "pool_key") and hasattr(mod, "settings_for"):
         return mod.pool_key, mod.settings_for
     return None
@@ -492,14 +490,9 @@ class _Connection:
             ws.after_read = None
 
     def _on_message(self, msg: str | bytes) -> None:
-        """One provider message, as websockets parsed it (``_ProviderWebSocket``).
-
-        The bulk of a turn, a plain audio message, comes back from the engine
-        as ``(turn_id, audio, format)`` and goes straight to the turn's audio
-        sink: no event object, no drain, no timer (its reply deadline only
-        moved later: the timer fires early and re-arms). Anything else is
-        pumped the engine-contract way.
-        """
+        """One provider message, as websockets parsed it (``_ProviderWebSocket``):
+        through the engine's ``receive_*``, then pumped (a turn's audio and word
+        timings go straight to its audio and words sinks, ``_dispatch``)."""
         if self.early is not None:
             self.early.append(msg)
             return
@@ -507,23 +500,10 @@ class _Connection:
             return
         now = self.loop.time()
         if isinstance(msg, str):
-            piece = self.engine.receive_text_fast(msg, now)
+            self.engine.receive_text(msg, now)
         else:
-            piece = self.engine.receive_bytes_fast(msg, now)
-        if piece is None:
-            self.pump()
-            self._after_message()
-            return
-        watch = self.watches.get(piece[0]) if self.watches else None
-        if watch is not None:
-            if len(piece) == 3:
-                watch.progress(now, piece[1], piece[2])
-            else:
-                watch.progress(now, None, None)
-        if len(piece) == 3:
-            self._audio(piece)
-        else:
-            self._words(piece)
+            self.engine.receive_bytes(msg, now)
+        self.pump()
         self._after_message()
 
     def _after_message(self) -> None:
@@ -579,29 +559,6 @@ class _Connection:
         if sink is not None:
             sink(TurnFailed(wire_id, "timeout", message, retryable=True))
 
-    def _audio(self, piece: AudioPiece) -> None:
-        turn_id, audio, audio_format = piece
-        if self.dry.watches:
-            self.dry.audio(turn_id)
-        audio_sink = self.audio_sinks.get(turn_id)
-        if audio_sink is not None:
-            clocks = self.clocks
-            if clocks:  # turns have clocks only with flow control on
-                clock = clocks.get(turn_id)
-                if clock is not None:
-                    clock.add(len(audio), audio_format, self.loop.time())
-            audio_sink(audio, audio_format)
-        else:  # counted by _dispatch
-            self._dispatch(AudioReceived(turn_id, audio, audio_format))
-
-    def _words(self, piece: WordsPiece) -> None:
-        turn_id, words = piece
-        words_sink = self.words_sinks.get(turn_id)
-        if words_sink is not None:
-            words_sink(words)
-        else:
-            self._dispatch(WordsTimed(turn_id, words))
-
     def drop_turn(self, wire_id: str) -> Sink | None:
         """Forget a turn's sinks (it ended, failed or was cancelled); its event sink."""
         self.audio_sinks.pop(wire_id, None)
@@ -642,6 +599,8 @@ class _Connection:
             if self.engine_failed:  # refused, or an answer with no usable URL: no connect
                 raise SessionRouteError(f"session route answer not usable (HTTP {status})")
         params = self.engine.connect_params()
+        unix = self.pool.settings.unix_socket  # the embedded server's socket
+        over_unix: dict[str, Any] = {"unix": True, "path": unix} if unix else {}
         self.ws = await websockets.connect(
             params.url,
             additional_headers=list(params.headers),
@@ -654,7 +613,7 @@ class _Connection:
             create_connection=functools.partial(  # type: ignore[arg-type]
                 _ProviderWebSocket, on_message=self._on_message
             ),
-            **({"unix": True, "path": unix} if (unix := self.pool.settings.unix_socket) else {}),
+            **over_unix,
         )
         assert isinstance(self.ws, _ProviderWebSocket)
         self.ws.after_read = self._after_read
@@ -758,6 +717,16 @@ class _Connection:
                 if clock is not None:
                     audio: AudioReceived = event  # type: ignore[assignment]
                     clock.add(len(audio.audio), audio.audio_format, self.loop.time())
+            if cls is AudioReceived:
+                audio_sink = self.audio_sinks.get(event.turn_id)  # type: ignore[attr-defined]
+                if audio_sink is not None:
+                    audio_sink(event.audio, event.audio_format)  # type: ignore[attr-defined]
+                    return
+            else:
+                words_sink = self.words_sinks.get(event.turn_id)  # type: ignore[attr-defined]
+                if words_sink is not None:
+                    words_sink(event.words)  # type: ignore[attr-defined]
+                    return
             sink = self.sinks.get(event.turn_id)  # type: ignore[attr-defined]
             if sink is not None:
                 sink(event)

@@ -1,6 +1,6 @@
 """``callbridge tts-server``: every provider protocol on one port, over a synthesis engine.
 
-The shell around the sans-I/O server sessions of ``bridge/ttsd/<protocol>.py``:
+The shell around the sans-I/O server sessions of ``bridge/providers/<protocol>/server.py``:
 it accepts WebSockets, routes them by path to a session of the right
 protocol, moves messages in and actions out, runs ``Synthesize`` jobs on the
 engine, and serves zwst's session route (``POST``).
@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import importlib
 import json
 import os
 import signal
@@ -42,7 +41,8 @@ from bridge.config import split_hostport
 from bridge.engine import CloseConnection, SendBytes, SendText
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, WsConnection, serve_http_ws
 from bridge.logs import configure, get_logger
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, ServerSession, Synthesize
+from bridge.providers import registry
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, ServerSession, Synthesize
 from bridge.ttsd.synth import SynthChunk, SynthEngine, ToneEngine, render
 
 __all__ = [
@@ -58,14 +58,14 @@ __all__ = [
 
 log = get_logger("callbridge.ttsd")
 
-PROTOCOL_MODULES = ("kova", "kugelaudio", "kletso", "coda", "zwst")
+PROTOCOL_MODULES = registry.PROTOCOLS
 
 
 def _load_protocols() -> dict[str, ModuleType]:
     mods: dict[str, ModuleType] = {}
     for name in PROTOCOL_MODULES:
         try:
-            mods[name] = importlib.import_module(f"bridge.ttsd.{name}")
+            mods[name] = registry.server_module(name)
         except ImportError as e:  # a protocol missing from this build is reported, not fatal
             log.warning("ttsd.protocol_unavailable", protocol=name, error=str(e))
     return mods

@@ -21,7 +21,7 @@ Inputs (every ``now`` is the loop's monotonic time; nothing here reads a clock):
 * ``tick(now) -> bytes | None``: once per 20 ms deadline of this call's media
   clock. Returns exactly one frame in the leg codec, or ``None`` (RTP legs
   send comfort silence keeping timestamps continuous; WS legs send nothing).
-* ``provider_event(event, now)``: every event of ``bridge.tts.base`` (and
+* ``provider_event(event, now)``: every event of ``bridge.providers.base`` (and
   Kletso's ``VoiceInterrupted``/``VoiceEnded``/``VoiceFailed``) for this call.
 * ``execute(command, now)``: ``Say``, ``Cancel``, ``Hangup``, ``Transfer``,
   ``SendDtmf``, ``HandOver`` from the turn source.
@@ -180,8 +180,7 @@ from bridge.media.playout import (
 )
 from bridge.media.text_pacing import TextPacer
 from bridge.media.vad import Vad
-from bridge.providers.prompts import TurnFellBack
-from bridge.tts.base import (
+from bridge.providers.base import (
     AudioFormat,
     AudioReceived,
     ProviderFailed,
@@ -195,6 +194,7 @@ from bridge.tts.base import (
     VoiceInterrupted,
     WordsTimed,
 )
+from bridge.providers.prompts import TurnFellBack
 from telcodec import g711
 
 __all__ = ["CallBridge"]

@@ -28,7 +28,7 @@ from typing import Final, Protocol
 
 from bridge.media.call_types import LegProfile
 from bridge.media.vad import energy_dbfs
-from bridge.tts.base import AudioFormat
+from bridge.providers.base import AudioFormat
 from telcodec import g711
 from telcodec.framing import FrameCutter
 from telcodec.resample import StreamResampler

@@ -26,7 +26,7 @@ from typing import Final
 
 from bridge.media.call_audio import Framer
 from bridge.media.text_pacing import TextPacer
-from bridge.tts.base import AudioFormat, WordTiming
+from bridge.providers.base import AudioFormat, WordTiming
 
 __all__ = [
     "AWAITING_MARK",

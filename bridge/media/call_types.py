@@ -17,7 +17,7 @@ from typing import Literal
 
 from bridge.commands import CallEvent
 from bridge.engine import Action
-from bridge.tts.base import TurnSettings
+from bridge.providers.base import TurnSettings
 
 __all__ = [
     "AgentEnded",

@@ -19,16 +19,7 @@ from typing import Protocol, runtime_checkable
 
 from bridge.engine import Event, LocalProtocolError
 from bridge.logs import get_logger
-from bridge.providers.first_audio import FIRST_AUDIO_TIMEOUT_KIND, FirstAudioDeadlines
-from bridge.providers.prompts import (
-    Flight,
-    PromptCache,
-    PromptKey,
-    TurnFellBack,
-    Waiter,
-    provider_identity,
-)
-from bridge.tts.base import (
+from bridge.providers.base import (
     AudioFormat,
     AudioReceived,
     ProviderFailed,
@@ -39,6 +30,15 @@ from bridge.tts.base import (
     UsageReported,
     WordsTimed,
     WordTiming,
+)
+from bridge.providers.first_audio import FIRST_AUDIO_TIMEOUT_KIND, FirstAudioDeadlines
+from bridge.providers.prompts import (
+    Flight,
+    PromptCache,
+    PromptKey,
+    TurnFellBack,
+    Waiter,
+    provider_identity,
 )
 
 __all__ = [

@@ -9,7 +9,7 @@ say when to resume early. No socket, no clock: ``now`` is passed in.
 
 from __future__ import annotations
 
-from bridge.tts.base import AudioFormat
+from bridge.providers.base import AudioFormat
 
 __all__ = [
     "FLOW_HIGH_S",

@@ -51,7 +51,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from bridge.config import Config, RouteConfig
 from bridge.engine import Event
-from bridge.tts.base import (
+from bridge.providers.base import (
     ALAW_8K,
     MULAW_8K,
     PCM_8K,

@@ -7,18 +7,18 @@ module (``OPTIONS``) and read into ``options``.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bridge.providers import registry
+from bridge.providers.base import OptionType
 from bridge.settings import Spot, keys_of, setting, tname, unknown_key
-from bridge.tts.base import OptionType
 
 __all__ = ["PROTOCOLS", "ProviderConfig", "protocol_options"]
 
 
-PROTOCOLS = ("kova", "kugelaudio", "kletso", "coda", "zwst")
+PROTOCOLS = registry.PROTOCOLS
 
 
 def _provider_url(value: str, at: Spot) -> str:
@@ -37,8 +37,7 @@ def protocol_options(protocol: str) -> dict[str, OptionType] | None:
     place they are written); ``None`` for an unknown protocol (already an error)."""
     if protocol not in PROTOCOLS:
         return None
-    options: dict[str, OptionType] = importlib.import_module(f"bridge.tts.{protocol}").OPTIONS
-    return options
+    return registry.protocol_options(protocol)
 
 
 def _option_problem(kind: OptionType, v: object) -> str | None:
@@ -106,7 +105,7 @@ class ProviderConfig:
     options: tuple[tuple[str, str | int | float | bool], ...] = setting(
         (),
         "passed to the engine; each protocol declares its own (`OPTIONS` in "
-        "`bridge/tts/<protocol>.py`, below) and any other key is an error "
+        "`bridge/providers/<protocol>/client.py`, below) and any other key is an error "
         "(`providers.main.apikey: unknown key (did you mean api_key?)`)",
         kind="custom", extra=_options, type_doc="as below", default_doc="",
     )  # fmt: skip

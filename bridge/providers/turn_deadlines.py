@@ -10,7 +10,7 @@ text. ``TurnDeadlines`` keeps each turn's progress; the shell calls ``late(now,
 
 from __future__ import annotations
 
-from bridge.tts.base import AudioFormat
+from bridge.providers.base import AudioFormat
 
 __all__ = [
     "TURN_BASE_S",

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bridge.tts.base import WordTiming
+from bridge.providers.base import WordTiming
 from bridge.ttsd.synth import SynthChunk, split_sentences, split_words
 
 __all__ = ["PiperEngine", "piper_available"]

@@ -33,8 +33,8 @@ from typing import Protocol
 
 import numpy as np
 
-from bridge.tts.base import WordTiming
-from bridge.ttsd.base import Synthesize
+from bridge.providers.base import WordTiming
+from bridge.providers.server_base import Synthesize
 from telcodec.resample import StreamResampler
 
 __all__ = [

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from bench_ttsd import Request
 
-from bridge.tts.base import PCM_8K, AudioReceived, TurnDone
+from bridge.providers.base import PCM_8K, AudioReceived, TurnDone
 
 ONE_S = b"\0\0" * 8000  # one second of 8 kHz PCM
 

@@ -11,7 +11,7 @@ import pytest
 from bench.loadgen.turn_faults import TurnFaultProxy
 from bridge.io.provider_ws import ProviderPool, Speaker
 from bridge.io.ttsd_server import start_tts_server
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioReceived,
     ProviderFailed,

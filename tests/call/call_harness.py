@@ -19,7 +19,7 @@ from bridge.engine import Action, Event
 from bridge.media.bargein import BargeInPolicy
 from bridge.media.call import CallBridge
 from bridge.media.call_types import CallOptions, LegProfile
-from bridge.tts.base import MULAW_8K, AudioFormat, AudioReceived, TurnDone
+from bridge.providers.base import MULAW_8K, AudioFormat, AudioReceived, TurnDone
 from telcodec import g711
 
 FRAME_S = 0.020

@@ -27,8 +27,8 @@ from bridge.media.call_types import (
     StartAgent,
     StopAgent,
 )
-from bridge.tts.base import AudioReceived, TurnDone, TurnStarted
-from bridge.tts.kletso import VoiceEnded, VoiceInterrupted, VoiceUsage
+from bridge.providers.base import AudioReceived, TurnDone, TurnStarted
+from bridge.providers.kletso.client import VoiceEnded, VoiceInterrupted, VoiceUsage
 from telcodec import g711
 
 

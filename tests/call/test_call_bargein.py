@@ -29,7 +29,7 @@ from bridge.commands import (
 )
 from bridge.media.bargein import BargeInPolicy
 from bridge.media.call_types import CancelTurn, ClearLeg, LegProfile, SendMark
-from bridge.tts.base import AudioFormat, TurnDone, WordsTimed, WordTiming
+from bridge.providers.base import AudioFormat, TurnDone, WordsTimed, WordTiming
 
 WORDS = (
     WordTiming("The", 0.00, 0.10),

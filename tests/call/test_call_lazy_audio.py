@@ -20,8 +20,15 @@ from call_harness import PCM_24K, SIP, TWILIO, Harness, at, of_type, tone_s16le,
 from bridge.commands import TurnFinished, TurnInterrupted
 from bridge.media.call_audio import Framer
 from bridge.media.call_types import CallOptions, SendMark
-from bridge.tts.base import MULAW_8K, AudioFormat, AudioReceived, TurnFailed, WordsTimed, WordTiming
-from bridge.tts.kletso import VoiceInterrupted
+from bridge.providers.base import (
+    MULAW_8K,
+    AudioFormat,
+    AudioReceived,
+    TurnFailed,
+    WordsTimed,
+    WordTiming,
+)
+from bridge.providers.kletso.client import VoiceInterrupted
 from telcodec import g711
 from telcodec.transcode import ToTelephony
 
@@ -277,7 +284,7 @@ def test_equivalent_format_change_and_provider_error_mid_turn() -> None:
 
 def test_equivalent_voice_agent_truncation_by_position() -> None:
     from bridge.commands import HandOver
-    from bridge.tts.base import TurnStarted
+    from bridge.providers.base import TurnStarted
 
     def scenario(h: Harness) -> None:
         h.call.execute(HandOver(voice_agent="kletso"), 0.0)

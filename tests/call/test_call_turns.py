@@ -38,7 +38,7 @@ from bridge.media.call_types import (
     SendTurnText,
     TransferLeg,
 )
-from bridge.tts.base import (
+from bridge.providers.base import (
     ALAW_8K,
     MULAW_8K,
     AudioFormat,
@@ -369,7 +369,7 @@ def test_inbound_frames_of_the_wrong_size_are_counted_not_raised() -> None:
 
 def test_provider_queue_depth_reaches_the_turn_source_as_backlog() -> None:
     from bridge.commands import ProviderBacklog
-    from bridge.tts.base import QueueDepthChanged
+    from bridge.providers.base import QueueDepthChanged
 
     h = Harness(SIP)
     h.say("t1")

@@ -39,7 +39,7 @@ def test_the_value_of_a_mistyped_secret_never_reaches_the_error() -> None:
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_every_declared_option_is_accepted_with_a_value_of_its_type(protocol: str) -> None:
-    declared = importlib.import_module(f"bridge.tts.{protocol}").OPTIONS
+    declared = importlib.import_module(f"bridge.providers.{protocol}.client").OPTIONS
     assert declared, f"{protocol} declares no options"
     sample = {str: '"x"', int: "5", float: "2.5", bool: "true"}
     lines = [

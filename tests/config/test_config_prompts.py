@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bridge.config import ConfigError, parse_config
+from bridge.providers.base import ALAW_8K, MULAW_8K
 from bridge.providers.prompts import StaticPrompt, prerender_formats, static_prompts
-from bridge.tts.base import ALAW_8K, MULAW_8K
 
 CONFIG = """
 [daemon]

@@ -24,7 +24,7 @@ from bridge.control.flow import FlowRunner
 from bridge.engine import Action
 from bridge.media.call import CallBridge
 from bridge.media.call_types import EndTurn, HangupLeg, LegProfile, OpenTurn, StartAgent
-from bridge.tts.base import MULAW_8K, AudioReceived, TurnDone
+from bridge.providers.base import MULAW_8K, AudioReceived, TurnDone
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = load_config(ROOT / "config" / "callbridge.toml")

@@ -21,7 +21,7 @@ import pytest
 from bridge.control.report import build_report
 from bridge.engine import SendText
 from bridge.io.caller import CallerOptions, CallResult, SpeakClip, place_call
-from bridge.tts.kletso import KletsoProtocol
+from bridge.providers.kletso.client import KletsoProtocol
 from telcodec import g711
 
 from .harness import FACTOR, free_sip_port, speech_mulaw, stack, tone_turn_ms

@@ -15,7 +15,7 @@ import pytest
 
 from bridge.io.embedded import KEY_ENV, PROTOCOL_PATHS, EmbeddedTts
 from bridge.io.provider_ws import ProviderPool, Speaker
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioReceived,
     ProviderFailed,

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from bridge.ttsd.base import Synthesize
+from bridge.providers.server_base import Synthesize
 from bridge.ttsd.piper_engine import _clauses
 from bridge.ttsd.synth import render
 

@@ -8,7 +8,7 @@ from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
 from bridge.io.provider_ws import ProviderPool
 from bridge.io.ttsd_server import start_tts_server
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioReceived,
     ProviderSettings,

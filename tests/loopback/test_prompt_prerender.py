@@ -181,8 +181,8 @@ def test_a_restart_loads_the_rendered_prompts_from_disk(tmp_path: Path) -> None:
 
 
 def test_the_store_keeps_the_cache_bound_on_disk(tmp_path: Path) -> None:
+    from bridge.providers.base import MULAW_8K, AudioReceived
     from bridge.providers.prompts import PromptKey
-    from bridge.tts.base import MULAW_8K, AudioReceived
 
     cache = PromptCache(max_bytes=250, persist=True)
     store = PromptStore(tmp_path)
@@ -225,7 +225,7 @@ def test_a_provider_that_cannot_render_delays_ready_by_the_wait_only(tmp_path: P
 def test_an_embedded_providers_prompts_outlive_its_childs_port() -> None:
     from bridge.config import parse_config
     from bridge.io.daemon import prompt_identity
-    from bridge.tts.base import ProviderSettings
+    from bridge.providers.base import ProviderSettings
 
     cfg = parse_config(
         '[providers.local]\nprotocol = "kova"\nurl = "embedded"\nengine = "tone"\nvoice = "tone"\n'

@@ -16,8 +16,7 @@ from bridge.engine import Event, LocalProtocolError
 from bridge.io.embedded import PROTOCOL_PATHS
 from bridge.io.provider_ws import PromptCache, ProviderPool, Speaker
 from bridge.io.ttsd_server import TtsServer, start_tts_server
-from bridge.providers.prompts import TurnFellBack
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioReceived,
     ProviderFailed,
@@ -26,6 +25,7 @@ from bridge.tts.base import (
     TurnFailed,
     TurnSettings,
 )
+from bridge.providers.prompts import TurnFellBack
 from bridge.ttsd.synth import SynthChunk, ToneEngine
 
 FACTOR = float(os.environ.get("CALLBRIDGE_TEST_TIME_FACTOR", "1"))

@@ -27,7 +27,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from bridge.engine import Event
 from bridge.io import provider_ws
 from bridge.io.provider_ws import Backoff, ProviderPool
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     ProviderFailed,
     ProviderSettings,

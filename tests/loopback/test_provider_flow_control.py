@@ -25,7 +25,7 @@ from provider_socket import FakeTransport, open_provider_socket
 
 from bridge.engine import Event
 from bridge.io.provider_ws import FLOW_HIGH_S, FLOW_PAUSE_MAX_S, ProviderPool, _Connection
-from bridge.tts.base import MULAW_8K, AudioReceived, ProviderSettings, TurnSettings
+from bridge.providers.base import MULAW_8K, AudioReceived, ProviderSettings, TurnSettings
 
 URL = "ws://127.0.0.1:9/v1/kova"
 SETTINGS = ProviderSettings("p", "kova", URL, api_key="k", voice="v")

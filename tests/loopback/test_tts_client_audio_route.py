@@ -1,10 +1,10 @@
-"""A plain audio message goes from the engine straight to its turn (``_Connection._on_message``).
+"""A plain audio message goes from the engine to its turn (``_Connection._on_message``).
 
-The engine returns the audio of a compact Kova ``audio_chunk`` instead of
-queueing ``AudioReceived``; the connection hands it to the turn's audio sink
-without a drain. These drive a real ``ProviderPool``/``Speaker`` over a
+Every message goes through the engine's one receive contract and one pump;
+the connection hands a turn's audio and word timings to the turn's audio and
+words sinks. These drive a real ``ProviderPool``/``Speaker`` over a
 socket that writes nowhere and check that the call's sink sees the same
-events as through the drain: its own turn id, the order of audio, word
+events: its own turn id, the order of audio, word
 timings and the end, a cancelled turn's audio dropped, a cacheable turn's
 audio recorded for the prompt cache.
 """
@@ -21,7 +21,7 @@ from provider_socket import open_provider_socket
 
 from bridge.engine import Event
 from bridge.io.provider_ws import PromptCache, ProviderPool, Speaker, _Connection
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioReceived,
     ProviderSettings,
@@ -77,7 +77,7 @@ def count_pumps(conn: _Connection) -> list[int]:
     return pumps
 
 
-def test_plain_audio_reaches_the_turn_without_a_drain_and_in_order() -> None:
+def test_plain_audio_reaches_the_turn_with_one_pump_per_message_and_in_order() -> None:
     def body() -> None:
         pool, conn = kova_pool()
         events: list[Event] = []
@@ -88,9 +88,9 @@ def test_plain_audio_reaches_the_turn_without_a_drain_and_in_order() -> None:
         conn._on_message(chunk(b"\x03"))
         conn._on_message(frame(STAMPS))
         conn._on_message(chunk(b"\x04"))
-        assert pumps == [0]  # audio and timings only: nothing drained
+        assert pumps == [4]  # one receive contract: every message is pumped once
         conn._on_message(frame({"flush_completed": True, "flush_id": "f1"}))
-        assert pumps == [1]
+        assert pumps == [5]
         kinds = [type(e).__name__ for e in events]
         assert kinds == [
             "TurnStarted",

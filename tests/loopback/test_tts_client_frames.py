@@ -23,8 +23,8 @@ from websockets.utils import accept_key
 
 from bridge.engine import Action, Event
 from bridge.io.provider_ws import _Connection, _ProviderWebSocket
+from bridge.providers.base import ConnectParams
 from bridge.providers.pool import Placement
-from bridge.tts.base import ConnectParams
 
 
 def open_socket(messages: list[str | bytes]) -> _ProviderWebSocket:
@@ -97,12 +97,6 @@ class RecordingEngine:
 
     def receive_bytes(self, data: bytes, now: float) -> None:
         self.calls.append(f"bytes:{data!r}")
-
-    def receive_text_fast(self, text: str, now: float) -> None:
-        self.receive_text(text, now)
-
-    def receive_bytes_fast(self, data: bytes, now: float) -> None:
-        self.receive_bytes(data, now)
 
     def connection_lost(self, code: int | None, reason: str, now: float) -> None:
         self.calls.append(f"lost:{code}")

@@ -18,7 +18,7 @@ from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
 from bridge.io.provider_ws import PromptCache, ProviderPool, Speaker, _Connection
 from bridge.io.ttsd_server import TtsServer, start_tts_server
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     PCM_8K,
     AudioFormat,
@@ -101,16 +101,18 @@ def test_full_turn(protocol: str, fmt: AudioFormat) -> None:
 def test_plain_audio_messages_go_straight_to_the_turn(
     protocol: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every protocol's audio messages come back from the engine (``receive_*_fast``)
-    and reach the turn without an event queue or a drain (``_Connection._audio``)."""
+    """Every protocol's audio messages come out of the engine's one receive contract
+    as ``AudioReceived`` and reach the turn, all of them and in order, through the
+    connection's dispatch (``_Connection._dispatch``)."""
     direct: list[int] = []
-    route = _Connection._audio
+    route = _Connection._dispatch
 
-    def counted(conn: _Connection, piece: tuple[str, bytes, AudioFormat]) -> None:
-        direct.append(len(piece[1]))
-        route(conn, piece)
+    def counted(conn: _Connection, event: Event) -> None:
+        if isinstance(event, AudioReceived):
+            direct.append(len(event.audio))
+        route(conn, event)
 
-    monkeypatch.setattr(_Connection, "_audio", counted)
+    monkeypatch.setattr(_Connection, "_dispatch", counted)
 
     async def body(server: TtsServer) -> None:
         pool = ProviderPool(_settings(server, protocol))
@@ -362,7 +364,7 @@ def test_idle_connections_are_closed_down_to_a_spare(
 def test_kletso_voice_session_answers_caller_audio_and_is_interrupted() -> None:
     import numpy as np
 
-    from bridge.tts.kletso import VoiceEnded, VoiceInterrupted, VoiceStarted
+    from bridge.providers.kletso.client import VoiceEnded, VoiceInterrupted, VoiceStarted
 
     def speech_24k(seconds: float) -> bytes:
         t = np.arange(int(24000 * seconds)) / 24000
@@ -446,7 +448,7 @@ def test_zwst_slow_reader_is_closed_with_1008(monkeypatch: pytest.MonkeyPatch) -
     from websockets.uri import parse_uri
 
     from bridge.io.provider_ws import _http_request
-    from bridge.tts.base import HttpRequest
+    from bridge.providers.base import HttpRequest
 
     async def body(server: TtsServer) -> None:
         props = {"voice_id": "tone", "format": "pcm_s16le", "sample_rate": 24000}

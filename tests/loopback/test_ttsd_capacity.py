@@ -23,7 +23,7 @@ from bridge.io.embedded import PROTOCOL_PATHS
 from bridge.io.httpws import WsConnection
 from bridge.io.provider_ws import ProviderPool, Speaker
 from bridge.io.ttsd_server import SynthLimits, TtsServer, _Expired, _Workers, start_tts_server
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioReceived,
     ProviderFailed,

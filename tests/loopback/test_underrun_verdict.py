@@ -22,7 +22,7 @@ from websockets.frames import Frame, Opcode
 
 from bridge.engine import Event
 from bridge.io.provider_ws import Speaker, _ProviderWebSocket
-from bridge.tts.base import MULAW_8K, AudioFormat, AudioReceived, TurnSettings
+from bridge.providers.base import MULAW_8K, AudioFormat, AudioReceived, TurnSettings
 
 RCVBUF = 1 << 20  # SO_RCVBUF as the kernel reports it
 

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from bridge.engine import Event
+from bridge.providers.base import MULAW_8K, ProviderSettings, TurnSettings
 from bridge.providers.failover import Speaker
-from bridge.tts.base import MULAW_8K, ProviderSettings, TurnSettings
 
 
 class _Handle:

@@ -9,16 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 from bridge.engine import Event
-from bridge.providers.failover import Speaker, prompt_key
-from bridge.providers.first_audio import FIRST_AUDIO_TIMEOUT_KIND
-from bridge.providers.prompts import PromptCache, TurnFellBack
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioReceived,
     ProviderSettings,
     TurnDone,
     TurnSettings,
 )
+from bridge.providers.failover import Speaker, prompt_key
+from bridge.providers.first_audio import FIRST_AUDIO_TIMEOUT_KIND
+from bridge.providers.prompts import PromptCache, TurnFellBack
 
 FALLBACK = "Sorry, one moment please."
 FALLBACK_AUDIO = b"\x7f" * 160

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.engine import Event, LocalProtocolError
+from bridge.providers.base import MULAW_8K, ProviderSettings, TurnFailed, TurnSettings
 from bridge.providers.failover import Speaker
-from bridge.tts.base import MULAW_8K, ProviderSettings, TurnFailed, TurnSettings
 
 
 def _clock() -> float:

@@ -3,8 +3,8 @@ pauses the connection, until when, and when a turn's arrival or end resumes it."
 
 from __future__ import annotations
 
+from bridge.providers.base import MULAW_8K, AudioFormat
 from bridge.providers.flow import FLOW_PAUSE_MAX_S, FlowControl, TurnClock
-from bridge.tts.base import MULAW_8K, AudioFormat
 
 PCM_24K = AudioFormat("pcm_s16le", 24_000)
 ONE_S_MULAW = 8000  # bytes

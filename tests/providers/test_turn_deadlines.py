@@ -3,8 +3,8 @@ turn and a trickling turn fail; one whose provider keeps answering does not."""
 
 from __future__ import annotations
 
+from bridge.providers.base import MULAW_8K
 from bridge.providers.turn_deadlines import TurnDeadlines
-from bridge.tts.base import MULAW_8K
 
 STALL_S, BASE_S, S_PER_CHAR = 10.0, 15.0, 0.25
 

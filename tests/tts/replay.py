@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 
 from bridge.engine import Action, CloseConnection, Event, SendBytes, SendText
-from bridge.tts.base import AudioReceived, WordsTimed, WordTiming
-from bridge.ttsd.base import Synthesize
+from bridge.providers.base import AudioReceived, WordTiming
+from bridge.providers.server_base import Synthesize
 
 Line = dict[str, Any]
 Command = Callable[[Any, float], object]
@@ -97,14 +97,7 @@ def feed(
     close_key: str = "close",
     lost: Callable[[Any, dict[str, Any], float], None] = client_connection_lost,
 ) -> None:
-    """Hand one ``in`` message to the engine (see the module docstring).
-
-    Messages go through ``receive_text_fast`` / ``receive_bytes_fast`` (the
-    shell's path) when the engine has them; audio or timings one returns are
-    queued back as ``AudioReceived`` / ``WordsTimed``, so every recorded
-    session also checks that the fast receive gives exactly what the
-    fixture expects.
-    """
+    """Hand one ``in`` message to the engine (see the module docstring)."""
     keys = set(msg) if isinstance(msg, dict) else set()
     if isinstance(msg, str):
         _receive(engine, "text", msg, now)
@@ -119,14 +112,7 @@ def feed(
 
 
 def _receive(engine: Any, kind: str, data: str | bytes, now: float) -> None:
-    fast = getattr(engine, f"receive_{kind}_fast", None)
-    if fast is None:
-        getattr(engine, f"receive_{kind}")(data, now)
-        return
-    piece = fast(data, now)
-    if piece is not None:  # returned instead of queued: queue it back, as the shell sees it
-        event = AudioReceived(*piece) if len(piece) == 3 else WordsTimed(*piece)
-        engine._events.append(event)
+    getattr(engine, f"receive_{kind}")(data, now)
 
 
 # ---------------------------------------------------------- replay by time

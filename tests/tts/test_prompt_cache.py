@@ -5,6 +5,15 @@ from __future__ import annotations
 import pytest
 
 from bridge.engine import Event
+from bridge.providers.base import (
+    MULAW_8K,
+    AudioReceived,
+    ProviderSettings,
+    TurnDone,
+    TurnFailed,
+    WordsTimed,
+    WordTiming,
+)
 from bridge.providers.prompts import (
     MAGIC,
     PromptCache,
@@ -13,15 +22,6 @@ from bridge.providers.prompts import (
     decode_prompt,
     encode_prompt,
     provider_identity,
-)
-from bridge.tts.base import (
-    MULAW_8K,
-    AudioReceived,
-    ProviderSettings,
-    TurnDone,
-    TurnFailed,
-    WordsTimed,
-    WordTiming,
 )
 
 

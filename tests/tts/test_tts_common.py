@@ -1,4 +1,4 @@
-"""The pure helpers the provider clients share (bridge.tts.common)."""
+"""The pure helpers the provider clients share (bridge.providers.client_common)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.engine import CloseConnection, Outbox, SendText
-from bridge.tts.base import (
-    MULAW_8K,
-    AudioReceived,
+from bridge.engine import CloseConnection
+from bridge.providers.base import (
     ProviderFailed,
     ProviderSettings,
-    TurnStarted,
     WordTiming,
 )
-from bridge.tts.common import (
+from bridge.providers.client_common import (
     TimingsWording,
     b64decode_fast,
     bearer_headers,
@@ -30,7 +27,6 @@ from bridge.tts.common import (
     parallel_word_timings,
     scrub_secret,
 )
-from bridge.tts.taking import AudioTaking
 
 WORDING = TimingsWording("not arrays", "lengths differ", "bad entry")
 
@@ -108,7 +104,7 @@ def test_scrub_secret() -> None:
 
 @pytest.mark.parametrize("protocol", ["coda", "kletso", "kova", "kugelaudio", "zwst"])
 def test_every_client_fails_the_connection_on_json_too_deep_to_parse(protocol: str) -> None:
-    engine_cls = importlib.import_module(f"bridge.tts.{protocol}").ENGINE
+    engine_cls = importlib.import_module(f"bridge.providers.{protocol}.client").ENGINE
     engine = engine_cls(
         ProviderSettings(
             name="deep",
@@ -179,65 +175,6 @@ def test_parallel_word_timings_float_lists_raise_the_callers_error(
 ) -> None:
     with pytest.raises(_FrameError, match=f"^{message}$"):
         parallel_word_timings(words, starts, ends, wording=WORDING, error=_FrameError)
-
-
-class _Taker(AudioTaking, Outbox):
-    """An engine whose messages are scripts: ``a:<byte>`` audio, ``e`` an event,
-    ``s`` an action, ``d`` a deadline that appears (no taking), in order."""
-
-    def receive_text(self, text: str, now: float) -> None:
-        for step in text.split():
-            if step.startswith("a:"):
-                self._report_audio("t1", step[2:].encode(), MULAW_8K)
-            elif step == "e":
-                self._events.append(TurnStarted("t1"))
-            elif step == "s":
-                self._actions.append(SendText("x"))
-            elif step == "d":
-                self._taking = False
-
-    def receive_bytes(self, data: bytes, now: float) -> None:
-        self._report_audio("t1", data, MULAW_8K)
-
-
-def test_audio_taking_returns_a_plain_message_s_audio_and_queues_nothing() -> None:
-    engine = _Taker()
-    assert engine.receive_text_fast("a:1", 0.0) == ("t1", b"1", MULAW_8K)
-    assert engine.receive_bytes_fast(b"2", 0.0) == ("t1", b"2", MULAW_8K)
-    assert engine.events_received() == [] and engine.actions_to_send() == []
-    engine.receive_text("a:3", 0.0)  # the plain receive queues it
-    assert engine.events_received() == [AudioReceived("t1", b"3", MULAW_8K)]
-
-
-@pytest.mark.parametrize(
-    ("script", "kinds"),
-    [
-        ("e a:1", ["TurnStarted", "AudioReceived"]),
-        ("a:1 e", ["AudioReceived", "TurnStarted"]),
-        ("a:1 a:2", ["AudioReceived", "AudioReceived"]),
-        ("a:1 s", ["AudioReceived"]),
-        ("d a:1", ["AudioReceived"]),
-    ],
-)
-def test_audio_taking_queues_the_audio_in_place_when_the_message_did_more(
-    script: str, kinds: list[str]
-) -> None:
-    engine = _Taker()
-    assert engine.receive_text_fast(script, 0.0) is None
-    events = engine.events_received()
-    assert [type(e).__name__ for e in events] == kinds
-    assert [e.audio for e in events if isinstance(e, AudioReceived)] == [
-        s[2:].encode() for s in script.split() if s.startswith("a:")
-    ]
-    engine.actions_to_send()
-    assert engine.receive_text_fast("a:9", 0.0) == ("t1", b"9", MULAW_8K)  # taking again
-
-
-def test_audio_taking_queues_behind_what_is_already_queued() -> None:
-    engine = _Taker()
-    engine.receive_text("e", 0.0)
-    assert engine.receive_text_fast("a:1", 0.0) is None
-    assert [type(e).__name__ for e in engine.events_received()] == ["TurnStarted", "AudioReceived"]
 
 
 # b64decode_fast: pybase64 where it is strictly valid, the engine's own decode otherwise

@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 
-from bridge.tts.base import MULAW_8K, PCM_8K, AudioReceived, WordsTimed, WordTiming
+from bridge.providers.base import MULAW_8K, PCM_8K, AudioReceived, WordsTimed, WordTiming
 
 
 def test_the_hot_events_are_still_frozen_dataclasses() -> None:

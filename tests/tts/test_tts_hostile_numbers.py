@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from bridge.tts.base import AudioFormat, ProviderSettings, TurnSettings
-from bridge.ttsd.base import ServerOptions
+from bridge.providers.base import AudioFormat, ProviderSettings, TurnSettings
+from bridge.providers.server_base import ServerOptions
 
 HERE = Path(__file__).parent
 PROTOCOLS = ["coda", "kletso", "kova", "kugelaudio", "zwst"]
@@ -60,7 +60,7 @@ def inbound_frames(protocol: str, direction: str = "in") -> list[dict[str, Any]]
 
 
 def client_with_a_live_turn(protocol: str) -> Any:
-    engine = importlib.import_module(f"bridge.tts.{protocol}").ENGINE(
+    engine = importlib.import_module(f"bridge.providers.{protocol}.client").ENGINE(
         ProviderSettings(
             name="p", protocol=protocol, url="wss://p.example/v1/stream", api_key="k", voice="v"
         )
@@ -97,7 +97,7 @@ def test_hostile_numbers_in_any_recorded_frame_never_raise(protocol: str) -> Non
 
 
 def server_session(protocol: str, opening: list[dict[str, Any]]) -> Any:
-    module = importlib.import_module(f"bridge.ttsd.{protocol}")
+    module = importlib.import_module(f"bridge.providers.{protocol}.server")
     session = module.SESSION(ServerOptions(voices=frozenset({"v", "cal", "lyra"})))
     query = {"voice_id": "v", "format": "pcm_s16le", "sample_rate": "16000"}
     session.connection_made(

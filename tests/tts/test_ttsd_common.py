@@ -1,4 +1,4 @@
-"""The pure helpers the protocol server sessions share (bridge.ttsd.common)."""
+"""The pure helpers the protocol server sessions share (bridge.providers.server_common)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,16 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 
 from bridge.engine import SendText
-from bridge.tts.base import WordTiming
-from bridge.ttsd import zwst
-from bridge.ttsd.base import ServerOptions
-from bridge.ttsd.common import byte_chunks, encode_pcm, offset_words, timing_arrays, whole_samples
+from bridge.providers.base import WordTiming
+from bridge.providers.server_base import ServerOptions
+from bridge.providers.server_common import (
+    byte_chunks,
+    encode_pcm,
+    offset_words,
+    timing_arrays,
+    whole_samples,
+)
+from bridge.providers.zwst import server as zwst
 from telcodec import g711
 
 WORDS = (WordTiming("hello", 0.0, 0.3333333), WordTiming("world", 0.4, 0.9))
@@ -61,7 +67,7 @@ def test_timing_arrays_in_each_protocols_keys_and_rounding() -> None:
 
 @pytest.mark.parametrize("protocol", ["coda", "kletso", "kova", "kugelaudio", "zwst"])
 def test_no_server_raises_on_json_too_deep_to_parse(protocol: str) -> None:
-    module = importlib.import_module(f"bridge.ttsd.{protocol}")
+    module = importlib.import_module(f"bridge.providers.{protocol}.server")
     session = module.SESSION(ServerOptions())
     path, query = module.PATHS[0], {}
     if protocol == "zwst":

@@ -30,10 +30,11 @@ import pytest
 import tts_replay
 
 from bridge.engine import Action, CloseConnection, Event, SendText
-from bridge.tts.base import AudioFormat, ProviderSettings, TurnSettings
-from bridge.tts.coda import SUBPROTOCOL, CodaProtocol
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.coda import PATHS, CodaServerSession, select_subprotocol
+from bridge.providers.base import AudioFormat, ProviderSettings, TurnSettings
+from bridge.providers.coda.client import CodaProtocol
+from bridge.providers.coda.server import PATHS, CodaServerSession, select_subprotocol
+from bridge.providers.coda.wire import SUBPROTOCOL
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
 
 FIXTURES = Path(__file__).parent / "fixtures"
 API_KEY = "rime-secret-key-42"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from bridge.engine import CloseConnection, LocalProtocolError, SendText
-from bridge.tts.base import (
+from bridge.providers.base import (
     ALAW_8K,
     MULAW_8K,
     AudioFormat,
@@ -22,12 +22,11 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.coda import (
-    ENGINE,
+from bridge.providers.coda.client import ENGINE, CodaProtocol
+from bridge.providers.coda.wire import (
     MAX_CONTEXT_ID_BYTES,
     MAX_MESSAGE_BYTES,
     SUBPROTOCOL,
-    CodaProtocol,
     format_duration,
     parse_duration_s,
     split_text,
@@ -380,7 +379,7 @@ def test_direct_engine_credentials_go_in_the_first_config(coda: Any) -> None:
 
 
 def test_no_config_when_there_is_nothing_to_configure(coda: Any) -> None:
-    from bridge.tts.base import ProviderSettings
+    from bridge.providers.base import ProviderSettings
 
     engine = CodaProtocol(ProviderSettings(name="c", protocol="coda", url=""))
     assert engine.connect_params().url == "wss://coda.api.rime.ai/ws"
@@ -504,7 +503,7 @@ def test_cancel_before_anything_was_sent_is_local(coda: Any) -> None:
 
 
 def test_start_fields_follow_turn_settings(coda: Any) -> None:
-    from bridge.tts.base import TurnSettings
+    from bridge.providers.base import TurnSettings
 
     engine = ready_client(coda, split_strategy="SPLIT_STRATEGY_NONE", text_lookahead_tokens=4)
     settings = TurnSettings(

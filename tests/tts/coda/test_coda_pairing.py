@@ -8,7 +8,7 @@ import pytest
 from tts_replay import audio_of
 
 from bridge.engine import Event
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioFormat,
     AudioReceived,
@@ -20,7 +20,7 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.ttsd.base import ServerOptions
+from bridge.providers.server_base import ServerOptions
 from telcodec import g711
 
 PCM_24K = AudioFormat("pcm_s16le", 24000)
@@ -234,7 +234,7 @@ def test_text_over_64_kib_is_accepted_in_pieces(coda: Any) -> None:
 
 
 def test_language_outside_ready_languages_fails_the_turn(coda: Any) -> None:
-    from bridge.tts.base import TurnSettings
+    from bridge.providers.base import TurnSettings
 
     pair = coda.make_pair()
     assert pair.client.languages == ("en",)
@@ -245,7 +245,7 @@ def test_language_outside_ready_languages_fails_the_turn(coda: Any) -> None:
 
 
 def test_speed_becomes_time_scale_factor(coda: Any) -> None:
-    from bridge.tts.base import TurnSettings
+    from bridge.providers.base import TurnSettings
 
     pair = coda.make_pair()
     pair.client.open_turn("t1", TurnSettings("lyra", PCM_24K, speed=2.0), pair.now)

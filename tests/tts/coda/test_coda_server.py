@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 
 from bridge.engine import Action, CloseConnection, SendText
-from bridge.tts.base import WordTiming
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.coda import (
+from bridge.providers.base import WordTiming
+from bridge.providers.coda.server import (
     PATHS,
     SESSION,
+    SUBPROTOCOLS,
     CodaServerSession,
-    SUBcodaCOLS,
     select_subprotocol,
 )
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
 from telcodec import g711
 
 KEY = "server-key-1"
@@ -81,7 +81,7 @@ def test_module_attributes() -> None:
     assert SESSION is CodaServerSession
     assert CodaServerSession.protocol_name == "coda"
     assert PATHS == ("/ws", "/v1/ws/coda")
-    assert SUBcodaCOLS == ("rime.v1.json",)
+    assert SUBPROTOCOLS == ("rime.v1.json",)
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ import tts_replay
 from tts_replay import pcm
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes, SendText
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioReceived,
     ConnectionReady,
@@ -35,7 +35,7 @@ from bridge.tts.base import (
     TurnStarted,
     UsageReported,
 )
-from bridge.tts.kletso import (
+from bridge.providers.kletso.client import (
     ENGINE,
     MAX_FRAME_BYTES,
     PCM_24K,

@@ -15,7 +15,7 @@ import pytest
 from tts_replay import audio_of
 
 from bridge.engine import Action, CloseConnection, Event, LocalProtocolError, SendBytes, SendText
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     PCM_8K,
     AudioReceived,
@@ -28,7 +28,7 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.kletso import (
+from bridge.providers.kletso.client import (
     PCM_24K,
     KletsoProtocol,
     TranscriptReceived,
@@ -37,8 +37,8 @@ from bridge.tts.kletso import (
     VoiceInterrupted,
     VoiceStarted,
 )
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.kletso import KletsoServerSession
+from bridge.providers.kletso.server import KletsoServerSession
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
 
 WORD_MS = 100
 

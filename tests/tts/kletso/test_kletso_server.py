@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from bridge.engine import Action, CloseConnection, SendBytes, SendText
-from bridge.tts.base import WordTiming
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.kletso import PATHS, SESSION, EnergyDetector, KletsoServerSession
+from bridge.providers.base import WordTiming
+from bridge.providers.kletso.server import PATHS, SESSION, EnergyDetector, KletsoServerSession
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
 
 START = {"type": "voice.start", "mode": "ptt", "sampleRate": 24000, "clientId": "c1"}
 

@@ -27,10 +27,10 @@ import pytest
 import tts_replay
 
 from bridge.engine import Action, CloseConnection, Event, SendText
-from bridge.tts.base import AudioFormat, ProviderSettings, TurnSettings
-from bridge.tts.kova import KovaProtocol
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.kova import PATHS, KovaServerSession
+from bridge.providers.base import AudioFormat, ProviderSettings, TurnSettings
+from bridge.providers.kova.client import KovaProtocol
+from bridge.providers.kova.server import PATHS, KovaServerSession
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
 
 FIXTURES = Path(__file__).parent / "fixtures"
 API_KEY = "sk-kova-secret-123"

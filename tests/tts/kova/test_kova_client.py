@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from bridge.engine import CloseConnection, LocalProtocolError, SendText
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioFormat,
     AudioReceived,
@@ -20,7 +20,7 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.kova import ENGINE, KovaProtocol
+from bridge.providers.kova.client import ENGINE, KovaProtocol
 
 PCM_16K = AudioFormat("pcm_s16le", 16000)
 

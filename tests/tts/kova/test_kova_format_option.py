@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from bridge.engine import SendText
-from bridge.tts.base import MULAW_8K, ProviderSettings, TurnSettings
-from bridge.tts.kova import KovaProtocol
+from bridge.providers.base import MULAW_8K, ProviderSettings, TurnSettings
+from bridge.providers.kova.client import KovaProtocol
 
 
 def _start_format(**options: str | int | float | bool) -> object:

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bridge.engine import SendText
-from bridge.tts.base import AudioFormat
-from bridge.ttsd.base import ServerOptions
-from bridge.ttsd.kova import PATHS, KovaServerSession
+from bridge.providers.base import AudioFormat
+from bridge.providers.kova.server import PATHS, KovaServerSession
+from bridge.providers.server_base import ServerOptions
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
 VALUES = st.recursive(

@@ -13,7 +13,7 @@ import pytest
 from tts_replay import audio_of
 
 from bridge.engine import Event
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioFormat,
     AudioReceived,
@@ -24,7 +24,7 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.ttsd.base import ServerOptions
+from bridge.providers.server_base import ServerOptions
 from telcodec import g711
 
 PCM_16K = AudioFormat("pcm_s16le", 16000)

@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 
 from bridge.engine import Action, CloseConnection, SendText
-from bridge.tts.base import WordTiming
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.kova import (
+from bridge.providers.base import WordTiming
+from bridge.providers.kova.server import (
     MAX_AUDIO_CHUNK_BYTES,
     MAX_FRAME_CHARS,
     MAX_PENDING_CHARS,
@@ -20,6 +19,7 @@ from bridge.ttsd.kova import (
     SESSION,
     KovaServerSession,
 )
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
 from telcodec import g711
 
 OPTIONS = ServerOptions(voices=frozenset({"cal", "joe"}), max_contexts=3)

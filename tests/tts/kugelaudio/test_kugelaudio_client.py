@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     PCM_8K,
     AudioFormat,
@@ -37,7 +37,7 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.kugelaudio import ENGINE, KugelAudioProtocol
+from bridge.providers.kugelaudio.client import ENGINE, KugelAudioProtocol
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PCM_24K = AudioFormat("pcm_s16le", 24000)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bridge.engine import Action, CloseConnection, Event, SendText
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     PCM_8K,
     AudioFormat,
@@ -30,9 +30,9 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.kugelaudio import ENGINE, KugelAudioProtocol
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.kugelaudio import PATHS, SESSION, KugelAudioServerSession
+from bridge.providers.kugelaudio.client import ENGINE, KugelAudioProtocol
+from bridge.providers.kugelaudio.server import PATHS, SESSION, KugelAudioServerSession
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
 
 PCM_24K = AudioFormat("pcm_s16le", 24000)
 STEP_S = 0.01

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.engine import CloseConnection, SendText
-from bridge.tts.base import WordTiming
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.kugelaudio import PATHS, SESSION, KugelAudioServerSession
+from bridge.providers.base import WordTiming
+from bridge.providers.kugelaudio.server import PATHS, SESSION, KugelAudioServerSession
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
 
 CONFIG = {"voice_id": "joe", "sample_rate": 8000, "word_timestamps": True}
 

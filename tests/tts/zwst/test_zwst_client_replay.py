@@ -23,7 +23,7 @@ import tts_replay
 from tts_replay import pcm
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, SendText
-from bridge.tts.base import (
+from bridge.providers.base import (
     AudioFormat,
     AudioReceived,
     ConnectionReady,
@@ -38,7 +38,7 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.zwst import (
+from bridge.providers.zwst.client import (
     ENGINE,
     HeaderByteOrderSwitched,
     ProviderNoticed,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlsplit
 
 from bridge.engine import Action, CloseConnection, Event, SendBytes, SendText
-from bridge.tts.base import (
+from bridge.providers.base import (
     AudioFormat,
     AudioReceived,
     ConnectionReady,
@@ -29,9 +29,9 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.zwst import HeaderByteOrderSwitched, ZwstProtocol, settings_for
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.zwst import ZwstServerSession, handle_session_request
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.providers.zwst.client import HeaderByteOrderSwitched, ZwstProtocol, settings_for
+from bridge.providers.zwst.server import ZwstServerSession, handle_session_request
 
 API_KEY = "k-conformance-secret"
 BASE_URL = "http://127.0.0.1:9000"

@@ -8,10 +8,9 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 
 from bridge.engine import Action, CloseConnection, SendBytes, SendText
-from bridge.tts.base import WordTiming
-from bridge.tts.zwst import AudioFrameHeader, unpack_frame_header
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.zwst import (
+from bridge.providers.base import WordTiming
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.providers.zwst.server import (
     CONTEXT_IDLE_TIMEOUT_S,
     MAX_TEXT_CHARS,
     PATHS,
@@ -23,6 +22,7 @@ from bridge.ttsd.zwst import (
     handle_session_request,
     split_segments,
 )
+from bridge.providers.zwst.wire import AudioFrameHeader, unpack_frame_header
 
 OPTIONS = ServerOptions(voices=frozenset({"maichi", "joe"}), default_voice="maichi", max_contexts=2)
 RATE = 8000

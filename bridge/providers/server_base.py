@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 One ``ServerSession`` engine per accepted WebSocket, one class per protocol
-(``bridge/ttsd/<protocol>.py``). It parses client frames and validates them
+(``bridge/providers/<protocol>/server.py``). It parses client frames and validates them
 exactly as the seed document says (answering with the document's own error
 frames), and asks the shell to synthesise text with ``Synthesize`` actions.
 The shell runs the synthesis engine (``tone`` inline, ``piper`` in a worker
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from bridge.engine import Action
-from bridge.tts.base import WordTiming
+from bridge.providers.base import WordTiming
 
 __all__ = [
     "CancelSynthesis",

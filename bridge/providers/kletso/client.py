@@ -78,8 +78,9 @@ from bridge.engine import (
     SendBytes,
     SendText,
 )
-from bridge.tts.base import (
+from bridge.providers.base import (
     AudioFormat,
+    AudioReceived,
     ConnectionReady,
     ConnectParams,
     HttpRequest,
@@ -96,8 +97,16 @@ from bridge.tts.base import (
     VoiceInterrupted,
     VoiceUsage,
 )
-from bridge.tts.common import bearer_headers, scrub_secret
-from bridge.tts.taking import AudioTaking
+from bridge.providers.client_common import bearer_headers, scrub_secret
+from bridge.providers.kletso import wire
+from bridge.providers.kletso.wire import (
+    KIND_ASSISTANT,
+    KIND_MIC,
+    MAX_FRAME_BYTES,
+    MODES,
+    SAMPLE_RATE_HZ,
+    STOP_REASONS,
+)
 
 __all__ = [
     "ENGINE",
@@ -115,19 +124,13 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_URL: Final = "wss://api.kletso.ai/v1/realtime"
-SAMPLE_RATE_HZ: Final = 24000
 PCM_24K: Final = AudioFormat("pcm_s16le", SAMPLE_RATE_HZ)
-KIND_MIC: Final = 0x01
-KIND_ASSISTANT: Final = 0x02
-MAX_FRAME_BYTES: Final = 16 * 1024
 #: Largest whole-sample payload that fits a frame after its kind byte.
 MAX_PAYLOAD_BYTES: Final = (MAX_FRAME_BYTES - 1) // 2 * 2
 PLAYED_INTERVAL_S: Final = 0.5
 #: Replies streamed whole that a barge-in can still report as played.
 FINISHED_REMEMBERED: Final = 8
-VOICE_STATES: Final = frozenset({"listening", "thinking", "speaking", "idle"})
-STOP_REASONS: Final = frozenset({"user", "background"})
-MODES: Final = frozenset({"vad", "ptt"})
+VOICE_STATES: Final = frozenset({wire.LISTENING, wire.THINKING, wire.SPEAKING, wire.IDLE})
 
 #: Security limits (ours; the seed states none for JSON).
 MAX_TEXT_FRAME_BYTES: Final = 64 * 1024
@@ -137,11 +140,11 @@ MAX_HELD_AUDIO_BYTES: Final = 2 * SAMPLE_RATE_HZ * 2  # 2 s held while STARTING
 #: error code -> (scope, retryable). Scope "connection" ends the engine,
 #: "session" ends the voice session, "conflict" resyncs; others fail requests.
 ERROR_TABLE: Final[dict[str, tuple[str, bool]]] = {
-    "not_configured": ("connection", False),
-    "voice_unavailable": ("connection", False),
-    "voice_rate_limited": ("session", True),
-    "voice_provider_error": ("session", True),
-    "conflict": ("conflict", False),
+    wire.NOT_CONFIGURED: ("connection", False),
+    wire.VOICE_UNAVAILABLE: ("connection", False),
+    wire.VOICE_RATE_LIMITED: ("session", True),
+    wire.VOICE_PROVIDER_ERROR: ("session", True),
+    wire.CONFLICT: (wire.CONFLICT, False),
 }
 
 VoiceMode = Literal["vad", "ptt"]
@@ -189,7 +192,7 @@ class TranscriptReceived(Event):
 
 
 class _Session(Enum):
-    IDLE = "idle"
+    IDLE = wire.IDLE
     STARTING = "starting"
     ACTIVE = "active"
     STOPPING = "stopping"
@@ -217,7 +220,7 @@ class _Reply:
 Handler = Callable[["KletsoProtocol", JsonObject, float], None]
 
 
-class KletsoProtocol(AudioTaking, Outbox):
+class KletsoProtocol(Outbox):
     """Client side of Kletso's voice frames (see the module docstring).
 
     After every call, drain ``actions_to_send()`` (``SendText``, ``SendBytes``,
@@ -234,7 +237,7 @@ class KletsoProtocol(AudioTaking, Outbox):
         mode = str(settings.option("mode", "ptt"))
         if mode not in MODES:
             raise ValueError(f"kletso option mode must be vad or ptt, not {mode!r}")
-        self._mode: VoiceMode = "vad" if mode == "vad" else "ptt"
+        self._mode: VoiceMode = wire.VAD if mode == wire.VAD else wire.PTT
         self._client_id = str(settings.option("client_id", "callbridge"))
         self._reply_timeout_s = float(settings.option("reply_timeout_s", 15.0))
         self._connected = False
@@ -251,8 +254,8 @@ class KletsoProtocol(AudioTaking, Outbox):
         self._streamed: deque[tuple[str, str | None]] = deque(maxlen=FINISHED_REMEMBERED)
         """Replies streamed whole (turn id, item id), the newest last: the caller may still
         be hearing them, so a cancel still reports the played position."""
-        self._server_state = "idle"
-        self._played_item_id = "current"
+        self._server_state = wire.IDLE
+        self._played_item_id = wire.CURRENT
         self._played_ms = 0
         self._played_at: float | None = None
         self._reply_deadline_at: float | None = None
@@ -333,7 +336,7 @@ class KletsoProtocol(AudioTaking, Outbox):
             self._turn = None
             self._events.append(TurnDone(turn_id))
             return
-        frame = _dumps({"type": "voice.text", "text": text})
+        frame = _dumps({wire.TYPE: wire.VOICE_TEXT, wire.TEXT: text})
         if len(frame.encode()) > MAX_TEXT_FRAME_BYTES:
             self._turn = None
             message = f"text frame over {MAX_TEXT_FRAME_BYTES} bytes"
@@ -407,11 +410,11 @@ class KletsoProtocol(AudioTaking, Outbox):
                 self._events.append(TurnFailed(owner, "voice_stopped", "voice stopped", True))
         self._held, self._held_audio_bytes = [], 0
         self._session = _Session.STOPPING
-        self._send({"type": "voice.stop", "reason": reason})
+        self._send({wire.TYPE: wire.VOICE_STOP, wire.REASON: reason})
 
     def commit(self, now: float) -> None:
         """Push-to-talk release: ``voice.commit`` (the agent answers what it heard)."""
-        self._send_or_hold(SendText(_dumps({"type": "voice.commit"})), 0)
+        self._send_or_hold(SendText(_dumps({wire.TYPE: wire.VOICE_COMMIT})), 0)
 
     def send_audio(self, pcm_s16le_24k: bytes, now: float) -> None:
         """Send microphone audio as kind-0x01 frames of at most 16 KB each.
@@ -429,13 +432,13 @@ class KletsoProtocol(AudioTaking, Outbox):
         """Send one ``voice.played`` now (``item_id`` ``""`` means ``"current"``)."""
         self._require_ready()
         self.set_played_position(item_id, ms)
-        self._send_played(item_id or "current")
+        self._send_played(item_id or wire.CURRENT)
 
     def set_played_position(self, item_id: str, ms: int) -> None:
         """Record how much of ``item_id`` the caller has heard (used by the 500 ms timer)."""
         if ms < 0:
             raise LocalProtocolError("played position must not be negative")
-        self._played_item_id = item_id or "current"
+        self._played_item_id = item_id or wire.CURRENT
         self._played_ms = int(ms)
 
     # ------------------------------------------------------- timers
@@ -468,10 +471,10 @@ class KletsoProtocol(AudioTaking, Outbox):
         except (ValueError, RecursionError):
             self._fail_protocol("malformed JSON frame")
             return
-        if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        if not isinstance(msg, dict) or not isinstance(msg.get(wire.TYPE), str):
             self._fail_protocol("frame is not an object with a string type")
             return
-        frame_type: str = msg["type"]
+        frame_type: str = msg[wire.TYPE]
         handler = _HANDLERS.get(frame_type)
         if handler is None:
             logger.debug("< ignored %s", frame_type)
@@ -497,34 +500,36 @@ class KletsoProtocol(AudioTaking, Outbox):
             self._start_reply(None, now)
         reply = self._reply
         if reply is not None and reply.live:
-            self._report_audio(reply.turn_id, data[1:], PCM_24K)
+            self._events.append(AudioReceived(reply.turn_id, data[1:], PCM_24K))
 
     # ------------------------------------------------------- frame handlers
 
     def _on_started(self, msg: JsonObject, now: float) -> None:
         data = _data(msg)
-        limits = data.get("limits", {})
+        limits = data.get(wire.LIMITS, {})
         if not isinstance(limits, dict):
             raise _Malformed("limits is not an object")
         self._session = _Session.ACTIVE
         self._events.append(
             VoiceStarted(
-                _str(data, "voiceSessionId"),
-                _str(data, "model"),
-                _str(data, "voice"),
-                VoiceLimits(_opt_num(limits, "maxSeconds"), _opt_num(limits, "idleSeconds")),
+                _str(data, wire.VOICE_SESSION_ID),
+                _str(data, wire.MODEL),
+                _str(data, wire.VOICE),
+                VoiceLimits(
+                    _opt_num(limits, wire.MAX_SECONDS), _opt_num(limits, wire.IDLE_SECONDS)
+                ),
             )
         )
         self._flush_held(now)
 
     def _on_state(self, msg: JsonObject, now: float) -> None:
-        state = _str(_data(msg), "state")
+        state = _str(_data(msg), wire.STATE)
         if state not in VOICE_STATES:
             logger.debug("< ignored unknown voice state %s", state)
             return
         self._server_state = state
         self._events.append(VoiceStateChanged(state))
-        if state != "speaking":
+        if state != wire.SPEAKING:
             self._end_reply("done")
         elif self._reply is None:
             self._start_reply(None, now)
@@ -533,15 +538,15 @@ class KletsoProtocol(AudioTaking, Outbox):
 
     def _on_transcript(self, msg: JsonObject, now: float) -> None:
         data = _data(msg)
-        final = data.get("final")
+        final = data.get(wire.FINAL)
         if not isinstance(final, bool):
             raise _Malformed("final is not a boolean")
-        self._events.append(TranscriptReceived(_str(data, "role"), _str(data, "text"), final))
+        self._events.append(TranscriptReceived(_str(data, wire.ROLE), _str(data, wire.TEXT), final))
 
     def _on_interrupted(self, msg: JsonObject, now: float) -> None:
         data = _data(msg)
-        item_id = _str(data, "itemId")
-        end_ms = _opt_num(data, "audioEndMs")
+        item_id = _str(data, wire.ITEM_ID)
+        end_ms = _opt_num(data, wire.AUDIO_END_MS)
         if end_ms is None:
             raise _Malformed("audioEndMs missing")
         self._events.append(VoiceInterrupted(item_id, int(end_ms)))
@@ -553,46 +558,46 @@ class KletsoProtocol(AudioTaking, Outbox):
 
     def _on_ended(self, msg: JsonObject, now: float) -> None:
         data = _data(msg)
-        reason = _str(data, "reason")
-        usage = data.get("usage", {})
+        reason = _str(data, wire.REASON)
+        usage = data.get(wire.USAGE, {})
         if not isinstance(usage, dict):
             raise _Malformed("usage is not an object")
         figures = VoiceUsage(
-            _opt_num(usage, "audioInSeconds") or 0.0,
-            _opt_num(usage, "audioOutSeconds") or 0.0,
-            int(_opt_num(usage, "costMicros") or 0),
+            _opt_num(usage, wire.AUDIO_IN_SECONDS) or 0.0,
+            _opt_num(usage, wire.AUDIO_OUT_SECONDS) or 0.0,
+            int(_opt_num(usage, wire.COST_MICROS) or 0),
         )
         self._end_reply("failed", "voice_ended", f"voice session ended: {reason}")
         self._fail_waiting("voice_ended", f"voice session ended: {reason}", True)
         self._session = _Session.IDLE
-        self._server_state = "idle"
+        self._server_state = wire.IDLE
         self._events.append(VoiceEnded(reason, figures))
         self._events.append(UsageReported(None, dict(usage)))
         if self._held:
             self._send_start(self._mode, self._client_id)
 
     def _on_message_created(self, msg: JsonObject, now: float) -> None:
-        data = msg.get("data")
-        if not isinstance(data, dict) or data.get("role") != "assistant":
+        data = msg.get(wire.DATA)
+        if not isinstance(data, dict) or data.get(wire.ROLE) != wire.ASSISTANT:
             return
-        item_id = data.get("itemId")
+        item_id = data.get(wire.ITEM_ID)
         item = item_id if isinstance(item_id, str) else None
         reply = self._reply
-        if reply is not None and reply.item_id is None and self._server_state == "speaking":
+        if reply is not None and reply.item_id is None and self._server_state == wire.SPEAKING:
             reply.item_id = item
             return
         self._start_reply(item, now)
 
     def _on_error(self, msg: JsonObject, now: float) -> None:
-        code = _str(msg, "code")
-        raw_message = msg.get("message", "")
+        code = _str(msg, wire.CODE)
+        raw_message = msg.get(wire.MESSAGE, "")
         message = self._redact(raw_message if isinstance(raw_message, str) else "")
         scope, retryable = ERROR_TABLE.get(code, ("request", False))
         logger.debug("! error %s (%s)", code, scope)
         if scope == "connection":
             self._fail_connection(code, message, retryable, 1000)
             return
-        if scope == "conflict":
+        if scope == wire.CONFLICT:
             # The agent already runs a session: treat it as ours and go on.
             if self._session is _Session.STARTING:
                 self._session = _Session.ACTIVE
@@ -617,7 +622,7 @@ class KletsoProtocol(AudioTaking, Outbox):
 
     def _start_reply(self, item_id: str | None, now: float) -> None:
         self._end_reply("done")
-        self._played_item_id, self._played_ms = "current", 0
+        self._played_item_id, self._played_ms = wire.CURRENT, 0
         if self._owners:
             owner = self._owners.popleft()
             if owner is None:
@@ -626,13 +631,13 @@ class KletsoProtocol(AudioTaking, Outbox):
             self._reply = _Reply(owner, item_id, live=True, is_text_turn=True)
             self._reply_deadline_at = None
             if self._turn is not None and self._turn.turn_id == owner:
-                self._turn.phase = "speaking"
+                self._turn.phase = wire.SPEAKING
         else:
             self._voice_replies += 1
             turn_id = f"voice-{self._voice_replies}"
             self._reply = _Reply(turn_id, item_id, live=True, is_text_turn=False)
         self._events.append(TurnStarted(self._reply.turn_id, item_id or ""))
-        if self._server_state == "speaking":
+        if self._server_state == wire.SPEAKING:
             self._played_at = now + PLAYED_INTERVAL_S
 
     def _end_reply(
@@ -675,13 +680,13 @@ class KletsoProtocol(AudioTaking, Outbox):
     # ------------------------------------------------------- sending
 
     def _send(self, frame: JsonObject) -> None:
-        logger.debug("> %s", frame["type"])
+        logger.debug("> %s", frame[wire.TYPE])
         self._actions.append(SendText(_dumps(frame)))
 
     def _send_start(self, mode: VoiceMode, client_id: str) -> None:
         self._session = _Session.STARTING
-        frame = {"type": "voice.start", "mode": mode, "sampleRate": SAMPLE_RATE_HZ}
-        self._send({**frame, "clientId": client_id})
+        frame = {wire.TYPE: wire.VOICE_START, wire.MODE: mode, wire.SAMPLE_RATE: SAMPLE_RATE_HZ}
+        self._send({**frame, wire.CLIENT_ID: client_id})
 
     def _send_text_frame(self, action: SendText, turn_id: str, now: float) -> None:
         self._actions.append(action)
@@ -705,8 +710,8 @@ class KletsoProtocol(AudioTaking, Outbox):
 
     def _send_played(self, item_id: str | None) -> None:
         item = item_id or self._played_item_id
-        ms = self._played_ms if self._played_item_id in (item, "current") else 0
-        self._send({"type": "voice.played", "itemId": item, "ms": ms})
+        ms = self._played_ms if self._played_item_id in (item, wire.CURRENT) else 0
+        self._send({wire.TYPE: wire.VOICE_PLAYED, wire.ITEM_ID: item, wire.MS: ms})
 
     # ------------------------------------------------------- failure
 
@@ -751,13 +756,13 @@ class KletsoProtocol(AudioTaking, Outbox):
 
 
 _HANDLERS: dict[str, Handler] = {
-    "voice.started": KletsoProtocol._on_started,
-    "voice.state": KletsoProtocol._on_state,
-    "voice.transcript": KletsoProtocol._on_transcript,
-    "voice.interrupted": KletsoProtocol._on_interrupted,
-    "voice.ended": KletsoProtocol._on_ended,
-    "message.created": KletsoProtocol._on_message_created,
-    "error": KletsoProtocol._on_error,
+    wire.VOICE_STARTED: KletsoProtocol._on_started,
+    wire.VOICE_STATE: KletsoProtocol._on_state,
+    wire.VOICE_TRANSCRIPT: KletsoProtocol._on_transcript,
+    wire.VOICE_INTERRUPTED: KletsoProtocol._on_interrupted,
+    wire.VOICE_ENDED: KletsoProtocol._on_ended,
+    wire.MESSAGE_CREATED: KletsoProtocol._on_message_created,
+    wire.ERROR: KletsoProtocol._on_error,
 }
 """Frame type -> handler, as functions: a protocol holding its own bound methods
 would be a reference cycle, freed only by a full collection."""
@@ -771,7 +776,7 @@ def _dumps(frame: JsonObject) -> str:
 
 
 def _data(msg: JsonObject) -> JsonObject:
-    data = msg.get("data")
+    data = msg.get(wire.DATA)
     if not isinstance(data, dict):
         raise _Malformed("data is not an object")
     return data

@@ -37,7 +37,7 @@ the slot immediately rather than waiting for a timeout").
 
 Binary frame header: version 1, flags (bit 0 final), uint16 ordinal, uint32
 sequence, uint32 presentation timestamp in ms, in network byte order (the
-seed does not state it; ``bridge.tts.zwst`` explains and verifies it).
+seed does not state it; ``bridge.providers.zwst.client`` explains and verifies it).
 
 The outbound queue is bounded at about two seconds of audio: the shell
 reports its send backlog with ``transport_backlog(bytes_queued, now)``; while
@@ -66,8 +66,11 @@ from typing import ClassVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from bridge.engine import Action, CloseConnection, SendBytes, SendText
-from bridge.tts.base import WordTiming
-from bridge.tts.zwst import (
+from bridge.providers.base import WordTiming
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.providers.server_common import byte_chunks, timing_arrays
+from bridge.providers.zwst import wire
+from bridge.providers.zwst.wire import (
     CLOSE_POLICY_VIOLATION,
     CLOSE_SEGMENT_TOO_LONG,
     FRAME_VERSION,
@@ -79,8 +82,6 @@ from bridge.tts.zwst import (
     AudioFrameHeader,
     pack_frame_header,
 )
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.common import byte_chunks, timing_arrays
 
 __all__ = [
     "PATHS",
@@ -135,11 +136,11 @@ class SessionProperties:
     def query(self) -> dict[str, str]:
         """The URL query parameters, in the seed's order (token first, added by the caller)."""
         return {
-            "voice_id": self.voice_id,
-            "format": self.format,
-            "sample_rate": str(self.sample_rate),
-            "normalize_text": _bool_text(self.normalize_text),
-            "word_timestamps": _bool_text(self.word_timestamps),
+            wire.VOICE_ID: self.voice_id,
+            wire.FORMAT: self.format,
+            wire.SAMPLE_RATE: str(self.sample_rate),
+            wire.NORMALIZE_TEXT: _bool_text(self.normalize_text),
+            wire.WORD_TIMESTAMPS: _bool_text(self.word_timestamps),
         }
 
 
@@ -152,11 +153,11 @@ class _Invalid(ValueError):
 
 
 def _properties_from_body(body: Mapping[str, object], options: ServerOptions) -> SessionProperties:
-    voice = body.get("voice_id", options.default_voice)
-    fmt = body.get("format", WIRE_ENCODING)
-    rate = body.get("sample_rate", 24000)
-    normalize = body.get("normalize_text", True)
-    words = body.get("word_timestamps", False)
+    voice = body.get(wire.VOICE_ID, options.default_voice)
+    fmt = body.get(wire.FORMAT, WIRE_ENCODING)
+    rate = body.get(wire.SAMPLE_RATE, 24000)
+    normalize = body.get(wire.NORMALIZE_TEXT, True)
+    words = body.get(wire.WORD_TIMESTAMPS, False)
     if not isinstance(voice, str) or not isinstance(fmt, str):
         raise _Invalid("invalid_field", "voice_id and format must be strings")
     if isinstance(rate, bool) or not isinstance(rate, int):
@@ -167,23 +168,24 @@ def _properties_from_body(body: Mapping[str, object], options: ServerOptions) ->
 
 
 def _properties_from_query(query: Mapping[str, str], options: ServerOptions) -> SessionProperties:
-    missing = [k for k in ("voice_id", "format", "sample_rate") if k not in query]
+    missing = [k for k in (wire.VOICE_ID, wire.FORMAT, wire.SAMPLE_RATE) if k not in query]
     if missing:
         raise _Invalid("invalid_field", f"missing {', '.join(missing)}")
-    rate = query["sample_rate"]
+    rate = query[wire.SAMPLE_RATE]
     bools = {
-        k: query.get(k, d) for k, d in (("normalize_text", "true"), ("word_timestamps", "false"))
+        k: query.get(k, d)
+        for k, d in ((wire.NORMALIZE_TEXT, "true"), (wire.WORD_TIMESTAMPS, "false"))
     }
     if not (rate.isascii() and rate.isdigit()) or any(
         v not in ("true", "false") for v in bools.values()
     ):
         raise _Invalid("invalid_field", "sample_rate must be digits, flags true or false")
     props = SessionProperties(
-        query["voice_id"],
-        query["format"],
+        query[wire.VOICE_ID],
+        query[wire.FORMAT],
         int(rate),
-        bools["normalize_text"] == "true",
-        bools["word_timestamps"] == "true",
+        bools[wire.NORMALIZE_TEXT] == "true",
+        bools[wire.WORD_TIMESTAMPS] == "true",
     )
     return _checked(props, options)
 
@@ -271,12 +273,12 @@ def handle_session_request(
     scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
     query = urlencode({"token": token, **props.query()})
     url = urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + STREAM_PATH, query, ""))
-    answer = {"url": url, "token": token, "expires_in": TOKEN_TTL_S}
+    answer = {wire.URL: url, "token": token, "expires_in": TOKEN_TTL_S}
     return 200, json.dumps(answer).encode()
 
 
 def _http_error(status: int, code: str, message: str) -> tuple[int, bytes]:
-    return status, json.dumps({"error": code, "message": message}).encode()
+    return status, json.dumps({wire.ERROR: code, wire.MESSAGE: message}).encode()
 
 
 # --------------------------------------------------------------- segmenting
@@ -428,7 +430,7 @@ class ZwstServerSession:
         if not isinstance(frame, dict):
             self._send_error(None, "a message must be a JSON object")
             return
-        kind = frame.get("type")
+        kind = frame.get(wire.TYPE)
         handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is None:
             self._send_error(_context_id_of(frame), f"unknown message type {kind!r}")
@@ -441,24 +443,24 @@ class ZwstServerSession:
             self._send_error(None, "binary messages are not accepted; send JSON text frames")
 
     def _on_ping(self, frame: dict[str, object], now: float) -> None:
-        self._send({"type": "pong"})
+        self._send(wire.pong())
 
     def _on_synthesize(self, frame: dict[str, object], now: float) -> None:
         cid = self._context_id(frame)
-        text, mode = frame.get("text"), frame.get("segment_mode", "auto")
+        text, mode = frame.get(wire.TEXT), frame.get(wire.SEGMENT_MODE, wire.AUTO)
         if cid is None:
             return
         if not isinstance(text, str) or not text.strip():
             self._send_error(cid, "text must be a non-empty string")
             return
-        if mode not in ("auto", "none"):
+        if mode not in (wire.AUTO, wire.NONE):
             self._send_error(cid, 'segment_mode must be "auto" or "none"')
             return
         if len(text) > MAX_TEXT_CHARS:
             self._send_error(cid, f"text is longer than {MAX_TEXT_CHARS} characters")
             return
-        if mode == "none" and len(text) > MAX_SEGMENT_CHARS:
-            self._close(CLOSE_SEGMENT_TOO_LONG, "segment_too_long")
+        if mode == wire.NONE and len(text) > MAX_SEGMENT_CHARS:
+            self._close(CLOSE_SEGMENT_TOO_LONG, wire.SEGMENT_TOO_LONG)
             return
         if cid in self._finished:
             self._send_error(cid, "context is finished; use a new context_id for a new turn")
@@ -471,7 +473,7 @@ class ZwstServerSession:
             ctx = self._new_context(cid)
             if ctx is None:
                 return
-        if mode == "none":
+        if mode == wire.NONE:
             ctx.queue.append(text.strip())
         else:
             budget = int(SEGMENT_BUDGET_S * CHARS_PER_SECOND)
@@ -506,7 +508,7 @@ class ZwstServerSession:
         self._finished.add(cid)
 
     def _on_config(self, frame: dict[str, object], now: float) -> None:
-        cid, speed = self._context_id(frame), frame.get("speed")
+        cid, speed = self._context_id(frame), frame.get(wire.SPEED)
         if cid is None:
             return
         if cid in self._contexts or cid in self._finished:
@@ -542,8 +544,10 @@ class ZwstServerSession:
         ctx.job_audio = True
         if words and self._props.word_timestamps:
             offset_s = ctx.segment_start_samples / rate
-            timings = timing_arrays(words, offset_s, start_key="start", end_key="end", ndigits=3)
-            self._send({"type": "timestamps", "context_id": ctx.context_id, **timings})
+            timings = timing_arrays(
+                words, offset_s, start_key=wire.START, end_key=wire.END, ndigits=3
+            )
+            self._send(wire.timestamps(ctx.context_id, timings))
         frame_bytes = rate * FRAME_MS // 1000 * 2
         pcm = pcm[: len(pcm) - len(pcm) % 2]
         for payload in byte_chunks(pcm, frame_bytes):
@@ -565,9 +569,9 @@ class ZwstServerSession:
             ctx.tail = None
         elif last:
             self._send_final_marker(ctx)
-        self._send({"type": "segment_done", "context_id": ctx.context_id})
+        self._send(wire.segment_done(ctx.context_id))
         if last:
-            self._send({"type": "context_done", "context_id": ctx.context_id})
+            self._send(wire.context_done(ctx.context_id))
             self._forget(ctx)
         elif ctx.queue:
             self._start_segment(ctx)
@@ -581,7 +585,7 @@ class ZwstServerSession:
             return
         ctx.job_id = None
         if not ctx.job_audio and not ctx.job_retried:
-            self._send({"type": "resumed"})
+            self._send(wire.resumed())
             self._submit_job(ctx, ctx.job_text, retried=True)
             return
         self._contexts.pop(ctx.context_id, None)
@@ -638,7 +642,7 @@ class ZwstServerSession:
 
     def _context_id(self, frame: Mapping[str, object]) -> str | None:
         """The frame's ``context_id``, or ``None`` after answering with an error."""
-        cid = frame.get("context_id")
+        cid = frame.get(wire.CONTEXT_ID)
         if isinstance(cid, str) and 0 < len(cid) <= MAX_CONTEXT_ID_CHARS:
             return cid
         self._send_error(None, f"context_id must be a string of 1 to {MAX_CONTEXT_ID_CHARS} chars")
@@ -655,15 +659,13 @@ class ZwstServerSession:
         ctx = _Context(cid, self._next_ordinal, speed)
         self._next_ordinal += 1
         self._contexts[cid] = ctx
-        self._send({"type": "context_start", "context_id": cid})
+        self._send(wire.context_start(cid))
         return ctx
 
     def _start_segment(self, ctx: _Context) -> None:
         text = ctx.queue.popleft()
         ctx.segment_start_samples = ctx.samples
-        self._send(
-            {"type": "segment_start", "context_id": ctx.context_id, "queue_depth": len(ctx.queue)}
-        )
+        self._send(wire.segment_start(ctx.context_id, len(ctx.queue)))
         self._submit_job(ctx, text, retried=False)
 
     def _submit_job(self, ctx: _Context, text: str, *, retried: bool) -> None:
@@ -693,7 +695,7 @@ class ZwstServerSession:
     def _finish(self, ctx: _Context) -> None:
         """``end`` (or the idle timeout) with nothing left to synthesise."""
         self._send_final_marker(ctx)
-        self._send({"type": "context_done", "context_id": ctx.context_id})
+        self._send(wire.context_done(ctx.context_id))
         self._forget(ctx)
 
     def _forget(self, ctx: _Context) -> None:
@@ -724,18 +726,18 @@ class ZwstServerSession:
         self._state = _CLOSED
 
     def _send(self, frame: dict[str, object]) -> None:
-        self._actions.append(SendText(json.dumps(frame, separators=(",", ":"), ensure_ascii=False)))
+        self._actions.append(SendText(wire.dump(frame)))
 
     def _send_error(self, cid: str | None, message: str) -> None:
-        self._send({"type": "error", "context_id": cid, "message": message})
+        self._send(wire.error(cid, message))
 
 
 _HANDLERS: dict[str, Handler] = {
-    "synthesize": ZwstServerSession._on_synthesize,
-    "end": ZwstServerSession._on_end,
-    "cancel": ZwstServerSession._on_cancel,
-    "config": ZwstServerSession._on_config,
-    "ping": ZwstServerSession._on_ping,
+    wire.SYNTHESIZE: ZwstServerSession._on_synthesize,
+    wire.END: ZwstServerSession._on_end,
+    wire.CANCEL: ZwstServerSession._on_cancel,
+    wire.CONFIG: ZwstServerSession._on_config,
+    wire.PING: ZwstServerSession._on_ping,
 }
 """Frame type -> handler, as functions: a session holding its own bound methods
 would be a reference cycle, freed only by a full collection."""
@@ -745,7 +747,7 @@ SESSION = ZwstServerSession
 
 
 def _context_id_of(frame: Mapping[str, object]) -> str | None:
-    cid = frame.get("context_id")
+    cid = frame.get(wire.CONTEXT_ID)
     return cid if isinstance(cid, str) else None
 
 

@@ -37,7 +37,6 @@ Rules that keep this module honest:
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import re
 from collections import deque
@@ -47,38 +46,49 @@ from enum import Enum
 from typing import Any, ClassVar
 
 from bridge.engine import CloseConnection, Outbox, SendText
-from bridge.tts.base import WordTiming
-from bridge.tts.common import json_object
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.common import byte_chunks, whole_samples
+from bridge.providers.base import WordTiming
+from bridge.providers.client_common import json_object
+from bridge.providers.kugelaudio import wire
+from bridge.providers.kugelaudio.wire import (
+    CLOSE_POLICY_VIOLATION,
+    PATH,
+    SAMPLE_RATES_HZ,
+    UPDATABLE_FIELDS,
+)
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.providers.server_common import byte_chunks, whole_samples
 
 __all__ = ["PATHS", "SESSION", "KugelAudioServerSession"]
 
 logger = logging.getLogger(__name__)
 
-PATHS: tuple[str, ...] = ("/ws/tts/stream",)
+PATHS: tuple[str, ...] = (PATH,)
 
 IDLE_TURN_TIMEOUT_S = 5.0
 MAX_AUDIO_FRAME_MS = 200
-SAMPLE_RATES_HZ = frozenset({8000, 16000, 22050, 24000})
 DEFAULTS: dict[str, object] = {
-    "model_id": "kugel-3",
-    "cfg_scale": 2.0,
-    "temperature": None,
-    "sample_rate": 24000,
-    "normalize": True,
-    "language": None,
-    "word_timestamps": False,
-    "flush_timeout_ms": 500,
-    "max_buffer_length": 10000,
-    "speed": 1.0,
-    "max_new_tokens": 2048,
+    wire.MODEL_ID: "kugel-3",
+    wire.CFG_SCALE: 2.0,
+    wire.TEMPERATURE: None,
+    wire.SAMPLE_RATE: 24000,
+    wire.NORMALIZE: True,
+    wire.LANGUAGE: None,
+    wire.WORD_TIMESTAMPS: False,
+    wire.FLUSH_TIMEOUT_MS: 500,
+    wire.MAX_BUFFER_LENGTH: 10000,
+    wire.SPEED: 1.0,
+    wire.MAX_NEW_TOKENS: 2048,
 }
-UPDATABLE_FIELDS = ("cfg_scale", "temperature", "max_new_tokens", "language", "normalize", "speed")
 IDENTITY_FIELDS = frozenset(
-    {"voice_id", "model_id", "sample_rate", "output_format", "project_id", "dictionary_ids"}
+    {
+        wire.VOICE_ID,
+        wire.MODEL_ID,
+        wire.SAMPLE_RATE,
+        "output_format",
+        wire.PROJECT_ID,
+        wire.DICTIONARY_IDS,
+    }
 )
-CLOSE_POLICY_VIOLATION = 1008
 BUSY_ERROR = ("SERVICE_UNAVAILABLE", 503)
 """``error_code`` and ``code`` of a turn refused at capacity (the seed's error table is
 not in the document we have; the client treats any code but ``VALIDATION_ERROR`` as
@@ -89,7 +99,7 @@ _SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+")
 class _Invalid(ValueError):
     """Client input the protocol refuses; becomes an error frame."""
 
-    def __init__(self, message: str, error_code: str = "VALIDATION_ERROR", code: int = 400):
+    def __init__(self, message: str, error_code: str = wire.VALIDATION_ERROR, code: int = 400):
         super().__init__(message)
         self.error_code = error_code
         self.code = code
@@ -160,23 +170,23 @@ def _output_format(name: str, value: object) -> object:
 
 
 VALIDATORS: dict[str, Validator] = {
-    "voice_id": _voice_id,
-    "model_id": _of_type(str, "a non-empty string"),
-    "cfg_scale": _number(1.2, 2.5, clamp=True),
-    "temperature": _number(0.0, 1.0),
-    "sample_rate": _integer(allowed=SAMPLE_RATES_HZ),
-    "normalize": _of_type(bool, "a boolean"),
-    "language": _of_type(str, "a non-empty string"),
-    "word_timestamps": _of_type(bool, "a boolean"),
-    "flush_timeout_ms": _integer(lo=0),
-    "max_buffer_length": _integer(lo=1),
-    "speed": _number(0.8, 1.2),
-    "max_new_tokens": _integer(1, 2048),
-    "project_id": _integer(),
-    "dictionary_ids": _dictionary_ids,
+    wire.VOICE_ID: _voice_id,
+    wire.MODEL_ID: _of_type(str, "a non-empty string"),
+    wire.CFG_SCALE: _number(1.2, 2.5, clamp=True),
+    wire.TEMPERATURE: _number(0.0, 1.0),
+    wire.SAMPLE_RATE: _integer(allowed=SAMPLE_RATES_HZ),
+    wire.NORMALIZE: _of_type(bool, "a boolean"),
+    wire.LANGUAGE: _of_type(str, "a non-empty string"),
+    wire.WORD_TIMESTAMPS: _of_type(bool, "a boolean"),
+    wire.FLUSH_TIMEOUT_MS: _integer(lo=0),
+    wire.MAX_BUFFER_LENGTH: _integer(lo=1),
+    wire.SPEED: _number(0.8, 1.2),
+    wire.MAX_NEW_TOKENS: _integer(1, 2048),
+    wire.PROJECT_ID: _integer(),
+    wire.DICTIONARY_IDS: _dictionary_ids,
     "output_format": _output_format,
 }
-COMMAND_KEYS = ("cancel", "update_settings", "close_socket", "close", "end_session")
+COMMAND_KEYS = (wire.CANCEL, wire.UPDATE_SETTINGS, wire.CLOSE_SOCKET, "close", "end_session")
 
 
 class _State(Enum):
@@ -246,8 +256,8 @@ class KugelAudioServerSession(Outbox):
         self._state = _State.IDLE
         if path not in PATHS:
             self._refuse("Not found", "NOT_FOUND", 404)
-        elif self._options.api_keys and query.get("api_key") not in self._options.api_keys:
-            self._refuse("Unauthorized", "UNAUTHORIZED", 401)
+        elif self._options.api_keys and query.get(wire.API_KEY) not in self._options.api_keys:
+            self._refuse("Unauthorized", wire.UNAUTHORIZED, 401)
 
     def connection_lost(self, now: float) -> None:
         session = self._session
@@ -265,7 +275,7 @@ class KugelAudioServerSession(Outbox):
             return None
         deadline = session.last_text_at + IDLE_TURN_TIMEOUT_S
         if session.buffer.strip():
-            flush_s = _as_int(session.settings["flush_timeout_ms"]) / 1000.0
+            flush_s = _as_int(session.settings[wire.FLUSH_TIMEOUT_MS]) / 1000.0
             deadline = min(deadline, session.last_text_at + flush_s)
         return deadline
 
@@ -276,14 +286,14 @@ class KugelAudioServerSession(Outbox):
         if now >= session.last_text_at + IDLE_TURN_TIMEOUT_S:
             self._send(
                 {
-                    "warning": "Turn ended after 5s of inactivity. Send "
+                    wire.WARNING: "Turn ended after 5s of inactivity. Send "
                     '{"flush": true} to end a turn explicitly — it lowers latency '
                     "and avoids this auto-flush."
                 }
             )
             self._end_session(session, now)
             return
-        flush_s = _as_int(session.settings["flush_timeout_ms"]) / 1000.0
+        flush_s = _as_int(session.settings[wire.FLUSH_TIMEOUT_MS]) / 1000.0
         if session.buffer.strip() and now >= session.last_text_at + flush_s:
             self._cut_buffer(session)
             self._pump(now)
@@ -304,13 +314,13 @@ class KugelAudioServerSession(Outbox):
         self._dispatch(frame, now)
 
     def _dispatch(self, frame: dict[str, Any], now: float) -> None:
-        if self._state is _State.ENDING and "cancel" not in frame:
+        if self._state is _State.ENDING and wire.CANCEL not in frame:
             self._held.append(frame)  # rule 2
             return
         try:
             command = next((key for key in COMMAND_KEYS if key in frame), None)
             if command is not None:
-                if command != "update_settings" and frame[command] is not True:
+                if command != wire.UPDATE_SETTINGS and frame[command] is not True:
                     raise _Invalid(f"Invalid request: {command} must be true")
                 getattr(self, f"_on_{command}")(frame, now)
             else:
@@ -325,10 +335,10 @@ class KugelAudioServerSession(Outbox):
         self._session = None
         self._held.clear()
         self._state = _State.IDLE
-        self._send({"interrupted": True})
+        self._send(wire.interrupted())
 
     def _on_update_settings(self, frame: dict[str, Any], now: float) -> None:
-        update = frame["update_settings"]
+        update = frame[wire.UPDATE_SETTINGS]
         if not isinstance(update, dict):
             raise _Invalid("Invalid request: update_settings must be an object")
         refused = sorted(update.keys() & IDENTITY_FIELDS)
@@ -343,12 +353,12 @@ class KugelAudioServerSession(Outbox):
         checked = {key: VALIDATORS[key](key, value) for key, value in update.items()}
         self._config.update(checked)  # applies from the next session on
         settings = {key: self._config[key] for key in UPDATABLE_FIELDS}
-        self._send({"settings_updated": True, "settings": settings})
+        self._send(wire.settings_updated(settings))
 
     def _on_close_socket(self, frame: dict[str, Any], now: float) -> None:
         session = self._session
         if session is None:
-            self._close(1000, "close_socket")
+            self._close(1000, wire.CLOSE_SOCKET)
             return
         session.close_socket = True
         self._end_session(session, now)
@@ -361,16 +371,16 @@ class KugelAudioServerSession(Outbox):
 
     def _on_config_text_flush(self, frame: dict[str, Any], now: float) -> None:
         config = {key: frame[key] for key in VALIDATORS if key in frame}
-        if not config and "text" not in frame and "flush" not in frame:
+        if not config and wire.TEXT not in frame and wire.FLUSH not in frame:
             raise _Invalid("Invalid request")
         if config:
             self._apply_config(config)
-        if "text" in frame:
-            self._on_text(frame["text"], now)
-        if "flush" in frame:
-            if not isinstance(frame["flush"], bool):
+        if wire.TEXT in frame:
+            self._on_text(frame[wire.TEXT], now)
+        if wire.FLUSH in frame:
+            if not isinstance(frame[wire.FLUSH], bool):
                 raise _Invalid("Invalid request: flush must be a boolean")
-            if frame["flush"] and self._session is not None:
+            if frame[wire.FLUSH] and self._session is not None:
                 self._end_session(self._session, now)
 
     def _apply_config(self, config: dict[str, object]) -> None:
@@ -378,12 +388,12 @@ class KugelAudioServerSession(Outbox):
         changes = {k: v for k, v in checked.items() if self._config.get(k) != v}
         if changes and self._state is _State.OPEN:
             raise _Invalid("Invalid request: settings can only change between turns")
-        voice = checked.get("voice_id")
+        voice = checked.get(wire.VOICE_ID)
         if voice is not None and voice not in self._options.voices:
             raise _Invalid("Voice not found", "NOT_FOUND", 404)
-        dictionary_ids = checked.get("dictionary_ids", [])
+        dictionary_ids = checked.get(wire.DICTIONARY_IDS, [])
         if dictionary_ids:
-            if checked.get("project_id", self._config.get("project_id")) is None:
+            if checked.get(wire.PROJECT_ID, self._config.get(wire.PROJECT_ID)) is None:
                 raise _Invalid("Invalid request: dictionary_ids requires project_id")
             raise _Invalid("Dictionary not found", "NOT_FOUND", 404)
         self._config.update(checked)
@@ -402,7 +412,7 @@ class KugelAudioServerSession(Outbox):
         parts = _SENTENCE_END.split(session.buffer)
         session.buffer = parts.pop()
         session.chunks.extend(part for part in parts if part.strip())
-        if len(session.buffer) >= _as_int(session.settings["max_buffer_length"]):
+        if len(session.buffer) >= _as_int(session.settings[wire.MAX_BUFFER_LENGTH]):
             self._cut_buffer(session)
         self._pump(now)
 
@@ -418,7 +428,7 @@ class KugelAudioServerSession(Outbox):
         frame_bytes = session.sample_rate_hz * MAX_AUDIO_FRAME_MS // 1000 * 2
         for frame in byte_chunks(data, frame_bytes):
             self._send_audio(session, job, frame)
-        if session.settings["word_timestamps"]:
+        if session.settings[wire.WORD_TIMESTAMPS]:
             for word in words:
                 job.words.append(self._word_entry(session, job, word))
 
@@ -427,11 +437,11 @@ class KugelAudioServerSession(Outbox):
         if session is None or job is None:
             return
         if job.words:
-            self._send({"word_timestamps": job.words, "chunk_id": job.chunk_id})
+            self._send(wire.word_timestamps(job.words, job.chunk_id))
         self._send(
             {
-                "chunk_complete": True,
-                "chunk_id": job.chunk_id,
+                wire.CHUNK_COMPLETE: True,
+                wire.CHUNK_ID: job.chunk_id,
                 "audio_seconds": round(job.samples / session.sample_rate_hz, 3),
                 "gen_ms": round((now - job.started_at) * 1000.0),
             }
@@ -461,8 +471,8 @@ class KugelAudioServerSession(Outbox):
     def _open_session(self, now: float) -> _Session:
         self._session_serial += 1
         settings = dict(self._config)
-        voice = settings.get("voice_id") or self._options.default_voice
-        rate_hz = _as_int(settings["sample_rate"])
+        voice = settings.get(wire.VOICE_ID) or self._options.default_voice
+        rate_hz = _as_int(settings[wire.SAMPLE_RATE])
         session = _Session(self._session_serial, settings, str(voice), rate_hz, now)
         self._session = session
         self._state = _State.OPEN
@@ -496,8 +506,8 @@ class KugelAudioServerSession(Outbox):
         session.characters += len(text)
         job_id = f"ka{session.number}.{chunk_id}"
         session.job = _Job(job_id, chunk_id, text, now, session.audio_samples)
-        self._send({"generation_started": True, "chunk_id": chunk_id, "text": text})
-        speed = session.settings["speed"]
+        self._send(wire.generation_started(chunk_id, text))
+        speed = session.settings[wire.SPEED]
         self._actions.append(
             Synthesize(
                 job_id,
@@ -511,24 +521,24 @@ class KugelAudioServerSession(Outbox):
     def _finish_session(self, session: _Session, now: float) -> None:
         audio_seconds = round(session.audio_samples / session.sample_rate_hz, 3)
         totals = {
-            "total_audio_seconds": audio_seconds,
-            "total_text_chunks": session.text_chunks,
-            "total_audio_chunks": session.audio_frames,
+            wire.TOTAL_AUDIO_SECONDS: audio_seconds,
+            wire.TOTAL_TEXT_CHUNKS: session.text_chunks,
+            wire.TOTAL_AUDIO_CHUNKS: session.audio_frames,
         }
-        self._send({"final": True, **totals})
+        self._send(wire.final(totals))
         usage = {
             "audio_seconds": audio_seconds,
             "characters": session.characters,
             "cost_cents": None,  # the local server has no price list
             "cost_unavailable": True,
             "currency": "eur",
-            "model_id": session.settings["model_id"],
+            wire.MODEL_ID: session.settings[wire.MODEL_ID],
         }
-        self._send({"session_closed": True, **totals, "usage": usage})
+        self._send(wire.session_closed(totals, usage))
         self._session = None
         self._state = _State.IDLE
         if session.close_socket:
-            self._close(1000, "close_socket")
+            self._close(1000, wire.CLOSE_SOCKET)
             return
         self._replay_held(now)
 
@@ -538,15 +548,9 @@ class KugelAudioServerSession(Outbox):
 
     def _send_audio(self, session: _Session, job: _Job, data: bytes) -> None:
         samples = len(data) // 2
+        b64 = base64.b64encode(data).decode("ascii")
         self._send(
-            {
-                "audio": base64.b64encode(data).decode("ascii"),
-                "enc": "pcm_s16le",
-                "idx": session.audio_frames,
-                "sr": session.sample_rate_hz,
-                "samples": samples,
-                "chunk_id": job.chunk_id,
-            }
+            wire.audio(b64, session.audio_frames, session.sample_rate_hz, samples, job.chunk_id)
         )
         session.audio_frames += 1
         session.audio_samples += samples
@@ -559,9 +563,9 @@ class KugelAudioServerSession(Outbox):
         if char_start is not None:
             job.char_cursor = char_start + len(word.word)
         return {
-            "word": word.word,
-            "start_ms": round(offset_ms + word.start_s * 1000.0),
-            "end_ms": round(offset_ms + word.end_s * 1000.0),
+            wire.WORD: word.word,
+            wire.START_MS: round(offset_ms + word.start_s * 1000.0),
+            wire.END_MS: round(offset_ms + word.end_s * 1000.0),
             "char_start": char_start,
             "char_end": None if char_start is None else char_start + len(word.word),
             "score": 1.0,
@@ -582,10 +586,10 @@ class KugelAudioServerSession(Outbox):
         self._state = _State.CLOSED
 
     def _send_error(self, exc: _Invalid) -> None:
-        self._send({"error": str(exc), "error_code": exc.error_code, "code": exc.code})
+        self._send(wire.error(str(exc), exc.error_code, exc.code))
 
     def _send(self, message: dict[str, object]) -> None:
-        self._actions.append(SendText(json.dumps(message, separators=(",", ":"))))
+        self._actions.append(SendText(wire.dump(message)))
 
 
 def _as_int(value: object) -> int:

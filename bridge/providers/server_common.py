@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Every server session (``bridge/ttsd/<protocol>.py``) gets a job's output
+Every server session (``bridge/providers/<protocol>/server.py``) gets a job's output
 from the shell as 16-bit little-endian mono PCM in pieces of any length, with
 word timings counted from the start of that *job*, and must put it on the
 wire in the client's format with times counted from the start of the
@@ -24,7 +24,7 @@ Rules: no I/O, no clock, no state; nothing here raises on valid PCM.
 
 from __future__ import annotations
 
-from bridge.tts.base import WordTiming
+from bridge.providers.base import WordTiming
 from telcodec import g711
 
 __all__ = ["byte_chunks", "encode_pcm", "offset_words", "timing_arrays", "whole_samples"]

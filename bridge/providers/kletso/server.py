@@ -56,25 +56,29 @@ from typing import ClassVar, Final, Literal
 import numpy as np
 
 from bridge.engine import CloseConnection, Outbox, SendBytes, SendText
-from bridge.tts.base import WordTiming
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.common import byte_chunks, whole_samples
+from bridge.providers.base import WordTiming
+from bridge.providers.kletso import wire
+from bridge.providers.kletso.wire import (
+    CLOSE_POLICY_VIOLATION,
+    KIND_ASSISTANT,
+    KIND_MIC,
+    MAX_FRAME_BYTES,
+    MODES,
+    SAMPLE_RATE_HZ,
+    STOP_REASONS,
+)
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.providers.server_common import byte_chunks, whole_samples
 
 __all__ = ["PATHS", "SESSION", "EnergyDetector", "KletsoServerSession"]
 
 PATHS: tuple[str, ...] = ("/v1/realtime",)
 
-SAMPLE_RATE_HZ: Final = 24000
 BYTES_PER_S: Final = SAMPLE_RATE_HZ * 2
-KIND_MIC: Final = 0x01
-KIND_ASSISTANT: Final = 0x02
 MAX_PLAYED_MS: Final = 10**12
 """Largest ``voice.played`` position taken (about 30 years); larger is refused."""
-MAX_FRAME_BYTES: Final = 16 * 1024
 #: Outbound audio frames: 40 ms (the seed suggests 20-60 ms).
 OUT_FRAME_BYTES: Final = BYTES_PER_S * 40 // 1000
-MODES: Final = frozenset({"vad", "ptt"})
-STOP_REASONS: Final = frozenset({"user", "background"})
 #: Security limits (ours; the seed states none for JSON).
 MAX_FRAME_CHARS: Final = 64 * 1024
 MAX_ITEMS_REMEMBERED: Final = 256
@@ -84,7 +88,6 @@ over the limit, or every synthesis worker busy)."""
 #: Deterministic price list for ``usage.costMicros`` (micro-units per second).
 COST_IN_MICROS_PER_S: Final = 100
 COST_OUT_MICROS_PER_S: Final = 250
-CLOSE_POLICY_VIOLATION: Final = 1008
 
 JsonObject = dict[str, object]
 
@@ -237,8 +240,8 @@ class KletsoServerSession(Outbox):
         self._items = 0
         self._starts: deque[float] = deque()
         self._session_id: str | None = None
-        self._mode = "ptt"
-        self._state = "idle"
+        self._mode = wire.PTT
+        self._state = wire.IDLE
         self._limit_at: float | None = None
         self._active_at = 0.0
         self._in_bytes = self._out_bytes = 0
@@ -275,12 +278,12 @@ class KletsoServerSession(Outbox):
             return
         try:
             msg = _parse(text)
-            frame_type = str(msg["type"])
+            frame_type = str(msg[wire.TYPE])
             handler = _HANDLERS.get(frame_type)
             if handler is None:
                 raise _BadFrame("invalid_request", f"unknown frame type {frame_type[:64]!r}")
-            if self._session_id is None and frame_type != "voice.start":
-                raise _BadFrame("voice_unavailable", f"{frame_type} before voice.start")
+            if self._session_id is None and frame_type != wire.VOICE_START:
+                raise _BadFrame(wire.VOICE_UNAVAILABLE, f"{frame_type} before voice.start")
             handler(self, msg, now)
         except _BadFrame as exc:
             self._error(exc.code, str(exc))
@@ -294,7 +297,7 @@ class KletsoServerSession(Outbox):
             self._error("invalid_request", problem)
             return
         if self._session_id is None:
-            self._error("voice_unavailable", "audio before voice.start")
+            self._error(wire.VOICE_UNAVAILABLE, "audio before voice.start")
             return
         pcm = data[1:]
         self._in_bytes += len(pcm)
@@ -310,31 +313,33 @@ class KletsoServerSession(Outbox):
 
     def _on_start(self, msg: JsonObject, now: float) -> None:
         if self._session_id is not None:
-            raise _BadFrame("conflict", "a voice session is already running")
-        mode = msg.get("mode")
+            raise _BadFrame(wire.CONFLICT, "a voice session is already running")
+        mode = msg.get(wire.MODE)
         if mode not in MODES:
             raise _BadFrame("invalid_request", 'mode must be "vad" or "ptt"')
-        rate = msg.get("sampleRate")
+        rate = msg.get(wire.SAMPLE_RATE)
         if isinstance(rate, bool) or rate != SAMPLE_RATE_HZ:
             raise _BadFrame("invalid_request", "sampleRate must be 24000")
-        client_id = msg.get("clientId")
+        client_id = msg.get(wire.CLIENT_ID)
         if not isinstance(client_id, str) or not client_id:
             raise _BadFrame("invalid_request", "clientId must be a non-empty string")
         if self._not_configured:
-            self._error("not_configured", "no OpenAI key on the agent")
-            self._log("voice.ended", {"reason": "not_configured", "usage": _usage(0, 0)})
+            self._error(wire.NOT_CONFIGURED, "no OpenAI key on the agent")
+            self._log(
+                wire.VOICE_ENDED, {wire.REASON: wire.NOT_CONFIGURED, wire.USAGE: _usage(0, 0)}
+            )
             return
         if not self._voice_enabled:
-            raise _BadFrame("voice_unavailable", "voice is off for this agent")
+            raise _BadFrame(wire.VOICE_UNAVAILABLE, "voice is off for this agent")
         while self._starts and self._starts[0] <= now - 60.0:
             self._starts.popleft()
         if len(self._starts) >= self._max_starts_per_minute:
-            raise _BadFrame("voice_rate_limited", "too many voice sessions, retry later")
+            raise _BadFrame(wire.VOICE_RATE_LIMITED, "too many voice sessions, retry later")
         self._starts.append(now)
         self._begin_session(str(mode), now)
 
     def _on_stop(self, msg: JsonObject, now: float) -> None:
-        if msg.get("reason") not in STOP_REASONS:
+        if msg.get(wire.REASON) not in STOP_REASONS:
             raise _BadFrame("invalid_request", 'reason must be "user" or "background"')
         self._end_session("user")
 
@@ -345,8 +350,8 @@ class KletsoServerSession(Outbox):
         self._heard_speech(speech_ms, now)
 
     def _on_played(self, msg: JsonObject, now: float) -> None:
-        item_id = msg.get("itemId")
-        ms = msg.get("ms")
+        item_id = msg.get(wire.ITEM_ID)
+        ms = msg.get(wire.MS)
         if not isinstance(item_id, str) or not item_id:
             raise _BadFrame("invalid_request", "itemId must be a string")
         if isinstance(ms, bool) or not isinstance(ms, int | float):
@@ -354,34 +359,36 @@ class KletsoServerSession(Outbox):
         # (a JSON integer too large for a double made math.isfinite raise OverflowError)
         if not 0 <= ms < MAX_PLAYED_MS or (isinstance(ms, float) and not math.isfinite(ms)):
             raise _BadFrame("invalid_request", "ms must be a finite number >= 0")
-        if item_id != "current" and item_id not in self._known_items:
+        if item_id != wire.CURRENT and item_id not in self._known_items:
             raise _BadFrame("invalid_request", f"unknown itemId {item_id[:64]!r}")
         item, heard = self._item, self._heard
-        if item is not None and item_id in ("current", item.item_id):
+        if item is not None and item_id in (wire.CURRENT, item.item_id):
             item.played_ms = int(ms)
-        elif heard is not None and item_id in ("current", heard.item_id):
+        elif heard is not None and item_id in (wire.CURRENT, heard.item_id):
             heard.played_ms = int(ms)
 
     def _on_text(self, msg: JsonObject, now: float) -> None:
-        text = msg.get("text")
+        text = msg.get(wire.TEXT)
         if not isinstance(text, str) or not text.strip():
             raise _BadFrame("invalid_request", "text must be a non-empty string")
         self._active_at = now
         user_id = self._new_item_id()
-        self._log("message.created", {"itemId": user_id, "role": "user", "modality": "text"})
+        self._log(
+            wire.MESSAGE_CREATED, {wire.ITEM_ID: user_id, wire.ROLE: "user", "modality": wire.TEXT}
+        )
         self._log(
             "message.completed",
-            {"itemId": user_id, "role": "user", "modality": "text", "text": text},
+            {wire.ITEM_ID: user_id, wire.ROLE: "user", "modality": wire.TEXT, wire.TEXT: text},
         )
-        self._queue.append(("text", f"You wrote: {text}"))
+        self._queue.append((wire.TEXT, f"You wrote: {text}"))
         self._begin_next(now)
 
     # ------------------------------------------------------- speech
 
     def _on_speech_started(self, now: float) -> None:
-        self._log("voice.transcript", {"role": "user", "text": "", "final": False})
-        if self._mode == "ptt":
-            self._set_state("listening")
+        self._log(wire.VOICE_TRANSCRIPT, {wire.ROLE: "user", wire.TEXT: "", wire.FINAL: False})
+        if self._mode == wire.PTT:
+            self._set_state(wire.LISTENING)
         self._queue.clear()
         item, heard = self._item, self._heard
         if item is not None:
@@ -393,11 +400,11 @@ class KletsoServerSession(Outbox):
         """New speech after a finished answer that ``voice.played`` says was cut short."""
         if heard.played_ms is not None and heard.played_ms < heard.sent_ms:
             heard.interrupted = True
-            data = {"itemId": heard.item_id, "audioEndMs": heard.played_ms}
-            self._log("voice.interrupted", data)
+            data = {wire.ITEM_ID: heard.item_id, wire.AUDIO_END_MS: heard.played_ms}
+            self._log(wire.VOICE_INTERRUPTED, data)
 
     def _on_speech_ended(self, speech_ms: int, now: float) -> None:
-        if self._mode == "ptt":
+        if self._mode == wire.PTT:
             self._ptt_speech_ms += speech_ms
             return
         self._heard_speech(speech_ms, now)
@@ -405,10 +412,19 @@ class KletsoServerSession(Outbox):
     def _heard_speech(self, speech_ms: int, now: float) -> None:
         seconds = speech_ms / 1000
         transcript = f"[speech, {seconds:.1f} s]" if speech_ms else "[silence]"
-        self._log("voice.transcript", {"role": "user", "text": transcript, "final": True})
+        self._log(
+            wire.VOICE_TRANSCRIPT, {wire.ROLE: "user", wire.TEXT: transcript, wire.FINAL: True}
+        )
         user_id = self._new_item_id()
-        self._log("message.created", {"itemId": user_id, "role": "user", "modality": "voice"})
-        done = {"itemId": user_id, "role": "user", "modality": "voice", "text": transcript}
+        self._log(
+            wire.MESSAGE_CREATED, {wire.ITEM_ID: user_id, wire.ROLE: "user", "modality": wire.VOICE}
+        )
+        done = {
+            wire.ITEM_ID: user_id,
+            wire.ROLE: "user",
+            "modality": wire.VOICE,
+            wire.TEXT: transcript,
+        }
         self._log("message.completed", done)
         reply = f"I heard you speak for {seconds:.1f} seconds." if speech_ms else "I heard nothing."
         self._queue.append(("speech", reply))
@@ -422,9 +438,9 @@ class KletsoServerSession(Outbox):
         _, text = self._queue.popleft()
         item = _Item(self._new_item_id(), text)
         self._item = item
-        self._set_state("thinking")
-        data = {"itemId": item.item_id, "role": "assistant", "modality": "voice"}
-        self._log("message.created", data)
+        self._set_state(wire.THINKING)
+        data = {wire.ITEM_ID: item.item_id, wire.ROLE: wire.ASSISTANT, "modality": wire.VOICE}
+        self._log(wire.MESSAGE_CREATED, data)
         voice = self._options.default_voice
         self._actions.append(Synthesize(item.item_id, text, voice, SAMPLE_RATE_HZ))
 
@@ -437,7 +453,7 @@ class KletsoServerSession(Outbox):
             return
         if not item.speaking:
             item.speaking = True
-            self._set_state("speaking")
+            self._set_state(wire.SPEAKING)
         data, item.carry = whole_samples(item.carry, pcm)
         for chunk in byte_chunks(data, OUT_FRAME_BYTES):
             self._actions.append(SendBytes(bytes([KIND_ASSISTANT]) + chunk))
@@ -448,7 +464,7 @@ class KletsoServerSession(Outbox):
             if item.words:
                 delta = " " + delta
             item.words.extend(w.word for w in words)
-            self._log("message.delta", {"itemId": item.item_id, "delta": delta})
+            self._log("message.delta", {wire.ITEM_ID: item.item_id, "delta": delta})
 
     def synthesis_done(self, job_id: str, now: float) -> None:
         """The answer is complete: ``message.completed``, then the next answer or rest."""
@@ -456,7 +472,7 @@ class KletsoServerSession(Outbox):
         if item is None or item.item_id != job_id:
             return
         if not item.words:
-            self._log("message.delta", {"itemId": item.item_id, "delta": item.text})
+            self._log("message.delta", {wire.ITEM_ID: item.item_id, "delta": item.text})
         self._complete(item, item.text)
         self._heard = _Heard(item.item_id, _ms(item.sent_bytes), item.played_ms)
         self._active_at = now
@@ -471,8 +487,8 @@ class KletsoServerSession(Outbox):
         if item is None or item.item_id != job_id:
             return
         self._item = None
-        self._error("voice_provider_error", f"synthesis failed: {message}")
-        self._end_session("error")
+        self._error(wire.VOICE_PROVIDER_ERROR, f"synthesis failed: {message}")
+        self._end_session(wire.ERROR)
 
     def synthesis_refused(self, job_id: str, message: str, now: float) -> None:
         """At capacity: ``voice_rate_limited``, then ``voice.ended`` (error)."""
@@ -481,21 +497,26 @@ class KletsoServerSession(Outbox):
             return
         self._item = None
         self._error(ERROR_RATE_LIMITED, message)
-        self._end_session("error")
+        self._end_session(wire.ERROR)
 
     def _interrupt(self, item: _Item, now: float) -> None:
         self._actions.append(CancelSynthesis(item.item_id))
         self._item = None
         sent_ms = _ms(item.sent_bytes)
         end_ms = min(item.played_ms or 0, sent_ms)
-        self._log("voice.interrupted", {"itemId": item.item_id, "audioEndMs": end_ms})
+        self._log(wire.VOICE_INTERRUPTED, {wire.ITEM_ID: item.item_id, wire.AUDIO_END_MS: end_ms})
         self._complete(item, " ".join(item.words))
         self._heard = _Heard(item.item_id, sent_ms, end_ms, interrupted=True)
-        self._set_state("listening")
+        self._set_state(wire.LISTENING)
 
     def _complete(self, item: _Item, text: str) -> None:
         self._item = None
-        data = {"itemId": item.item_id, "role": "assistant", "modality": "voice", "text": text}
+        data = {
+            wire.ITEM_ID: item.item_id,
+            wire.ROLE: wire.ASSISTANT,
+            "modality": wire.VOICE,
+            wire.TEXT: text,
+        }
         self._log("message.completed", data)
 
     # ------------------------------------------------------- session
@@ -509,10 +530,10 @@ class KletsoServerSession(Outbox):
         self._in_bytes = self._out_bytes = self._ptt_speech_ms = 0
         self._detector.reset()
         self._heard = None
-        limits = {"maxSeconds": self._max_seconds, "idleSeconds": self._idle_seconds}
+        limits = {wire.MAX_SECONDS: self._max_seconds, wire.IDLE_SECONDS: self._idle_seconds}
         voice = self._options.default_voice
-        data = {"voiceSessionId": self._session_id, "model": self._model, "voice": voice}
-        self._log("voice.started", {**data, "limits": limits})
+        data = {wire.VOICE_SESSION_ID: self._session_id, wire.MODEL: self._model, wire.VOICE: voice}
+        self._log(wire.VOICE_STARTED, {**data, wire.LIMITS: limits})
         self._log("avatar.mood", {"mood": "neutral", "source": "rule"})
         self._state = ""  # announce the first state whatever it is
         self._set_state(self._resting_state())
@@ -522,15 +543,16 @@ class KletsoServerSession(Outbox):
             self._actions.append(CancelSynthesis(self._item.item_id))
             self._item = None
         self._queue.clear()
-        self._set_state("idle")
+        self._set_state(wire.IDLE)
         self._log(
-            "voice.ended", {"reason": reason, "usage": _usage(self._in_bytes, self._out_bytes)}
+            wire.VOICE_ENDED,
+            {wire.REASON: reason, wire.USAGE: _usage(self._in_bytes, self._out_bytes)},
         )
         self._session_id = None
         self._limit_at = None
 
     def _resting_state(self) -> str:
-        return "listening" if self._mode == "vad" else "idle"
+        return wire.LISTENING if self._mode == wire.VAD else wire.IDLE
 
     # ------------------------------------------------------- timers
 
@@ -551,22 +573,22 @@ class KletsoServerSession(Outbox):
             return
         deadline = self.next_deadline()
         if deadline is not None and now >= deadline:
-            self._end_session("idle")
+            self._end_session(wire.IDLE)
 
     # ------------------------------------------------------- output
 
     def _set_state(self, state: str) -> None:
         if state != self._state:
             self._state = state
-            self._log("voice.state", {"state": state})
+            self._log(wire.VOICE_STATE, {wire.STATE: state})
 
     def _log(self, event_type: str, data: Mapping[str, object]) -> None:
         self._seq += 1
-        frame = {"type": event_type, "seq": self._seq, "data": data}
+        frame = {wire.TYPE: event_type, "seq": self._seq, wire.DATA: data}
         self._actions.append(SendText(json.dumps(frame, separators=(",", ":"))))
 
     def _error(self, code: str, message: str) -> None:
-        frame = {"type": "error", "code": code, "message": message}
+        frame = {wire.TYPE: wire.ERROR, wire.CODE: code, wire.MESSAGE: message}
         self._actions.append(SendText(json.dumps(frame, separators=(",", ":"))))
 
     def _new_item_id(self) -> str:
@@ -577,11 +599,11 @@ class KletsoServerSession(Outbox):
 
 
 _HANDLERS: dict[str, Handler] = {
-    "voice.start": KletsoServerSession._on_start,
-    "voice.stop": KletsoServerSession._on_stop,
-    "voice.commit": KletsoServerSession._on_commit,
-    "voice.played": KletsoServerSession._on_played,
-    "voice.text": KletsoServerSession._on_text,
+    wire.VOICE_START: KletsoServerSession._on_start,
+    wire.VOICE_STOP: KletsoServerSession._on_stop,
+    wire.VOICE_COMMIT: KletsoServerSession._on_commit,
+    wire.VOICE_PLAYED: KletsoServerSession._on_played,
+    wire.VOICE_TEXT: KletsoServerSession._on_text,
 }
 """Frame type -> handler, as functions: a session holding its own bound methods
 would be a reference cycle, freed only by a full collection."""
@@ -597,7 +619,7 @@ def _parse(text: str) -> JsonObject:
         msg = json.loads(text)
     except (ValueError, RecursionError):
         raise _BadFrame("invalid_request", "frame is not valid JSON") from None
-    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+    if not isinstance(msg, dict) or not isinstance(msg.get(wire.TYPE), str):
         raise _BadFrame("invalid_request", "frame must be an object with a string type")
     return msg
 
@@ -623,9 +645,9 @@ def _usage(in_bytes: int, out_bytes: int) -> JsonObject:
     in_s, out_s = in_bytes / BYTES_PER_S, out_bytes / BYTES_PER_S
     cost = round(in_s * COST_IN_MICROS_PER_S + out_s * COST_OUT_MICROS_PER_S)
     return {
-        "audioInSeconds": round(in_s, 3),
-        "audioOutSeconds": round(out_s, 3),
-        "costMicros": cost,
+        wire.AUDIO_IN_SECONDS: round(in_s, 3),
+        wire.AUDIO_OUT_SECONDS: round(out_s, 3),
+        wire.COST_MICROS: cost,
     }
 
 

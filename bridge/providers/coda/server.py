@@ -59,8 +59,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bridge.engine import CloseConnection, Outbox, SendText
-from bridge.tts.base import WordTiming
-from bridge.tts.coda import (
+from bridge.providers.base import WordTiming
+from bridge.providers.client_common import json_object
+from bridge.providers.coda import wire
+from bridge.providers.coda.wire import (
+    CLOSE_CREDENTIALS,
+    CLOSE_UNDECODABLE,
     MAX_CONTEXT_ID_BYTES,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
@@ -70,16 +74,14 @@ from bridge.tts.coda import (
     dump_message,
     format_duration,
 )
-from bridge.tts.common import json_object
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.common import byte_chunks, encode_pcm, offset_words, whole_samples
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.providers.server_common import byte_chunks, encode_pcm, offset_words, whole_samples
 
 __all__ = [
     "PATHS",
     "SESSION",
     "SUBPROTOCOLS",
     "CodaServerSession",
-    "SUBcodaCOLS",
     "select_subprotocol",
 ]
 
@@ -90,8 +92,7 @@ ERROR_KIND_UNAVAILABLE = "unavailable"
 """The seed's kind for "the server cannot take the request right now (at capacity)"."""
 """The seed's limit of open contexts per socket."""
 #: Subprotocols we accept. ``rime.v1.binary`` is not: its Protobuf schema is unpublished.
-SUBcodaCOLS: tuple[str, ...] = (SUBPROTOCOL,)
-SUBPROTOCOLS = SUBcodaCOLS
+SUBPROTOCOLS: tuple[str, ...] = (SUBPROTOCOL,)
 
 LANGUAGES: tuple[str, ...] = ("en",)
 DEFAULT_LANGUAGE = "en"
@@ -108,10 +109,10 @@ MAX_AUDIO_CHUNK_BYTES = 48000
 #: MIME type (and the direct-engine aliases) -> what we put on the wire;
 #: ``None``: a format we have no encoder for. Unknown types fall back to WAV.
 _FORMATS: dict[str, str | None] = {
-    "audio/pcm": "pcm",
+    wire.AUDIO_PCM: "pcm",
     "audio/l16": "pcm",  # little-endian, as the seed warns
     "audio/wav": "wav",
-    "audio/pcmu": "mulaw",
+    wire.AUDIO_PCMU: "mulaw",
     "audio/x-mulaw": "mulaw",
     "audio/mpeg": None,
     "audio/mp3": None,
@@ -120,19 +121,17 @@ _FORMATS: dict[str, str | None] = {
     "audio/webm;codecs=opus": None,
     "audio/webm": None,
 }
-_PAYLOADS = ("config", "start", "text", "end", "cancel")
+_PAYLOADS = (wire.CONFIG, wire.START, wire.TEXT, wire.END, wire.CANCEL)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _GRPC_OUT_OF_RANGE = 11
 
-_CLOSE_UNDECODABLE = 1007
-_CLOSE_CREDENTIALS = 1008
 _CLOSE_TOO_BIG = 1009
 
 
 def select_subprotocol(offered: Sequence[str]) -> str | None:
     """The seed's rule: the first offered value we support, else none (JSON)."""
     for value in offered:
-        if value in SUBcodaCOLS:
+        if value in SUBPROTOCOLS:
             return value
     return None
 
@@ -193,9 +192,9 @@ class CodaServerSession(Outbox):
         self, path: str, query: dict[str, str], headers: dict[str, str], now: float
     ) -> None:
         self._open = True
-        ready: dict[str, Any] = {"protocol": PROTOCOL_VERSION, "languages": list(LANGUAGES)}
-        ready["defaultLanguage"] = DEFAULT_LANGUAGE
-        self._send({"ready": ready})
+        ready: dict[str, Any] = {wire.PROTOCOL: PROTOCOL_VERSION, wire.LANGUAGES: list(LANGUAGES)}
+        ready[wire.DEFAULT_LANGUAGE] = DEFAULT_LANGUAGE
+        self._send({wire.READY: ready})
         authorization = headers.get("authorization")
         if authorization is not None:
             self._header_credentials = True
@@ -234,29 +233,29 @@ class CodaServerSession(Outbox):
         if not self._open:
             return
         if len(text.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
-            self._error("invalid_input", f"message exceeds {MAX_MESSAGE_BYTES} bytes")
+            self._error(wire.INVALID_INPUT, f"message exceeds {MAX_MESSAGE_BYTES} bytes")
             self._close(_CLOSE_TOO_BIG, "message too big")
             return
         message = json_object(text)
         if message is None:
             self._undecodable("message is not a JSON object")
             return
-        context_id = message.get("contextId", "")
+        context_id = message.get(wire.CONTEXT_ID, "")
         payloads = [key for key in _PAYLOADS if key in message]
         if not isinstance(context_id, str) or len(payloads) > 1:
             self._undecodable("contextId must be a string and there must be one payload")
             return
         if not payloads:
             self._error(
-                "invalid_input", "message has no payload (config, start, text, end, cancel)"
+                wire.INVALID_INPUT, "message has no payload (config, start, text, end, cancel)"
             )
             return
         context_id = context_id or "default"
         if len(context_id.encode("utf-8", "surrogatepass")) > MAX_CONTEXT_ID_BYTES:
-            self._error("invalid_input", f"contextId exceeds {MAX_CONTEXT_ID_BYTES} bytes")
+            self._error(wire.INVALID_INPUT, f"contextId exceeds {MAX_CONTEXT_ID_BYTES} bytes")
             return
         kind = payloads[0]
-        if not self._authenticated and kind != "config":
+        if not self._authenticated and kind != wire.CONFIG:
             self._reject_credentials("credentials required before " + kind)
             return
         self._HANDLERS[kind](self, context_id, message[kind], now)
@@ -265,54 +264,54 @@ class CodaServerSession(Outbox):
         if not self._open:
             return
         if len(data) > MAX_MESSAGE_BYTES:
-            self._error("invalid_input", f"message exceeds {MAX_MESSAGE_BYTES} bytes")
+            self._error(wire.INVALID_INPUT, f"message exceeds {MAX_MESSAGE_BYTES} bytes")
             self._close(_CLOSE_TOO_BIG, "message too big")
             return
         self._undecodable("binary (Protobuf) messages are not supported by this server")
 
     def _on_config(self, context_id: str, body: object, now: float) -> None:
         if self._start_seen or self._config_seen:
-            self._error("invalid_input", "send at most one config, before the first start")
+            self._error(wire.INVALID_INPUT, "send at most one config, before the first start")
             return
         self._config_seen = True
         if not isinstance(body, dict):
-            self._error("invalid_input", "config must be an object")
+            self._error(wire.INVALID_INPUT, "config must be an object")
             return
         if "authorization" in body and not self._accept_config_credentials(body["authorization"]):
             return
         if not self._authenticated:
             self._reject_credentials("credentials required")
             return
-        license_json = body.get("license", "")
-        defaults = body.get("defaults", {})
+        license_json = body.get(wire.LICENSE, "")
+        defaults = body.get(wire.DEFAULTS, {})
         problem = "config.license must be a string" if not isinstance(license_json, str) else None
         problem = problem or _check_synthesis(defaults, "config.defaults")
         if problem:
-            self._error("invalid_input", problem)
+            self._error(wire.INVALID_INPUT, problem)
             return
-        self._defaults = {k: v for k, v in defaults.items() if k != "text"}
+        self._defaults = {k: v for k, v in defaults.items() if k != wire.TEXT}
 
     def _on_start(self, context_id: str, body: object, now: float) -> None:
         self._start_seen = True
         if context_id in self._contexts:
-            self._error("invalid_input", f"duplicate start for open context {context_id!r}")
+            self._error(wire.INVALID_INPUT, f"duplicate start for open context {context_id!r}")
             return
         if len(self._contexts) >= min(self._options.max_contexts, CODA_MAX_CONTEXTS):
             self._error(
-                "resource_exhausted",
+                wire.RESOURCE_EXHAUSTED,
                 f"the connection already has {len(self._contexts)} open contexts",
             )
             return
-        problem = _check_synthesis(body, "start")
+        problem = _check_synthesis(body, wire.START)
         ctx = None
         if problem is None and isinstance(body, dict):
             ctx, problem = self._new_context(context_id, {**self._defaults, **body})
         if ctx is None:
-            self._error("invalid_input", problem or "invalid start", context_id)
+            self._error(wire.INVALID_INPUT, problem or "invalid start", context_id)
             return
         self._contexts[context_id] = ctx
-        self._send({"contextId": context_id, "started": {"requestId": ctx.request_id}})
-        text = body.get("text", "") if isinstance(body, dict) else ""
+        self._send({wire.CONTEXT_ID: context_id, wire.STARTED: {wire.REQUEST_ID: ctx.request_id}})
+        text = body.get(wire.TEXT, "") if isinstance(body, dict) else ""
         if not ctx.streaming:
             ctx.queue.append(text)
             ctx.input_ended = True
@@ -321,12 +320,14 @@ class CodaServerSession(Outbox):
     def _on_text(self, context_id: str, body: object, now: float) -> None:
         ctx = self._contexts.get(context_id)
         if ctx is None or not ctx.streaming or ctx.input_ended:
-            self._error("invalid_input", f"text outside an open streaming input ({context_id!r})")
+            self._error(
+                wire.INVALID_INPUT, f"text outside an open streaming input ({context_id!r})"
+            )
             return
         if not isinstance(body, str):
-            self._error("invalid_input", "text must be a string")
+            self._error(wire.INVALID_INPUT, "text must be a string")
             return
-        if ctx.split == "SPLIT_STRATEGY_ACCUMULATE_SENTENCE":
+        if ctx.split == wire.SPLIT_STRATEGY_ACCUMULATE_SENTENCE:
             *complete, ctx.buffer = _SENTENCE_END.split(ctx.buffer + body)
             ctx.queue.extend(complete)
         elif ctx.split == "SPLIT_STRATEGY_SENTENCE":
@@ -349,14 +350,14 @@ class CodaServerSession(Outbox):
         if ctx is not None and ctx.job_id is not None:
             self._jobs.pop(ctx.job_id, None)
             self._actions.append(CancelSynthesis(ctx.job_id))
-        self._send({"contextId": context_id, "cancelled": {}})
+        self._send({wire.CONTEXT_ID: context_id, wire.CANCELLED: {}})
 
     _HANDLERS: ClassVar[dict[str, Callable[[CodaServerSession, str, object, float], None]]] = {
-        "config": _on_config,
-        "start": _on_start,
-        "text": _on_text,
-        "end": _on_end,
-        "cancel": _on_cancel,
+        wire.CONFIG: _on_config,
+        wire.START: _on_start,
+        wire.TEXT: _on_text,
+        wire.END: _on_end,
+        wire.CANCEL: _on_cancel,
     }
 
     # ----------------------------------------------------------- synthesis
@@ -371,13 +372,13 @@ class CodaServerSession(Outbox):
         ctx.spans.extend(offset_words(words, offset_s))
         data, ctx.carry = whole_samples(ctx.carry, pcm)
         ctx.samples_sent += len(data) // 2
-        wire = encode_pcm(ctx.wire, data)
+        encoded = encode_pcm(ctx.wire, data)
         if ctx.wire == "wav" and not ctx.header_sent:
-            wire = _wav_header(ctx.sample_rate_hz) + wire
+            encoded = _wav_header(ctx.sample_rate_hz) + encoded
             ctx.header_sent = True
-        for piece in byte_chunks(wire, MAX_AUDIO_CHUNK_BYTES):
+        for piece in byte_chunks(encoded, MAX_AUDIO_CHUNK_BYTES):
             chunk = base64.b64encode(piece).decode("ascii")
-            self._send({"contextId": ctx.context_id, "audio": chunk})
+            self._send({wire.CONTEXT_ID: ctx.context_id, wire.AUDIO: chunk})
 
     def synthesis_done(self, job_id: str, now: float) -> None:
         ctx = self._jobs.pop(job_id, None)
@@ -398,42 +399,44 @@ class CodaServerSession(Outbox):
         if ctx is None:
             return
         self._contexts.pop(ctx.context_id, None)
-        body = {"kind": kind, "message": message, "requestId": ctx.request_id}
-        self._send({"contextId": ctx.context_id, "error": body})
+        body = {wire.KIND: kind, wire.MESSAGE: message, wire.REQUEST_ID: ctx.request_id}
+        self._send({wire.CONTEXT_ID: ctx.context_id, wire.ERROR: body})
 
     # ------------------------------------------------------------- helpers
 
     def _new_context(self, context_id: str, merged: dict[str, Any]) -> tuple[_Context | None, str]:
         """Build a context from a merged synthesis object, or say why not."""
-        audio = merged.get("audioParameters", {})
-        mime = audio.get("audioFormat", "")
+        audio = merged.get(wire.AUDIO_PARAMETERS, {})
+        mime = audio.get(wire.AUDIO_FORMAT, "")
         if not mime:
             return None, "audioParameters.audioFormat is required"
-        wire = _FORMATS.get(mime.strip().lower(), "wav")
-        if wire is None:
+        encoding = _FORMATS.get(mime.strip().lower(), "wav")
+        if encoding is None:
             return None, f"audio format {mime!r} is not supported by this server"
-        voice = merged.get("speaker", "") or self._options.default_voice
+        voice = merged.get(wire.SPEAKER, "") or self._options.default_voice
         if voice not in self._options.voices:
             return None, f"unknown voice {voice!r}"
-        language = merged.get("language", "") or DEFAULT_LANGUAGE
+        language = merged.get(wire.LANGUAGE, "") or DEFAULT_LANGUAGE
         if language not in LANGUAGES:
             return None, f"unsupported language {language!r}; see ready.languages"
         low, high = TIME_SCALE_RANGE
-        scale = min(high, max(low, float(audio.get("timeScaleFactor", 1.0))))
-        split = merged.get("splitStrategy", DEFAULT_SPLIT_STRATEGY)
+        scale = min(high, max(low, float(audio.get(wire.TIME_SCALE_FACTOR, 1.0))))
+        split = merged.get(wire.SPLIT_STRATEGY, DEFAULT_SPLIT_STRATEGY)
         self._request_serial += 1
         return _Context(
             context_id=context_id,
             request_id=f"coda-request-{self._request_serial}",
             voice=voice,
             language=language,
-            wire=wire,
-            sample_rate_hz=audio.get("samplingRate", DEFAULT_SAMPLING_RATE_HZ),
+            wire=encoding,
+            sample_rate_hz=audio.get(wire.SAMPLING_RATE, DEFAULT_SAMPLING_RATE_HZ),
             speed=1.0 / scale,
             split=split if split in SPLIT_STRATEGIES else DEFAULT_SPLIT_STRATEGY,
-            lookahead_tokens=merged.get("codaParameters", {}).get("textLookaheadTokens", 0),
-            timestamps=merged.get("timestamps", {}).get("enable", False),
-            streaming=not merged.get("text", "").strip(),
+            lookahead_tokens=merged.get(wire.CODA_PARAMETERS, {}).get(
+                wire.TEXT_LOOKAHEAD_TOKENS, 0
+            ),
+            timestamps=merged.get(wire.TIMESTAMPS, {}).get(wire.ENABLE, False),
+            streaming=not merged.get(wire.TEXT, "").strip(),
         ), ""
 
     def _pump(self, ctx: _Context) -> None:
@@ -454,7 +457,7 @@ class CodaServerSession(Outbox):
             )
         if ctx.job_id is None and not ctx.queue and ctx.input_ended:
             self._contexts.pop(ctx.context_id, None)
-            self._send({"contextId": ctx.context_id, "done": self._done_body(ctx)})
+            self._send({wire.CONTEXT_ID: ctx.context_id, wire.DONE: self._done_body(ctx)})
 
     def _lookahead_satisfied(self, ctx: _Context) -> bool:
         """Hold a streaming context's first job until ``textLookaheadTokens`` more tokens."""
@@ -469,12 +472,20 @@ class CodaServerSession(Outbox):
         duration_s = ctx.samples_sent / ctx.sample_rate_hz
         if duration_s > MAX_ALIGNED_AUDIO_S:
             message = f"audio longer than {MAX_ALIGNED_AUDIO_S:g} s is not aligned"
-            return {"timestamps": {"status": {"code": _GRPC_OUT_OF_RANGE, "message": message}}}
+            return {
+                wire.TIMESTAMPS: {
+                    wire.STATUS: {wire.CODE: _GRPC_OUT_OF_RANGE, wire.MESSAGE: message}
+                }
+            }
         spans = [
-            {"text": w.word, "start": format_duration(w.start_s), "end": format_duration(w.end_s)}
+            {
+                wire.TEXT: w.word,
+                wire.START: format_duration(w.start_s),
+                wire.END: format_duration(w.end_s),
+            }
             for w in ctx.spans
         ]
-        return {"timestamps": {"status": {}, "spans": spans}}
+        return {wire.TIMESTAMPS: {wire.STATUS: {}, wire.SPANS: spans}}
 
     def _accept_config_credentials(self, value: object) -> bool:
         if self._header_credentials:
@@ -490,17 +501,17 @@ class CodaServerSession(Outbox):
         return True
 
     def _reject_credentials(self, message: str) -> None:
-        self._error("unauthenticated", message)
-        self._close(_CLOSE_CREDENTIALS, "invalid credentials")
+        self._error(wire.UNAUTHENTICATED, message)
+        self._close(CLOSE_CREDENTIALS, "invalid credentials")
 
     def _undecodable(self, message: str) -> None:
-        self._error("invalid_input", message)
-        self._close(_CLOSE_UNDECODABLE, "undecodable envelope")
+        self._error(wire.INVALID_INPUT, message)
+        self._close(CLOSE_UNDECODABLE, "undecodable envelope")
 
     def _error(self, kind: str, message: str, context_id: str | None = None) -> None:
-        frame: dict[str, Any] = {"error": {"kind": kind, "message": message}}
+        frame: dict[str, Any] = {wire.ERROR: {wire.KIND: kind, wire.MESSAGE: message}}
         if context_id is not None:
-            frame["contextId"] = context_id
+            frame[wire.CONTEXT_ID] = context_id
         self._send(frame)
 
     def _close(self, code: int, reason: str) -> None:
@@ -515,16 +526,16 @@ def _check_synthesis(body: object, where: str) -> str | None:
     """Type-check a synthesis object (``start`` or ``config.defaults``); None if fine."""
     if not isinstance(body, dict):
         return f"{where} must be an object"
-    for key in ("speaker", "language", "text"):
+    for key in (wire.SPEAKER, wire.LANGUAGE, wire.TEXT):
         if key in body and not isinstance(body[key], str):
             return f"{where}.{key} must be a string"
-    split = body.get("splitStrategy", DEFAULT_SPLIT_STRATEGY)
+    split = body.get(wire.SPLIT_STRATEGY, DEFAULT_SPLIT_STRATEGY)
     if split not in SPLIT_STRATEGIES and split != "SPLIT_STRATEGY_UNSPECIFIED":
         return f"{where}.splitStrategy {split!r} is not a split strategy"
     return (
-        _check_object(body, "audioParameters", _AUDIO_FIELDS, where)
-        or _check_object(body, "codaParameters", _CODA_FIELDS, where)
-        or _check_object(body, "timestamps", _TIMESTAMP_FIELDS, where)
+        _check_object(body, wire.AUDIO_PARAMETERS, _AUDIO_FIELDS, where)
+        or _check_object(body, wire.CODA_PARAMETERS, _CODA_FIELDS, where)
+        or _check_object(body, wire.TIMESTAMPS, _TIMESTAMP_FIELDS, where)
     )
 
 
@@ -549,15 +560,15 @@ def _is_int(value: object) -> bool:
 
 
 _AUDIO_FIELDS: dict[str, Callable[[object], bool]] = {
-    "audioFormat": lambda v: isinstance(v, str),
-    "samplingRate": lambda v: _is_int(v) and 0 < v <= MAX_SAMPLING_RATE_HZ,  # type: ignore[operator]
-    "timeScaleFactor": _is_number,
+    wire.AUDIO_FORMAT: lambda v: isinstance(v, str),
+    wire.SAMPLING_RATE: lambda v: _is_int(v) and 0 < v <= MAX_SAMPLING_RATE_HZ,  # type: ignore[operator]
+    wire.TIME_SCALE_FACTOR: _is_number,
 }
 _CODA_FIELDS: dict[str, Callable[[object], bool]] = {
-    "textLookaheadTokens": lambda v: _is_int(v) and v >= 0,  # type: ignore[operator]
+    wire.TEXT_LOOKAHEAD_TOKENS: lambda v: _is_int(v) and v >= 0,  # type: ignore[operator]
 }
 _TIMESTAMP_FIELDS: dict[str, Callable[[object], bool]] = {
-    "enable": lambda v: isinstance(v, bool),
+    wire.ENABLE: lambda v: isinstance(v, bool),
 }
 
 

@@ -1,10 +1,11 @@
-"""The compact ``audio_chunk`` path and the kept earliest deadline give what the full parse gives.
+"""Kova's receive path: the same outcome for a frame however it is spaced, odd
+base64 decided by the standard library, and the kept earliest deadline.
 
 The reference server (and Kova) send ``{"audio_chunk":"<base64>","context_id":"c1"}``
-with no whitespace; the engine takes such a frame apart without the JSON
-parser. Every frame here is fed twice, to two engines in the same state: once
-compact (the fast path when it applies) and once with whitespace (always the
-full parse); events, actions and the next deadline must be the same.
+with no whitespace. Every frame here is fed twice, to two engines in the same
+state: once compact and once with whitespace; events, actions and the next
+deadline must be the same (the audio's base64 goes through ``b64decode_fast``
+when strictly valid, the standard library otherwise).
 """
 
 from __future__ import annotations
@@ -19,15 +20,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.engine import Action, Event
-from bridge.tts.base import (
+from bridge.providers.base import (
     MULAW_8K,
     AudioFormat,
-    AudioReceived,
     ProviderSettings,
     TurnSettings,
-    WordTiming,
 )
-from bridge.tts.kova import KovaProtocol
+from bridge.providers.kova.client import KovaProtocol
 
 PCM_24K = AudioFormat("pcm_s16le", 24000)
 
@@ -72,20 +71,6 @@ def both(kova: Any, fmt: AudioFormat, frames: list[tuple[float, dict[str, object
 
 def audio(data: bytes, context_id: str = "c1") -> dict[str, object]:
     return {"audio_chunk": base64.b64encode(data).decode(), "context_id": context_id}
-
-
-def test_compact_audio_frames_do_not_need_the_json_parser(
-    kova: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    engine = streaming(kova, MULAW_8K)
-
-    def no_json(text: str) -> object:
-        raise AssertionError("the compact audio_chunk frame went through json.loads")
-
-    monkeypatch.setattr("bridge.tts.kova.json.loads", no_json)
-    engine.receive_text(compact(audio(b"\x01\x02\x03")), 1.0)
-    assert engine.events_received() == [AudioReceived("t1", b"\x01\x02\x03", MULAW_8K)]
-    assert engine.next_deadline() == 1.0 + 10.0  # the flushed context's reply timeout moved
 
 
 AUDIO_FRAME_CASES = [
@@ -189,84 +174,13 @@ def test_a_long_burst_on_one_context_keeps_the_deadline_heap_bounded(kova: Any) 
     assert engine.next_deadline() == brute_force_deadline(engine) == 1.0 + 4999 * 0.001 + 10.0
 
 
-# ----------------------------------------------- receive_text_fast (the shell's hot path)
-
-
-def both_fast(
-    kova: Any, fmt: AudioFormat, frames: list[tuple[float, dict[str, object] | str]]
-) -> None:
-    """``receive_text_fast`` on compact frames against ``receive_text`` on spaced ones:
-    the returned audio and the queued events together are what the full parse queues."""
-    fast, full = streaming(kova, fmt), streaming(kova, fmt)
-    for now, frame in frames:
-        text = frame if isinstance(frame, str) else compact(frame)
-        piece = fast.receive_text_fast(text, now)
-        full.receive_text(frame if isinstance(frame, str) else spaced(frame), now)
-        actions, events, deadline = outcome(fast)
-        if piece is not None:
-            assert events == [] and actions == [], frame  # returned, so nothing queued
-            events = [AudioReceived(*piece)]
-        assert (actions, events, deadline) == outcome(full), frame
-
-
-@pytest.mark.parametrize("frames", AUDIO_FRAME_CASES)
-def test_the_fast_receive_returns_what_the_full_parse_queues(
-    kova: Any, frames: list[tuple[float, dict[str, object] | str]]
-) -> None:
-    both_fast(kova, MULAW_8K, frames)
-
-
-def test_the_fast_receive_cuts_pcm_on_whole_samples_too(kova: Any) -> None:
-    chunks = [b"\x01", b"\x02\x03\x04", b"\x05\x06", b"\x07", b"", b"\x08\x09\x0a"]
-    both_fast(kova, PCM_24K, [(1.0 + i, audio(c)) for i, c in enumerate(chunks)])
-
-
-def test_the_fast_receive_returns_a_plain_chunk_and_queues_nothing(kova: Any) -> None:
-    engine = streaming(kova, MULAW_8K)
-    piece = engine.receive_text_fast(compact(audio(b"\x01\x02\x03")), 1.0)
-    assert piece == ("t1", b"\x01\x02\x03", MULAW_8K)
-    assert engine.events_received() == [] and engine.actions_to_send() == []
-    assert engine.next_deadline() == 1.0 + 10.0  # the reply timeout moved (later) all the same
-
-
-def test_the_fast_receive_queues_a_chunk_behind_an_event_not_yet_drained(kova: Any) -> None:
-    """Order is kept: with an event still queued, the audio is queued behind it."""
-    engine = streaming(kova, MULAW_8K, turns=2)
-    engine.receive_text(compact({"flush_completed": True, "context_id": "c2", "flush_id": "f2"}), 1)
-    assert engine.receive_text_fast(compact(audio(b"\x01")), 1.5) is None
-    events = engine.events_received()
-    assert [type(e).__name__ for e in events] == ["TurnDone", "AudioReceived"]
-    assert events[1] == AudioReceived("t1", b"\x01", MULAW_8K)
-
-
-def test_a_timestamps_frame_through_the_fast_receive_is_returned(kova: Any) -> None:
-    engine = streaming(kova, MULAW_8K)
-    stamps = {"words": ["hi"], "start_seconds": [0.0], "end_seconds": [0.2]}
-    piece = engine.receive_text_fast(compact({"timestamps": stamps, "context_id": "c1"}), 1)
-    assert piece == ("t1", (WordTiming("hi", 0.0, 0.2),))
-    assert engine.events_received() == [] and engine.actions_to_send() == []
-    assert engine.next_deadline() == 1 + 10.0
-
-
-def test_other_frames_through_the_fast_receive_are_queued_as_usual(kova: Any) -> None:
-    engine = streaming(kova, MULAW_8K, turns=2)
-    done = {"flush_completed": True, "context_id": "c1", "flush_id": "f1"}
-    assert engine.receive_text_fast(compact(done), 1) is None
-    assert [type(e).__name__ for e in engine.events_received()] == ["TurnDone"]
-    assert engine.actions_to_send()  # close_context
-    bad = {"timestamps": {"words": ["hi"]}, "context_id": "c2"}
-    assert engine.receive_text_fast(compact(bad), 1) is None
-    assert [type(e).__name__ for e in engine.events_received()] == ["TurnFailed"]
-    assert engine.receive_bytes_fast(b"\x00", 1.0) is None
-    assert engine.events_received() == []
-
-
 def test_a_reply_deadline_pushed_later_by_every_frame_adds_no_heap_entry(kova: Any) -> None:
     """The flushed context's entry stays where it is until it reaches the top."""
     engine = streaming(kova, MULAW_8K)
     size = len(engine._deadlines)
     for i in range(200):
-        engine.receive_text_fast(compact(audio(b"\x01")), 1.0 + i * 0.01)
+        engine.receive_text(compact(audio(b"\x01")), 1.0 + i * 0.01)
+        engine.events_received()
     assert len(engine._deadlines) == size
     assert engine.next_deadline() == 1.0 + 199 * 0.01 + 10.0
     assert len(engine._deadlines) == size  # the entry moved, none added

@@ -71,16 +71,15 @@ from __future__ import annotations
 
 import json
 import logging
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import ClassVar, Literal
+from typing import ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, SendText
-from bridge.tts.base import (
-    AudioEncoding,
+from bridge.providers.base import (
     AudioFormat,
+    AudioReceived,
     ConnectionReady,
     ConnectParams,
     HttpRequest,
@@ -95,96 +94,45 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.common import (
+from bridge.providers.client_common import (
     TimingsWording,
     bearer_headers,
     json_text,
     parallel_word_timings,
     scrub_secret,
 )
-from bridge.tts.taking import AudioTaking
+from bridge.providers.zwst import wire
+from bridge.providers.zwst.wire import (
+    CLOSE_NORMAL,
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_PROTOCOL_ERROR,
+    CLOSE_SEGMENT_TOO_LONG,
+    FRAME_HEADER_BYTES,
+    FRAME_VERSION,
+    MAX_CONTEXT_ORDINAL,
+    MAX_CONTEXTS,
+    MAX_SEGMENT_CHARS,
+    PING_INTERVAL_S,
+    PONG_TIMEOUT_S,
+    SESSION_ROUTE,
+    STREAM_PATH,
+    WIRE_ENCODING,
+    AudioFrameHeader,
+    ByteOrder,
+    unpack_frame_header,
+)
 
 __all__ = [
     "ENGINE",
-    "AudioFrameHeader",
     "HeaderByteOrderSwitched",
     "ProviderNoticed",
     "ZwstProtocol",
-    "pack_frame_header",
     "pool_key",
     "settings_for",
-    "unpack_frame_header",
     "wire_format",
 ]
 
 logger = logging.getLogger(__name__)
-
-ByteOrder = Literal["big", "little"]
-
-#: The WebSocket path (seed: ``wss://<gateway>/v1/stream``).
-STREAM_PATH = "/v1/stream"
-#: The session route. The seed refers to it but never names its path: ours.
-SESSION_ROUTE = "/v1/sessions"
-#: The only wire format the seed defines (header table: "mono 16-bit
-#: little-endian PCM at sample_rate").
-WIRE_ENCODING: AudioEncoding = "pcm_s16le"
-#: Audio frame header (seed "Audio frame").
-FRAME_HEADER_BYTES = 12
-FRAME_VERSION = 0x01
-FLAG_FINAL = 0x01
-MAX_CONTEXT_ORDINAL = 0xFFFF
-#: Seed: "Send one every 20 seconds".
-PING_INTERVAL_S = 20.0
-#: Ours: how long a ping may stay unanswered before the socket counts as dead.
-PONG_TIMEOUT_S = 10.0
-#: Ours (the seed names the limit, not its value); the embedded server agrees.
-MAX_SEGMENT_CHARS = 500
-#: Ours: the seed states no context limit; the embedded server's default.
-MAX_CONTEXTS = 16
-
-CLOSE_NORMAL = 1000
-CLOSE_PROTOCOL_ERROR = 1002
-CLOSE_POLICY_VIOLATION = 1008
-CLOSE_SEGMENT_TOO_LONG = 4003
-
-_HEADER_FORMATS: dict[ByteOrder, struct.Struct] = {
-    "big": struct.Struct(">BBHII"),
-    "little": struct.Struct("<BBHII"),
-}
-
-
-# ------------------------------------------------------------ wire helpers
-
-
-@dataclass(frozen=True, slots=True)
-class AudioFrameHeader:
-    """The 12-byte header of a zwst binary audio frame."""
-
-    version: int
-    final: bool
-    context_ordinal: int
-    sequence: int
-    pts_ms: int
-
-
-def pack_frame_header(header: AudioFrameHeader, byte_order: ByteOrder = "big") -> bytes:
-    """Serialize a header (shared with ``bridge.ttsd.zwst``)."""
-    flags = FLAG_FINAL if header.final else 0
-    return _HEADER_FORMATS[byte_order].pack(
-        header.version, flags, header.context_ordinal, header.sequence, header.pts_ms
-    )
-
-
-def unpack_frame_header(data: bytes, byte_order: ByteOrder = "big") -> AudioFrameHeader:
-    """Parse the first 12 bytes of ``data``.
-
-    Raises:
-        ValueError: fewer than 12 bytes.
-    """
-    if len(data) < FRAME_HEADER_BYTES:
-        raise ValueError(f"audio frame of {len(data)} bytes is shorter than its header")
-    version, flags, ordinal, sequence, pts_ms = _HEADER_FORMATS[byte_order].unpack_from(data)
-    return AudioFrameHeader(version, bool(flags & FLAG_FINAL), ordinal, sequence, pts_ms)
 
 
 def wire_format(requested: AudioFormat) -> AudioFormat:
@@ -207,8 +155,10 @@ def settings_for(
 ) -> ProviderSettings:
     """``settings`` specialised to one pool key (what a pooled engine is built with)."""
     fmt = wire_format(audio_format)
-    options = tuple((k, v) for k, v in settings.options if k != "sample_rate")
-    return replace(settings, voice=voice, options=(*options, ("sample_rate", fmt.sample_rate_hz)))
+    options = tuple((k, v) for k, v in settings.options if k != wire.SAMPLE_RATE)
+    return replace(
+        settings, voice=voice, options=(*options, (wire.SAMPLE_RATE, fmt.sample_rate_hz))
+    )
 
 
 # ------------------------------------------------------------------ events
@@ -259,7 +209,7 @@ Handler = Callable[["ZwstProtocol", _Context, dict[str, object]], None]
 _SESSION, _OPEN, _CLOSING, _CLOSED = "SESSION", "OPEN", "CLOSING", "CLOSED"
 
 
-class ZwstProtocol(AudioTaking, Outbox):
+class ZwstProtocol(Outbox):
     """Client side of the zwst gateway (see the module docstring).
 
     After every call into the engine, drain ``actions_to_send()`` and
@@ -314,11 +264,11 @@ class ZwstProtocol(AudioTaking, Outbox):
     def session_request(self) -> HttpRequest:
         """The POST to the session route, with the session properties as JSON."""
         body = {
-            "voice_id": self._voice,
-            "format": self._format.encoding,
-            "sample_rate": self._format.sample_rate_hz,
-            "normalize_text": self._normalize_text,
-            "word_timestamps": self._word_timestamps,
+            wire.VOICE_ID: self._voice,
+            wire.FORMAT: self._format.encoding,
+            wire.SAMPLE_RATE: self._format.sample_rate_hz,
+            wire.NORMALIZE_TEXT: self._normalize_text,
+            wire.WORD_TIMESTAMPS: self._word_timestamps,
         }
         headers = (("Content-Type", "application/json"), *bearer_headers(self._settings.api_key))
         return HttpRequest(
@@ -349,7 +299,7 @@ class ZwstProtocol(AudioTaking, Outbox):
                 "session_rejected", f"session route answered {status}{detail}", retryable=retryable
             )
             return
-        url = answer.get("url") if isinstance(answer, dict) else None
+        url = answer.get(wire.URL) if isinstance(answer, dict) else None
         if not isinstance(url, str) or urlsplit(url).scheme not in ("ws", "wss"):
             self._fail_connection("protocol_error", "session route answer has no ws(s) url")
             return
@@ -464,13 +414,11 @@ class ZwstProtocol(AudioTaking, Outbox):
             self._by_ordinal[ctx.ordinal] = ctx
             self._next_sequence[ctx.ordinal] = 0
             if ctx.speed is not None:  # config: only before the context starts
-                self._send({"type": "config", "context_id": ctx.context_id, "speed": ctx.speed})
+                self._send(wire.config(ctx.context_id, ctx.speed))
         mode = self._segment_mode
-        if mode == "none" and len(text) > self._max_segment_chars:
-            mode = "auto"  # "none" over the model's limit would close the socket (4003)
-        self._send(
-            {"type": "synthesize", "context_id": ctx.context_id, "text": text, "segment_mode": mode}
-        )
+        if mode == wire.NONE and len(text) > self._max_segment_chars:
+            mode = wire.AUTO  # "none" over the model's limit would close the socket (4003)
+        self._send(wire.synthesize(ctx.context_id, text, mode))
 
     def end_turn(self, turn_id: str, now: float) -> None:
         """No more text for the turn: ``end`` (or ``TurnDone`` at once if it sent none).
@@ -485,7 +433,7 @@ class ZwstProtocol(AudioTaking, Outbox):
             self._retire(ctx)
             self._events.append(TurnDone(turn_id))
             return
-        self._send({"type": "end", "context_id": ctx.context_id})
+        self._send(wire.end(ctx.context_id))
 
     def cancel(self, turn_id: str, now: float) -> None:
         """Barge-in: ``cancel``, ``TurnDone(cancelled=True)``; late frames are dropped.
@@ -497,7 +445,7 @@ class ZwstProtocol(AudioTaking, Outbox):
         if ctx is None:
             return
         if ctx.ordinal is not None:
-            self._send({"type": "cancel", "context_id": ctx.context_id})
+            self._send(wire.cancel(ctx.context_id))
         self._retire(ctx)
         self._events.append(TurnDone(turn_id, cancelled=True))
 
@@ -515,7 +463,7 @@ class ZwstProtocol(AudioTaking, Outbox):
             )
             return
         if self._ping_at is not None and now >= self._ping_at:
-            self._send({"type": "ping"})
+            self._send(wire.ping())
             self._ping_at = now + PING_INTERVAL_S
             if self._pong_due_at is None:
                 self._pong_due_at = now + PONG_TIMEOUT_S
@@ -531,28 +479,28 @@ class ZwstProtocol(AudioTaking, Outbox):
         except (ValueError, RecursionError) as exc:
             self._fail_connection("protocol_error", f"invalid JSON frame: {exc}", close=True)
             return
-        if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+        if not isinstance(frame, dict) or not isinstance(frame.get(wire.TYPE), str):
             self._fail_connection(
                 "protocol_error", "frame is not an object with a type", close=True
             )
             return
-        kind = frame["type"]
-        if kind == "pong":
+        kind = frame[wire.TYPE]
+        if kind == wire.PONG:
             self._pong_due_at = None
             return
-        if kind == "resumed":
-            self._events.append(ProviderNoticed("resumed", "session rebound to another worker"))
+        if kind == wire.RESUMED:
+            self._events.append(ProviderNoticed(wire.RESUMED, "session rebound to another worker"))
             return
         handler = _HANDLERS.get(kind)
         if handler is None:
             return  # seed: ignore any message type you do not recognise
         try:
-            context_id = frame.get("context_id")
+            context_id = frame.get(wire.CONTEXT_ID)
             ctx = self._by_context.get(context_id) if isinstance(context_id, str) else None
             if ctx is None:
-                if kind == "error":
-                    message = json_text(frame.get("message"))
-                    self._events.append(ProviderNoticed("error", self._scrub(message)))
+                if kind == wire.ERROR:
+                    message = json_text(frame.get(wire.MESSAGE))
+                    self._events.append(ProviderNoticed(wire.ERROR, self._scrub(message)))
                 return  # a cancelled / failed / finished context: dropped at the boundary
             handler(self, ctx, frame)
         except _FrameError as exc:
@@ -580,7 +528,7 @@ class ZwstProtocol(AudioTaking, Outbox):
         ctx = self._by_ordinal.get(header.context_ordinal)
         if ctx is None or not payload:
             return  # late frame of a cancelled / finished context, or an empty final frame
-        self._report_audio(ctx.turn_id, payload, self._format)
+        self._events.append(AudioReceived(ctx.turn_id, payload, self._format))
 
     def _read_header(self, data: bytes) -> AudioFrameHeader:
         """Parse the header, verifying the byte order on the first telling frame."""
@@ -618,7 +566,7 @@ class ZwstProtocol(AudioTaking, Outbox):
         self._events.append(TurnStarted(ctx.turn_id, provider_ref=ctx.context_id))
 
     def _on_segment_start(self, ctx: _Context, frame: dict[str, object]) -> None:
-        depth = frame.get("queue_depth")
+        depth = frame.get(wire.QUEUE_DEPTH)
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise _FrameError("queue_depth is not a non-negative integer")
         if depth != ctx.queue_depth:
@@ -638,15 +586,15 @@ class ZwstProtocol(AudioTaking, Outbox):
         self._events.append(TurnDone(ctx.turn_id))
 
     def _on_error(self, ctx: _Context, frame: dict[str, object]) -> None:
-        message = self._scrub(json_text(frame.get("message")))
-        self._send({"type": "cancel", "context_id": ctx.context_id})  # free the slot
+        message = self._scrub(json_text(frame.get(wire.MESSAGE)))
+        self._send(wire.cancel(ctx.context_id))  # free the slot
         self._retire(ctx)
         self._events.append(TurnFailed(ctx.turn_id, "provider_error", message))
 
     # ------------------------------------------------------------- helpers
 
     def _send(self, frame: dict[str, object]) -> None:
-        self._actions.append(SendText(json.dumps(frame, separators=(",", ":"), ensure_ascii=False)))
+        self._actions.append(SendText(wire.dump(frame)))
 
     def _retire(self, ctx: _Context) -> None:
         """Forget a turn; its frames (JSON by context id, audio by ordinal) are dropped."""
@@ -681,12 +629,12 @@ class ZwstProtocol(AudioTaking, Outbox):
 
 
 _HANDLERS: dict[str, Handler] = {
-    "context_start": ZwstProtocol._on_context_start,
-    "segment_start": ZwstProtocol._on_segment_start,
-    "timestamps": ZwstProtocol._on_timestamps,
-    "segment_done": ZwstProtocol._on_segment_done,
-    "context_done": ZwstProtocol._on_context_done,
-    "error": ZwstProtocol._on_error,
+    wire.CONTEXT_START: ZwstProtocol._on_context_start,
+    wire.SEGMENT_START: ZwstProtocol._on_segment_start,
+    wire.TIMESTAMPS: ZwstProtocol._on_timestamps,
+    wire.SEGMENT_DONE: ZwstProtocol._on_segment_done,
+    wire.CONTEXT_DONE: ZwstProtocol._on_context_done,
+    wire.ERROR: ZwstProtocol._on_error,
 }
 """Frame type -> handler, as functions: a protocol holding its own bound methods
 would be a reference cycle, freed only by a full collection."""
@@ -722,7 +670,7 @@ def _http_url(base: str, path: str) -> str:
 def _close_kind(code: int | None, reason: str) -> tuple[str, bool]:
     """``ProviderFailed`` kind and retryability for a close code."""
     if code == CLOSE_SEGMENT_TOO_LONG:
-        return "segment_too_long", False
+        return wire.SEGMENT_TOO_LONG, False
     if code == CLOSE_POLICY_VIOLATION:
         cause = reason.strip()
         return (cause if cause.isidentifier() else "policy_violation"), True
@@ -740,8 +688,8 @@ def _parse_timestamps(frame: dict[str, object]) -> tuple[WordTiming, ...]:
     """The parallel ``words``/``start``/``end`` arrays (context-relative seconds)."""
     return parallel_word_timings(
         frame.get("words"),
-        frame.get("start"),
-        frame.get("end"),
+        frame.get(wire.START),
+        frame.get(wire.END),
         wording=_TIMESTAMPS_WORDING,
         error=_FrameError,
     )

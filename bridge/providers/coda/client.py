@@ -65,15 +65,15 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, SendText
-from bridge.tts.base import (
+from bridge.providers.base import (
     AudioFormat,
+    AudioReceived,
     ConnectionReady,
     ConnectParams,
     HttpRequest,
@@ -87,137 +87,40 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.common import (
+from bridge.providers.client_common import (
     b64decode_fast,
     bearer_headers,
     json_object,
-    non_negative_seconds,
     scrub_secret,
 )
-from bridge.tts.taking import AudioTaking
+from bridge.providers.coda import wire
+from bridge.providers.coda.wire import (
+    CLOSE_CREDENTIALS,
+    CLOSE_NORMAL,
+    CLOSE_PROTOCOL_ERROR,
+    CLOSE_UNDECODABLE,
+    ERROR_KINDS,
+    MAX_CONTEXT_ID_BYTES,
+    MAX_CONTEXTS,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    SUBPROTOCOL,
+    TIME_SCALE_RANGE,
+    dump_message,
+    parse_duration_s,
+    split_text,
+    utf8_len,
+)
 
 __all__ = [
     "DEFAULT_URL",
     "ENGINE",
-    "ERROR_KINDS",
-    "MAX_CONTEXTS",
-    "MAX_CONTEXT_ID_BYTES",
-    "MAX_MESSAGE_BYTES",
-    "PROTOCOL_VERSION",
-    "SPLIT_STRATEGIES",
-    "SUBPROTOCOL",
-    "TIME_SCALE_RANGE",
     "CodaProtocol",
-    "dump_message",
-    "format_duration",
-    "parse_duration_s",
-    "split_text",
 ]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_URL = "wss://coda.api.rime.ai/ws"
-SUBPROTOCOL = "rime.v1.json"
-PROTOCOL_VERSION = 1
-#: "Incoming message or frame: 64 KiB, including the envelope" (seed, limits).
-MAX_MESSAGE_BYTES = 64 * 1024
-MAX_CONTEXTS = 16
-MAX_CONTEXT_ID_BYTES = 128
-SPLIT_STRATEGIES = frozenset(
-    {"SPLIT_STRATEGY_ACCUMULATE_SENTENCE", "SPLIT_STRATEGY_NONE", "SPLIT_STRATEGY_SENTENCE"}
-)
-#: ``error.kind`` -> whether a retry (or another provider) could succeed.
-ERROR_KINDS: dict[str, bool] = {
-    "invalid_input": False,
-    "unauthenticated": False,
-    "permission_denied": False,
-    "not_found": False,
-    "resource_exhausted": True,
-    "unavailable": True,
-    "timeout": True,
-    "internal": True,
-}
-#: ``timeScaleFactor`` is clamped to this range by the engine (seed).
-TIME_SCALE_RANGE = (0.4, 2.5)
-
-# WebSocket close codes we use.
-_CLOSE_NORMAL = 1000
-_CLOSE_PROTOCOL_ERROR = 1002
-# Close codes the seed defines.
-_CLOSE_UNDECODABLE = 1007
-_CLOSE_CREDENTIALS = 1008
-
-
-# ------------------------------------------------------------ shared helpers
-
-
-def dump_message(message: dict[str, Any]) -> str:
-    """Serialise one frame compactly (UTF-8 text, no ASCII escaping)."""
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
-
-
-def _utf8_len(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
-def _escaped_len(ch: str) -> int:
-    """Bytes ``ch`` takes inside a JSON string written by ``dump_message``."""
-    if " " <= ch <= "~" and ch not in '"\\':
-        return 1
-    return _utf8_len(json.dumps(ch, ensure_ascii=False)) - 2
-
-
-def split_text(text: str, budget_bytes: int) -> list[str]:
-    """Cut ``text`` into pieces whose JSON-escaped UTF-8 size is <= ``budget_bytes``.
-
-    A cut is moved back to just after the last whitespace of the piece when
-    that whitespace lies in the piece's second half, so words stay whole.
-    """
-    if budget_bytes < 12:
-        raise ValueError("budget_bytes must leave room for one escaped character")
-    if _utf8_len(json.dumps(text, ensure_ascii=False)) - 2 <= budget_bytes:
-        return [text] if text else []
-    pieces: list[str] = []
-    start = 0
-    while start < len(text):
-        size = 0
-        end = start
-        while end < len(text):
-            size += _escaped_len(text[end])
-            if size > budget_bytes:
-                break
-            end += 1
-        if end < len(text):
-            space = max(text.rfind(" ", start, end), text.rfind("\n", start, end))
-            if space >= start + (end - start) // 2:
-                end = space + 1
-        pieces.append(text[start:end])
-        start = end
-    return pieces
-
-
-def parse_duration_s(value: object) -> float | None:
-    """A proto3 JSON ``Duration`` (``"0.080s"``) in seconds; ``None`` if invalid."""
-    if isinstance(value, str) and value.endswith("s"):
-        try:
-            return non_negative_seconds(float(value[:-1]))
-        except ValueError:
-            return None
-    return non_negative_seconds(value)
-
-
-def format_duration(seconds: float) -> str:
-    """Seconds as a proto3 JSON ``Duration``: 0, 3, 6 or 9 fractional digits."""
-    nanos_total = round(seconds * 1_000_000_000)
-    whole, nanos = divmod(nanos_total, 1_000_000_000)
-    if nanos == 0:
-        return f"{whole}s"
-    if nanos % 1_000_000 == 0:
-        return f"{whole}.{nanos // 1_000_000:03d}s"
-    if nanos % 1_000 == 0:
-        return f"{whole}.{nanos // 1_000:06d}s"
-    return f"{whole}.{nanos:09d}s"
-
 
 # ------------------------------------------------------------------ states
 
@@ -225,7 +128,7 @@ def format_duration(seconds: float) -> str:
 class _Phase(enum.Enum):
     CONNECTING = "connecting"
     AWAITING_READY = "awaiting_ready"
-    READY = "ready"
+    READY = wire.READY
     CLOSING = "closing"  # close() called, waiting for connection_lost
     CLOSED = "closed"  # ProviderFailed emitted; nothing more happens
 
@@ -257,7 +160,7 @@ class _Turn:
 # ------------------------------------------------------------------ engine
 
 
-class CodaProtocol(AudioTaking, Outbox):
+class CodaProtocol(Outbox):
     """One WebSocket to Coda, carrying up to 16 turns as contexts.
 
     After every call (commands, ``receive_*``, ``handle_timer``,
@@ -278,7 +181,7 @@ class CodaProtocol(AudioTaking, Outbox):
     def __init__(self, settings: ProviderSettings) -> None:
         super().__init__()
         self._settings = settings
-        self._auth_in_config = settings.option("auth", "header") == "config"
+        self._auth_in_config = settings.option("auth", "header") == wire.CONFIG
         self._ready_timeout_s = float(settings.option("ready_timeout_s", 10.0))
         self._response_timeout_s = float(settings.option("response_timeout_s", 30.0))
         self._phase = _Phase.CONNECTING
@@ -312,7 +215,7 @@ class CodaProtocol(AudioTaking, Outbox):
                 "subprotocol",
                 f"server negotiated subprotocol {subprotocol!r}, expected {SUBPROTOCOL!r}",
                 retryable=False,
-                close_code=_CLOSE_PROTOCOL_ERROR,
+                close_code=CLOSE_PROTOCOL_ERROR,
             )
             return
         self._phase = _Phase.AWAITING_READY
@@ -332,10 +235,10 @@ class CodaProtocol(AudioTaking, Outbox):
             self._phase = _Phase.CLOSED
             return
         detail = f"connection closed (code {code}{', ' + reason if reason else ''})"
-        if code == _CLOSE_CREDENTIALS:
-            kind, retryable = "unauthenticated", False
-        elif code == _CLOSE_UNDECODABLE:
-            kind, retryable = "invalid_input", True
+        if code == CLOSE_CREDENTIALS:
+            kind, retryable = wire.UNAUTHENTICATED, False
+        elif code == CLOSE_UNDECODABLE:
+            kind, retryable = wire.INVALID_INPUT, True
         else:
             kind, retryable = (
                 ("closed" if self._phase is _Phase.CLOSING else "connection_lost"),
@@ -358,7 +261,7 @@ class CodaProtocol(AudioTaking, Outbox):
         self._ready_by = None
         for turn in self._turns.values():
             turn.expect_by = None
-        self._actions.append(CloseConnection(_CLOSE_NORMAL, ""))
+        self._actions.append(CloseConnection(CLOSE_NORMAL, ""))
 
     # ------------------------------------------------------------ commands
 
@@ -409,15 +312,18 @@ class CodaProtocol(AudioTaking, Outbox):
         if turn.state is _State.PENDING:
             text = "".join(turn.pending_text)
             turn.pending_text.clear()
-            message = {"contextId": turn.context_id, "start": {**turn.start, "text": text}}
-            if text.strip() and _utf8_len(dump_message(message)) <= MAX_MESSAGE_BYTES:
+            message = {
+                wire.CONTEXT_ID: turn.context_id,
+                wire.START: {**turn.start, wire.TEXT: text},
+            }
+            if text.strip() and utf8_len(dump_message(message)) <= MAX_MESSAGE_BYTES:
                 self._send(message)
             else:  # blank or too big for one frame: stream it instead
                 self._send_start(turn, "", now)
                 self._send_text_messages(turn, text)
-                self._send({"contextId": turn.context_id, "end": {}})
+                self._send({wire.CONTEXT_ID: turn.context_id, wire.END: {}})
         else:
-            self._send({"contextId": turn.context_id, "end": {}})
+            self._send({wire.CONTEXT_ID: turn.context_id, wire.END: {}})
         turn.state = _State.ENDED
         turn.expect_by = now + self._response_timeout_s
 
@@ -430,7 +336,7 @@ class CodaProtocol(AudioTaking, Outbox):
             self._forget(turn)
             self._events.append(TurnDone(turn_id, cancelled=True))
             return
-        self._send({"contextId": turn.context_id, "cancel": {}})
+        self._send({wire.CONTEXT_ID: turn.context_id, wire.CANCEL: {}})
         turn.state = _State.CANCELLING
         turn.carry = b""
         turn.expect_by = now + self._response_timeout_s
@@ -463,18 +369,18 @@ class CodaProtocol(AudioTaking, Outbox):
             return
         message = json_object(text)
         if message is None:
-            self._fail("malformed", "frame is not a JSON object", close_code=_CLOSE_PROTOCOL_ERROR)
+            self._fail("malformed", "frame is not a JSON object", close_code=CLOSE_PROTOCOL_ERROR)
             return
-        context_id = message.get("contextId", "")
+        context_id = message.get(wire.CONTEXT_ID, "")
         if not isinstance(context_id, str):
-            self._fail("malformed", "contextId is not a string", close_code=_CLOSE_PROTOCOL_ERROR)
+            self._fail("malformed", "contextId is not a string", close_code=CLOSE_PROTOCOL_ERROR)
             return
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("< %s", _summary(message))
-        if "ready" in message:
-            self._on_ready(message["ready"], now)
-        elif "error" in message:
-            self._on_error(context_id, message["error"], now)
+        if wire.READY in message:
+            self._on_ready(message[wire.READY], now)
+        elif wire.ERROR in message:
+            self._on_error(context_id, message[wire.ERROR], now)
         else:
             self._on_context_frame(context_id, message, now)
 
@@ -484,7 +390,7 @@ class CodaProtocol(AudioTaking, Outbox):
         self._fail(
             "malformed",
             f"binary frame ({len(data)} bytes) on the JSON subprotocol",
-            close_code=_CLOSE_PROTOCOL_ERROR,
+            close_code=CLOSE_PROTOCOL_ERROR,
         )
 
     def _on_ready(self, body: object, now: float) -> None:
@@ -492,25 +398,25 @@ class CodaProtocol(AudioTaking, Outbox):
             logger.debug("= duplicate ready ignored")
             return
         body = body if isinstance(body, dict) else {}
-        protocol = body.get("protocol", 0)  # proto3 JSON omits a zero
+        protocol = body.get(wire.PROTOCOL, 0)  # proto3 JSON omits a zero
         if protocol != PROTOCOL_VERSION or isinstance(protocol, bool):
             self._fail(
                 "protocol_version",
                 f"server speaks protocol {protocol!r}, expected {PROTOCOL_VERSION}",
                 retryable=False,
-                close_code=_CLOSE_PROTOCOL_ERROR,
+                close_code=CLOSE_PROTOCOL_ERROR,
             )
             return
-        languages = body.get("languages", [])
+        languages = body.get(wire.LANGUAGES, [])
         if isinstance(languages, list):
             self.languages = tuple(x for x in languages if isinstance(x, str))
-        default_language = body.get("defaultLanguage", "")
+        default_language = body.get(wire.DEFAULT_LANGUAGE, "")
         self.default_language = default_language if isinstance(default_language, str) else ""
         self._phase = _Phase.READY
         self._ready_by = None
         config = self._config_payload()
         if config:
-            self._send({"config": config})
+            self._send({wire.CONFIG: config})
         self._events.append(ConnectionReady())
 
     def _on_context_frame(self, context_id: str, message: dict[str, Any], now: float) -> None:
@@ -526,8 +432,6 @@ class CodaProtocol(AudioTaking, Outbox):
             logger.debug("= %s for unknown context %r dropped", key, context_id)
             return
         streaming = turn.state is _State.STREAMING
-        if turn.expect_by is None and not streaming:
-            self._taking = False  # a deadline appears: its audio is queued, the shell re-arms
         turn.expect_by = None if streaming else now + self._response_timeout_s
         self._CONTEXT_HANDLERS[key](self, turn, message[key], now)
 
@@ -535,7 +439,7 @@ class CodaProtocol(AudioTaking, Outbox):
         if turn.started:
             return
         turn.started = True
-        request_id = body.get("requestId", "") if isinstance(body, dict) else ""
+        request_id = body.get(wire.REQUEST_ID, "") if isinstance(body, dict) else ""
         request_id = request_id if isinstance(request_id, str) else ""
         logger.info("coda context %s started, requestId %s", turn.context_id, request_id)
         if turn.state not in _SILENT:
@@ -557,7 +461,7 @@ class CodaProtocol(AudioTaking, Outbox):
         whole = len(data) - len(data) % width
         data, turn.carry = data[:whole], data[whole:]
         if data:
-            self._report_audio(turn.turn_id, data, turn.audio_format)
+            self._events.append(AudioReceived(turn.turn_id, data, turn.audio_format))
 
     def _on_done(self, turn: _Turn, body: object, now: float) -> None:
         if turn.state in _SILENT:
@@ -565,7 +469,7 @@ class CodaProtocol(AudioTaking, Outbox):
             return
         if turn.carry:
             logger.warning("coda context %s ended on half a sample", turn.context_id)
-        timestamps = body.get("timestamps") if isinstance(body, dict) else None
+        timestamps = body.get(wire.TIMESTAMPS) if isinstance(body, dict) else None
         words = _parse_timestamps(turn.context_id, timestamps)
         if words:
             self._events.append(WordsTimed(turn.turn_id, words))
@@ -576,21 +480,21 @@ class CodaProtocol(AudioTaking, Outbox):
             self._finish(turn, TurnDone(turn.turn_id, cancelled=True))
         else:
             message = "the provider cancelled the context"
-            self._finish(turn, TurnFailed(turn.turn_id, "cancelled", message, retryable=True))
+            self._finish(turn, TurnFailed(turn.turn_id, wire.CANCELLED, message, retryable=True))
 
     _CONTEXT_HANDLERS: ClassVar[dict[str, Callable[[CodaProtocol, _Turn, object, float], None]]] = {
-        "started": _on_started,
-        "audio": _on_audio,
-        "done": _on_done,
-        "cancelled": _on_cancelled,
+        wire.STARTED: _on_started,
+        wire.AUDIO: _on_audio,
+        wire.DONE: _on_done,
+        wire.CANCELLED: _on_cancelled,
     }
 
     def _on_error(self, context_id: str, body: object, now: float) -> None:
         body = body if isinstance(body, dict) else {}
-        kind = body.get("kind", "")
+        kind = body.get(wire.KIND, "")
         kind = kind if isinstance(kind, str) and kind else "unknown"
-        text = body.get("message", "")
-        request_id = body.get("requestId", "")
+        text = body.get(wire.MESSAGE, "")
+        request_id = body.get(wire.REQUEST_ID, "")
         message = self._scrub(str(text)) + (f" (requestId {request_id})" if request_id else "")
         logger.warning("coda error %s for context %r: %s", kind, context_id, message)
         retryable = ERROR_KINDS.get(kind, True)
@@ -604,9 +508,9 @@ class CodaProtocol(AudioTaking, Outbox):
                 self._finish(turn, TurnDone(turn.turn_id, cancelled=True))
             else:
                 self._finish(turn, TurnFailed(turn.turn_id, kind, message, retryable))
-        elif kind == "invalid_input":
+        elif kind == wire.INVALID_INPUT:
             pass  # e.g. text racing a context's end: the seed says contexts continue
-        elif kind == "resource_exhausted":
+        elif kind == wire.RESOURCE_EXHAUSTED:
             waiting = [t for t in self._turns.values() if not t.started and t.state in _LIVE_SENT]
             if waiting:  # the newest start is the one the server refused
                 self._finish(waiting[-1], TurnFailed(waiting[-1].turn_id, kind, message, True))
@@ -632,49 +536,51 @@ class CodaProtocol(AudioTaking, Outbox):
         start: dict[str, Any] = {}
         speaker = settings.voice or self._settings.voice
         if speaker:
-            start["speaker"] = speaker
+            start[wire.SPEAKER] = speaker
         language = settings.language or str(self._settings.option("language", ""))
         if language:
-            start["language"] = language
+            start[wire.LANGUAGE] = language
         if settings.speed is not None and settings.speed > 0:
             low, high = TIME_SCALE_RANGE
-            audio_parameters["timeScaleFactor"] = min(high, max(low, 1.0 / settings.speed))
-        start["audioParameters"] = audio_parameters
-        split = self._turn_option(settings, "split_strategy", "SPLIT_STRATEGY_ACCUMULATE_SENTENCE")
+            audio_parameters[wire.TIME_SCALE_FACTOR] = min(high, max(low, 1.0 / settings.speed))
+        start[wire.AUDIO_PARAMETERS] = audio_parameters
+        split = self._turn_option(
+            settings, "split_strategy", wire.SPLIT_STRATEGY_ACCUMULATE_SENTENCE
+        )
         if split:
-            start["splitStrategy"] = split
+            start[wire.SPLIT_STRATEGY] = split
         lookahead = int(self._turn_option(settings, "text_lookahead_tokens", "-1"))
         if lookahead >= 0:
-            start["codaParameters"] = {"textLookaheadTokens": lookahead}
+            start[wire.CODA_PARAMETERS] = {wire.TEXT_LOOKAHEAD_TOKENS: lookahead}
         if settings.word_timestamps:
-            start["timestamps"] = {"enable": True}
+            start[wire.TIMESTAMPS] = {wire.ENABLE: True}
         return start
 
     def _config_payload(self) -> dict[str, Any]:
         config: dict[str, Any] = {}
         defaults: dict[str, Any] = {}
         if self._settings.voice:
-            defaults["speaker"] = self._settings.voice
+            defaults[wire.SPEAKER] = self._settings.voice
         language = str(self._settings.option("language", ""))
         if language:
-            defaults["language"] = language
+            defaults[wire.LANGUAGE] = language
         if defaults:
-            config["defaults"] = defaults
+            config[wire.DEFAULTS] = defaults
         if self._auth_in_config and self._settings.api_key:
             config["authorization"] = self._settings.api_key
         license_json = str(self._settings.option("license", ""))
         if license_json:
-            config["license"] = license_json
+            config[wire.LICENSE] = license_json
         return config
 
     def _send_start(self, turn: _Turn, text: str, now: float) -> None:
-        self._send({"contextId": turn.context_id, "start": {**turn.start, "text": text}})
+        self._send({wire.CONTEXT_ID: turn.context_id, wire.START: {**turn.start, wire.TEXT: text}})
         turn.expect_by = now + self._response_timeout_s
 
     def _send_text_messages(self, turn: _Turn, text: str) -> None:
-        envelope = _utf8_len(dump_message({"contextId": turn.context_id, "text": ""}))
+        envelope = utf8_len(dump_message({wire.CONTEXT_ID: turn.context_id, wire.TEXT: ""}))
         for piece in split_text(text, MAX_MESSAGE_BYTES - envelope):
-            self._send({"contextId": turn.context_id, "text": piece})
+            self._send({wire.CONTEXT_ID: turn.context_id, wire.TEXT: piece})
 
     def _send(self, message: dict[str, Any]) -> None:
         text = dump_message(message)
@@ -689,7 +595,7 @@ class CodaProtocol(AudioTaking, Outbox):
     def _abandon(self, turn: _Turn, kind: str, message: str, now: float) -> None:
         """Fail one turn towards the Call and cancel its context on the server."""
         self._events.append(TurnFailed(turn.turn_id, kind, message, retryable=True))
-        self._send({"contextId": turn.context_id, "cancel": {}})
+        self._send({wire.CONTEXT_ID: turn.context_id, wire.CANCEL: {}})
         turn.state = _State.ABANDONED
         turn.expect_by = now + self._response_timeout_s
 
@@ -708,7 +614,7 @@ class CodaProtocol(AudioTaking, Outbox):
         kind: str,
         message: str,
         retryable: bool = True,
-        close_code: int | None = _CLOSE_NORMAL,
+        close_code: int | None = CLOSE_NORMAL,
     ) -> None:
         """The connection is unusable: report every unfinished turn once, close."""
         if self._phase is _Phase.CLOSED:
@@ -737,30 +643,36 @@ def _audio_request(settings: TurnSettings) -> tuple[AudioFormat, dict[str, Any]]
     """
     rate_hz = settings.audio_format.sample_rate_hz
     if settings.audio_format.encoding == "mulaw":
-        return AudioFormat("mulaw", rate_hz), {"audioFormat": "audio/pcmu", "samplingRate": rate_hz}
-    return AudioFormat("pcm_s16le", rate_hz), {"audioFormat": "audio/pcm", "samplingRate": rate_hz}
+        return AudioFormat("mulaw", rate_hz), {
+            wire.AUDIO_FORMAT: wire.AUDIO_PCMU,
+            wire.SAMPLING_RATE: rate_hz,
+        }
+    return AudioFormat("pcm_s16le", rate_hz), {
+        wire.AUDIO_FORMAT: wire.AUDIO_PCM,
+        wire.SAMPLING_RATE: rate_hz,
+    }
 
 
 def _parse_timestamps(context_id: str, body: object) -> tuple[WordTiming, ...]:
     """``done.timestamps`` -> word timings (already seconds from the context's start)."""
     if not isinstance(body, dict):
         return ()
-    status = body.get("status", {})
-    if isinstance(status, dict) and status.get("code", 0):
+    status = body.get(wire.STATUS, {})
+    if isinstance(status, dict) and status.get(wire.CODE, 0):
         logger.warning(
             "coda context %s: no word timestamps (status %s: %s)",
             context_id,
-            status.get("code"),
-            status.get("message", ""),
+            status.get(wire.CODE),
+            status.get(wire.MESSAGE, ""),
         )
-    spans = body.get("spans", [])
+    spans = body.get(wire.SPANS, [])
     words: list[WordTiming] = []
     for span in spans if isinstance(spans, list) else []:
         if not isinstance(span, dict):
             continue
-        start_s = parse_duration_s(span.get("start", "0s"))  # proto3 omits zero
-        end_s = parse_duration_s(span.get("end", "0s"))
-        text = span.get("text", "")
+        start_s = parse_duration_s(span.get(wire.START, "0s"))  # proto3 omits zero
+        end_s = parse_duration_s(span.get(wire.END, "0s"))
+        text = span.get(wire.TEXT, "")
         if start_s is None or end_s is None or not isinstance(text, str):
             logger.debug("= malformed timestamp span dropped: %r", span)
             continue
@@ -772,9 +684,9 @@ def _summary(message: dict[str, Any]) -> str:
     """A log line for a frame: audio shown by size, never the credentials."""
     shown: dict[str, Any] = {}
     for key, value in message.items():
-        if key == "audio" and isinstance(value, str):
+        if key == wire.AUDIO and isinstance(value, str):
             shown[key] = f"<{len(value)} b64 chars>"
-        elif key == "config" and isinstance(value, dict):
+        elif key == wire.CONFIG and isinstance(value, dict):
             shown[key] = {k: ("***" if k == "authorization" else v) for k, v in value.items()}
         else:
             shown[key] = value

@@ -43,32 +43,26 @@ Rules that keep this module honest:
    ``next_deadline()``/``handle_timer(now)``.
 
 Cost: a turn's audio is a burst of frames (one ``audio_chunk`` and one
-``timestamps`` per word), so the per-frame path is kept short. An
-``audio_chunk`` frame in the compact shape the reference server and Kova
-send (``{"audio_chunk":"<base64>","context_id":"<id>"}``, no whitespace, no
-escapes) is taken apart without the JSON parser and its base64 decoded once,
-straight to bytes; anything else, and any doubt (an escape, bad base64, an
-unknown or unstarted context), goes through the full parse, so both paths
-give the same events. The earliest deadline comes from a heap of the
-deadlines as they were set (entries a context has moved away from are dropped
-when they reach the top), not from a scan of every context per frame.
+``timestamps`` per word). Every frame goes through the JSON parser; matching
+the compact ``audio_chunk`` shape without it saved under 2 % of a core at
+500 calls (``bench/bench_receive_contract.py``), so it went. The earliest
+deadline comes from a heap of the deadlines as they were set (entries a
+context has moved away from are dropped when they reach the top), not from a
+scan of every context per frame.
 """
 
 from __future__ import annotations
 
 import base64
 import heapq
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, SendText
-from bridge.tts.base import (
-    AudioEncoding,
+from bridge.providers.base import (
     AudioFormat,
-    AudioPiece,
     AudioReceived,
     ConnectionReady,
     ConnectParams,
@@ -78,49 +72,17 @@ from bridge.tts.base import (
     ProviderSettings,
     TurnDone,
     TurnFailed,
-    TurnPiece,
     TurnSettings,
     TurnStarted,
     WordsTimed,
-    WordTiming,
 )
-from bridge.tts.common import (
-    TimingsWording,
-    b64decode_fast,
-    bearer_headers,
-    json_text,
-    parallel_word_timings,
-    scrub_secret,
-)
+from bridge.providers.client_common import b64decode_fast, bearer_headers, json_text, scrub_secret
+from bridge.providers.kova import wire
+from bridge.providers.kova.wire import DEFAULT_FORMAT, ENCODINGS, FrameError
 
 __all__ = ["ENGINE", "KovaProtocol"]
 
 logger = logging.getLogger(__name__)
-
-#: Default audio when no ``response_format`` is set (seed, ``audio_chunk``).
-DEFAULT_FORMAT = AudioFormat("pcm_s16le", 32000)
-
-#: Kova encodings we can carry, mapped to the interface's names. ``linear16``
-#: is taken to be the same little-endian int16 PCM as ``pcm``.
-ENCODINGS: dict[str, AudioEncoding] = {
-    "pcm": "pcm_s16le",
-    "linear16": "pcm_s16le",
-    "mulaw": "mulaw",
-    "alaw": "alaw",
-}
-WIRE_ENCODING: dict[AudioEncoding, str] = {"pcm_s16le": "pcm", "mulaw": "mulaw", "alaw": "alaw"}
-
-CLOSE_PROTOCOL_ERROR = 1002
-
-_AUDIO_HEAD = '{"audio_chunk":"'
-_AUDIO_HEAD_LEN = len(_AUDIO_HEAD)
-_AUDIO_MID = '","context_id":"'
-_AUDIO_MID_LEN = len(_AUDIO_MID)
-_AUDIO_TAIL = '"}'
-
-
-class _KovaFrameError(ValueError):
-    """A known frame whose fields do not match the seed's shapes."""
 
 
 @dataclass(slots=True)
@@ -243,12 +205,14 @@ class KovaProtocol(Outbox):
         self._contexts[ctx.context_id] = ctx
         self._set_deadline(ctx, now + self._start_timeout_s)
         self._turns[turn_id] = ctx
-        self._send(
-            {
-                "start_context": self._start_body(settings, ctx.audio_format),
-                "context_id": ctx.context_id,
-            }
+        body = wire.start_body(
+            settings.voice or self._settings.voice,
+            settings.model or self._settings.model or "default",
+            settings.temperature,
+            settings.word_timestamps,
+            ctx.audio_format,
         )
+        self._send(wire.start_context(ctx.context_id, body))
 
     def send_text(self, turn_id: str, text: str, now: float) -> None:
         """Send ``send_text``; a no-op for empty text or a turn already ended.
@@ -261,7 +225,7 @@ class KovaProtocol(Outbox):
             return
         if ctx.flush_id is not None:
             raise LocalProtocolError(f"turn {turn_id!r} already ended")
-        self._send({"send_text": text, "context_id": ctx.context_id})
+        self._send(wire.send_text(ctx.context_id, text))
 
     def end_turn(self, turn_id: str, now: float) -> None:
         """Send ``flush`` with a fresh ``flush_id``; ``TurnDone`` follows ``flush_completed``."""
@@ -272,7 +236,7 @@ class KovaProtocol(Outbox):
         ctx.flush_id = f"f{self._flush_serial}"
         if ctx.started:
             self._set_deadline(ctx, now + self._reply_timeout_s)
-        self._send({"flush": True, "context_id": ctx.context_id, "flush_id": ctx.flush_id})
+        self._send(wire.flush(ctx.context_id, ctx.flush_id))
 
     def cancel(self, turn_id: str, now: float) -> None:
         """Barge-in: send ``close_context`` and drop the turn's late frames.
@@ -354,54 +318,12 @@ class KovaProtocol(Outbox):
         """Parse one server frame; bad input becomes an event, never an exception."""
         if self._failed:
             return
-        if text.startswith(_AUDIO_HEAD):
-            piece = self._fast_audio_chunk(text, now)
-            if piece is True:
-                return
-            if piece is not False:
-                self._events.append(AudioReceived(*piece))
-                return
-        self._parse(text, now)
-
-    def receive_text_fast(self, text: str, now: float) -> TurnPiece | None:
-        """``receive_text``, but a plain audio chunk or timestamps frame is returned, not queued.
-
-        With nothing queued (no event, no action): an ``audio_chunk`` in the
-        compact shape for a streaming context comes back as ``(turn_id,
-        audio, audio_format)``, exactly what ``receive_text`` would have
-        queued as ``AudioReceived``; a frame whose whole outcome is one
-        ``WordsTimed`` (``timestamps``) comes back as ``(turn_id, words)``.
-        Nothing else changed then but the context's reply deadline, which
-        only moves later (the shell need not drain or re-arm). Anything else
-        is handled as ``receive_text`` handles it, and ``None`` says to drain
-        as usual.
-        """
-        if self._failed:
-            return None
-        events = self._events
-        if events or self._actions:
-            self.receive_text(text, now)
-            return None
-        if text.startswith(_AUDIO_HEAD):
-            piece = self._fast_audio_chunk(text, now)
-            if piece is True:
-                return None
-            if piece is not False:
-                return piece
-        self._parse(text, now)
-        if len(events) == 1 and not self._actions and type(events[0]) is WordsTimed:
-            timed: WordsTimed = events.pop()  # type: ignore[assignment]
-            return timed.turn_id, timed.words
-        return None
-
-    def _parse(self, text: str, now: float) -> None:
-        """The full parse of one frame (the compact audio shape did not apply)."""
         try:
-            frame = json.loads(text)
-        except (ValueError, RecursionError):
+            frame = wire.decode_frame(text)
+        except wire.NotJson:
             self._fail_connection("malformed_frame", "invalid JSON from server", close=True)
             return
-        if not isinstance(frame, dict):
+        except wire.NotAnObject:
             self._fail_connection("malformed_frame", "server frame is not an object", close=True)
             return
         kind = None
@@ -414,80 +336,46 @@ class KovaProtocol(Outbox):
             return
         self._dispatch(kind, frame, now)
 
-    def _fast_audio_chunk(self, text: str, now: float) -> AudioPiece | bool:
-        """An ``audio_chunk`` frame in the compact shape, for a streaming context.
-
-        Handled here with the same outcome as the full parse would give: the
-        audio to report as ``AudioReceived`` (the caller queues or returns
-        it), or True when there is nothing to report (a late frame dropped, a
-        PCM chunk of one odd byte kept). False sends it through the full
-        parse: another shape, a JSON escape, base64 that does not decode
-        strictly, an unknown or unstarted context.
-        """
-        end = text.find('"', _AUDIO_HEAD_LEN)
-        if end < 0 or not text.startswith(_AUDIO_MID, end):
-            return False
-        id_at = end + _AUDIO_MID_LEN
-        context_id = text[id_at : -len(_AUDIO_TAIL)]
-        if not text.endswith(_AUDIO_TAIL) or '"' in context_id or "\\" in context_id:
-            return False
-        ctx = self._contexts.get(context_id)
-        if ctx is None or not ctx.started:
-            return False
-        if ctx.closing:
-            return True  # late frame of a cancelled / finished turn: dropped here
-        # strict: only the base64 alphabet with correct padding, so the JSON
-        # string had no escape and b64decode(validate=True) would agree
-        audio = b64decode_fast(text[_AUDIO_HEAD_LEN:end])
-        if audio is None:
-            return False
-        return self._audio(ctx, audio, now) or True
-
     def receive_bytes(self, data: bytes, now: float) -> None:
         """Kova frames are text only; binary messages are ignored."""
         logger.debug("< kova: ignoring %d-byte binary message", len(data))
-
-    def receive_bytes_fast(self, data: bytes, now: float) -> AudioPiece | None:
-        """``receive_bytes``: Kova has no binary audio."""
-        self.receive_bytes(data, now)
-        return None
 
     # ------------------------------------------------------------ handlers
 
     def _dispatch(self, kind: str, frame: dict[str, object], now: float) -> None:
         ctx = self._context_for(frame)
         if ctx is None:
-            if kind == "error" and not isinstance(frame.get("context_id"), str):
-                message = f"provider error: {json_text(frame.get('error'))}"
+            if kind == wire.ERROR and not isinstance(frame.get(wire.CONTEXT_ID), str):
+                message = f"provider error: {json_text(frame.get(wire.ERROR))}"
                 self._fail_connection("error", message, close=True)
             return
-        if ctx.closing and kind not in ("context_closed", "error"):
+        if ctx.closing and kind not in (wire.CONTEXT_CLOSED, wire.ERROR):
             return  # late frame of a cancelled / finished turn: dropped here
         try:
             _HANDLERS[kind](self, ctx, frame, now)
-        except _KovaFrameError as exc:
+        except FrameError as exc:
             self._fail_turn(ctx, "malformed_frame", f"{kind}: {exc}", now)
 
     def _context_for(self, frame: dict[str, object]) -> _Context | None:
-        context_id = frame.get("context_id")
+        context_id = frame.get(wire.CONTEXT_ID)
         if isinstance(context_id, str):
             return self._contexts.get(context_id)
-        flush_id = frame.get("flush_id")  # an error may name only the flush
-        if "error" in frame and isinstance(flush_id, str):
+        flush_id = frame.get(wire.FLUSH_ID)  # an error may name only the flush
+        if wire.ERROR in frame and isinstance(flush_id, str):
             return next((c for c in self._contexts.values() if c.flush_id == flush_id), None)
         return None
 
     def _on_context_started(self, ctx: _Context, frame: dict[str, object], now: float) -> None:
-        body = frame["context_started"]
+        body = frame[wire.CONTEXT_STARTED]
         if not isinstance(body, dict):
-            raise _KovaFrameError("context_started is not an object")
+            raise FrameError("context_started is not an object")
         if ctx.started:
             return
-        echoed = body.get("response_format")
+        echoed = body.get(wire.RESPONSE_FORMAT)
         if isinstance(echoed, dict):
-            real = _format_from_echo(echoed, ctx.audio_format)
+            real = wire.format_from_echo(echoed, ctx.audio_format)
             if real is None:
-                encoding = json_text(echoed.get("encoding"))
+                encoding = json_text(echoed.get(wire.ENCODING))
                 self._fail_turn(ctx, "unsupported_encoding", f"server chose {encoding}", now)
                 return
             ctx.audio_format = real
@@ -496,22 +384,22 @@ class KovaProtocol(Outbox):
         self._events.append(TurnStarted(ctx.turn_id, provider_ref=ctx.context_id))
 
     def _on_audio_chunk(self, ctx: _Context, frame: dict[str, object], now: float) -> None:
-        self._check_started(ctx, "audio_chunk")
-        payload = frame["audio_chunk"]
+        self._check_started(ctx, wire.AUDIO_CHUNK)
+        payload = frame[wire.AUDIO_CHUNK]
         if not isinstance(payload, str):
-            raise _KovaFrameError("audio_chunk is not a string")
-        try:
-            audio = base64.b64decode(payload, validate=True)
-        except ValueError as exc:  # binascii.Error, or a non-ASCII character
-            raise _KovaFrameError("audio_chunk is not valid base64") from exc
-        piece = self._audio(ctx, audio, now)
-        if piece is not None:
-            self._events.append(AudioReceived(*piece))
+            raise FrameError("audio_chunk is not a string")
+        audio = b64decode_fast(payload)
+        if audio is None:  # not strictly valid: the standard library decides
+            try:
+                audio = base64.b64decode(payload, validate=True)
+            except ValueError as exc:  # binascii.Error, or a non-ASCII character
+                raise FrameError("audio_chunk is not valid base64") from exc
+        self._audio(ctx, audio, now)
 
-    def _audio(self, ctx: _Context, audio: bytes, now: float) -> AudioPiece | None:
+    def _audio(self, ctx: _Context, audio: bytes, now: float) -> None:
         """A started context's decoded audio: whole samples out, an odd byte kept for the next.
 
-        The audio to report (``None``: none this time); the deadline only moves later.
+        The deadline only moves later.
         """
         if ctx.flush_id is not None:
             self._set_deadline(ctx, now + self._reply_timeout_s)
@@ -524,20 +412,19 @@ class KovaProtocol(Outbox):
             else:
                 ctx.remainder = b""
         if audio:
-            return ctx.turn_id, audio, ctx.audio_format
-        return None
+            self._events.append(AudioReceived(ctx.turn_id, audio, ctx.audio_format))
 
     def _on_timestamps(self, ctx: _Context, frame: dict[str, object], now: float) -> None:
-        self._check_started(ctx, "timestamps")
+        self._check_started(ctx, wire.TIMESTAMPS)
         self._touch(ctx, now)
-        words = _parse_timestamps(frame["timestamps"])
+        words = wire.decode_timestamps(frame[wire.TIMESTAMPS])
         if words:
             self._events.append(WordsTimed(ctx.turn_id, words))
 
     def _on_flush_completed(self, ctx: _Context, frame: dict[str, object], now: float) -> None:
-        flush_id = frame.get("flush_id")
-        if frame["flush_completed"] is not True or not isinstance(flush_id, str):
-            raise _KovaFrameError("flush_completed needs true and a string flush_id")
+        flush_id = frame.get(wire.FLUSH_ID)
+        if frame[wire.FLUSH_COMPLETED] is not True or not isinstance(flush_id, str):
+            raise FrameError("flush_completed needs true and a string flush_id")
         if flush_id != ctx.flush_id:
             logger.debug(
                 "< kova %s: flush_completed for unknown flush %r", ctx.context_id, flush_id
@@ -552,7 +439,7 @@ class KovaProtocol(Outbox):
             self._finish(ctx, TurnDone(ctx.turn_id, cancelled=ctx.cancelled))
 
     def _on_error(self, ctx: _Context, frame: dict[str, object], now: float) -> None:
-        message = json_text(frame["error"])
+        message = json_text(frame[wire.ERROR])
         if ctx.closing:
             # An error while closing (e.g. the context was already gone):
             # nothing more will come for it.
@@ -566,36 +453,22 @@ class KovaProtocol(Outbox):
 
     # ------------------------------------------------------------- helpers
 
-    def _start_body(self, settings: TurnSettings, fmt: AudioFormat) -> dict[str, object]:
-        body: dict[str, object] = {
-            "voice_id": settings.voice or self._settings.voice,
-            "model_id": settings.model or self._settings.model or "default",
-        }
-        if settings.temperature is not None:
-            body["temperature"] = settings.temperature
-        body["timestamps"] = settings.word_timestamps
-        body["response_format"] = {
-            "encoding": WIRE_ENCODING[fmt.encoding],
-            "sample_rate": fmt.sample_rate_hz,
-        }
-        return body
-
     def _check_started(self, ctx: _Context, kind: str) -> None:
         if not ctx.started:
-            raise _KovaFrameError(f"{kind} before context_started (ordering rule 1)")
+            raise FrameError(f"{kind} before context_started (ordering rule 1)")
 
     def _touch(self, ctx: _Context, now: float) -> None:
         if ctx.flush_id is not None:
             self._set_deadline(ctx, now + self._reply_timeout_s)
 
-    def _send(self, frame: dict[str, object]) -> None:
-        self._actions.append(SendText(json.dumps(frame, separators=(",", ":"))))
+    def _send(self, text: str) -> None:
+        self._actions.append(SendText(text))
 
     def _send_close_context(self, ctx: _Context, now: float) -> None:
         ctx.closing = True
         self._set_deadline(ctx, now + self._close_timeout_s)
         self._turns.pop(ctx.turn_id, None)
-        self._send({"close_context": True, "context_id": ctx.context_id})
+        self._send(wire.close_context(ctx.context_id))
 
     def _finish(self, ctx: _Context, event: Event) -> None:
         ctx.finished = True
@@ -626,7 +499,7 @@ class KovaProtocol(Outbox):
         self._deadlines.clear()
         self._events.append(ProviderFailed(kind, self._scrub(message), open_turns))
         if close:
-            self._actions.append(CloseConnection(CLOSE_PROTOCOL_ERROR, kind))
+            self._actions.append(CloseConnection(wire.CLOSE_PROTOCOL_ERROR, kind))
 
     def _live_contexts(self) -> list[_Context]:
         return [c for c in self._contexts.values() if not c.finished]
@@ -636,12 +509,12 @@ class KovaProtocol(Outbox):
 
 
 _HANDLERS: dict[str, Handler] = {
-    "context_started": KovaProtocol._on_context_started,
-    "audio_chunk": KovaProtocol._on_audio_chunk,
-    "timestamps": KovaProtocol._on_timestamps,
-    "flush_completed": KovaProtocol._on_flush_completed,
-    "context_closed": KovaProtocol._on_context_closed,
-    "error": KovaProtocol._on_error,
+    wire.CONTEXT_STARTED: KovaProtocol._on_context_started,
+    wire.AUDIO_CHUNK: KovaProtocol._on_audio_chunk,
+    wire.TIMESTAMPS: KovaProtocol._on_timestamps,
+    wire.FLUSH_COMPLETED: KovaProtocol._on_flush_completed,
+    wire.CONTEXT_CLOSED: KovaProtocol._on_context_closed,
+    wire.ERROR: KovaProtocol._on_error,
 }
 """Frame type -> handler, as functions: a protocol holding its own bound methods
 would be a reference cycle, freed only by a full collection."""
@@ -674,39 +547,6 @@ def _forced_format(settings: ProviderSettings) -> AudioFormat | None:
     if rate <= 0:
         rate = DEFAULT_FORMAT.sample_rate_hz if encoding == "pcm_s16le" else 8000
     return AudioFormat(encoding, rate)
-
-
-def _format_from_echo(echoed: dict[str, object], asked: AudioFormat) -> AudioFormat | None:
-    """The real format from ``context_started.response_format`` (None: unusable)."""
-    encoding = ENCODINGS.get(json_text(echoed.get("encoding")))
-    if encoding is None:
-        return None
-    rate = echoed.get("sample_rate")
-    if isinstance(rate, int) and not isinstance(rate, bool) and rate > 0:
-        return AudioFormat(encoding, rate)
-    if encoding == asked.encoding:
-        return asked
-    return AudioFormat(encoding, 8000 if encoding != "pcm_s16le" else DEFAULT_FORMAT.sample_rate_hz)
-
-
-_TIMESTAMPS_WORDING = TimingsWording(
-    not_arrays="timestamps needs words, start_seconds and end_seconds arrays",
-    lengths_differ="timestamps arrays differ in length",
-    bad_entry="timestamps hold a non-string word or a bad time",
-)
-
-
-def _parse_timestamps(body: object) -> tuple[WordTiming, ...]:
-    """Parallel arrays ``words`` / ``start_seconds`` / ``end_seconds`` to timings."""
-    if not isinstance(body, dict):
-        raise _KovaFrameError("timestamps is not an object")
-    return parallel_word_timings(
-        body.get("words"),
-        body.get("start_seconds"),
-        body.get("end_seconds"),
-        wording=_TIMESTAMPS_WORDING,
-        error=_KovaFrameError,
-    )
 
 
 ENGINE = KovaProtocol

@@ -64,7 +64,6 @@ Rules that keep this module honest:
 from __future__ import annotations
 
 import base64
-import json
 import logging
 from dataclasses import dataclass, field
 from enum import Enum
@@ -72,9 +71,10 @@ from typing import Any, ClassVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from bridge.engine import CloseConnection, LocalProtocolError, Outbox, SendText
-from bridge.tts.base import (
+from bridge.providers.base import (
     AudioEncoding,
     AudioFormat,
+    AudioReceived,
     ConnectionReady,
     ConnectParams,
     HttpRequest,
@@ -89,30 +89,30 @@ from bridge.tts.base import (
     WordsTimed,
     WordTiming,
 )
-from bridge.tts.common import b64decode_fast, json_object, scrub_secret
-from bridge.tts.taking import AudioTaking
+from bridge.providers.client_common import b64decode_fast, json_object, scrub_secret
+from bridge.providers.kugelaudio import wire
+from bridge.providers.kugelaudio.wire import (
+    CLOSE_PROTOCOL_ERROR,
+    PATH,
+    SAMPLE_RATES_HZ,
+    UPDATABLE_FIELDS,
+)
 
 __all__ = ["ENGINE", "KugelAudioProtocol", "TurnState"]
 
 logger = logging.getLogger(__name__)
 
-PATH = "/ws/tts/stream"
 DEFAULT_SAMPLE_RATE_HZ = 24000
-SAMPLE_RATES_HZ = frozenset({8000, 16000, 22050, 24000})
 
-#: Fields ``update_settings`` accepts (seed, "Update Settings Message").
-UPDATABLE_FIELDS = frozenset(
-    {"cfg_scale", "temperature", "speed", "max_new_tokens", "language", "normalize"}
-)
 #: Config fields taken from ``[providers.NAME]`` options or ``TurnSettings.extra``.
 OPTION_FIELDS: dict[str, type] = {
-    "cfg_scale": float,
-    "normalize": bool,
-    "flush_timeout_ms": int,
-    "max_buffer_length": int,
-    "max_new_tokens": int,
-    "project_id": int,
-    "dictionary_ids": list,
+    wire.CFG_SCALE: float,
+    wire.NORMALIZE: bool,
+    wire.FLUSH_TIMEOUT_MS: int,
+    wire.MAX_BUFFER_LENGTH: int,
+    wire.MAX_NEW_TOKENS: int,
+    wire.PROJECT_ID: int,
+    wire.DICTIONARY_IDS: list,
 }
 #: ``enc`` values understood on ``audio`` frames.
 ENCODINGS: dict[str, AudioEncoding] = {
@@ -123,24 +123,23 @@ ENCODINGS: dict[str, AudioEncoding] = {
     "alaw": "alaw",
 }
 #: Error codes that make the whole connection useless (the key is refused).
-CONNECTION_ERROR_CODES = frozenset({"UNAUTHORIZED", "INSUFFICIENT_CREDITS"})
+CONNECTION_ERROR_CODES = frozenset({wire.UNAUTHORIZED, "INSUFFICIENT_CREDITS"})
 #: Error codes another provider or a retry cannot fix.
-NON_RETRYABLE_ERROR_CODES = frozenset({"VALIDATION_ERROR"})
+NON_RETRYABLE_ERROR_CODES = frozenset({wire.VALIDATION_ERROR})
 CHUNK_RELATIVE_TOLERANCE_MS = 20.0
-CLOSE_PROTOCOL_ERROR = 1002
 
 #: Server frames by their discriminator key, in the order they are tested.
 FRAME_HANDLERS: tuple[tuple[str, str], ...] = (
-    ("error", "_on_error"),
-    ("audio", "_on_audio"),
-    ("word_timestamps", "_on_word_timestamps"),
-    ("generation_started", "_on_generation_started"),
-    ("chunk_complete", "_on_chunk_complete"),
-    ("final", "_on_final"),
-    ("session_closed", "_on_session_closed"),
-    ("interrupted", "_on_interrupted"),
-    ("settings_updated", "_on_settings_updated"),
-    ("warning", "_on_warning"),
+    (wire.ERROR, "_on_error"),
+    (wire.AUDIO, "_on_audio"),
+    (wire.WORD_TIMESTAMPS, "_on_word_timestamps"),
+    (wire.GENERATION_STARTED, "_on_generation_started"),
+    (wire.CHUNK_COMPLETE, "_on_chunk_complete"),
+    (wire.FINAL, "_on_final"),
+    (wire.SESSION_CLOSED, "_on_session_closed"),
+    (wire.INTERRUPTED, "_on_interrupted"),
+    (wire.SETTINGS_UPDATED, "_on_settings_updated"),
+    (wire.WARNING, "_on_warning"),
 )
 
 
@@ -184,7 +183,7 @@ class _Turn:
     cancel_deadline: float = 0.0
 
 
-class KugelAudioProtocol(AudioTaking, Outbox):
+class KugelAudioProtocol(Outbox):
     """One ``/ws/tts/stream`` connection, as a sans-I/O engine (see module docstring).
 
     Engine-only options of ``[providers.NAME]`` (never sent): ``idle_flush_s``
@@ -227,7 +226,7 @@ class KugelAudioProtocol(AudioTaking, Outbox):
             path += PATH
         query = parts.query
         if self._settings.api_key:
-            extra = urlencode({"api_key": self._settings.api_key})
+            extra = urlencode({wire.API_KEY: self._settings.api_key})
             query = f"{query}&{extra}" if query else extra
         return ConnectParams(url=urlunsplit((parts.scheme, parts.netloc, path, query, "")))
 
@@ -263,10 +262,10 @@ class KugelAudioProtocol(AudioTaking, Outbox):
         turn = self._turn
         if turn is not None and turn.state is TurnState.ACTIVE:
             self.end_turn(turn.turn_id, now)
-        self._send({"close_socket": True})
+        self._send(wire.close_socket())
         self._conn = _Conn.CLOSING
         if self._turn is None:
-            self._actions.append(CloseConnection(1000, "close_socket"))
+            self._actions.append(CloseConnection(1000, wire.CLOSE_SOCKET))
         else:
             self._close_deadline = now + self._close_timeout_s
 
@@ -301,7 +300,7 @@ class KugelAudioProtocol(AudioTaking, Outbox):
             return
         if not text:
             return
-        self._send({"text": text})
+        self._send(wire.text(text))
         turn.session_open = True
         turn.last_text_at = now
 
@@ -320,7 +319,7 @@ class KugelAudioProtocol(AudioTaking, Outbox):
         turn = self._turn
         if turn is None or turn.turn_id != turn_id or turn.state not in _LIVE:
             return
-        self._send({"cancel": True})
+        self._send(wire.cancel())
         turn.state = TurnState.CANCELLING
         turn.cancel_deadline = now + self._cancel_timeout_s
 
@@ -392,11 +391,11 @@ class KugelAudioProtocol(AudioTaking, Outbox):
         turn = self._live_turn(now)
         if turn is None:
             return
-        data = _b64(frame["audio"])
-        enc = _field(frame, "enc", str)
-        rate_hz = _field(frame, "sr", int)
-        chunk_id = _optional_int(frame, "chunk_id", 0)
-        idx = _optional_int(frame, "idx", turn.next_idx)
+        data = _b64(frame[wire.AUDIO])
+        enc = _field(frame, wire.ENC, str)
+        rate_hz = _field(frame, wire.SR, int)
+        chunk_id = _optional_int(frame, wire.CHUNK_ID, 0)
+        idx = _optional_int(frame, wire.IDX, turn.next_idx)
         encoding = ENCODINGS.get(enc)
         if encoding is None:
             self._fail_turn(turn, "unsupported_encoding", f"audio enc {enc!r}", False, now)
@@ -411,14 +410,14 @@ class KugelAudioProtocol(AudioTaking, Outbox):
         turn.chunk_start_s.setdefault(chunk_id, turn.session_audio_s)
         turn.session_audio_s += len(data) / audio_format.bytes_per_sample / rate_hz
         if data:
-            self._report_audio(turn.turn_id, data, audio_format)
+            self._events.append(AudioReceived(turn.turn_id, data, audio_format))
 
     def _on_word_timestamps(self, frame: dict[str, Any], now: float) -> None:
         turn = self._live_turn(now)
         if turn is None:
             return
-        entries = _field(frame, "word_timestamps", list)
-        chunk_id = _optional_int(frame, "chunk_id", 0)
+        entries = _field(frame, wire.WORD_TIMESTAMPS, list)
+        chunk_id = _optional_int(frame, wire.CHUNK_ID, 0)
         parsed = [w for w in (_word(e) for e in entries) if w is not None]
         if not parsed:
             return
@@ -439,7 +438,7 @@ class KugelAudioProtocol(AudioTaking, Outbox):
 
     def _on_chunk_complete(self, frame: dict[str, Any], now: float) -> None:
         if self._live_turn(now) is not None:
-            logger.debug("< chunk_complete %s", frame.get("chunk_id"))
+            logger.debug("< chunk_complete %s", frame.get(wire.CHUNK_ID))
 
     def _on_final(self, frame: dict[str, Any], now: float) -> None:
         turn = self._live_turn(now)
@@ -450,9 +449,9 @@ class KugelAudioProtocol(AudioTaking, Outbox):
 
     def _on_session_closed(self, frame: dict[str, Any], now: float) -> None:
         turn = self._turn
-        usage = frame.get("usage")
+        usage = frame.get(wire.USAGE)
         report: dict[str, object] = dict(usage) if isinstance(usage, dict) else {}
-        for key in ("total_audio_seconds", "total_text_chunks", "total_audio_chunks"):
+        for key in (wire.TOTAL_AUDIO_SECONDS, wire.TOTAL_TEXT_CHUNKS, wire.TOTAL_AUDIO_CHUNKS):
             if key in frame:
                 report[key] = frame[key]
         live = turn is not None and turn.state in (*_LIVE, TurnState.DONE)
@@ -475,10 +474,10 @@ class KugelAudioProtocol(AudioTaking, Outbox):
         self._release()
 
     def _on_settings_updated(self, frame: dict[str, Any], now: float) -> None:
-        logger.debug("< settings_updated %s", frame.get("settings"))
+        logger.debug("< settings_updated %s", frame.get(wire.SETTINGS))
 
     def _on_warning(self, frame: dict[str, Any], now: float) -> None:
-        logger.warning("< provider warning: %s", frame.get("warning"))
+        logger.warning("< provider warning: %s", frame.get(wire.WARNING))
         turn = self._live_turn(now)
         if turn is not None and turn.session_open:
             turn.session_open = False  # the server auto-ended the session we had open
@@ -486,9 +485,9 @@ class KugelAudioProtocol(AudioTaking, Outbox):
             turn.sessions_unclosed += 1
 
     def _on_error(self, frame: dict[str, Any], now: float) -> None:
-        message = str(frame.get("error"))
-        error_code = frame.get("error_code")
-        kind = error_code if isinstance(error_code, str) else "error"
+        message = str(frame.get(wire.ERROR))
+        error_code = frame.get(wire.ERROR_CODE)
+        kind = error_code if isinstance(error_code, str) else wire.ERROR
         self._sticky = None  # the server may not hold the config we think it holds
         if kind in CONNECTION_ERROR_CODES:
             self._connection_failed(kind, message, 1000)
@@ -508,16 +507,16 @@ class KugelAudioProtocol(AudioTaking, Outbox):
         config: dict[str, object] = {}
         voice = settings.voice or self._settings.voice
         if voice:
-            config["voice_id"] = int(voice) if voice.isascii() and voice.isdigit() else voice
+            config[wire.VOICE_ID] = int(voice) if voice.isascii() and voice.isdigit() else voice
         model = settings.model or self._settings.model
         if model:
-            config["model_id"] = model
-        config["sample_rate"] = rate_hz
-        config["word_timestamps"] = settings.word_timestamps
+            config[wire.MODEL_ID] = model
+        config[wire.SAMPLE_RATE] = rate_hz
+        config[wire.WORD_TIMESTAMPS] = settings.word_timestamps
         for key, value in (
-            ("language", settings.language),
-            ("speed", settings.speed),
-            ("temperature", settings.temperature),
+            (wire.LANGUAGE, settings.language),
+            (wire.SPEED, settings.speed),
+            (wire.TEMPERATURE, settings.temperature),
         ):
             if value is not None:
                 config[key] = value
@@ -534,12 +533,12 @@ class KugelAudioProtocol(AudioTaking, Outbox):
         changed = {k: v for k, v in config.items() if k not in sticky or sticky[k] != v}
         if not changed and sticky.keys() == config.keys():
             return []
-        if sticky.keys() <= config.keys() and changed.keys() <= UPDATABLE_FIELDS:
-            return [{"update_settings": changed}]
+        if sticky.keys() <= config.keys() and changed.keys() <= set(UPDATABLE_FIELDS):
+            return [wire.update_settings(changed)]
         return [config]
 
     def _end_session(self, turn: _Turn) -> None:
-        self._send({"flush": True})
+        self._send(wire.flush())
         turn.session_open = False
         turn.sessions_unfinished += 1
         turn.sessions_unclosed += 1
@@ -570,7 +569,7 @@ class KugelAudioProtocol(AudioTaking, Outbox):
         self._turn = None
         if self._conn is _Conn.CLOSING:
             self._close_deadline = None
-            self._actions.append(CloseConnection(1000, "close_socket"))
+            self._actions.append(CloseConnection(1000, wire.CLOSE_SOCKET))
 
     def _live_turn(self, now: float) -> _Turn | None:
         turn = self._turn
@@ -587,7 +586,7 @@ class KugelAudioProtocol(AudioTaking, Outbox):
 
     def _fail_turn(self, turn: _Turn, kind: str, message: str, retryable: bool, now: float) -> None:
         self._events.append(TurnFailed(turn.turn_id, kind, self._redact(message), retryable))
-        self._send({"cancel": True})
+        self._send(wire.cancel())
         turn.state = TurnState.RESYNC
         turn.cancel_deadline = now + self._cancel_timeout_s
 
@@ -600,7 +599,7 @@ class KugelAudioProtocol(AudioTaking, Outbox):
         self._close_deadline = None
 
     def _send(self, message: dict[str, object]) -> None:
-        self._actions.append(SendText(json.dumps(message, separators=(",", ":"))))
+        self._actions.append(SendText(wire.dump(message)))
 
     def _redact(self, text: str) -> str:
         return scrub_secret(text, self._settings.api_key)
@@ -666,7 +665,7 @@ def _word(entry: object) -> tuple[str, float, float] | None:
     """One ``word_timestamps`` entry as (word, start_ms, end_ms); None if unusable."""
     if not isinstance(entry, dict):
         return None
-    word, start, end = entry.get("word"), entry.get("start_ms"), entry.get("end_ms")
+    word, start, end = entry.get(wire.WORD), entry.get(wire.START_MS), entry.get(wire.END_MS)
     if not isinstance(word, str):
         return None
     if not isinstance(start, int | float) or not isinstance(end, int | float):

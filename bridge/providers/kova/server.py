@@ -41,7 +41,6 @@ Rules that keep this module honest:
 from __future__ import annotations
 
 import base64
-import json
 import re
 from collections import deque
 from collections.abc import Callable
@@ -49,23 +48,26 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from bridge.engine import CloseConnection, Outbox, SendText
-from bridge.tts.base import WordTiming
-from bridge.tts.common import non_negative_seconds
-from bridge.ttsd.base import CancelSynthesis, ServerOptions, Synthesize
-from bridge.ttsd.common import byte_chunks, encode_pcm, timing_arrays, whole_samples
+from bridge.providers.base import WordTiming
+from bridge.providers.client_common import non_negative_seconds
+from bridge.providers.kova import wire
+from bridge.providers.kova.wire import (
+    CLIENT_FRAMES,
+    DEFAULT_SAMPLE_RATE_HZ,
+    G711_ENCODINGS,
+    G711_SAMPLE_RATE_HZ,
+    PCM_ENCODINGS,
+    UNSUPPORTED_ENCODINGS,
+)
+from bridge.providers.server_base import CancelSynthesis, ServerOptions, Synthesize
+from bridge.providers.server_common import byte_chunks, encode_pcm, timing_arrays, whole_samples
 
 __all__ = ["PATHS", "SESSION", "KovaServerSession"]
 
 #: Kova's documentation names no path; this is ours (see docs/providers.md, Kova).
 PATHS: tuple[str, ...] = ("/v1/ws/kova",)
 
-DEFAULT_SAMPLE_RATE_HZ = 32000
-G711_SAMPLE_RATE_HZ = 8000
 PCM_SAMPLE_RATES_HZ = frozenset({8000, 16000, 22050, 24000, 32000, 44100, 48000})
-PCM_ENCODINGS = frozenset({"pcm", "linear16"})
-G711_ENCODINGS = frozenset({"mulaw", "alaw"})
-UNSUPPORTED_ENCODINGS = frozenset({"mp3", "wav", "opus"})
-CLIENT_FRAMES = ("start_context", "send_text", "flush", "close_context")
 
 #: Security limits (ours; the seed states none).
 MAX_FRAME_CHARS = 1_000_000
@@ -73,7 +75,6 @@ MAX_TEXT_CHARS = 100_000
 MAX_PENDING_CHARS = 2_000
 MAX_AUDIO_CHUNK_BYTES = 16_000
 
-CLOSE_POLICY_VIOLATION = 1008
 _SENTENCE_END = re.compile(r"[.!?;:][\"')\]]*\s+")
 
 ContextKey = str | None
@@ -133,8 +134,8 @@ class KovaServerSession(Outbox):
             return
         scheme, _, key = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or key.strip() not in self._options.api_keys:
-            self._send({"error": "unauthorized"})
-            self._actions.append(CloseConnection(CLOSE_POLICY_VIOLATION, "unauthorized"))
+            self._send(wire.error("unauthorized"))
+            self._actions.append(CloseConnection(wire.CLOSE_POLICY_VIOLATION, "unauthorized"))
             self._closed = True
 
     def connection_lost(self, now: float) -> None:
@@ -156,22 +157,22 @@ class KovaServerSession(Outbox):
         if self._closed:
             return
         if len(text) > MAX_FRAME_CHARS:
-            self._send({"error": f"frame too large (max {MAX_FRAME_CHARS} characters)"})
+            self._send(wire.error(f"frame too large (max {MAX_FRAME_CHARS} characters)"))
             return
         try:
-            frame = json.loads(text)
-        except (ValueError, RecursionError):
-            self._send({"error": "invalid JSON"})
+            frame = wire.decode_frame(text)
+        except wire.NotJson:
+            self._send(wire.error("invalid JSON"))
             return
-        if not isinstance(frame, dict):
-            self._send({"error": "frame must be a JSON object"})
+        except wire.NotAnObject:
+            self._send(wire.error("frame must be a JSON object"))
             return
-        raw_id = frame.get("context_id")
+        raw_id = frame.get(wire.CONTEXT_ID)
         key: ContextKey = raw_id if isinstance(raw_id, str) else None
         try:
             if raw_id is not None and not isinstance(raw_id, str):
                 raise _BadFrame("invalid field: context_id")
-            kinds = [k for k in CLIENT_FRAMES if k in frame]
+            kinds = wire.frame_kinds(frame, CLIENT_FRAMES)
             if not kinds:
                 raise _BadFrame("unknown frame type")
             if len(kinds) > 1:
@@ -183,26 +184,26 @@ class KovaServerSession(Outbox):
     def receive_bytes(self, data: bytes, now: float) -> None:
         """Kova frames are JSON text; binary messages get an ``error``."""
         if not self._closed:
-            self._send({"error": "binary frames are not supported"})
+            self._send(wire.error("binary frames are not supported"))
 
     # ------------------------------------------------------------ handlers
 
     def _on_start_context(self, frame: dict[str, object], key: ContextKey) -> None:
-        body = frame["start_context"]
+        body = frame[wire.START_CONTEXT]
         if not isinstance(body, dict):
-            raise _BadFrame("invalid field: start_context")
+            raise _BadFrame(f"invalid field: {wire.START_CONTEXT}")
         ctx, echo = self._parse_start(body, key)
         if key in self._contexts:
             raise _BadFrame(f"context already exists: {key}")
         if len(self._contexts) >= self._options.max_contexts:
             raise _BadFrame(f"too many contexts (max {self._options.max_contexts})")
         self._contexts[key] = ctx
-        self._send_for(ctx, {"context_started": echo})
+        self._send(wire.context_started(ctx.context_id, echo))
 
     def _on_send_text(self, frame: dict[str, object], key: ContextKey) -> None:
-        text = frame["send_text"]
+        text = frame[wire.SEND_TEXT]
         if not isinstance(text, str):
-            raise _BadFrame("invalid field: send_text")
+            raise _BadFrame(f"invalid field: {wire.SEND_TEXT}")
         if len(text) > MAX_TEXT_CHARS:
             raise _BadFrame(f"text too long (max {MAX_TEXT_CHARS} characters)")
         ctx = self._context(key)
@@ -211,11 +212,11 @@ class KovaServerSession(Outbox):
         self._pump(ctx)
 
     def _on_flush(self, frame: dict[str, object], key: ContextKey) -> None:
-        flush_id = frame.get("flush_id")
-        if frame["flush"] is not True:
-            raise _BadFrame("invalid field: flush")
+        flush_id = frame.get(wire.FLUSH_ID)
+        if frame[wire.FLUSH] is not True:
+            raise _BadFrame(f"invalid field: {wire.FLUSH}")
         if flush_id is not None and not isinstance(flush_id, str):
-            raise _BadFrame("invalid field: flush_id")
+            raise _BadFrame(f"invalid field: {wire.FLUSH_ID}")
         ctx = self._context(key)
         if flush_id is None:
             ctx.flush_serial += 1
@@ -227,11 +228,11 @@ class KovaServerSession(Outbox):
         self._pump(ctx)
 
     def _on_close_context(self, frame: dict[str, object], key: ContextKey) -> None:
-        if frame["close_context"] is not True:
-            raise _BadFrame("invalid field: close_context")
+        if frame[wire.CLOSE_CONTEXT] is not True:
+            raise _BadFrame(f"invalid field: {wire.CLOSE_CONTEXT}")
         ctx = self._context(key)
         self._drop_context(ctx)
-        self._send_for(ctx, {"context_closed": True})
+        self._send(wire.context_closed(ctx.context_id))
 
     # ------------------------------------------------------------ synthesis
 
@@ -246,16 +247,16 @@ class KovaServerSession(Outbox):
         ctx.sent_samples += len(pcm) // 2
         for chunk in byte_chunks(pcm, MAX_AUDIO_CHUNK_BYTES):
             audio = encode_pcm(ctx.encoding, chunk)
-            self._send_audio(ctx, base64.b64encode(audio).decode("ascii"))
+            self._send(wire.audio_chunk(ctx.context_id, base64.b64encode(audio).decode("ascii")))
         if ctx.timestamps and words:
             timestamps = timing_arrays(
                 words,
                 ctx.job_offset_s,
-                start_key="start_seconds",
-                end_key="end_seconds",
+                start_key=wire.START_SECONDS,
+                end_key=wire.END_SECONDS,
                 ndigits=6,
             )
-            self._send_for(ctx, {"timestamps": timestamps})
+            self._send(wire.timestamps(ctx.context_id, timestamps))
 
     def synthesis_done(self, job_id: str, now: float) -> None:
         """The job is complete: move on to the context's next item."""
@@ -292,24 +293,24 @@ class KovaServerSession(Outbox):
     def _parse_start(
         self, body: dict[object, object], key: ContextKey
     ) -> tuple[_Context, dict[str, object]]:
-        voice_id = _required_text(body, "voice_id")
-        model_id = _required_text(body, "model_id")
-        temperature = body.get("temperature")
+        voice_id = _required_text(body, wire.VOICE_ID)
+        model_id = _required_text(body, wire.MODEL_ID)
+        temperature = body.get(wire.TEMPERATURE)
         if temperature is not None and non_negative_seconds(temperature) is None:
-            raise _BadFrame("invalid field: temperature")
-        timestamps = body.get("timestamps", False)
+            raise _BadFrame(f"invalid field: {wire.TEMPERATURE}")
+        timestamps = body.get(wire.TIMESTAMPS, False)
         if not isinstance(timestamps, bool):
-            raise _BadFrame("invalid field: timestamps")
+            raise _BadFrame(f"invalid field: {wire.TIMESTAMPS}")
         encoding, sample_rate_hz, response_format = _parse_response_format(
-            body.get("response_format")
+            body.get(wire.RESPONSE_FORMAT)
         )
         if voice_id not in self._options.voices:
             raise _BadFrame(f"unknown voice: {voice_id}")
-        echo: dict[str, object] = {"voice_id": voice_id, "model_id": model_id}
-        if "temperature" in body:
-            echo["temperature"] = temperature
-        echo["timestamps"] = timestamps
-        echo["response_format"] = response_format
+        echo: dict[str, object] = {wire.VOICE_ID: voice_id, wire.MODEL_ID: model_id}
+        if wire.TEMPERATURE in body:
+            echo[wire.TEMPERATURE] = temperature
+        echo[wire.TIMESTAMPS] = timestamps
+        echo[wire.RESPONSE_FORMAT] = response_format
         ctx = _Context(key, voice_id, encoding, sample_rate_hz, timestamps)
         return ctx, echo
 
@@ -335,7 +336,7 @@ class KovaServerSession(Outbox):
         while ctx.job_id is None and ctx.queue:
             item = ctx.queue.popleft()
             if isinstance(item, _Flush):
-                self._send_for(ctx, {"flush_completed": True, "flush_id": item.flush_id})
+                self._send(wire.flush_completed(ctx.context_id, item.flush_id))
                 continue
             self._job_serial += 1
             ctx.job_id = f"kova-{self._job_serial}"
@@ -353,37 +354,18 @@ class KovaServerSession(Outbox):
         ctx.queue.clear()
         self._contexts.pop(ctx.context_id, None)
 
-    def _send_for(self, ctx: _Context, frame: dict[str, object]) -> None:
-        if ctx.context_id is not None:
-            frame["context_id"] = ctx.context_id
-        self._send(frame)
-
-    def _send_audio(self, ctx: _Context, b64: str) -> None:
-        """``_send_for(ctx, {"audio_chunk": b64})``, without the JSON encoder scanning the
-        base64 text for characters to escape (it has none): the same frame, byte for byte."""
-        if ctx.context_id is None:
-            text = '{"audio_chunk":"' + b64 + '"}'
-        else:
-            text = '{"audio_chunk":"' + b64 + '","context_id":' + json.dumps(ctx.context_id) + "}"
-        self._actions.append(SendText(text))
-
     def _send_error(self, message: str, key: ContextKey, flush_id: str | None) -> None:
-        frame: dict[str, object] = {"error": message}
-        if key is not None:
-            frame["context_id"] = key
-        if flush_id is not None:
-            frame["flush_id"] = flush_id
-        self._send(frame)
+        self._send(wire.error(message, key, flush_id))
 
-    def _send(self, frame: dict[str, object]) -> None:
-        self._actions.append(SendText(json.dumps(frame, separators=(",", ":"))))
+    def _send(self, text: str) -> None:
+        self._actions.append(SendText(text))
 
 
 _HANDLERS: dict[str, Callable[[KovaServerSession, dict[str, object], ContextKey], None]] = {
-    "start_context": KovaServerSession._on_start_context,
-    "send_text": KovaServerSession._on_send_text,
-    "flush": KovaServerSession._on_flush,
-    "close_context": KovaServerSession._on_close_context,
+    wire.START_CONTEXT: KovaServerSession._on_start_context,
+    wire.SEND_TEXT: KovaServerSession._on_send_text,
+    wire.FLUSH: KovaServerSession._on_flush,
+    wire.CLOSE_CONTEXT: KovaServerSession._on_close_context,
 }
 """Frame type -> handler, as functions: a session holding its own bound methods
 would be a reference cycle, freed only by a full collection."""
@@ -395,10 +377,11 @@ would be a reference cycle, freed only by a full collection."""
 def _parse_response_format(value: object) -> tuple[str, int, dict[str, object]]:
     """Validate ``response_format``: (encoding, sample rate, echoed object)."""
     if value is None:
-        return "pcm", DEFAULT_SAMPLE_RATE_HZ, {"encoding": "pcm", "sample_rate": 32000}
+        default = {wire.ENCODING: "pcm", wire.SAMPLE_RATE: DEFAULT_SAMPLE_RATE_HZ}
+        return "pcm", DEFAULT_SAMPLE_RATE_HZ, dict[str, object](default)
     if not isinstance(value, dict):
         raise _BadFrame("invalid field: response_format")
-    encoding = value.get("encoding")
+    encoding = value.get(wire.ENCODING)
     if not isinstance(encoding, str):
         raise _BadFrame("invalid field: response_format.encoding")
     if encoding in UNSUPPORTED_ENCODINGS:
@@ -406,18 +389,18 @@ def _parse_response_format(value: object) -> tuple[str, int, dict[str, object]]:
     if encoding not in PCM_ENCODINGS | G711_ENCODINGS:
         raise _BadFrame("invalid field: response_format.encoding")
     default_hz = DEFAULT_SAMPLE_RATE_HZ if encoding in PCM_ENCODINGS else G711_SAMPLE_RATE_HZ
-    rate = value.get("sample_rate", default_hz)
+    rate = value.get(wire.SAMPLE_RATE, default_hz)
     if isinstance(rate, bool) or not isinstance(rate, int) or rate <= 0:
         raise _BadFrame("invalid field: response_format.sample_rate")
     allowed = PCM_SAMPLE_RATES_HZ if encoding in PCM_ENCODINGS else {G711_SAMPLE_RATE_HZ}
     if rate not in allowed:
         raise _BadFrame(f"unsupported sample_rate for {encoding}: {rate}")
-    bitrate = value.get("bitrate")
+    bitrate = value.get(wire.BITRATE)
     if bitrate is not None and (isinstance(bitrate, bool) or not isinstance(bitrate, str | int)):
         raise _BadFrame("invalid field: response_format.bitrate")
-    echo: dict[str, object] = {"encoding": encoding, "sample_rate": rate}
+    echo: dict[str, object] = {wire.ENCODING: encoding, wire.SAMPLE_RATE: rate}
     if bitrate is not None:
-        echo["bitrate"] = bitrate
+        echo[wire.BITRATE] = bitrate
     return encoding, rate, echo
 
 
@@ -431,8 +414,8 @@ def _required_text(body: dict[object, object], name: str) -> str:
 
 
 def _flush_id_of(frame: dict[str, object]) -> str | None:
-    flush_id = frame.get("flush_id")
-    return flush_id if "flush" in frame and isinstance(flush_id, str) else None
+    flush_id = frame.get(wire.FLUSH_ID)
+    return flush_id if wire.FLUSH in frame and isinstance(flush_id, str) else None
 
 
 SESSION = KovaServerSession

@@ -12,16 +12,7 @@ One engine instance is one WebSocket connection to one provider. The shell
 3. ``connection_made(subprotocol, now)`` once the upgrade completed (the
    engine checks the negotiated subprotocol and may queue a close).
 4. ``receive_text`` / ``receive_bytes`` for every message, ``handle_timer``
-   at ``next_deadline()``, ``connection_lost`` when the socket is gone. The
-   shell's hot path calls ``receive_text_fast`` / ``receive_bytes_fast``
-   instead: the same, except that a plain audio message (audio for a live
-   turn, and nothing else: no other event, no action, no deadline earlier
-   than before) may come back as an ``AudioPiece`` ``(turn_id, audio,
-   audio_format)`` instead of being queued as ``AudioReceived``, and a plain
-   word-timings message as a ``WordsPiece`` ``(turn_id, words)`` instead of
-   ``WordsTimed``. The shell hands it to the turn at once, without a drain;
-   on ``None`` it drains as in step 5. An engine that has no such message
-   handles everything as ``receive_*`` does and returns ``None``.
+   at ``next_deadline()``, ``connection_lost`` when the socket is gone.
 5. After each call: ``actions_to_send()`` (``SendText``, ``SendBytes``,
    ``CloseConnection``, ``HttpRequest``) and ``events_received()``.
 
@@ -47,7 +38,6 @@ from bridge.engine import Action, Event
 __all__ = [
     "AudioEncoding",
     "AudioFormat",
-    "AudioPiece",
     "AudioReceived",
     "ConnectParams",
     "ConnectionReady",
@@ -59,7 +49,6 @@ __all__ = [
     "TtsProtocol",
     "TurnDone",
     "TurnFailed",
-    "TurnPiece",
     "TurnSettings",
     "TurnStarted",
     "UsageReported",
@@ -68,7 +57,6 @@ __all__ = [
     "VoiceInterrupted",
     "VoiceUsage",
     "WordTiming",
-    "WordsPiece",
     "WordsTimed",
 ]
 
@@ -241,16 +229,6 @@ _AUDIO_RECEIVED_SET = _slot_setters(AudioReceived, "turn_id", "audio", "audio_fo
 _WORDS_TIMED_SET = _slot_setters(WordsTimed, "turn_id", "words")
 
 
-AudioPiece = tuple[str, bytes, AudioFormat]
-"""``(turn_id, audio, audio_format)``: an ``AudioReceived`` not built (``receive_*_fast``)."""
-
-WordsPiece = tuple[str, tuple[WordTiming, ...]]
-"""``(turn_id, words)``: a ``WordsTimed`` handed over without a drain (``receive_*_fast``)."""
-
-TurnPiece = AudioPiece | WordsPiece
-"""What ``receive_*_fast`` may return: one message's whole outcome for one turn."""
-
-
 @dataclass(frozen=True, slots=True)
 class QueueDepthChanged(Event):
     """Provider-side backlog for a turn (zwst ``segment_start.queue_depth``)."""
@@ -370,17 +348,6 @@ class TtsProtocol(Protocol):
     def receive_text(self, text: str, now: float) -> None: ...
 
     def receive_bytes(self, data: bytes, now: float) -> None: ...
-
-    def receive_text_fast(self, text: str, now: float) -> TurnPiece | None:
-        """``receive_text``, but a plain audio or timings message may be returned, not queued.
-
-        For the shell's hot path (see the module docstring, step 4).
-        """
-        ...
-
-    def receive_bytes_fast(self, data: bytes, now: float) -> TurnPiece | None:
-        """``receive_bytes``, but a plain audio or timings message may be returned, not queued."""
-        ...
 
     @property
     def ready(self) -> bool:

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Every provider client (``bridge/tts/<protocol>.py``) reads JSON frames from
+Every provider client (``bridge/providers/<protocol>/client.py``) reads JSON frames from
 a server it does not trust, reports word timings and must never leak its
 API key. The pieces of that which are the same in several protocols live
 here, so each engine keeps only its own wire format:
@@ -31,9 +31,7 @@ Rules: no I/O, no clock, no state; nothing here raises on remote input
 except ``parallel_word_timings``, and only the exception class it is given.
 
 Compiled with mypyc (``bridge/native.py``): the Kova engine, compiled too,
-calls these for every frame. ``AudioTaking``, the mixin the other engines
-share, lives apart in ``bridge/tts/taking.py``: those engines inherit from it
-and from ``Outbox``, and a class cannot have two compiled bases.
+calls these for every frame.
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ from typing import Any, NamedTuple
 
 from pybase64 import b64decode as _pybase64_decode
 
-from bridge.tts.base import WordTiming
+from bridge.providers.base import WordTiming
 
 __all__ = [
     "TimingsWording",
