@@ -437,7 +437,7 @@ def test_zwst_slow_reader_is_closed_with_1008(monkeypatch: pytest.MonkeyPatch) -
     clock (``tests/tts/zwst/test_zwst_server.py``); here it is shortened to 1 s:
     this checks that the shell feeds the backlog and fires the timer.
     """
-    from bridge.ttsd import zwst
+    from bridge.providers.zwst import server as zwst
 
     monkeypatch.setattr(zwst, "SLOW_READER_CLOSE_S", 1.0)
     import json
