@@ -390,6 +390,13 @@ def _check_sip_tls(values: dict[str, Any], at: Spot) -> None:
         except (ssl.SSLError, OSError) as e:
             why = getattr(e, "reason", None) or type(e).__name__
             at.error(f"not a certificate chain and its key ({why})", "tls_certificate_file")
+    proxy = values["outbound_proxy"]
+    if proxy and not listen:
+        try:
+            if outbound_target(proxy).transport == "TLS":
+                at.error(f"{proxy}: a TLS proxy needs sip.tls_listen", "outbound_proxy")
+        except ValueError:
+            pass  # reported by the key's own check
     srtp = values["security"].srtp
     if srtp != "off" and not listen:
         at.error(f"{srtp!r} needs sip.tls_listen: SRTP keys (SDES) travel only over TLS", "srtp")
