@@ -37,6 +37,7 @@ from websockets.protocol import State
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes, SendText
 from bridge.logs import get_logger
+from bridge.media.underrun import DryWatch, DryWatches, dry_verdict
 from bridge.providers import failover, registry
 from bridge.providers.base import (
     MULAW_8K,
@@ -81,7 +82,6 @@ from bridge.providers.turn_deadlines import (
     TurnDeadlines,
     TurnWatch,
 )
-from bridge.providers.underrun import DryWatch, DryWatches, dry_verdict
 
 __all__ = [
     "FLOW_HIGH_S",

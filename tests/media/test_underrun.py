@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.providers.underrun import DryWatches, dry_verdict
+from bridge.media.underrun import DryWatches, dry_verdict
 
 
 @pytest.mark.parametrize(
