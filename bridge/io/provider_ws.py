@@ -366,7 +366,7 @@ class _Connection:
         False: nothing waits unread, in the kernel or read and not yet handed
         over; the provider had not sent it. True: bytes wait, and the underrun
         is the daemon's unless they turn out not to hold the turn's audio
-        (``bridge.providers.underrun``: ``on_provider`` is called then).
+        (``bridge.media.underrun``: ``on_provider`` is called then).
         """
         ws = self.ws
         if not isinstance(ws, _ProviderWebSocket):
