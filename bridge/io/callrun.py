@@ -195,11 +195,8 @@ class CallRunner:
         "bridge_timer",
         "call_id",
         "canary",
-        "carrier_ahead",
         "clock",
         "config",
-        "dry_covered",
-        "dry_seen",
         "end_reason",
         "finished",
         "idle",
@@ -220,7 +217,6 @@ class CallRunner:
         "started_info",
         "tail_pending",
         "ticker",
-        "underruns_provider_busy",
     )
 
     def __init__(
@@ -282,17 +278,6 @@ class CallRunner:
         self.pending_prompts: dict[str, _PendingPrompt] = {}
         self.idle = True
         self.pump_unfinished = False
-        self.underruns_provider_busy = 0
-        """The provider's underruns found while its connection held other turns' audio
-        unread (``_provider_unread``): head-of-line on a shared connection."""
-        self.carrier_ahead = 0
-        """Frames a buffering carrier (``lead_frames``) holds beyond the one it plays: the
-        lead sent at a talkspurt's start, one less for each tick that sends none. A dry
-        tick while it holds one leaves no gap (``CallBridge.dry_was_covered``)."""
-        self.dry_seen = 0
-        """``CallBridge.dry_ticks`` as of the last tick without a frame."""
-        self.dry_covered = 0
-        """Ticks with nothing to send that the carrier's lead covered (not underruns)."""
         self.tail_pending = False
         self.finished = False
         self.end_reason = ""
@@ -424,21 +409,12 @@ class CallRunner:
         second = self.leg.send_frame(frame, n, now)
         if frame is None:
             self.idle = True
-            dry = bridge.provider_dry
-            if dry is not None:  # an underrun the provider looks to blame for
-                bridge.provider_dry = None
-            ahead = self.carrier_ahead
-            if ahead:  # the carrier plays a frame it holds
-                self.carrier_ahead = ahead - 1
-                if bridge.dry_ticks != self.dry_seen:  # the caller hears no gap
-                    bridge.dry_was_covered(dry is not None)
-                    self.dry_covered += 1
-                    dry = None
-            self.dry_seen = bridge.dry_ticks
+            # whose underrun (bridge.media.underrun): the carrier's lead, then unread bytes
+            dry = bridge.underruns.silent_tick()
             if dry is not None and self._provider_unread(dry):
-                bridge.dry_was_unread()
+                bridge.underruns.unread()
         elif self.idle:
-            lead = self.lead_frames - self.carrier_ahead
+            lead = self.lead_frames - bridge.underruns.carrier_ahead
             if lead > 0:
                 # a buffering carrier gets a small lead at a turn's start (or back after
                 # a dry tick), then one frame per tick
@@ -451,8 +427,7 @@ class CallRunner:
                         break
                     self.leg.send_frame(extra, n, now)
                     sent += 1
-                self.carrier_ahead += sent
-                self.dry_seen = bridge.dry_ticks
+                bridge.underruns.lead_sent(sent)
             self.idle = False
         if bridge.has_output() or self.pump_unfinished:
             # A tick reaches the turn source and the app only through the
@@ -469,15 +444,10 @@ class CallRunner:
         If so, the underrun is the daemon's unless those bytes turn out not to
         hold the turn's next audio (the connection carries other turns too):
         the connection then calls back once it has read past them, and the
-        underrun is the provider's after all (``dry_was_provider``). A turn no
-        speaker knows (a voice agent's) looks at every provider connection.
+        underrun is the provider's after all (``Underruns.provider_after_all``).
+        A turn no speaker knows (a voice agent's) looks at every provider connection.
         """
-        bridge = self.bridge
-
-        def providers_after_all() -> None:
-            self.underruns_provider_busy += 1
-            bridge.dry_was_provider()
-
+        providers_after_all = self.bridge.underruns.provider_after_all
         for speaker in self.speakers.values():
             unread = speaker.watch_dry(turn_id, providers_after_all)
             if unread is not None:
@@ -711,7 +681,7 @@ class CallRunner:
             self.leg.send_mark(a.name)
         elif isinstance(a, ClearLeg):
             self.leg.clear()
-            self.carrier_ahead = 0  # the carrier drops what it holds
+            self.bridge.underruns.carrier_cleared()  # the carrier drops what it holds
         elif isinstance(a, HangupLeg):
             if self.leg.kind == "sip" and a.reason not in ("internal_error", "shutdown"):
                 # a frame sent is not yet a frame played: the phone's jitter buffer
@@ -893,8 +863,8 @@ class CallRunner:
             added_latency_ms=[round(v * 1000, 2) for v in s.added_latency_s],
             underruns=s.underruns,
             underruns_provider=s.underruns_provider,
-            underruns_provider_busy=self.underruns_provider_busy,
-            dry_covered=self.dry_covered,
+            underruns_provider_busy=self.bridge.underruns.provider_busy,
+            dry_covered=self.bridge.underruns.covered,
             provider_errors=s.provider_errors,
             frames_sent=s.frames_sent,
             text_unsent_chars=s.text_chars_unsent,

@@ -37,6 +37,7 @@ from websockets.protocol import State
 
 from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes, SendText
 from bridge.logs import get_logger
+from bridge.media.underrun import DryWatch, DryWatches, dry_verdict
 from bridge.providers import failover, registry
 from bridge.providers.base import (
     MULAW_8K,
@@ -81,7 +82,6 @@ from bridge.providers.turn_deadlines import (
     TurnDeadlines,
     TurnWatch,
 )
-from bridge.providers.underrun import DryWatch, DryWatches, dry_verdict
 
 __all__ = [
     "FLOW_HIGH_S",
@@ -366,7 +366,7 @@ class _Connection:
         False: nothing waits unread, in the kernel or read and not yet handed
         over; the provider had not sent it. True: bytes wait, and the underrun
         is the daemon's unless they turn out not to hold the turn's audio
-        (``bridge.providers.underrun``: ``on_provider`` is called then).
+        (``bridge.media.underrun``: ``on_provider`` is called then).
         """
         ws = self.ws
         if not isinstance(ws, _ProviderWebSocket):

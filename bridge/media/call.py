@@ -179,6 +179,7 @@ from bridge.media.playout import (
     TurnPlayed,
 )
 from bridge.media.text_pacing import TextPacer
+from bridge.media.underrun import Underruns
 from bridge.media.vad import Vad
 from bridge.providers.base import (
     AudioFormat,
@@ -235,8 +236,7 @@ class CallBridge:
         "_backlog",
         "_decode_ahead",
         "_frames_sent",
-        "_provider_dry",
-        "_covered",
+        "underruns",
         "_sending",
         "_armed",
         "_agent_played_at",
@@ -269,8 +269,6 @@ class CallBridge:
         "_turn_count",
         "_turns",
         "call_id",
-        "dry_ticks",
-        "provider_dry",
         "__weakref__",  # a call is watched by weak reference (tests/e2e/test_call_release.py)
     )
 
@@ -346,14 +344,9 @@ class CallBridge:
         self._late_chunks = 0
         self._provider_errors = 0
         self._frames_sent = 0
-        self._provider_dry = 0
-        self._covered = 0
-        self.dry_ticks = 0
-        """Ticks a started, unfinished head turn had no frame (``_dry``), as they happen:
-        the shell compares it to tell an underrun from an idle tick."""
-        self.provider_dry: str | None = None
-        """The turn whose tick last ran dry for want of the provider's audio (``_dry``);
-        the shell clears it, and calls ``dry_was_unread`` if that audio was waiting unread."""
+        self.underruns = Underruns()
+        """Whose underruns (``bridge.media.underrun``): ``tick`` tells it of each dry
+        tick; the shell tells it what the carrier held and what waited unread."""
         self._bad_inbound = 0
         self._backlog: dict[str, CallTurn] = {}
         """Turns holding provider audio not transcoded yet (see ``_feed``)."""
@@ -423,8 +416,8 @@ class CallBridge:
             turns=self._turn_count,
             turns_finished=self._finished,
             turns_interrupted=self._interrupted,
-            underruns=playout.underruns - self._covered,
-            underruns_provider=self._provider_dry,
+            underruns=self.underruns.heard,
+            underruns_provider=self.underruns.provider,
             barge_ins=dict(self._barge_ins),
             bargein_timings=tuple(self._timings),
             time_to_first_audio_s=tuple(self._ttfa_s),
@@ -1029,41 +1022,19 @@ class CallBridge:
             self._push_frames(turn, frames)
 
     def _dry(self, turn_id: str) -> None:
-        """The head turn played silence this tick (an underrun): whose doing was it?
-
-        The provider's, when it had handed over less audio than the turn's
-        played position plus one frame; then ``provider_dry`` tells the shell,
-        which knows whether that audio was already waiting, unread, on a
-        provider socket (``dry_was_unread``: the daemon's doing after all).
-        Otherwise the daemon held audio it had (in a filter or a backlog).
-        """
-        self.dry_ticks += 1
+        """The head turn played silence this tick (an underrun): whose doing was it
+        (``Underruns.dry``, from what the provider handed over and what has played)?"""
         turn = self._turns.get(turn_id)
         if turn is None:
+            self.underruns.dry(None, 0.0, 0, 0)
             return
-        played = self._playout.played_samples(turn_id)
-        rate = self._leg.sample_rate_hz
-        if turn.received_s * rate < played + self._leg.samples_per_frame - 0.5:
-            self._provider_dry += 1
-            self.provider_dry = turn_id
-
-    def dry_was_unread(self) -> None:
-        """The last ``provider_dry`` tick's audio was waiting unread: the daemon's underrun."""
-        if self._provider_dry:
-            self._provider_dry -= 1
-
-    def dry_was_covered(self, provider: bool) -> None:
-        """The last dry tick left no gap: a buffering carrier played a frame it held (the
-        shell keeps count of what it sent ahead). Not an underrun; ``provider``: it had
-        been counted as the provider's (``provider_dry``)."""
-        self._covered += 1
-        if provider and self._provider_dry:
-            self._provider_dry -= 1
-
-    def dry_was_provider(self) -> None:
-        """An underrun ``dry_was_unread`` gave the daemon was the provider's after all: the
-        bytes waiting unread at its tick held none of the turn's audio."""
-        self._provider_dry += 1
+        leg = self._leg
+        self.underruns.dry(
+            turn_id,
+            turn.received_s * leg.sample_rate_hz,
+            self._playout.played_samples(turn_id),
+            leg.samples_per_frame,
+        )
 
     def _drain_pending(self, turn: CallTurn) -> None:
         """Transcode all the turn's pending audio now (before a truncation by position)."""

@@ -294,11 +294,11 @@ class CallStats:
     turns_interrupted: int
     underruns: int
     """Ticks inside a started turn with no frame ready (silence was sent), less those a
-    buffering carrier covered from the lead it held (``CallBridge.dry_was_covered``)."""
+    buffering carrier covered from the lead it held (``Underruns.heard``)."""
     underruns_provider: int
     """Of ``underruns``: ticks the provider had not yet sent the frame's audio (it had
     handed over less than the turn's played position + one frame, and the shell found
-    none of it among the bytes waiting unread; ``CallBridge.provider_dry``). The rest
+    none of it among the bytes waiting unread; ``Underruns.provider``). The rest
     the daemon held, or had not read in time."""
     barge_ins: dict[str, int]
     """Barge-ins that cut audio, by reason."""

@@ -74,7 +74,7 @@ class TurnHandle(Protocol):
 
     def watch_dry(self, on_provider: Callable[[], None]) -> bool:
         """The turn ran dry: whether its connection holds bytes unread (and may call
-        ``on_provider`` later: ``bridge.providers.underrun``)."""
+        ``on_provider`` later: ``bridge.media.underrun``)."""
         ...
 
 

@@ -418,7 +418,7 @@ class _NoRelease:
 def test_an_underrun_the_provider_caused_is_told_apart_from_one_the_call_held() -> None:
     """A provider slower than real time: every dry tick is the provider's
     (``underruns_provider``), flagged for the shell, which can hand one back
-    (``dry_was_unread``: its audio was waiting unread on a socket). A call that holds
+    (``Underruns.unread``: its audio was waiting unread on a socket). A call that holds
     audio it has (here a framer that releases nothing) counts its own."""
     h = Harness()
     h.say("t1")
@@ -428,9 +428,8 @@ def test_an_underrun_the_provider_caused_is_told_apart_from_one_the_call_held() 
         h.tick(n)
     stats = h.call.stats()
     assert stats.underruns == 2 and stats.underruns_provider == 2
-    assert h.call.provider_dry == "t1"
-    h.call.provider_dry = None
-    h.call.dry_was_unread()
+    assert h.call.underruns.silent_tick() == "t1"  # the shell's next silent tick
+    h.call.underruns.unread()
     assert h.call.stats().underruns_provider == 1
 
     held = Harness()
@@ -446,4 +445,4 @@ def test_an_underrun_the_provider_caused_is_told_apart_from_one_the_call_held() 
         n += 1
     stats = held.call.stats()
     assert stats.underruns == 1 and stats.underruns_provider == 0
-    assert held.call.provider_dry is None
+    assert held.call.underruns.silent_tick() is None

@@ -10,7 +10,7 @@ One engine is one WebSocket carrying at most one voice session.
 Client frames are JSON ``{"type": "voice.start", ...fields}``; the agent
 writes log events ``{"type": "voice.started", "data": {...}}`` and errors
 ``{"type": "error", "code": ..., "message": ...}`` (the seed gives no
-envelope; these are our choice, see ``docs/providers.md, Kletso``). Audio is
+envelope; these are our choice, see ``docs/provider-protocols.md, Kletso``). Audio is
 binary: byte 0 is the kind (0x01 microphone up, 0x02 assistant down), then
 PCM s16le mono 24 kHz, each frame at most 16 KB. Audio is never 8 kHz G.711,
 so every ``AudioReceived`` says ``pcm_s16le`` at 24000 whatever the turn

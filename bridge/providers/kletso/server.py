@@ -7,7 +7,7 @@ One ``KletsoServerSession`` per accepted WebSocket (seed
 caller's 24 kHz microphone frames, decides when a turn is over, and answers
 aloud with a deterministic sentence rendered through ``Synthesize``.
 
-Frames (envelopes are our choice, see ``docs/providers.md, Kletso``): client
+Frames (envelopes are our choice, see ``docs/provider-protocols.md, Kletso``): client
 ``{"type": "voice.start", ...}``; log events ``{"type": "voice.state",
 "seq": n, "data": {...}}``; errors ``{"type": "error", "code", "message"}``;
 binary ``kind byte + PCM s16le mono 24 kHz``, at most 16 KB a frame.

@@ -64,7 +64,7 @@ from bridge.providers.server_common import byte_chunks, encode_pcm, timing_array
 
 __all__ = ["PATHS", "SESSION", "KovaServerSession"]
 
-#: Kova's documentation names no path; this is ours (see docs/providers.md, Kova).
+#: Kova's documentation names no path; this is ours (see docs/provider-protocols.md, Kova).
 PATHS: tuple[str, ...] = ("/v1/ws/kova",)
 
 PCM_SAMPLE_RATES_HZ = frozenset({8000, 16000, 22050, 24000, 32000, 44100, 48000})
