@@ -1,0 +1,234 @@
+"""Early media against SIPp (issue 34): both ways, on the wire.
+
+Inbound: a route with ``early_media = "greeting"`` answers SIPp's INVITE with
+183 and SDP, the greeting's RTP reaches the test's phone before any 200, and
+the 200 repeats the 183's SDP; ``early_media = "only"`` plays the greeting in
+early media and ends with the route's final status (486), never a 200.
+Outbound: SIPp as the callee sends 180 (no SDP), 183 with SDP and then 200 or
+486; the daemon reads the far end's early media (its RTP session latches
+before the answer) and reports the progress.
+
+Order is read from the phone's arrival times and SIPp's message trace, both
+on this host's wall clock; nothing here asserts a duration. The delay from
+the 183 to the greeting's first audible packet is printed (``-s``) for the
+bench notes, not checked.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import stack
+from test_sip_peers import (
+    GREETING,
+    ROUTES,
+    SILENT_SAMPLE_LEVEL,
+    RtpPhone,
+    SippResult,
+    SkippedFrames,
+    _rtp_range,
+    audible_span_s,
+    free_udp_port,
+    greeting_speech_s,
+    requires_sipp,
+    run,
+    run_sipp,
+    sip_leg,
+    sipp_uac_args,
+    start_sipp_uas,
+    wait_for,
+)
+
+from telcodec import g711
+
+EARLY_ROUTES = (
+    ROUTES
+    + f"""
+[[routes]]
+match = "early"
+provider = ["main"]
+greeting = "{GREETING}"
+early_media = "greeting"
+
+[[routes]]
+match = "closed"
+provider = ["main"]
+greeting = "{GREETING}"
+early_media = "only"
+early_media_status = 486
+"""
+)
+
+_STAMP = re.compile(r"^-+ (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)\s*$")
+
+
+def received_at(result: SippResult, start_line: str) -> list[float]:
+    """Wall-clock times (epoch s) at which SIPp received messages starting ``start_line``."""
+    out: list[float] = []
+    stamp: float | None = None
+    incoming = False
+    lines = result.messages.splitlines()
+    for line in lines:
+        m = _STAMP.match(line.strip())
+        if m is not None:
+            stamp = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f").timestamp()
+            incoming = False
+            continue
+        if "message received" in line:
+            incoming = True
+            continue
+        if incoming and stamp is not None and line.startswith(start_line):
+            out.append(stamp)
+            incoming = False
+    return out
+
+
+class WallPhone(RtpPhone):
+    """An ``RtpPhone`` that also keeps each packet's wall-clock arrival (SIPp's clock)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wall: list[float] = []
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        before = len(self.received)
+        super().datagram_received(data, addr)
+        if len(self.received) > before:
+            self.wall.append(time.time())
+
+    def first_audible_wall(self) -> float | None:
+        for wall, packet in zip(self.wall, self.received, strict=True):
+            if packet.pt != 0:
+                continue
+            pcm = g711.ulaw_decode(packet.payload)
+            samples = memoryview(pcm).cast("h")
+            if any(abs(s) > SILENT_SAMPLE_LEVEL for s in samples):
+                return wall
+        return None
+
+
+@pytest.mark.peers
+@requires_sipp
+def test_sipp_hears_the_greeting_in_early_media_before_the_200(tmp_path: Path) -> None:
+    """183 with SDP, the greeting's RTP, then 200 with the same SDP, ACK, BYE."""
+
+    async def main() -> None:
+        async with stack(EARLY_ROUTES, rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            skips = SkippedFrames(leg)
+            phone = await WallPhone().open(free_udp_port(odd=False))
+            try:
+                args = sipp_uac_args(
+                    "uac_early_media.xml", st.sip_port, "early", rtp_port=phone.port
+                )
+                result = await run_sipp(tmp_path, "early", [*args, "-d", "1000"], timeout_s=30)
+            finally:
+                phone.close()
+            assert result.returncode == 0, result.explain()
+            assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+            ports = re.search(r"ports early=(\d+) answer=(\d+)", result.log)
+            assert ports is not None and ports[1] == ports[2], result.explain()
+            early = received_at(result, "SIP/2.0 183")
+            ok = received_at(result, "SIP/2.0 200 OK")
+            assert early and ok and early[0] < ok[0], (early, ok)
+            first_audible = phone.first_audible_wall()
+            assert first_audible is not None, "no audible RTP received"
+            # the greeting is heard before the call is answered
+            assert first_audible < ok[0], (first_audible, ok[0])
+            print(
+                f"\n183 -> first audible greeting RTP: {(first_audible - early[0]) * 1000:.1f} ms"
+            )
+            span = audible_span_s(phone.pcm())
+            assert span is not None
+            expected_s = greeting_speech_s(GREETING)
+            assert abs((span[1] - span[0]) - expected_s) <= skips.slack(), (span, expected_s)
+            assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+            assert not leg.calls
+
+    run(main())
+
+
+@pytest.mark.peers
+@requires_sipp
+def test_sipp_hears_an_announcement_then_a_final_error(tmp_path: Path) -> None:
+    """``only``: 183, the greeting's RTP, 486 Busy Here; never a 200."""
+
+    async def main() -> None:
+        async with stack(EARLY_ROUTES, rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            phone = await WallPhone().open(free_udp_port(odd=False))
+            try:
+                args = sipp_uac_args(
+                    "uac_early_only.xml", st.sip_port, "closed", rtp_port=phone.port
+                )
+                result = await run_sipp(tmp_path, "only", args, timeout_s=30)
+            finally:
+                phone.close()
+            assert result.returncode == 0, result.explain()
+            assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+            assert "final=486" in result.log, result.explain()
+            assert not received_at(result, "SIP/2.0 200"), result.explain()
+            busy = received_at(result, "SIP/2.0 486")
+            first_audible = phone.first_audible_wall()
+            assert busy and first_audible is not None and first_audible < busy[0]
+            assert audible_span_s(phone.pcm()) is not None
+            assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+            assert not leg.calls
+
+    run(main())
+
+
+@pytest.mark.peers
+@requires_sipp
+@pytest.mark.parametrize(
+    ("scenario", "answered"), [("uas_early_answer.xml", True), ("uas_early_busy.xml", False)]
+)
+def test_daemon_calls_out_and_gets_the_far_ends_early_media(
+    tmp_path: Path, scenario: str, answered: bool
+) -> None:
+    """180 without SDP (ringing), 183 with SDP: the far end's RTP reaches the call's RTP
+    session before any answer; then 200 (the call runs) or 486 (it ends, ports freed)."""
+
+    async def main() -> None:
+        async with stack(ROUTES, rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            phone = await RtpPhone().open(free_udp_port(odd=False))
+            try:
+                uas_port, uas = await start_sipp_uas(
+                    tmp_path, "uas_early", scenario, 20, rtp_port=phone.port
+                )
+                call_id = leg.originate(
+                    f"sip:bot@127.0.0.1:{uas_port}", "sip:callbridge@127.0.0.1", "announce"
+                )
+                call = leg.calls[call_id]
+                # early media: our comfort noise reaches the phone, which answers with its
+                # own RTP; the call's session latches it, all before any runner (answer)
+                heard_early = await wait_for(
+                    lambda: (
+                        call.runner is None
+                        and call.rtp.reception_stats().received > 0
+                        and phone.first_packet.is_set()
+                    ),
+                    5.0,
+                )
+                assert heard_early, (call.runner, call.rtp.reception_stats())
+                assert call_id in leg.early_out
+                result = await uas
+            finally:
+                phone.close()
+            assert result.returncode == 0, result.explain()
+            assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+            if answered:
+                span = audible_span_s(phone.pcm())
+                assert span is not None, "the callee heard nothing after the answer"
+            assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+            assert not leg.calls and not leg.early_out
+
+    run(main())
