@@ -46,6 +46,7 @@ from test_sip_peers import (
     wait_for,
 )
 
+from bridge.io.api_shell import Directory
 from telcodec import g711
 
 EARLY_ROUTES = (
@@ -219,7 +220,9 @@ def test_daemon_calls_out_and_gets_the_far_ends_early_media(
                     5.0,
                 )
                 assert heard_early, (call.runner, call.rtp.reception_stats())
-                assert call_id in leg.early_out
+                # the API's call record says so (GET /v1/calls/{call_id})
+                info = Directory(st.daemon).get_call(call_id)
+                assert info is not None and info.state == "early_media", info
                 result = await uas
             finally:
                 phone.close()
@@ -230,5 +233,6 @@ def test_daemon_calls_out_and_gets_the_far_ends_early_media(
                 assert span is not None, "the callee heard nothing after the answer"
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
             assert not leg.calls and not leg.early_out
+            assert Directory(st.daemon).get_call(call_id) is None
 
     run(main())

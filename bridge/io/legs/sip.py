@@ -900,6 +900,17 @@ class SipLeg:
         ua.pump()
         return call_id
 
+    def pending_calls(self, now: float) -> list[tuple[str, str, str, str, float]]:
+        """Outbound calls not answered yet, for the API: (call id, From, To, state, seconds
+        since the INVITE); state ``early_media`` once a 183 with SDP came, else ``ringing``."""
+        out = []
+        for call_id, (_route, from_uri, to_uri, _hop) in self.pending_routes.items():
+            call = self.calls.get(call_id)
+            if call is not None:
+                state = "early_media" if call_id in self.early_out else "ringing"
+                out.append((call_id, from_uri, to_uri, state, now - call.created_at))
+        return out
+
     def _outbound_progress(self, event: OutboundCallProgress) -> None:
         """180/183 to our INVITE. A 183 with SDP is the far end's early media (ringback,
         an announcement): its RTP session starts (latching as usual) and is read on the
