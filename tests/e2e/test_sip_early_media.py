@@ -67,27 +67,20 @@ early_media_status = 486
 """
 )
 
-_STAMP = re.compile(r"^-+ (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)\s*$")
 
-
-def received_at(result: SippResult, start_line: str) -> list[float]:
-    """Wall-clock times (epoch s) at which SIPp received messages starting ``start_line``."""
+def received_at(result: SippResult, start_line: str, cseq: str = "") -> list[float]:
+    """Wall-clock times (epoch s) at which SIPp received messages starting ``start_line``
+    (and, given ``cseq``, whose CSeq method is that)."""
     out: list[float] = []
-    stamp: float | None = None
-    incoming = False
-    lines = result.messages.splitlines()
-    for line in lines:
-        m = _STAMP.match(line.strip())
-        if m is not None:
-            stamp = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f").timestamp()
-            incoming = False
+    blocks = re.split(r"^-+ (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)\s*$", result.messages, flags=re.M)
+    for stamp, body in zip(blocks[1::2], blocks[2::2], strict=True):
+        _, received, message = body.partition("message received")
+        message = message.split("\n", 1)[1].lstrip("\r\n") if "\n" in message else ""
+        if not received or not message.startswith(start_line):
             continue
-        if "message received" in line:
-            incoming = True
+        if cseq and not re.search(rf"^CSeq:\s*\d+ {cseq}\s*$", message, re.M | re.I):
             continue
-        if incoming and stamp is not None and line.startswith(start_line):
-            out.append(stamp)
-            incoming = False
+        out.append(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S.%f").timestamp())
     return out
 
 
@@ -175,13 +168,44 @@ def test_sipp_hears_an_announcement_then_a_final_error(tmp_path: Path) -> None:
             assert result.returncode == 0, result.explain()
             assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
             assert "final=486" in result.log, result.explain()
-            assert not received_at(result, "SIP/2.0 200"), result.explain()
+            assert not received_at(result, "SIP/2.0 200", "INVITE"), result.explain()
             busy = received_at(result, "SIP/2.0 486")
             first_audible = phone.first_audible_wall()
             assert busy and first_audible is not None and first_audible < busy[0]
             assert audible_span_s(phone.pcm()) is not None
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
             assert not leg.calls
+
+    run(main())
+
+
+@pytest.mark.peers
+@requires_sipp
+def test_cancel_during_early_media_stops_the_greeting(tmp_path: Path) -> None:
+    """CANCEL half a second into the early greeting: 200, 487, no 200 for the INVITE; the
+    greeting is cut (the phone hears only its start) and the call's ports are freed."""
+
+    async def main() -> None:
+        async with stack(EARLY_ROUTES, rtp=_rtp_range()) as st:
+            leg = sip_leg(st)
+            phone = await WallPhone().open(free_udp_port(odd=False))
+            try:
+                args = sipp_uac_args(
+                    "uac_early_cancel.xml", st.sip_port, "early", rtp_port=phone.port
+                )
+                result = await run_sipp(tmp_path, "cancel", args, timeout_s=30)
+                assert await wait_for(lambda: not leg.calls, 2.0)
+            finally:
+                phone.close()
+            assert result.returncode == 0, result.explain()
+            assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+            assert received_at(result, "SIP/2.0 200", "CANCEL"), result.explain()
+            assert not received_at(result, "SIP/2.0 200", "INVITE"), result.explain()
+            assert received_at(result, "SIP/2.0 487"), result.explain()
+            span = audible_span_s(phone.pcm())
+            assert span is not None, "nothing of the greeting was heard"
+            assert span[1] - span[0] < greeting_speech_s(GREETING) - 0.5, span
+            assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
 
     run(main())
 
