@@ -49,6 +49,10 @@ from test_sip_peers import (
 from bridge.io.api_shell import Directory
 from telcodec import g711
 
+LONG_GREETING = (
+    "Hello caller, welcome to the bridge. Every agent is busy, please hold the line "
+    "and somebody will be with you shortly."
+)
 EARLY_ROUTES = (
     ROUTES
     + f"""
@@ -64,6 +68,13 @@ provider = ["main"]
 greeting = "{GREETING}"
 early_media = "only"
 early_media_status = 486
+
+[[routes]]
+match = "capped"
+provider = ["main"]
+greeting = "{LONG_GREETING}"
+early_media = "greeting"
+early_media_max_s = 1.0
 """
 )
 
@@ -97,15 +108,20 @@ class WallPhone(RtpPhone):
         if len(self.received) > before:
             self.wall.append(time.time())
 
-    def first_audible_wall(self) -> float | None:
+    def audible_walls(self) -> list[float]:
+        """Wall-clock arrivals of the packets with audible PCMU, in order."""
+        out = []
         for wall, packet in zip(self.wall, self.received, strict=True):
             if packet.pt != 0:
                 continue
-            pcm = g711.ulaw_decode(packet.payload)
-            samples = memoryview(pcm).cast("h")
+            samples = memoryview(g711.ulaw_decode(packet.payload)).cast("h")
             if any(abs(s) > SILENT_SAMPLE_LEVEL for s in samples):
-                return wall
-        return None
+                out.append(wall)
+        return out
+
+    def first_audible_wall(self) -> float | None:
+        walls = self.audible_walls()
+        return walls[0] if walls else None
 
 
 @pytest.mark.peers
@@ -175,6 +191,32 @@ def test_sipp_hears_an_announcement_then_a_final_error(tmp_path: Path) -> None:
             assert audible_span_s(phone.pcm()) is not None
             assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
             assert not leg.calls
+
+    run(main())
+
+
+@pytest.mark.peers
+@requires_sipp
+def test_early_media_cap_answers_while_the_greeting_plays(tmp_path: Path) -> None:
+    """``early_media_max_s = 1`` and a longer greeting: the 200 comes at the cap, with the
+    greeting heard before it and still after it (the call goes on)."""
+
+    async def main() -> None:
+        async with stack(EARLY_ROUTES, rtp=_rtp_range()) as st:
+            phone = await WallPhone().open(free_udp_port(odd=False))
+            try:
+                args = sipp_uac_args(
+                    "uac_early_media.xml", st.sip_port, "capped", rtp_port=phone.port
+                )
+                result = await run_sipp(tmp_path, "capped", [*args, "-d", "3000"], timeout_s=30)
+            finally:
+                phone.close()
+            assert result.returncode == 0, result.explain()
+            assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+            ok = received_at(result, "SIP/2.0 200", "INVITE")
+            audible = phone.audible_walls()
+            assert greeting_speech_s(LONG_GREETING) > 2.5  # the 1 s cap falls inside it
+            assert ok and audible and audible[0] < ok[0] < audible[-1], (ok, audible[:1])
 
     run(main())
 
