@@ -759,7 +759,7 @@ class CallRunner:
         if self.app is not None:
             self.app.handle_event(event, now)
         first_ended = self.on_first_turn_ended
-        if first_ended is not None and isinstance(event, cmd.TurnFinished | cmd.TurnInterrupted):
+        if first_ended is not None and isinstance(event, (cmd.TurnFinished, cmd.TurnInterrupted)):
             self.on_first_turn_ended = None
             first_ended(event.turn_id)
         if isinstance(event, cmd.TurnInterrupted):
