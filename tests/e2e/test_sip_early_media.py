@@ -16,6 +16,7 @@ bench notes, not checked.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sys
 import time
@@ -217,6 +218,62 @@ def test_early_media_cap_answers_while_the_greeting_plays(tmp_path: Path) -> Non
             audible = phone.audible_walls()
             assert greeting_speech_s(LONG_GREETING) > 2.5  # the 1 s cap falls inside it
             assert ok and audible and audible[0] < ok[0] < audible[-1], (ok, audible[:1])
+
+    run(main())
+
+
+class QuietPhone(WallPhone):
+    """A phone that sends no RTP until ``speak()`` (many send none before the 200)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.learned: tuple[str, int] | None = None
+        self.speaking = False
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        super().datagram_received(data, addr)
+        if not self.speaking:
+            self.learned = self.learned or self.remote
+            self.remote = None  # held back: the sender sends nothing
+
+    def speak(self) -> None:
+        self.speaking = True
+        self.remote = self.learned
+
+
+@pytest.mark.peers
+@requires_sipp
+def test_a_caller_silent_in_early_media_is_not_timed_out(tmp_path: Path) -> None:
+    """``rtp_timeout_s = 2``, a 3.8 s early greeting, a caller that sends no RTP until the
+    200: the whole greeting is heard and answered (the RTP timeout starts at the 200)."""
+
+    async def main() -> None:
+        routes = EARLY_ROUTES.replace('match = "capped"', 'match = "long"').replace(
+            "early_media_max_s = 1.0", ""
+        )
+        async with stack(routes, rtp=_rtp_range(), sip_extra="rtp_timeout_s = 2") as st:
+            leg = sip_leg(st)
+            skips = SkippedFrames(leg)
+            phone = await QuietPhone().open(free_udp_port(odd=False))
+            try:
+                args = sipp_uac_args(
+                    "uac_early_media.xml", st.sip_port, "long", rtp_port=phone.port
+                )
+                sipp = asyncio.ensure_future(
+                    run_sipp(tmp_path, "quiet", [*args, "-d", "1500"], timeout_s=30)
+                )
+                assert await wait_for(lambda: bool(leg.early) or sipp.done(), 5.0)
+                assert await wait_for(lambda: not leg.early or sipp.done(), 10.0)
+                phone.speak()  # answered: from now on the caller's RTP is expected
+                result = await sipp
+            finally:
+                phone.close()
+            assert result.returncode == 0, result.explain()
+            assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+            span = audible_span_s(phone.pcm())
+            expected_s = greeting_speech_s(LONG_GREETING)
+            assert expected_s > 2 + 1  # longer than the RTP timeout, with a margin
+            assert span is not None and abs((span[1] - span[0]) - expected_s) <= skips.slack()
 
     run(main())
 

@@ -751,6 +751,8 @@ class SipLeg:
             if early:
                 max_s = route.early_media_max_s
                 ua.ua.early_media(event.call_id, answer, loop.time(), max_s=max_s)
+                # a caller need not send RTP before the 200: no RTP timeout until then
+                call.rtp.set_direction("sendonly", loop.time())
             else:
                 ua.ua.answer(event.call_id, answer, loop.time())
         except Exception:  # the caller cancelled while we bound the ports
@@ -784,6 +786,7 @@ class SipLeg:
         except LocalProtocolError:  # cancelled or rejected meanwhile
             return
         ua.pump()
+        call.rtp.set_direction("sendrecv", ua.loop.time())  # the RTP timeout from now
         log.info("sip.early_media_answered", call_id=call_id)
 
     def _early_media_reject(self, ua: _UaRunner, call: _SipCall, status: int) -> None:
