@@ -86,7 +86,9 @@ class CallInfo:
     direction: Literal["inbound", "outbound"]
     from_: str
     to: str
-    state: Literal["ringing", "active", "ending"]
+    state: Literal["ringing", "early_media", "active", "ending"]
+    """``ringing``/``early_media``: an outbound call not answered yet (``early_media``: the
+    far end sent 183 with SDP, its ringback or announcement is flowing)."""
     duration_s: float
     turn_source: str = ""
     """``app``, ``flow``, ``voice_agent`` or ``""`` (driven by the API only)."""
@@ -453,7 +455,7 @@ def _schemas() -> dict[str, Any]:
             "direction": {"enum": ["inbound", "outbound"]},
             "from": _str(),
             "to": _str(),
-            "state": {"enum": ["ringing", "active", "ending"]},
+            "state": {"enum": ["ringing", "early_media", "active", "ending"]},
             "duration_s": {"type": "number", "minimum": 0},
             "turn_source": {"enum": ["app", "flow", "voice_agent", ""]},
         }

@@ -164,6 +164,22 @@ class RouteConfig:
         type_doc="name or list of names",
     )  # fmt: skip
     greeting: str = setting("", "spoken on answer")
+    early_media: str = setting(
+        "off", "SIP calls: `greeting` answers `183 Session Progress` with SDP and plays the "
+        "call's first turn (the greeting, or a flow's or app's first prompt) before answering "
+        "200 when it has played (FreeSWITCH's `pre_answer`, Asterisk's `Progress()`); `only` "
+        "never answers: the announcement, then `early_media_status`. The 183 is sent again "
+        "every 60 s (docs/sip.md)",
+        choices=("off", "greeting", "only"),
+    )  # fmt: skip
+    early_media_max_s: float = setting(
+        150.0, "longest early media (carriers allow 180 s): then `greeting` answers and "
+        "`only` ends with `early_media_status`", lo=1.0, hi=180.0, unit="s",
+    )  # fmt: skip
+    early_media_status: int = setting(
+        480, "the final response that ends an `early_media = \"only\"` call (480 Temporarily "
+        "Unavailable, 486 Busy Here, 404...)", lo=400, hi=699,
+    )  # fmt: skip
     flow: str = setting("", "IVR flow run after the greeting", type_doc="flow name")
     app: str = setting(
         "", "application WebSocket opened per call", type_doc="`ws(s)://` URL", check=check_ws_url

@@ -7,6 +7,7 @@ calls up in every leg, places outbound calls through the SIP leg, and runs
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import Sequence
@@ -81,12 +82,23 @@ class Directory:
             turn_source=r.turn_source,
         )
 
+    def _unanswered(self) -> dict[str, CallInfo]:
+        """Outbound SIP calls not answered yet (``ringing``, or ``early_media``)."""
+        out: dict[str, CallInfo] = {}
+        for leg in self.daemon.legs:
+            pending = getattr(leg, "pending_calls", None)
+            if pending is None:
+                continue
+            for call_id, from_, to, state, age_s in pending(asyncio.get_running_loop().time()):
+                out[call_id] = CallInfo(call_id, "sip", "outbound", from_, to, state, age_s)
+        return out
+
     def list_calls(self) -> list[CallInfo]:
-        return [self._info(r) for r in self._runners().values()]
+        return [self._info(r) for r in self._runners().values()] + list(self._unanswered().values())
 
     def get_call(self, call_id: str) -> CallInfo | None:
         r = self._runners().get(call_id)
-        return None if r is None else self._info(r)
+        return self._unanswered().get(call_id) if r is None else self._info(r)
 
     def originate(self, to: str, from_: str, route: str) -> str | DirectoryError:
         sip = next((leg for leg in self.daemon.legs if leg.name == "sip"), None)

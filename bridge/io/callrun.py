@@ -204,6 +204,7 @@ class CallRunner:
         "leg",
         "loop",
         "on_finished",
+        "on_first_turn_ended",
         "pacing",
         "pending_prompts",
         "pump_unfinished",
@@ -242,6 +243,9 @@ class CallRunner:
         self.started_info = started
         self.lead_frames = lead_frames
         self.on_finished = on_finished
+        self.on_first_turn_ended: Callable[[str], None] | None = None
+        """Called once, when the call's first turn finishes or is cut (a SIP leg in early
+        media answers, or ends the call, then)."""
         runtime = services.runtime
         assert runtime is not None
         self.runtime = runtime  # this call keeps the providers it started with
@@ -724,6 +728,10 @@ class CallRunner:
             self.source.handle_event(event, now)
         if self.app is not None:
             self.app.handle_event(event, now)
+        first_ended = self.on_first_turn_ended
+        if first_ended is not None and isinstance(event, (cmd.TurnFinished, cmd.TurnInterrupted)):
+            self.on_first_turn_ended = None
+            first_ended(event.turn_id)
         if isinstance(event, cmd.TurnInterrupted):
             if event.reason in ("speech", "dtmf"):
                 m.bargeins_total.labels(event.reason).inc()

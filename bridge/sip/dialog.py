@@ -20,6 +20,9 @@ timer data (§13.3.1.4) and session-timer data (RFC 4028 §10):
 
 * UAS 2xx: resend at T1, 2T1, ... capped at T2 until the ACK; give up (BYE)
   after 64*T1.
+* UAS early media: the 183 with SDP is sent again every ``early_refresh_s`` (RFC
+  3261 §13.3.1.1: a provisional response a minute, reliable provisionals are not
+  needed) until a final response or the cap ``early_until``.
 * Session timer: the refresher refreshes at half the interval; the other side
   sends BYE at ``interval - min(32, interval / 3)`` without a refresh.
 """
@@ -189,14 +192,30 @@ class Call:
     # Offer/answer in progress
     reinvite_pending: bool = False
     reinvite_server_key: tuple[str, ...] | None = None
+    # Early media (UAS): the 183 with SDP, re-sent every ``early_refresh_s`` (RFC 3261
+    # §13.3.1.1), until the cap ``early_until`` (then ``EarlyMediaExpired``)
+    early_response: SipResponse | None = None
+    early_refresh_s: float = 60.0
+    early_refresh_at: float | None = None
+    early_until: float | None = None
+    # Early media (UAC): the last provisional reported (status, SDP), not reported twice
+    progress_seen: tuple[int, str] | None = None
     extra: dict[str, str] = field(default_factory=dict)
     timer_at: float | None = None
     """Time of this call's earliest entry in the user agent's timer heap."""
 
     def next_deadline(self) -> float | None:
-        """The earliest of the 2xx retransmit and give-up times and the session timers."""
+        """The earliest of the 2xx retransmit and give-up times, the session timers and
+        the early media timers."""
         deadline = None
-        for t in (self.ok_retransmit_at, self.ok_give_up_at, self.refresh_at, self.expire_at):
+        for t in (
+            self.ok_retransmit_at,
+            self.ok_give_up_at,
+            self.refresh_at,
+            self.expire_at,
+            self.early_refresh_at,
+            self.early_until,
+        ):
             if t is not None and (deadline is None or t < deadline):
                 deadline = t
         return deadline

@@ -16,9 +16,11 @@ __all__ = [
     "CallOffered",
     "CloseStream",
     "DtmfInfoReceived",
+    "EarlyMediaExpired",
     "HoldChanged",
     "OutboundCallAnswered",
     "OutboundCallFailed",
+    "OutboundCallProgress",
     "RegistrationStateChanged",
     "SendStream",
     "SrtpKeyChanged",
@@ -141,6 +143,26 @@ class OutboundCallAnswered(Event):
 
     call_id: str
     answer_sdp: str = field(repr=False)  # SDES keys (a=crypto): never in a log line
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundCallProgress(Event):
+    """Our INVITE got a provisional response other than 100: ``180`` ringing, ``183``
+    session progress. ``early_sdp`` is the far end's early media answer (empty
+    without one: ringing, no early media); reported once per status and SDP."""
+
+    call_id: str
+    status: int
+    reason: str
+    early_sdp: str = field(default="", repr=False)  # SDES keys: never in a log line
+
+
+@dataclass(frozen=True, slots=True)
+class EarlyMediaExpired(Event):
+    """An inbound call's early media reached its cap (``early_media`` ``max_s``) without
+    a final response: the application answers or rejects it now."""
+
+    call_id: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,9 +21,11 @@ Client-side results are dispatched on the kind of request that was sent
 (``_RESPONSE_HANDLERS``):
 
 ========  ==============================================================
-kind      on a final response
+kind      on a response
 ========  ==============================================================
-invite    2xx: dialog, ACK, ``OutboundCallAnswered`` (or BYE if hung up);
+invite    1xx (not 100): ``OutboundCallProgress`` (180 ringing, 183 with the
+          far end's early media SDP), once per status and SDP;
+          2xx: dialog, ACK, ``OutboundCallAnswered`` (or BYE if hung up);
           401/407: answered once per challenge (``DigestClient``: a refused
           answer fails unless ``stale=true``, never a loop); 422: one
           retry with Min-SE; else ``OutboundCallFailed``
@@ -46,6 +48,7 @@ from bridge.sip.digest import DigestClient, DigestCredentials
 from bridge.sip.events import (
     OutboundCallAnswered,
     OutboundCallFailed,
+    OutboundCallProgress,
     RegistrationStateChanged,
     TransferProgress,
 )
@@ -225,6 +228,17 @@ class SipUserAgent(UasAgent):
         call.provisional_seen = True
         if first and call.cancel_requested:
             self._send_cancel(call, now)
+            return
+        if response.status > 100 and not call.cancel_requested:
+            sdp = ""
+            content_type = (response.get("content-type") or "application/sdp").split(";")[0]
+            if response.body and content_type.strip().lower() == "application/sdp":
+                sdp = response.body.decode("utf-8", "replace")
+            if call.progress_seen != (response.status, sdp):  # not a retransmission
+                call.progress_seen = (response.status, sdp)
+                self._events.append(
+                    OutboundCallProgress(call.call_id, response.status, response.reason, sdp)
+                )
 
     def _on_invite_success(
         self, call: Call, entry: ClientEntry, response: SipResponse, now: float

@@ -68,6 +68,7 @@ from bridge.sip.events import (
     CallEstablished,
     CallOffered,
     DtmfInfoReceived,
+    EarlyMediaExpired,
     HoldChanged,
     SrtpKeyChanged,
     TransferProgress,
@@ -536,6 +537,47 @@ class UasAgent(UaCore):
         return answer
 
     # --- UAS commands --------------------------------------------------------------------
+    def early_media(
+        self,
+        call_id: str,
+        answer_sdp: str,
+        now: float,
+        *,
+        max_s: float = 150.0,
+        refresh_s: float = 60.0,
+    ) -> None:
+        """Send ``183 Session Progress`` with ``answer_sdp`` (early media, RFC 3960's
+        gateway model): media may flow before the call is answered. The 183 is sent
+        again every ``refresh_s`` (RFC 3261 §13.3.1.1; no reliable provisionals needed)
+        until ``answer`` or ``reject``; after ``max_s`` (the first 183's time, kept
+        when called again) ``EarlyMediaExpired`` asks for one of them. ``answer`` must
+        then carry the same SDP (RFC 3264: the 183's was the answer).
+
+        Raises:
+            LocalProtocolError: unknown call, outbound call, already answered, or an
+                INVITE without an offer (a delayed offer has no early answer).
+        """
+        call = self._inbound_unanswered(call_id)
+        if not call.invite.body:
+            raise LocalProtocolError(f"no early media without an offer on {call_id!r}")
+        entry = self._server_txs[call.invite_tx_key]
+        headers = (("Contact", self._contact(secure=_secure(call))), _ALLOW, _SUPPORTED, _SDP)
+        call.early_response = self._respond(
+            entry,
+            183,
+            "Session Progress",
+            now,
+            to_tag=call.dialog.local_tag,
+            headers=headers,
+            body=answer_sdp.encode(),
+        )
+        call.local_sdp = answer_sdp
+        call.early_refresh_s = refresh_s
+        call.early_refresh_at = now + refresh_s
+        if call.early_until is None:
+            call.early_until = now + max_s
+        self._schedule(call)
+
     def answer(self, call_id: str, answer_sdp: str, now: float) -> None:
         """Send 200 OK with ``answer_sdp`` (an SDP offer if the INVITE had none).
 
@@ -558,6 +600,7 @@ class UasAgent(UaCore):
         )
         call.answered = True
         call.local_sdp = answer_sdp
+        call.early_response = call.early_refresh_at = call.early_until = None
         call.dialog.state = DialogState.CONFIRMED
         self._arm_session_timer(call, now)
         self._retransmit_ok(call, response, now)
@@ -691,6 +734,15 @@ class UasAgent(UaCore):
         self._call_timers(holder, now)
 
     def _call_timers(self, call: Call, now: float) -> None:
+        if call.early_until is not None and call.early_until <= now:
+            call.early_response = call.early_refresh_at = call.early_until = None
+            self._events.append(EarlyMediaExpired(call.call_id))
+        if call.early_refresh_at is not None and call.early_refresh_at <= now:
+            call.early_refresh_at = now + call.early_refresh_s
+            entry = self._server_txs.get(call.invite_tx_key)
+            if entry is not None and call.early_response is not None:
+                entry.tx.respond(call.early_response, now)  # the same 183 again
+                self._pump_server(entry)
         if call.ok_give_up_at is not None and call.ok_give_up_at <= now:
             call.ok_response = None
             call.ok_retransmit_at = call.ok_give_up_at = None

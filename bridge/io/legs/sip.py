@@ -30,8 +30,8 @@ import ssl
 
 from bridge import commands as cmd
 from bridge.config import ConnectionLimits, RouteConfig, SipRegistration, split_hostport
-from bridge.engine import SendDatagram
-from bridge.io.callrun import CallRunner
+from bridge.engine import LocalProtocolError, SendDatagram
+from bridge.io.callrun import HANGUP_TAIL_S, CallRunner
 from bridge.io.connlimits import ConnectionGate
 from bridge.io.dns import DnsCache, DnsError, is_ip_literal
 from bridge.io.legs.sip_call import _DatagramProtocol, _SipCall
@@ -52,9 +52,11 @@ from bridge.sip.events import (
     CallOffered,
     CloseStream,
     DtmfInfoReceived,
+    EarlyMediaExpired,
     HoldChanged,
     OutboundCallAnswered,
     OutboundCallFailed,
+    OutboundCallProgress,
     RegistrationStateChanged,
     SendStream,
     SrtpKeyChanged,
@@ -64,6 +66,7 @@ from bridge.sip.sdp import (
     SDES_SUITES,
     NegotiatedAudio,
     SdesCrypto,
+    SdpError,
     build_answer,
     build_offer,
     choose_crypto,
@@ -449,6 +452,12 @@ class SipLeg:
         """Outbound calls not answered yet: route, From, To and the next hop's host."""
         self.offered_keys: dict[str, tuple[SdesCrypto, ...]] = {}
         """Outbound calls not answered yet that offered SRTP: the keys they offered."""
+        self.early: dict[str, tuple[_UaRunner, RouteConfig, str]] = {}
+        """Inbound calls in early media (183 sent, not answered): their user agent, route
+        and SDP answer (the 200 repeats it)."""
+        self.early_out: set[str] = set()
+        """Outbound calls receiving the far end's early media (their RTP read on the
+        ticker before a runner exists)."""
 
     def _settings(self, host: str, port: int, transport: str) -> SipSettings:
         cfg = self.services.config.sip
@@ -617,6 +626,11 @@ class SipLeg:
             )
         elif isinstance(event, OutboundCallAnswered):
             self._outbound_answered(event)
+        elif isinstance(event, OutboundCallProgress):
+            self._outbound_progress(event)
+        elif isinstance(event, EarlyMediaExpired):
+            log.info("sip.early_media_expired", call_id=event.call_id)
+            self._early_media_done(event.call_id)
         elif isinstance(event, OutboundCallFailed):
             self.pending_routes.pop(event.call_id, None)
             self.offered_keys.pop(event.call_id, None)
@@ -732,17 +746,66 @@ class SipLeg:
             1,
             crypto=local if srtp else None,
         )
+        early = route.early_media != "off"  # 183 with SDP now, 200 after the first turn
         try:
-            ua.ua.answer(event.call_id, answer, loop.time())
+            if early:
+                max_s = route.early_media_max_s
+                ua.ua.early_media(event.call_id, answer, loop.time(), max_s=max_s)
+                # a caller need not send RTP before the 200: no RTP timeout until then
+                call.rtp.set_direction("sendonly", loop.time())
+            else:
+                ua.ua.answer(event.call_id, answer, loop.time())
         except Exception:  # the caller cancelled while we bound the ports
             log.info("sip.answer_failed", call_id=event.call_id)
             self._release(call)
             return
         ua.pump()
         self.services.metrics.call_setup_seconds.labels("sip").observe(loop.time() - offered_at)
-        self._run_call(call, route, event.from_uri, event.to_uri)
+        runner = self._run_call(call, route, event.from_uri, event.to_uri)
+        if early:
+            call_id = event.call_id
+            self.early[call_id] = (ua, route, answer)
+            runner.on_first_turn_ended = lambda _turn: self._early_media_done(call_id)
+            log.info("sip.early_media", call_id=call_id, mode=route.early_media)
 
-    def _run_call(self, call: _SipCall, route: RouteConfig, from_uri: str, to_uri: str) -> None:
+    def _early_media_done(self, call_id: str) -> None:
+        """An inbound call's first turn has played (or its early media reached the cap):
+        ``greeting`` answers with the 183's SDP; ``only`` ends the call with the route's
+        ``early_media_status`` once the phone has played the last frame."""
+        pending = self.early.pop(call_id, None)
+        call = self.calls.get(call_id)
+        if pending is None or call is None or call.ended:
+            return
+        ua, route, answer = pending
+        if route.early_media == "only":
+            status = route.early_media_status
+            ua.loop.call_later(HANGUP_TAIL_S, self._early_media_reject, ua, call, status)
+            return
+        try:
+            ua.ua.answer(call_id, answer, ua.loop.time())
+        except LocalProtocolError:  # cancelled or rejected meanwhile
+            return
+        ua.pump()
+        call.rtp.set_direction("sendrecv", ua.loop.time())  # the RTP timeout from now
+        log.info("sip.early_media_answered", call_id=call_id)
+
+    def _early_media_reject(self, ua: _UaRunner, call: _SipCall, status: int) -> None:
+        if call.ended:
+            return
+        call.ended = True
+        with contextlib.suppress(LocalProtocolError):
+            phrase = _FINAL_PHRASES.get(status, "Unavailable")
+            ua.ua.reject(call.call_id, status, phrase, ua.loop.time())
+        ua.pump()
+        log.info("sip.early_media_ended", call_id=call.call_id, status=status)
+        if call.runner is not None:
+            call.runner.leg_ended("rejected")  # finishes the runner, which releases the call
+        else:
+            self._release(call)
+
+    def _run_call(
+        self, call: _SipCall, route: RouteConfig, from_uri: str, to_uri: str
+    ) -> CallRunner:
         bind_call(call.call_id)
         profile = LegProfile(kind="sip", codec=call.codec, heard_from="frames")  # type: ignore[arg-type]
         started = cmd.CallStarted(call_id=call.call_id, leg="sip", from_=from_uri, to=to_uri)
@@ -758,6 +821,7 @@ class SipLeg:
         call.runner = runner
         runner.start()
         unbind_call()
+        return runner
 
     # ---------------------------------------------------------- outbound
 
@@ -839,10 +903,54 @@ class SipLeg:
         ua.pump()
         return call_id
 
+    def pending_calls(self, now: float) -> list[tuple[str, str, str, str, float]]:
+        """Outbound calls not answered yet, for the API: (call id, From, To, state, seconds
+        since the INVITE); state ``early_media`` once a 183 with SDP came, else ``ringing``."""
+        out = []
+        for call_id, (_route, from_uri, to_uri, _hop) in self.pending_routes.items():
+            call = self.calls.get(call_id)
+            if call is not None:
+                state = "early_media" if call_id in self.early_out else "ringing"
+                out.append((call_id, from_uri, to_uri, state, now - call.created_at))
+        return out
+
+    def _outbound_progress(self, event: OutboundCallProgress) -> None:
+        """180/183 to our INVITE. A 183 with SDP is the far end's early media (ringback,
+        an announcement): its RTP session starts (latching as usual) and is read on the
+        call's media clock, comfort noise going the other way, until the answer."""
+        early = bool(event.early_sdp)
+        log.info(
+            "sip.outbound_progress", call_id=event.call_id, status=event.status, early_media=early
+        )
+        call = self.calls.get(event.call_id)
+        pending = self.pending_routes.get(event.call_id)
+        if call is None or pending is None or not early or event.call_id in self.early_out:
+            return
+        try:
+            audio = negotiate(parse_sdp(event.early_sdp), self.services.config.sip.codecs)
+        except SdpError:
+            audio = None
+        offered = self.offered_keys.get(event.call_id, ())
+        srtp = _answered_srtp(offered, audio) if audio is not None else None
+        if audio is None or (srtp is None and (offered or audio.crypto)):
+            return  # no codec, or no SRTP key agreed: wait for the answer
+        call.start_media(audio, pending[3], _latching(self.services.config.sip.latching), srtp)
+        self.early_out.add(event.call_id)
+        self.services.ticker.add(
+            event.call_id,
+            lambda n, now: call.send_frame(None, n, now),
+            lambda exc: log.error("sip.early_media_failed", call_id=call.call_id, error=str(exc)),
+            ts0=int.from_bytes(os.urandom(4), "big"),
+        )
+
     def _outbound_answered(self, event: OutboundCallAnswered) -> None:
         call = self.calls.get(event.call_id)
         pending = self.pending_routes.pop(event.call_id, None)
         offered = self.offered_keys.pop(event.call_id, ())
+        early = event.call_id in self.early_out
+        if early:  # the runner's clock takes over
+            self.early_out.discard(event.call_id)
+            self.services.ticker.remove(event.call_id)
         if call is None or pending is None:
             return
         audio = negotiate(parse_sdp(event.answer_sdp), self.services.config.sip.codecs)
@@ -858,7 +966,14 @@ class SipLeg:
             self._release(call)
             return
         route, from_uri, to_uri, next_hop = pending
-        call.start_media(audio, next_hop, _latching(self.services.config.sip.latching), srtp)
+        before = call.audio
+        same = before is not None and (before.remote_addr, before.payload_type) == (
+            audio.remote_addr,
+            audio.payload_type,
+        )
+        if not (early and same):
+            # (the early media's session goes on when the answer repeats its SDP)
+            call.start_media(audio, next_hop, _latching(self.services.config.sip.latching), srtp)
         self.services.metrics.call_setup_seconds.labels("sip").observe(
             call.loop.time() - call.created_at
         )
@@ -903,12 +1018,31 @@ class SipLeg:
         call.drop_cycles()
 
     def _release(self, call: _SipCall) -> None:
+        self.early.pop(call.call_id, None)
+        if call.call_id in self.early_out:
+            self.early_out.discard(call.call_id)
+            self.services.ticker.remove(call.call_id)
         if self.calls.pop(call.call_id, None) is not None:
             lost = call.rtp.reception_stats().lost
             if lost > 0:
                 self.services.metrics.rtp_packets_lost_total.inc(lost)
             call.close()
             self.ports.release(call.port_key)
+
+
+_FINAL_PHRASES = {
+    403: "Forbidden",
+    404: "Not Found",
+    410: "Gone",
+    480: "Temporarily Unavailable",
+    486: "Busy Here",
+    487: "Request Terminated",
+    503: "Service Unavailable",
+    600: "Busy Everywhere",
+    603: "Decline",
+    604: "Does Not Exist Anywhere",
+}
+"""Reason phrases of the final responses an ``early_media = "only"`` call may end with."""
 
 
 def _uri_hostport(uri: str) -> tuple[str, int] | None:
