@@ -202,8 +202,7 @@ def _registrar(value: str, at: Spot) -> str:
         at.error(f"expected a sip: URI, got {value!r}")
         return value
     try:
-        if outbound_target(value).transport == "TLS":
-            at.error(f"{value}: REGISTER over TLS is not supported yet")
+        outbound_target(value)
     except ValueError as exc:
         at.error(str(exc))
     return value
@@ -229,8 +228,9 @@ class SipRegistration:
 
     name: str
     registrar: str = setting(
-        doc="PBX or trunk to register with (`sips:` is refused: REGISTER over TLS is not "
-        "supported yet)",
+        doc="PBX or trunk to register with: over UDP, TCP with `;transport=tcp` (needs `tcp` "
+        "in `transports`) or TLS with `sips:` / `;transport=tls` (needs `tls_listen`), on one "
+        "connection kept open and opened again when it drops",
         kind="str", type_doc="`sip:` URI", required="a sip: URI", check=_registrar,
     )  # fmt: skip
     user: str = setting(doc="the user name to register", kind="str")
@@ -393,6 +393,29 @@ def _check_sip_tls(values: dict[str, Any], at: Spot) -> None:
     srtp = values["security"].srtp
     if srtp != "off" and not listen:
         at.error(f"{srtp!r} needs sip.tls_listen: SRTP keys (SDES) travel only over TLS", "srtp")
+    _check_registrations(values, at)  # one check a class: register_check keeps the last
 
 
 register_check(SipConfig, _check_sip_tls)
+
+
+def _check_registrations(values: dict[str, Any], at: Spot) -> None:
+    """A registrar's transport needs a listener of that transport to register from."""
+    have = {t.upper() for t in values["transports"] if values["listen"]}
+    if values["tls_listen"]:
+        have.add("TLS")
+    for reg in values["registrations"]:
+        try:
+            transport = outbound_target(reg.registrar).transport
+        except ValueError:
+            continue  # reported on the key itself
+        if transport not in have:
+            needs = (
+                "sip.tls_listen"
+                if transport == "TLS"
+                else f"{transport.lower()!r} in sip.transports"
+            )
+            at.error(
+                f"{reg.registrar}: REGISTER over {transport} needs {needs}",
+                f"registrations.{reg.name}.registrar",
+            )
