@@ -281,9 +281,11 @@ class _UaRunner:
         try:
             while True:
                 now = self.loop.time()
-                if last_complete is None or self.ua.stream_partial_bytes(conn_id):
+                # our own connections (calls out, registrations) are ours to keep: only a
+                # message left incomplete times them out, never idleness
+                if self.ua.stream_partial_bytes(conn_id) or (gated and last_complete is None):
                     deadline: float | None = started + limits.header_timeout_s
-                elif limits.idle_timeout_s > 0:
+                elif gated and last_complete is not None and limits.idle_timeout_s > 0:
                     deadline = last_complete + limits.idle_timeout_s
                 else:
                     deadline = None
