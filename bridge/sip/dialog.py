@@ -17,8 +17,9 @@ dialog came in on (``peer``: the caller's source address and port, as RFC 3581's
 ``received``/``rport`` report it, or the next hop we sent our INVITE to). A host
 we cannot reach is a name (sans-I/O code resolves none: the carrier's edge) or
 an address that is not globally routable (RFC 1918, CGNAT, loopback,
-link-local, ULA, unspecified) other than the flow's own host: a caller behind
-NAT names its private address in Contact, and only its NAT binding leads back.
+link-local, ULA, unspecified) outside the network the flow comes from: a caller
+behind NAT names its private address in Contact, and only its NAT binding leads
+back.
 
 A :class:`Call` bundles the dialog with what the user agent needs for the
 call's lifetime: the INVITE transaction key, SDP state, 2xx retransmission
@@ -87,18 +88,22 @@ list as ``[sip] latching``'s, ``bridge.rtp.session``)."""
 def sends_to_flow(target_host: str, flow_host: str) -> bool:
     """Whether a request for ``target_host`` (a Contact's or a route's) goes along the
     dialog's flow (``flow_host``, the address the dialog's messages came from) instead:
-    the target is a name (resolved by no engine), or an address that is not globally
-    routable (private, CGNAT, loopback, link-local, ULA, unspecified) and is not the
-    flow's own host. A public target, or the flow's own host, is sent to as named."""
+    the target is a name (resolved by no engine), unspecified, or an address that is not
+    globally routable (``NOT_ROUTABLE``) while the flow comes from outside that network
+    (a caller behind NAT). A public target, or one in the flow's own private network (a
+    PBX on the daemon's LAN naming another of its hosts), is sent to as named."""
     host = target_host.strip("[]")
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
         return True
-    if not ip.is_unspecified and not any(ip in net for net in NOT_ROUTABLE):
+    if ip.is_unspecified:
+        return True
+    network = next((net for net in NOT_ROUTABLE if ip in net), None)
+    if network is None:
         return False
     try:
-        return ip != ipaddress.ip_address(flow_host.strip("[]"))
+        return ipaddress.ip_address(flow_host.strip("[]")) not in network
     except ValueError:
         return True
 

@@ -36,6 +36,13 @@ OUR_URI = "sip:bot@192.0.2.10:5060"
         ("pbx.example.com", "203.0.113.7", True),  # a name: no engine resolves it
         ("10.0.0.1", "10.0.0.1", False),  # the flow's own host (no NAT between)
         ("127.0.0.1", "127.0.0.1", False),
+        ("10.0.0.7", "10.20.0.1", False),  # the flow's own private network (a LAN)
+        ("192.168.1.20", "192.168.7.1", False),
+        ("127.0.0.5", "127.0.0.1", False),  # this machine
+        ("192.168.1.20", "10.0.0.1", True),  # another private network: behind a NAT
+        ("fd00::5", "fd12::1", False),
+        ("fd00::5", "203.0.113.7", True),
+        ("not-an-address", "203.0.113.7", True),
         ("8.8.8.8", "203.0.113.7", False),  # a public Contact: sent to as named
         ("2606:4700::1", "203.0.113.7", False),
     ],
