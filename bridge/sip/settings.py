@@ -400,13 +400,20 @@ register_check(SipConfig, _check_sip_tls)
 
 
 def _check_registrations(values: dict[str, Any], at: Spot) -> None:
-    """A registrar's transport needs a listener of that transport to register from."""
+    """A registrar's (or the outbound proxy's) transport needs a listener of that
+    transport to register (or call) from."""
     have = {t.upper() for t in values["transports"] if values["listen"]}
     if values["tls_listen"]:
         have.add("TLS")
-    for reg in values["registrations"]:
+    uses = [
+        (f"registrations.{r.name}.registrar", r.registrar, "REGISTER")
+        for r in values["registrations"]
+    ]
+    if values["outbound_proxy"]:
+        uses.append(("outbound_proxy", values["outbound_proxy"], "calling out"))
+    for key, uri, what in uses:
         try:
-            transport = outbound_target(reg.registrar).transport
+            transport = outbound_target(uri).transport
         except ValueError:
             continue  # reported on the key itself
         if transport not in have:
@@ -415,7 +422,4 @@ def _check_registrations(values: dict[str, Any], at: Spot) -> None:
                 if transport == "TLS"
                 else f"{transport.lower()!r} in sip.transports"
             )
-            at.error(
-                f"{reg.registrar}: REGISTER over {transport} needs {needs}",
-                f"registrations.{reg.name}.registrar",
-            )
+            at.error(f"{uri}: {what} over {transport} needs {needs}", key)

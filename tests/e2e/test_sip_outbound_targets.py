@@ -16,7 +16,6 @@ from bridge.config import ConfigError, parse_config
 from bridge.io.legs.sip import SipLeg
 from bridge.sip.digest import AuthResult, DigestVerifier
 from bridge.sip.message import SipRequest, build_response, parse_message
-from bridge.sip.uri import TargetError
 
 from .harness import FACTOR, stack
 
@@ -111,11 +110,13 @@ password = "trunkpass"
 @pytest.mark.parametrize(
     "target", ["sips:bob@127.0.0.1:5061", "sip:bob@127.0.0.1:5061;transport=tls"]
 )
-def test_tls_targets_are_refused_before_anything_is_sent(target: str) -> None:
+def test_tls_targets_without_a_tls_listener_are_refused_before_anything_is_sent(
+    target: str,
+) -> None:
     async def main() -> None:
         async with stack(ROUTES) as st:
             leg = sip_leg(st.daemon)
-            with pytest.raises(TargetError, match="TLS transport not supported yet"):
+            with pytest.raises(ValueError, match="no TLS transport to call out on"):
                 leg.originate(target, "sip:bot@127.0.0.1", "")
             assert not leg.calls and leg.ports.allocated_count == 0
 
@@ -189,5 +190,5 @@ def test_the_proxy_setting_refuses_tls_by_key() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(text)
     assert info.value.errors == [
-        "sip.outbound_proxy: sips:proxy.example.com: TLS transport not supported yet"
+        "sip.outbound_proxy: sips:proxy.example.com: calling out over TLS needs sip.tls_listen"
     ]
