@@ -29,10 +29,15 @@ invite    2xx: dialog, ACK, ``OutboundCallAnswered`` (or BYE if hung up);
           retry with Min-SE; else ``OutboundCallFailed``
 reinvite  2xx: ACK, session timer re-armed; 408/481: call ends
 register  2xx: ``RegistrationStateChanged``, refresh at half the expiry;
-          401/407: one retry with credentials; else failure + retry later
+          401/407: one retry with credentials; else failure + retry later;
+          a result for a REGISTER that is not the latest is ignored
 refer     ``TransferProgress`` (202 accepted, or the failure, final)
 other     nothing (BYE, CANCEL, INFO, UPDATE)
 ========  ==============================================================
+
+A stream connection the shell reports lost (``connection_failed``) fails the
+outbound calls waiting for an answer on it (503) and makes the registrations
+on it register again on the same ``conn_id`` (the shell opens it anew).
 """
 
 from __future__ import annotations
