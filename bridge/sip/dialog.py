@@ -57,6 +57,8 @@ class Peer:
 
     addr: tuple[str, int]
     conn_id: int | None = None
+    reopen_to: tuple[str, int] | None = None
+    """A stream connection's request: where a new connection may go if it is gone."""
 
 
 def ip_literal(host: str) -> bool:
@@ -194,14 +196,16 @@ class Dialog:
     def next_hop(self) -> Peer:
         """Where the dialog's next request goes: the first route or the remote target,
         unless ``sends_to_flow`` says it cannot be reached (then the flow, ``peer``)."""
-        if self.peer.conn_id is not None:
-            return self.peer
         target = parse_name_addr(self.route_set[0]).uri if self.route_set else None
         if target is None:
             target = parse_uri(self.remote_target)
         if not target.is_sip or sends_to_flow(target.host, self.peer.addr[0]):
             return self.peer
-        return Peer((target.host, target.port or 5060))
+        secure = target.scheme == "sips" or (target.param("transport") or "").lower() == "tls"
+        addr = (target.host, target.port or (5061 if secure else 5060))
+        if self.peer.conn_id is not None:  # its connection; a new one to the target if gone
+            return Peer(self.peer.addr, self.peer.conn_id, addr)
+        return Peer(addr)
 
 
 @dataclass(slots=True)

@@ -211,3 +211,57 @@ def test_register_over_tls_to_a_sips_registrar(tmp_path: Path) -> None:
             peer.close()
 
     run(body())
+
+
+def test_a_bye_to_a_caller_whose_connection_dropped_opens_one_to_its_contact() -> None:
+    """RFC 3261 §18.1.1: the caller's TCP connection is gone when the daemon hangs up; the
+    BYE goes on a new connection to the caller's Contact (a listener of this test)."""
+
+    async def body() -> None:
+        contact = await Peer().start()  # where the caller's Contact points
+        try:
+            async with stack(ROUTES, sip_extra='transports = ["udp", "tcp"]') as s:
+                leg, runner = leg_and_runner(s, "TCP")
+                reader, writer = await asyncio.open_connection("127.0.0.1", s.sip_port)
+                framer = SipStreamFramer()
+                invite = (
+                    f"INVITE sip:greet@127.0.0.1:{s.sip_port} SIP/2.0\r\n"
+                    "Via: SIP/2.0/TCP 127.0.0.1:9;branch=z9hG4bKdrop1;rport\r\n"
+                    "Max-Forwards: 70\r\nFrom: <sip:caller@127.0.0.1>;tag=drop\r\n"
+                    f"To: <sip:greet@127.0.0.1>\r\nCall-ID: drop-1\r\nCSeq: 1 INVITE\r\n"
+                    f"Contact: <sip:caller@127.0.0.1:{contact.port};transport=tcp>\r\n"
+                    "Content-Type: application/sdp\r\n"
+                    f"Content-Length: {len(SDP)}\r\n\r\n{SDP}"
+                )
+                writer.write(invite.encode())
+                ok = None
+                while ok is None:
+                    data = await asyncio.wait_for(reader.read(65536), 10 * FACTOR)
+                    assert data, "the daemon closed the connection"
+                    for raw in framer.feed(data):
+                        message = parse_message(raw)
+                        if not isinstance(message, SipRequest) and message.status == 200:
+                            ok = message
+                tag = ok.to().tag
+                writer.write(
+                    (
+                        f"ACK sip:callbridge@127.0.0.1:{s.sip_port};transport=tcp SIP/2.0\r\n"
+                        "Via: SIP/2.0/TCP 127.0.0.1:9;branch=z9hG4bKdrop2;rport\r\n"
+                        "Max-Forwards: 70\r\nFrom: <sip:caller@127.0.0.1>;tag=drop\r\n"
+                        f"To: <sip:greet@127.0.0.1>;tag={tag}\r\nCall-ID: drop-1\r\n"
+                        "CSeq: 1 ACK\r\nContent-Length: 0\r\n\r\n"
+                    ).encode()
+                )
+                await writer.drain()
+                assert await wait_for(lambda: leg.calls["drop-1"].runner is not None)
+                writer.close()  # the caller's connection drops
+                assert await wait_for(lambda: not runner.writers)
+                leg.calls["drop-1"].hangup("done")
+                assert await wait_for(lambda: contact.methods("BYE") == [1]), contact.requests
+                (bye,) = [r for _, r in contact.requests if r.method == "BYE"]
+                assert bye.call_id == "drop-1"
+                assert await wait_for(lambda: runner.ua.unanswered_requests("bye") == 0)
+        finally:
+            contact.close()
+
+    run(body())

@@ -77,8 +77,32 @@ FLOW = Peer(("203.0.113.7", 40001))
         # a proxy that record-routed: its route, public or not, as the rule says
         ("sip:caller@10.0.0.1", FLOW, ("<sip:198.51.100.50;lr>",), Peer(("198.51.100.50", 5060))),
         ("sip:caller@10.0.0.1", FLOW, ("<sip:10.9.9.9;lr>",), FLOW),
-        # a stream transport: always the dialog's connection
-        ("sip:caller@198.51.100.20", Peer(FLOW.addr, 4), (), Peer(FLOW.addr, 4)),
+        # a stream transport: the dialog's connection, and where a new one may go if it
+        # is gone (the Contact, if it can be reached: RFC 3261 §18.1.1)
+        (
+            "sip:c@198.51.100.20",
+            Peer(FLOW.addr, 4),
+            (),
+            Peer(FLOW.addr, 4, ("198.51.100.20", 5060)),
+        ),
+        (
+            "sips:c@198.51.100.20",
+            Peer(FLOW.addr, 4),
+            (),
+            Peer(FLOW.addr, 4, ("198.51.100.20", 5061)),
+        ),
+        (
+            "sip:c@8.8.8.8;transport=tls",
+            Peer(FLOW.addr, 4),
+            (),
+            Peer(FLOW.addr, 4, ("8.8.8.8", 5061)),
+        ),
+        (
+            "sip:c@8.8.8.8:7000;transport=tcp",
+            Peer(FLOW.addr, 4),
+            (),
+            Peer(FLOW.addr, 4, ("8.8.8.8", 7000)),
+        ),
         ("sip:caller@10.0.0.1", Peer(FLOW.addr, 4), (), Peer(FLOW.addr, 4)),
     ],
 )

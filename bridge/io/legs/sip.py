@@ -365,6 +365,13 @@ class _UaRunner:
                 self.pending[action.conn_id].append(action.data)
             elif action.conn_id in self.conn_peers:  # a peer's connection dropped
                 self._open(action.conn_id, [action.data])
+            elif action.reopen_to is not None:  # a caller's connection dropped: its Contact
+                conn_id = self.connect(action.reopen_to, action.reopen_to[0])
+                writer = self.writers.get(conn_id)
+                if writer is not None:
+                    writer.write(action.data)
+                else:
+                    self.pending.setdefault(conn_id, []).append(action.data)
         elif isinstance(action, CloseStream):
             writer = self.writers.pop(action.conn_id, None)
             if writer is not None:
