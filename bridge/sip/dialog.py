@@ -11,7 +11,8 @@ unless the first route lacks ``lr`` (a strict router), in which case the
 Request-URI is that route and the remote target is appended.
 
 Where to send (``next_hop``, the rule ``sends_to_flow`` states): over a stream
-transport, the dialog's connection. Over UDP, the first route (or the remote
+transport, the dialog's connection, with the target below as the place to open a
+new one should it be gone (``Peer.reopen_to``). Over UDP, the first route (or the remote
 target) when its host is an IP literal we can reach; otherwise the *flow* the
 dialog came in on (``peer``: the caller's source address and port, as RFC 3581's
 ``received``/``rport`` report it, or the next hop we sent our INVITE to). A host
