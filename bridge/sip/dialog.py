@@ -10,9 +10,17 @@ Request-URI is the remote target and the route set becomes Route headers,
 unless the first route lacks ``lr`` (a strict router), in which case the
 Request-URI is that route and the remote target is appended.
 
-Where to send: sans-I/O code resolves no names, so the next hop is the first
-route (or the remote target) when its host is an IP literal, and otherwise
-the address the dialog's requests came from (the carrier's edge).
+Where to send (``next_hop``, the rule ``sends_to_flow`` states): over a stream
+transport, the dialog's connection, with the target below as the place to open a
+new one should it be gone (``Peer.reopen_to``). Over UDP, the first route (or the remote
+target) when its host is an IP literal we can reach; otherwise the *flow* the
+dialog came in on (``peer``: the caller's source address and port, as RFC 3581's
+``received``/``rport`` report it, or the next hop we sent our INVITE to). A host
+we cannot reach is a name (sans-I/O code resolves none: the carrier's edge) or
+an address that is not globally routable (RFC 1918, CGNAT, loopback,
+link-local, ULA, unspecified) outside the network the flow comes from: a caller
+behind NAT names its private address in Contact, and only its NAT binding leads
+back.
 
 A :class:`Call` bundles the dialog with what the user agent needs for the
 call's lifetime: the INVITE transaction key, SDP state, 2xx retransmission
@@ -38,7 +46,7 @@ from bridge.sip.message import SipRequest, SipResponse
 from bridge.sip.sdp import NegotiatedAudio
 from bridge.sip.uri import NameAddr, parse_name_addr, parse_uri
 
-__all__ = ["Call", "Dialog", "DialogState", "Peer", "ip_literal"]
+__all__ = ["Call", "Dialog", "DialogState", "Peer", "ip_literal", "sends_to_flow"]
 
 
 class DialogState(enum.Enum):
@@ -53,6 +61,8 @@ class Peer:
 
     addr: tuple[str, int]
     conn_id: int | None = None
+    reopen_to: tuple[str, int] | None = None
+    """A stream connection's request: where a new connection may go if it is gone."""
 
 
 def ip_literal(host: str) -> bool:
@@ -61,6 +71,47 @@ def ip_literal(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+NOT_ROUTABLE = tuple(
+    ipaddress.ip_network(net)
+    for net in (
+        "10.0.0.0/8",  # RFC 1918
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",  # RFC 6598: carrier-grade NAT
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "fc00::/7",  # RFC 4193
+        "fe80::/10",
+        "::1/128",
+    )
+)
+"""Addresses a Contact may name that cannot be reached from another network (the same
+list as ``[sip] latching``'s, ``bridge.rtp.session``)."""
+
+
+def sends_to_flow(target_host: str, flow_host: str) -> bool:
+    """Whether a request for ``target_host`` (a Contact's or a route's) goes along the
+    dialog's flow (``flow_host``, the address the dialog's messages came from) instead:
+    the target is a name (resolved by no engine), unspecified, or an address that is not
+    globally routable (``NOT_ROUTABLE``) while the flow comes from outside that network
+    (a caller behind NAT). A public target, or one in the flow's own private network (a
+    PBX on the daemon's LAN naming another of its hosts), is sent to as named."""
+    host = target_host.strip("[]")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    if ip.is_unspecified:
+        return True
+    network = next((net for net in NOT_ROUTABLE if ip in net), None)
+    if network is None:
+        return False
+    try:
+        return ipaddress.ip_address(flow_host.strip("[]")) not in network
+    except ValueError:
+        return True
 
 
 @dataclass(slots=True)
@@ -147,15 +198,18 @@ class Dialog:
         return request
 
     def next_hop(self) -> Peer:
-        """The first route or the remote target when it is an IP literal, else the peer."""
+        """Where the dialog's next request goes: the first route or the remote target,
+        unless ``sends_to_flow`` says it cannot be reached (then the flow, ``peer``)."""
         target = parse_name_addr(self.route_set[0]).uri if self.route_set else None
         if target is None:
             target = parse_uri(self.remote_target)
-        if target.is_sip and ip_literal(target.host):
-            if self.peer.conn_id is not None:
-                return self.peer
-            return Peer((target.host, target.port or 5060))
-        return self.peer
+        if not target.is_sip or sends_to_flow(target.host, self.peer.addr[0]):
+            return self.peer
+        secure = target.scheme == "sips" or (target.param("transport") or "").lower() == "tls"
+        addr = (target.host, target.port or (5061 if secure else 5060))
+        if self.peer.conn_id is not None:  # its connection; a new one to the target if gone
+            return Peer(self.peer.addr, self.peer.conn_id, addr)
+        return Peer(addr)
 
 
 @dataclass(slots=True)

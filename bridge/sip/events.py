@@ -36,6 +36,9 @@ class SendStream(Action):
 
     conn_id: int
     data: bytes
+    reopen_to: tuple[str, int] | None = None
+    """A request of a dialog: where to open a connection if ``conn_id`` is gone (its
+    Contact or route, RFC 3261 §18.1.1); None: nowhere (a caller behind NAT)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -202,8 +202,7 @@ def _registrar(value: str, at: Spot) -> str:
         at.error(f"expected a sip: URI, got {value!r}")
         return value
     try:
-        if outbound_target(value).transport == "TLS":
-            at.error(f"{value}: REGISTER over TLS is not supported yet")
+        outbound_target(value)
     except ValueError as exc:
         at.error(str(exc))
     return value
@@ -229,8 +228,9 @@ class SipRegistration:
 
     name: str
     registrar: str = setting(
-        doc="PBX or trunk to register with (`sips:` is refused: REGISTER over TLS is not "
-        "supported yet)",
+        doc="PBX or trunk to register with: over UDP, TCP with `;transport=tcp` (needs `tcp` "
+        "in `transports`) or TLS with `sips:` / `;transport=tls` (needs `tls_listen`), on one "
+        "connection kept open and opened again when it drops",
         kind="str", type_doc="`sip:` URI", required="a sip: URI", check=_registrar,
     )  # fmt: skip
     user: str = setting(doc="the user name to register", kind="str")
@@ -390,16 +390,36 @@ def _check_sip_tls(values: dict[str, Any], at: Spot) -> None:
         except (ssl.SSLError, OSError) as e:
             why = getattr(e, "reason", None) or type(e).__name__
             at.error(f"not a certificate chain and its key ({why})", "tls_certificate_file")
-    proxy = values["outbound_proxy"]
-    if proxy and not listen:
-        try:
-            if outbound_target(proxy).transport == "TLS":
-                at.error(f"{proxy}: a TLS proxy needs sip.tls_listen", "outbound_proxy")
-        except ValueError:
-            pass  # reported by the key's own check
     srtp = values["security"].srtp
     if srtp != "off" and not listen:
         at.error(f"{srtp!r} needs sip.tls_listen: SRTP keys (SDES) travel only over TLS", "srtp")
+    _check_registrations(values, at)  # one check a class: register_check keeps the last
 
 
 register_check(SipConfig, _check_sip_tls)
+
+
+def _check_registrations(values: dict[str, Any], at: Spot) -> None:
+    """A registrar's (or the outbound proxy's) transport needs a listener of that
+    transport to register (or call) from."""
+    have = {t.upper() for t in values["transports"] if values["listen"]}
+    if values["tls_listen"]:
+        have.add("TLS")
+    uses = [
+        (f"registrations.{r.name}.registrar", r.registrar, "REGISTER")
+        for r in values["registrations"]
+    ]
+    if values["outbound_proxy"]:
+        uses.append(("outbound_proxy", values["outbound_proxy"], "calling out"))
+    for key, uri, what in uses:
+        try:
+            transport = outbound_target(uri).transport
+        except ValueError:
+            continue  # reported on the key itself
+        if transport not in have:
+            needs = (
+                "sip.tls_listen"
+                if transport == "TLS"
+                else f"{transport.lower()!r} in sip.transports"
+            )
+            at.error(f"{uri}: {what} over {transport} needs {needs}", key)

@@ -31,10 +31,15 @@ invite    1xx (not 100): ``OutboundCallProgress`` (180 ringing, 183 with the
           retry with Min-SE; else ``OutboundCallFailed``
 reinvite  2xx: ACK, session timer re-armed; 408/481: call ends
 register  2xx: ``RegistrationStateChanged``, refresh at half the expiry;
-          401/407: one retry with credentials; else failure + retry later
+          401/407: one retry with credentials; else failure + retry later;
+          a result for a REGISTER that is not the latest is ignored
 refer     ``TransferProgress`` (202 accepted, or the failure, final)
 other     nothing (BYE, CANCEL, INFO, UPDATE)
 ========  ==============================================================
+
+A stream connection the shell reports lost (``connection_failed``) fails the
+outbound calls waiting for an answer on it (503) and makes the registrations
+on it register again on the same ``conn_id`` (the shell opens it anew).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from bridge.sip.events import (
     TransferProgress,
 )
 from bridge.sip.message import SipRequest, SipResponse
-from bridge.sip.registration import Registration
+from bridge.sip.registration import FAILURE_RETRY_S, Registration
 from bridge.sip.sdp import SdpError, negotiate, parse_sdp
 from bridge.sip.settings import SipSettings
 from bridge.sip.ua_core import ClientEntry, ServerEntry
@@ -61,6 +66,10 @@ from bridge.sip.uas import ALLOWED_METHODS, UasAgent
 from bridge.sip.uri import ascii_digits
 
 __all__ = ["SipUserAgent"]
+
+REREGISTER_AFTER_DROP_S = 1.0
+"""A registration whose connection dropped while its binding was up registers again this
+soon (not at once: a registrar that closes every connection is not hammered)."""
 
 ResponseHandler = Callable[["SipUserAgent", ClientEntry, SipResponse, float], None]
 
@@ -126,11 +135,31 @@ class SipUserAgent(UasAgent):
     def connection_failed(self, conn_id: int, now: float) -> None:
         """The shell could not open stream connection ``conn_id`` (or lost it): every
         outbound call not answered yet on it fails now, as a 503 (RFC 3261 §8.1.3.1),
-        rather than at Timer B."""
+        rather than at Timer B; every registration on it registers again (on the same
+        ``conn_id``: the shell opens it again), soon if its binding was up (the
+        registrar lost its flow back to us), after ``FAILURE_RETRY_S`` if not (the
+        registrar cannot be reached), and a REGISTER waiting on it is abandoned."""
         for call in list(self._calls.values()):
             if call.is_outbound and not call.answered and call.dialog.peer.conn_id == conn_id:
                 self._calls.pop(call.call_id, None)
                 self._events.append(OutboundCallFailed(call.call_id, 503, "Service Unavailable"))
+        for registration in self._registrations.values():
+            if registration.peer.conn_id != conn_id or registration.expires_s == 0:
+                continue
+            for key, entry in list(self._client_txs.items()):
+                if entry.kind == "register" and entry.ref == registration.registration_id:
+                    del self._client_txs[key]  # its answer cannot come back on a lost connection
+            if registration.registered:
+                registration.registered = False
+                registration.refresh_at = now + REREGISTER_AFTER_DROP_S
+                self._events.append(
+                    RegistrationStateChanged(registration.registration_id, False, 503)
+                )
+            elif registration.refresh_at is None or registration.refresh_at > now + FAILURE_RETRY_S:
+                registration.schedule_retry(now)
+                self._events.append(
+                    RegistrationStateChanged(registration.registration_id, False, 503)
+                )
 
     def hangup(self, call_id: str, now: float) -> None:
         """End a call: BYE once answered, CANCEL (outbound) or 480 (inbound) before."""
@@ -344,6 +373,8 @@ class SipUserAgent(UasAgent):
             self._end_call(call, "transaction-timeout", now, send_bye=True)
         elif entry.kind == "register" and entry.ref in self._registrations:
             registration = self._registrations[entry.ref]
+            if _stale(entry, registration):
+                return
             registration.schedule_retry(now)
             self._events.append(RegistrationStateChanged(entry.ref, False, 408))
 
@@ -360,15 +391,17 @@ class SipUserAgent(UasAgent):
         *,
         credentials: tuple[str, str] | DigestCredentials | None = None,
         expires_s: int | None = None,
+        conn_id: int | None = None,
     ) -> str:
-        """Register ``aor`` with our Contact; returns the registration id."""
+        """Register ``aor`` with our Contact; returns the registration id. ``conn_id``:
+        the stream connection to the registrar (TCP, TLS), kept for every refresh."""
         registration_id = self._token()
         registration = Registration(
             registration_id=registration_id,
             registrar_uri=registrar_uri,
             aor=aor,
-            contact=self._contact(),
-            peer=Peer(registrar),
+            contact=self._contact(secure=registrar_uri.lower().startswith("sips:")),
+            peer=Peer(registrar, conn_id),
             call_id=f"{self._token()}@{self.settings.local_host}",
             from_tag=self._token(),
             expires_s=expires_s or self.settings.register_expires_s,
@@ -398,7 +431,7 @@ class SipUserAgent(UasAgent):
 
     def _on_register_response(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
         registration = self._registrations.get(entry.ref)
-        if registration is None or response.status < 200:
+        if registration is None or response.status < 200 or _stale(entry, registration):
             return
         if 200 <= response.status < 300:
             if registration.digest is not None:
@@ -443,6 +476,12 @@ _RESPONSE_HANDLERS: dict[str, ResponseHandler] = {
     "register": SipUserAgent._on_register_response,
     "refer": SipUserAgent._on_refer_response,
 }
+
+
+def _stale(entry: ClientEntry, registration: Registration) -> bool:
+    """A REGISTER transaction that is not the registration's latest (a later one was sent
+    after its connection dropped): its result says nothing about the binding now."""
+    return entry.tx.request.cseq().number != registration.cseq
 
 
 def _as_credentials(credentials: tuple[str, str] | DigestCredentials) -> DigestCredentials:

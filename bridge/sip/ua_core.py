@@ -363,7 +363,7 @@ class UaCore(Outbox):
         if peer.conn_id is None:
             self._actions.append(SendDatagram(data, peer.addr))
         else:
-            self._actions.append(SendStream(peer.conn_id, data))
+            self._actions.append(SendStream(peer.conn_id, data, peer.reopen_to))
 
     def _start_client(
         self,

@@ -206,6 +206,10 @@ class UasAgent(UaCore):
             self._respond(entry, 500, "CSeq Out of Order", now)
             return None
         call.dialog.remote_cseq = number
+        if call.dialog.is_uas:
+            # the caller's latest flow (a NAT that rebound, a new TCP connection): our
+            # next requests go back along it (bridge.sip.dialog, "Where to send")
+            call.dialog.peer = entry.peer
         return call
 
     def _on_invite(self, request: SipRequest, entry: ServerEntry, peer: Peer, now: float) -> None:

@@ -55,14 +55,20 @@ def test_bad_values_are_named() -> None:
     assert error.startswith("sip.latching: unknown value 'loose'")
 
 
-def test_tls_registrar_is_refused_by_key() -> None:
-    (error,) = errors_of(
-        '[sip.registrations.pbx]\nregistrar = "sips:pbx.example.com"\nuser = "u"\npassword = "p"\n'
-    )
+def test_a_registrar_needs_a_listener_of_its_transport_named_by_key() -> None:
+    reg = '[sip.registrations.pbx]\nregistrar = "{}"\nuser = "u"\npassword = "p"\n'
+    (error,) = errors_of(reg.format("sips:pbx.example.com"))
     assert error == (
-        "sip.registrations.pbx.registrar: sips:pbx.example.com: REGISTER over TLS is not "
-        "supported yet"
+        "sip.registrations.pbx.registrar: sips:pbx.example.com: REGISTER over TLS needs "
+        "sip.tls_listen"
     )
+    (error,) = errors_of('transports = ["udp"]\n' + reg.format("sip:pbx.example.com;transport=tcp"))
+    assert error == (
+        "sip.registrations.pbx.registrar: sip:pbx.example.com;transport=tcp: REGISTER over TCP "
+        "needs 'tcp' in sip.transports"
+    )
+    cfg = parse_config("[sip]\n" + reg.format("sip:pbx.example.com;transport=tcp") + ROUTE)
+    assert cfg.sip.registrations[0].registrar == "sip:pbx.example.com;transport=tcp"
 
 
 def test_contact_carries_the_external_address() -> None:

@@ -190,5 +190,5 @@ def test_a_tls_proxy_without_a_tls_listener_is_refused_by_key() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(text)
     assert info.value.errors == [
-        "sip.outbound_proxy: sips:proxy.example.com: a TLS proxy needs sip.tls_listen"
+        "sip.outbound_proxy: sips:proxy.example.com: calling out over TLS needs sip.tls_listen"
     ]

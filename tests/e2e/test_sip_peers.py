@@ -216,14 +216,18 @@ def sipp_uac_args(scenario: str, sip_port: int, service: str, **variables: int |
     return args
 
 
-def sipp_listening(port: int) -> str:
-    """ "UAS" once some process has bound UDP ``port`` (read from /proc: probing by binding
-    the port ourselves could steal it from SIPp while it starts)."""
+def sipp_listening(port: int, tcp: bool = False) -> str:
+    """ "UAS" once some process has bound UDP ``port`` (or listens on TCP ``port``; read
+    from /proc: probing by binding the port ourselves could steal it from SIPp while it
+    starts)."""
     suffix = f":{port:04X}"
-    for table in ("/proc/net/udp", "/proc/net/udp6"):
+    tables = ("/proc/net/tcp", "/proc/net/tcp6") if tcp else ("/proc/net/udp", "/proc/net/udp6")
+    for table in tables:
         with contextlib.suppress(OSError), open(table) as f:
-            if any(line.split()[1].endswith(suffix) for line in f.readlines()[1:]):
-                return "UAS"
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[1].endswith(suffix) and (not tcp or fields[3] == "0A"):  # LISTEN
+                    return "UAS"
     return ""
 
 
@@ -236,18 +240,24 @@ def sipp_uas_args(scenario: str, sip_port: int, **variables: int | str) -> list[
 
 
 async def start_sipp_uas(
-    workdir: Path, name: str, scenario: str, timeout_s: float, **variables: int | str
+    workdir: Path,
+    name: str,
+    scenario: str,
+    timeout_s: float,
+    tcp: bool = False,
+    **variables: int | str,
 ) -> tuple[int, asyncio.Future[SippResult]]:
     """SIPp as a UAS on a port free a moment ago, once it listens there (started again on
-    another port if it could not bind that one): (its port, its result to come)."""
+    another port if it could not bind that one): (its port, its result to come). ``tcp``:
+    SIPp's TCP mode (``-t t1``), one connection per peer."""
     for _attempt in range(5):
         port = free_udp_port()
-        args = sipp_uas_args(scenario, port, **variables)
+        args = sipp_uas_args(scenario, port, **variables) + (["-t", "t1"] if tcp else [])
         uas = asyncio.ensure_future(
             run_sipp(workdir, name, args, timeout_s=timeout_s, new_port_on_collision=False)
         )
         up = await wait_for(
-            lambda u=uas, p=port: u.done() or "UAS" in sipp_listening(p),  # type: ignore[misc]
+            lambda u=uas, p=port: u.done() or "UAS" in sipp_listening(p, tcp),  # type: ignore[misc]
             5.0,
         )
         if uas.done() and uas.result().port_taken:
@@ -705,18 +715,24 @@ def test_daemon_calls_out_to_a_sipp_uas(tmp_path: Path) -> None:
 
 @pytest.mark.peers
 @requires_sipp
-def test_daemon_registers_with_digest_auth_at_a_sipp_registrar(tmp_path: Path) -> None:
-    """[sip.registrations]: REGISTER, 401, REGISTER with credentials SIPp verifies, 200."""
+@pytest.mark.parametrize("transport", ["udp", "tcp"])
+def test_daemon_registers_with_digest_auth_at_a_sipp_registrar(
+    tmp_path: Path, transport: str
+) -> None:
+    """[sip.registrations]: REGISTER, 401, REGISTER with credentials SIPp verifies, 200;
+    over UDP, and over TCP (``;transport=tcp``: both REGISTERs on one connection)."""
 
     async def main() -> None:
+        tcp = transport == "tcp"
         registrar_port, registrar = await start_sipp_uas(
-            tmp_path, "registrar", "uas_register_digest.xml", 15
+            tmp_path, "registrar", "uas_register_digest.xml", 15, tcp=tcp
         )
+        param = ";transport=tcp" if tcp else ""
         routes = (
             ROUTES
             + f"""
 [sip.registrations.pbx]
-registrar = "sip:127.0.0.1:{registrar_port}"
+registrar = "sip:127.0.0.1:{registrar_port}{param}"
 user = "alice"
 password = "s3cret"
 expires_s = 120
@@ -728,8 +744,17 @@ expires_s = 120
             assert result.returncode == 0, result.explain()
             assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
             assert "SIP/2.0 401" in result.messages and "Authorization: Digest" in result.messages
-            udp = next(r for r in leg.runners if r.kind == "UDP")
-            registrations = list(udp.ua._registrations.values())
+            runner = next(r for r in leg.runners if r.kind == transport.upper())
+            registrations = list(runner.ua._registrations.values())
+            if tcp:
+                # both REGISTERs on one connection, SIPp's 200 granted the binding; SIPp
+                # closes the connection as it exits: the daemon registers again a second
+                # later (a third REGISTER), not at the refresh 60 s on
+                assert "SIP/2.0/TCP" in result.messages and "SIP/2.0 200 OK" in result.messages
+                assert runner.connections_opened == 1
+                [registration] = registrations
+                assert await wait_for(lambda: registration.cseq == 3, 5.0)
+                return
             assert await wait_for(lambda: all(r.registered for r in registrations), 2.0)
             [registration] = registrations
             assert registration.refresh_at is not None

@@ -140,12 +140,15 @@ class _UaRunner:
         self.tls = tls
         """TLS: the listener's context and the outbound ones (``bridge.io.sip_tls``)."""
         self.peer_conns: dict[tuple[str, int, str], int] = {}
-        """TLS: the one connection per peer (address, port, server name) we call out on,
-        reused by later requests (RFC 5923's spirit) and opened again once it drops."""
+        """TCP and TLS: the one connection per peer (address, port, and for TLS the server
+        name) we call out and register on, reused by later requests (RFC 5923's spirit)
+        and opened again once it drops."""
         self.conn_peers: dict[int, tuple[str, int, str]] = {}
         """The reverse of ``peer_conns``."""
         self.tls_handshakes = 0
         """Outbound TLS handshakes completed (one per peer while its connection lives)."""
+        self.connections_opened = 0
+        """Outbound TCP or TLS connections opened (one per peer while it lives)."""
 
     async def start(self, host: str, port: int) -> int:
         """Bind the listener; the port it got (port 0 binds any free one, and the engine's
@@ -213,31 +216,26 @@ class _UaRunner:
         await self._serve_stream(conn_id, reader, writer, source, gated=True)
 
     def connect(self, addr: tuple[str, int], server_name: str = "") -> int:
-        """Open a connection for an outbound call; its conn_id at once (what the
-        engine sends before it is up waits in ``pending``; if it cannot connect, the
-        call fails at once, as a 503). TCP: a connection per call. TLS: the peer's
-        connection if one is open or opening (``server_name``: the name its
+        """The connection to a peer we call or register at; its conn_id at once (what
+        the engine sends before it is up waits in ``pending``; if it cannot connect,
+        the calls waiting on it fail at once, as a 503). The peer's connection if one
+        is open or opening, over TCP and TLS alike (TLS: ``server_name`` is the name its
         certificate must carry, and SNI; empty: the address)."""
-        if self.tls is not None:
-            key = (addr[0], addr[1], server_name or addr[0])
-            conn_id = self.peer_conns.get(key, 0)
-            if conn_id and (conn_id in self.writers or conn_id in self.pending):
-                return conn_id
-            if not conn_id:
-                conn_id = self.next_conn_id
-                self.next_conn_id += 1
-                self.peer_conns[key] = conn_id
-                self.conn_peers[conn_id] = key
-            self._open(conn_id, [])
+        name = (server_name or addr[0]) if self.tls is not None else ""
+        key = (addr[0], addr[1], name)
+        conn_id = self.peer_conns.get(key, 0)
+        if conn_id and (conn_id in self.writers or conn_id in self.pending):
             return conn_id
-        conn_id = self.next_conn_id
-        self.next_conn_id += 1
-        self.pending[conn_id] = []
-        self.leg.services.spawn(self._connect(conn_id, addr))
+        if not conn_id:
+            conn_id = self.next_conn_id
+            self.next_conn_id += 1
+            self.peer_conns[key] = conn_id
+            self.conn_peers[conn_id] = key
+        self._open(conn_id, [])
         return conn_id
 
     def _open(self, conn_id: int, queued: list[bytes]) -> None:
-        """(Re)open the pooled TLS connection ``conn_id`` with ``queued`` to send on it."""
+        """(Re)open the peer's connection ``conn_id`` with ``queued`` to send on it."""
         host, port, name = self.conn_peers[conn_id]
         self.pending[conn_id] = queued
         self.leg.services.spawn(self._connect(conn_id, (host, port), name))
@@ -255,6 +253,7 @@ class _UaRunner:
                 self.tls_handshakes += 1
             else:
                 reader, writer = await asyncio.open_connection(addr[0], addr[1])
+            self.connections_opened += 1
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             self.pending.pop(conn_id, None)
             log.info("sip.connect_failed", host=addr[0], port=addr[1], error=str(exc))
@@ -285,9 +284,11 @@ class _UaRunner:
         try:
             while True:
                 now = self.loop.time()
-                if last_complete is None or self.ua.stream_partial_bytes(conn_id):
+                # our own connections (calls out, registrations) are ours to keep: only a
+                # message left incomplete times them out, never idleness
+                if self.ua.stream_partial_bytes(conn_id) or (gated and last_complete is None):
                     deadline: float | None = started + limits.header_timeout_s
-                elif limits.idle_timeout_s > 0:
+                elif gated and last_complete is not None and limits.idle_timeout_s > 0:
                     deadline = last_complete + limits.idle_timeout_s
                 else:
                     deadline = None
@@ -321,6 +322,8 @@ class _UaRunner:
                 self.gate.release(source[0])
             self.writers.pop(conn_id, None)
             self.ua.connection_lost(conn_id)
+            if conn_id in self.conn_peers:  # ours: its calls and registrations learn of it
+                self.ua.connection_failed(conn_id, self.loop.time())
             self.pump()
             writer.close()
 
@@ -363,8 +366,15 @@ class _UaRunner:
                 writer.write(action.data)
             elif action.conn_id in self.pending:  # an outbound connection still opening
                 self.pending[action.conn_id].append(action.data)
-            elif action.conn_id in self.conn_peers:  # a peer's TLS connection dropped
+            elif action.conn_id in self.conn_peers:  # a peer's connection dropped
                 self._open(action.conn_id, [action.data])
+            elif action.reopen_to is not None:  # a caller's connection dropped: its Contact
+                conn_id = self.connect(action.reopen_to, action.reopen_to[0])
+                writer = self.writers.get(conn_id)
+                if writer is not None:
+                    writer.write(action.data)
+                else:
+                    self.pending.setdefault(conn_id, []).append(action.data)
         elif isinstance(action, CloseStream):
             writer = self.writers.pop(action.conn_id, None)
             if writer is not None:
@@ -543,21 +553,28 @@ class SipLeg:
             runner.gate.limits = self.services.config.sip.limits
 
     def _register_all(self) -> None:
-        """Keep a binding at every ``[sip.registrations]`` registrar (refreshed by the engine)."""
-        ua = next((r for r in self.runners if r.kind == "UDP"), None)
+        """Keep a binding at every ``[sip.registrations]`` registrar (refreshed by the
+        engine), over its transport: UDP, or the registrar's TCP or TLS connection
+        (``_UaRunner.connect``: shared with calls to it, opened again when it drops)."""
         for reg in self.services.config.sip.registrations:
-            dest = _uri_hostport(reg.registrar)
-            if ua is None or dest is None:
+            try:
+                target = outbound_target(reg.registrar)
+            except TargetError:
+                target = None
+            ua = next((r for r in self.runners if target and r.kind == target.transport), None)
+            if ua is None or target is None:
                 log.error("sip.register_impossible", registration=reg.name)
                 continue
-            host = dest[0]
+            dest = (target.host, target.port)
+            conn_id = ua.connect(dest, target.host) if ua.kind != "UDP" else None
             ua.ua.register(
                 dest,
                 reg.registrar,
-                f"sip:{reg.user}@{host}",
+                f"sip:{reg.user}@{target.host}",
                 ua.loop.time(),
                 credentials=(reg.user, reg.password),
                 expires_s=reg.expires_s,
+                conn_id=conn_id,
             )
             ua.pump()
             log.info("sip.registering", registration=reg.name, registrar=reg.registrar)
