@@ -70,7 +70,8 @@ from bridge.sip.sdp import (
     negotiate,
     parse_sdp,
 )
-from bridge.sip.settings import SipAuthUser, SipSecurity, SipSettings
+from bridge.sip.settings import SipAuthUser, SipSecurity, SipSettings, TrunkConfig
+from bridge.sip.trunks import TrunkLimited, TrunkLimiter, choose_trunk
 from bridge.sip.ua import SipUserAgent
 from bridge.sip.uri import OutboundTarget, TargetError, outbound_target, parse_uri
 
@@ -449,6 +450,10 @@ class SipLeg:
         """Outbound calls not answered yet: route, From, To and the next hop's host."""
         self.offered_keys: dict[str, tuple[SdesCrypto, ...]] = {}
         """Outbound calls not answered yet that offered SRTP: the keys they offered."""
+        self.call_trunks: dict[str, TrunkConfig] = {}
+        """The calls through a ``[trunks]`` entry (out, and in from its sources)."""
+        self.trunk_limits: dict[str, TrunkLimiter] = {}
+        """Each trunk's concurrent calls and call-out rate (``bridge.sip.trunks``)."""
 
     def _settings(self, host: str, port: int, transport: str) -> SipSettings:
         cfg = self.services.config.sip
@@ -485,7 +490,7 @@ class SipLeg:
         if cfg.tls_listen:
             tls = (
                 server_context(cfg.tls_certificate_file, cfg.tls_key_file),
-                ClientContexts(cfg.security),
+                _TrunkContexts(cfg.security, self.services.config.trunks),
             )
         for listen in cfg.tls_listen:
             host, port = split_hostport(listen)
@@ -536,7 +541,13 @@ class SipLeg:
     def _register_all(self) -> None:
         """Keep a binding at every ``[sip.registrations]`` registrar (refreshed by the engine)."""
         ua = next((r for r in self.runners if r.kind == "UDP"), None)
-        for reg in self.services.config.sip.registrations:
+        cfg = self.services.config
+        trunks = tuple(
+            SipRegistration(f"trunks.{t.name}", t.registrar, t.user, t.password)
+            for t in cfg.trunks
+            if t.registrar
+        )
+        for reg in cfg.sip.registrations + trunks:
             dest = _uri_hostport(reg.registrar)
             if ua is None or dest is None:
                 log.error("sip.register_impossible", registration=reg.name)
@@ -762,7 +773,12 @@ class SipLeg:
     # ---------------------------------------------------------- outbound
 
     def originate(
-        self, to_uri: str, from_uri: str, route_key: str, resolved: dict[str, str] | None = None
+        self,
+        to_uri: str,
+        from_uri: str,
+        route_key: str,
+        resolved: dict[str, str] | None = None,
+        trunk: str = "",
     ) -> str:
         """Place a call to ``to_uri`` (``sip:`` or ``tel:+E164``); returns its Call-ID
         (answered later). Over UDP, or TCP when the next hop says ``transport=tcp``,
@@ -775,24 +791,36 @@ class SipLeg:
         API looks it up first, so its caller hears of a name that does not
         resolve); without one the name is resolved as the INVITE leaves.
 
+        ``trunk`` names a ``[trunks]`` entry (a ``tel:`` target without one takes the only
+        trunk): its proxy, transport, credentials, caller ID (``from_uri`` empty), codecs,
+        SRTP and limits apply instead of ``[sip]``'s.
+
         Raises:
-            TargetError: the target cannot be called (not a global number, ...).
+            TargetError: the target cannot be called (not a global number, ...);
+                ``TrunkError`` for the trunk's name.
+            TrunkLimited: the trunk's ``max_calls`` or ``calls_per_second`` refuses it.
             ValueError: no route, no transport of that kind, or no RTP port.
         """
         cfg = self.services.call_config()
-        registrar = cfg.sip.registrations[0].registrar if cfg.sip.registrations else None
-        target = outbound_target(
-            to_uri, cfg.sip.outbound_proxy or None, cfg.sip.outbound_proxy or registrar
-        )
+        chosen = choose_trunk(cfg.trunks, trunk, to_uri)
+        if chosen is not None:
+            proxy, security, codecs = chosen.next_hop, chosen.security, chosen.codecs
+            target = outbound_target(to_uri, proxy, proxy)
+            from_uri = from_uri or _caller_id(chosen, target.host)
+        else:
+            registrar = cfg.sip.registrations[0].registrar if cfg.sip.registrations else None
+            proxy, security, codecs = cfg.sip.outbound_proxy, cfg.sip.security, cfg.sip.codecs
+            target = outbound_target(to_uri, proxy or None, proxy or registrar)
+            from_uri = from_uri or "sip:callbridge@localhost"
         route = cfg.route_for(route_key or _route_key(target.request_uri))
         if route is None:
             raise ValueError("no route matches")
-        security = cfg.sip.security
         if security.srtp == "require" and target.transport != "TLS":
             raise TargetError(
                 f"{to_uri}: sip.srtp is 'require' and SDES keys travel only over TLS "
                 "(call a sips: or ;transport=tls target)"
             )
+        limiter = self._trunk_limiter(chosen) if chosen is not None else None
         ua = next((r for r in self.runners if r.kind == target.transport), None)
         if ua is None:
             raise ValueError(
@@ -801,6 +829,8 @@ class SipLeg:
         dest = (target.host, target.port)
         if resolved and dest[0] in resolved:
             dest = (resolved[dest[0]], dest[1])
+        if limiter is not None and (refusal := limiter.admit(ua.loop.time())) is not None:
+            raise TrunkLimited(refusal)
         host = ua.ua.settings.local_host
         key = f"out-{os.urandom(6).hex()}"
         bound = self._bind(ua, key, host)
@@ -814,12 +844,16 @@ class SipLeg:
             call.rtp_port,
             1,
             1,
-            cfg.sip.codecs,
+            codecs,
             crypto=keys,
             proto="RTP/SAVP" if keys and security.srtp == "require" else "RTP/AVP",
         )
-        credentials = _credentials_for(cfg.sip.registrations, target)
-        headers = (("Route", f"<{cfg.sip.outbound_proxy};lr>"),) if target.via_proxy else ()
+        credentials = (
+            _credentials_for(cfg.sip.registrations, target)
+            if chosen is None
+            else _trunk_credentials(chosen)
+        )
+        headers = (("Route", f"<{proxy};lr>"),) if target.via_proxy else ()
         conn_id = ua.connect(dest, target.host) if target.transport != "UDP" else None
         call_id = ua.ua.invite(
             target.request_uri,
@@ -830,9 +864,13 @@ class SipLeg:
             credentials=credentials,
             headers=headers,
             conn_id=conn_id,
+            from_display=chosen.caller_name if chosen is not None else "",
         )
         call.call_id, call.outbound = call_id, True
         self.calls[call_id] = call
+        if chosen is not None and limiter is not None:
+            self.call_trunks[call_id] = chosen
+            limiter.started(call_id)
         self.pending_routes[call_id] = (route, from_uri, to_uri, dest[0])
         if keys:
             self.offered_keys[call_id] = keys
@@ -845,13 +883,17 @@ class SipLeg:
         offered = self.offered_keys.pop(event.call_id, ())
         if call is None or pending is None:
             return
-        audio = negotiate(parse_sdp(event.answer_sdp), self.services.config.sip.codecs)
+        trunk = self.call_trunks.get(event.call_id)
+        sip = self.services.config.sip
+        codecs = trunk.codecs if trunk is not None else sip.codecs
+        srtp_mode = trunk.srtp if trunk is not None else sip.security.srtp
+        audio = negotiate(parse_sdp(event.answer_sdp), codecs)
         if audio is None:
             call.hangup("no_codec")
             self._release(call)
             return
         srtp = _answered_srtp(offered, audio)
-        if srtp is None and (self.services.config.sip.security.srtp == "require" or audio.crypto):
+        if srtp is None and (srtp_mode == "require" or audio.crypto):
             # required and not answered, or answered with a key for nothing we offered
             log.info("sip.srtp_not_answered", call_id=event.call_id)
             call.hangup("srtp_mismatch")
@@ -902,7 +944,22 @@ class SipLeg:
         self._release(call)
         call.drop_cycles()
 
+    def _trunk_limiter(self, trunk: TrunkConfig) -> TrunkLimiter:
+        """The trunk's limiter (a new one, keeping its calls, when a reload changed them)."""
+        limiter = self.trunk_limits.get(trunk.name)
+        if limiter is None or (limiter.max_calls, limiter.rate) != (
+            trunk.max_calls,
+            trunk.calls_per_second,
+        ):
+            fresh = TrunkLimiter(trunk.name, trunk.max_calls, trunk.calls_per_second)
+            fresh.calls = limiter.calls if limiter is not None else set()
+            self.trunk_limits[trunk.name] = limiter = fresh
+        return limiter
+
     def _release(self, call: _SipCall) -> None:
+        trunk = self.call_trunks.pop(call.call_id, None)
+        if trunk is not None and trunk.name in self.trunk_limits:
+            self.trunk_limits[trunk.name].ended(call.call_id)
         if self.calls.pop(call.call_id, None) is not None:
             lost = call.rtp.reception_stats().lost
             if lost > 0:
@@ -918,6 +975,24 @@ def _uri_hostport(uri: str) -> tuple[str, int] | None:
     if m is None or int(m.group(2) or 5060) > 65535:
         return None
     return m.group(1).strip("[]"), int(m.group(2) or 5060)
+
+
+class _TrunkContexts(ClientContexts):
+    """``[sip]``'s outbound TLS contexts, and each TLS trunk's own for its proxy's host
+    (its ``tls_ca_file``, or no verification with ``tls_verify = false``)."""
+
+    def __init__(self, security: SipSecurity, trunks: tuple[TrunkConfig, ...]) -> None:
+        super().__init__(security)
+        self.by_host: dict[str, ClientContexts] = {}
+        for t in trunks:
+            if t.transport == "tls":
+                with contextlib.suppress(TargetError):
+                    host = outbound_target(t.next_hop).host.lower()
+                    self.by_host.setdefault(host, ClientContexts(t.security))
+
+    def for_host(self, host: str) -> ssl.SSLContext:
+        trunk = self.by_host.get(host.lower().strip("[]"))
+        return trunk.for_host(host) if trunk is not None else super().for_host(host)
 
 
 def _offered_keys(security: SipSecurity) -> tuple[SdesCrypto, ...]:
@@ -938,6 +1013,17 @@ def _answered_srtp(offered: tuple[SdesCrypto, ...], audio: NegotiatedAudio) -> S
             if (ours.tag, ours.suite) == (theirs.tag, theirs.suite):
                 return SrtpContext(ours, theirs)
     return None
+
+
+def _caller_id(trunk: TrunkConfig, host: str) -> str:
+    """The From URI a trunk presents: its ``caller_id`` (or ``callbridge``) at its host."""
+    return f"sip:{trunk.caller_id or 'callbridge'}@{host}"
+
+
+def _trunk_credentials(trunk: TrunkConfig) -> DigestCredentials | None:
+    if not (trunk.user and trunk.password):
+        return None
+    return DigestCredentials(trunk.user, trunk.password, trunk.realm or None)
 
 
 def _latching(mode: str) -> LatchingMode:
