@@ -1,0 +1,134 @@
+"""Calls through a ``[trunks.NAME]`` entry with the real daemon (issue 34).
+
+The carrier is a UDP socket of this test (bound to port 0) that answers the way a
+carrier does: it challenges the INVITE, checks the answer, the From it presents and
+the codecs it offers. Every wait is for an event, bounded by a timeout scaled by the
+suite's time factor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from bridge.io.legs.sip import SipLeg
+from bridge.sip.digest import AuthResult, DigestVerifier
+from bridge.sip.message import build_response
+from bridge.sip.sdp import parse_sdp
+from bridge.sip.trunks import TrunkError, TrunkLimited
+
+from .harness import FACTOR, stack
+from .test_sip_outbound_targets import ROUTES, UdpPeer, sip_leg
+
+WAIT_S = 5.0 * FACTOR
+
+
+def post(port: int, body: dict[str, str]) -> tuple[int, dict[str, object], dict[str, str]]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/calls",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=WAIT_S) as resp:
+            return resp.status, json.loads(resp.read()), dict(resp.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), dict(e.headers)
+
+
+async def wait_released(leg: SipLeg, call_id: str) -> None:
+    for _ in range(int(WAIT_S / 0.01)):
+        if call_id not in leg.calls:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{call_id} still up")
+
+
+@pytest.mark.parametrize("status", [401, 407])
+def test_tel_call_through_the_only_trunk_answers_its_challenge_as_the_trunk(status: int) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        _, carrier = await loop.create_datagram_endpoint(UdpPeer, local_addr=("127.0.0.1", 0))
+        assert carrier.transport is not None
+        verifier = DigestVerifier("carrier.test", b"k", {"acct": "s3cret"}, algorithms=("SHA-256",))
+        trunk = f"""
+[trunks.carrier]
+outbound_proxy = "sip:127.0.0.1:{carrier.port}"
+user = "acct"
+password = "s3cret"
+caller_id = "+15550001111"
+caller_name = "Acme IVR"
+codecs = ["PCMA"]
+max_calls = 1
+calls_per_second = 0.001
+"""
+        async with stack(ROUTES + trunk) as st:
+            leg = sip_leg(st.daemon)
+            assert st.daemon.api is not None
+            api_port = st.daemon.api.port
+            code, body, _ = await asyncio.to_thread(post, api_port, {"to": "tel:+1-555-123-0000"})
+            assert code == 201, body
+            call_id = str(body["call_id"])
+            invite, addr = await carrier.next()
+            assert invite.method == "INVITE" and invite.call_id == call_id
+            assert invite.uri == f"sip:+15551230000@127.0.0.1:{carrier.port};user=phone"
+            assert invite.get("route") == f"<sip:127.0.0.1:{carrier.port};lr>"
+            assert invite.from_().display_name == "Acme IVR"
+            assert str(invite.from_().uri) == "sip:+15550001111@127.0.0.1"
+            assert (invite.get("via") or "").startswith("SIP/2.0/UDP ")
+            (audio,) = parse_sdp(invite.body.decode()).media
+            assert audio.formats == ("8", "101")  # the trunk's codecs: PCMA, no PCMU
+            assert {name for pt, name, _ in audio.rtpmap if pt == 101} == {"telephone-event"}
+            # the carrier challenges (as a proxy with 407, or as the callee with 401)
+            name = "Proxy-Authenticate" if status == 407 else "WWW-Authenticate"
+            challenge = build_response(invite, status, "Authenticate", "c1")
+            for value in verifier.challenges(loop.time()):
+                challenge.add(name, value)
+            carrier.transport.sendto(challenge.to_bytes(), addr)
+            ack, _ = await carrier.next()
+            assert (ack.method, ack.cseq().number) == ("ACK", 1)
+            retry, addr = await carrier.next()
+            assert (retry.method, retry.cseq().number, retry.call_id) == ("INVITE", 2, call_id)
+            answer = retry.get("proxy-authorization" if status == 407 else "authorization")
+            assert answer is not None and 'username="acct"' in answer
+            assert "algorithm=SHA-256" in answer and "qop=auth" in answer
+            assert verifier.verify(answer, "INVITE", loop.time()) == AuthResult.OK
+            # while it rings the trunk is full (max_calls = 1): refused before anything is sent
+            with pytest.raises(TrunkLimited, match="max_calls = 1"):
+                leg.originate("tel:+15551230001", "", "")
+            # the same challenge again: the answer was refused; the call fails, no loop
+            again = build_response(retry, status, "Authenticate", "c1")
+            for value in verifier.challenges(loop.time()):
+                again.add(name, value)
+            carrier.transport.sendto(again.to_bytes(), addr)
+            ack, _ = await carrier.next()
+            assert (ack.method, ack.cseq().number) == ("ACK", 2)
+            await wait_released(leg, call_id)
+            assert leg.trunk_limits["carrier"].active == 0
+            assert carrier.requests.empty()  # no third INVITE
+            # the rate (0.001/s) is spent: refused at once with the seconds to wait
+            code, body, headers = await asyncio.to_thread(
+                post, api_port, {"to": "tel:+15551230002", "trunk": "carrier"}
+            )
+            assert code == 429, body
+            assert body["error"] == {
+                "code": "trunk_rate_limited",
+                "message": body["error"]["message"],  # type: ignore[index]
+                "field": "trunk",
+            }
+            assert int(headers["Retry-After"]) >= 900
+            code, body, _ = await asyncio.to_thread(
+                post, api_port, {"to": "sip:a@127.0.0.1", "trunk": "x"}
+            )
+            assert code == 422 and body["error"]["field"] == "trunk", body  # type: ignore[index]
+            with pytest.raises(TrunkError, match="no trunk 'x'"):
+                leg.originate("tel:+15551230000", "", "", trunk="x")
+            assert leg.ports.allocated_count == 0
+        carrier.transport.close()
+
+    asyncio.run(main())
