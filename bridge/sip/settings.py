@@ -171,6 +171,9 @@ class SipSettings:
     """SDP codec preference order."""
     security: SipSecurity = field(default_factory=SipSecurity)
     """SRTP mode and TLS peer verification (``SipSecurity``)."""
+    trunks: tuple[TrunkConfig, ...] = ()
+    """``[trunks]``: an INVITE from a trunk's ``sources`` (or answering as a ``digest``
+    trunk's user) gets its ``inbound_auth``, codecs and SRTP mode."""
 
 
 # ------------------------------------------------------------ [sip] in the config

@@ -1,11 +1,19 @@
-"""The trunk choice and each trunk's limits (``bridge.sip.trunks``), time passed in."""
+"""The trunk choice and each trunk's limits (``bridge.sip.trunks``), time passed in, and
+the user agent's view of inbound trunk calls (authentication, codecs, the trunk named)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from bridge.sip.settings import TrunkConfig
+from bridge.engine import SendDatagram
+from bridge.sip.digest import authorization, choose_challenge
+from bridge.sip.events import CallOffered
+from bridge.sip.message import SipResponse, parse_message
+from bridge.sip.settings import SipAuthUser, SipSettings, TrunkConfig
 from bridge.sip.trunks import TrunkError, TrunkLimiter, choose_trunk, inbound_trunk
+from bridge.sip.ua import SipUserAgent
 
 
 def trunk(name: str, *sources: str) -> TrunkConfig:
@@ -93,3 +101,135 @@ def test_the_rate_applies_to_calls_out_only_and_a_refusal_takes_no_place() -> No
     assert limiter.admit(0.0, outbound=False) is None  # inbound: no token taken
     assert limiter.admit(0.0) is None  # the token is still there
     assert limiter.active == 0  # admit() alone holds no place: started() does
+
+
+# ------------------------------------------------ inbound: the user agent engine
+
+CARRIER = ("192.0.2.10", 5070)
+ELSEWHERE = ("203.0.113.9", 5070)
+B_URI = "sip:bot@127.0.0.1:5060"
+OFFER = (
+    "v=0\r\no=- 1 1 IN IP4 192.0.2.10\r\ns=-\r\nc=IN IP4 192.0.2.10\r\nt=0 0\r\n"
+    "m=audio 40000 RTP/AVP 0 101\r\na=rtpmap:101 telephone-event/8000\r\n"
+)
+
+
+def invite(call_id: str, source: tuple[str, int], extra: str = "", sdp: str = "") -> bytes:
+    host, port = source
+    return (
+        f"INVITE {B_URI} SIP/2.0\r\n"
+        f"Via: SIP/2.0/UDP {host}:{port};branch=z9hG4bK{call_id};rport\r\n"
+        "Max-Forwards: 70\r\n"
+        f"From: <sip:carrier@{host}>;tag=f{call_id}\r\n"
+        f"To: <{B_URI}>\r\nCall-ID: {call_id}\r\nCSeq: 1 INVITE\r\n"
+        f"Contact: <sip:carrier@{host}:{port}>\r\n{extra}"
+        + ("Content-Type: application/sdp\r\n" if sdp else "")
+        + f"Content-Length: {len(sdp)}\r\n\r\n{sdp}"
+    ).encode()
+
+
+def statuses(ua: SipUserAgent) -> list[SipResponse]:
+    out = []
+    for action in ua.actions_to_send():
+        assert isinstance(action, SendDatagram)
+        message = parse_message(action.data)
+        assert isinstance(message, SipResponse)
+        out.append(message)
+    return out
+
+
+def offered(ua: SipUserAgent) -> list[str]:
+    """The trunk of each call offered since the last look."""
+    return [e.trunk for e in ua.events_received() if isinstance(e, CallOffered)]
+
+
+def agent(*trunks: TrunkConfig, users: tuple[SipAuthUser, ...] = ()) -> SipUserAgent:
+    settings = SipSettings(
+        local_host="127.0.0.1",
+        session_expires_s=0,
+        auth_users=users,
+        auth_secret=b"k" * 32,
+        trunks=trunks,
+    )
+    return SipUserAgent(settings, random.Random(3))
+
+
+def answered(ua: SipUserAgent, call_id: str, source: tuple[str, int], user: str, pw: str) -> None:
+    """Send an INVITE, take its 401, send it again answering as ``user`` (a second later:
+    each call its own nonce)."""
+    now = float(int(call_id[1:]) * 2)
+    ua.receive_datagram(invite(f"{call_id}-0", source), source, now)
+    (challenge,) = statuses(ua)
+    assert challenge.status == 401
+    found = choose_challenge(challenge.get_lines("www-authenticate"))
+    assert found is not None
+    header = authorization(
+        found, username=user, password=pw, method="INVITE", uri=B_URI, cnonce="cn", nc=1
+    )
+    ua.receive_datagram(invite(call_id, source, f"Authorization: {header}\r\n"), source, now + 1)
+
+
+IP_TRUNK = TrunkConfig("ip", "sip:carrier.example", sources=("192.0.2.0/24",))
+SIP_USERS = (SipAuthUser("alice", "alice-pw"),)
+
+
+def test_a_source_trunk_call_is_not_challenged_and_is_the_trunks() -> None:
+    ua = agent(IP_TRUNK, users=SIP_USERS)
+    ua.receive_datagram(invite("c1", CARRIER), CARRIER, 0.0)
+    assert [r.status for r in statuses(ua)] == [100]
+    assert offered(ua) == ["ip"]
+    ua.receive_datagram(invite("c2", ELSEWHERE), ELSEWHERE, 0.0)  # [sip.auth] still applies
+    assert [r.status for r in statuses(ua)] == [401]
+    assert offered(ua) == []
+
+
+def test_without_trunks_or_auth_calls_are_offered_without_a_trunk() -> None:
+    ua = agent(IP_TRUNK)
+    ua.receive_datagram(invite("c1", ELSEWHERE), ELSEWHERE, 0.0)
+    assert [r.status for r in statuses(ua)] == [100]
+    assert offered(ua) == [""]
+
+
+BOTH = TrunkConfig(
+    "both", "sip:c.example", user="tr", password="tr-pw", sources=("192.0.2.0/24",),
+    inbound_auth="both",
+)  # fmt: skip
+DIGEST = TrunkConfig("dig", "sip:d.example", user="dg", password="dg-pw", inbound_auth="digest")
+
+
+def test_both_needs_the_source_and_the_trunks_digest() -> None:
+    ua = agent(BOTH, users=SIP_USERS)
+    ua.receive_datagram(invite("c0", CARRIER), CARRIER, 0.0)
+    assert [r.status for r in statuses(ua)] == [401]  # from its source, but no answer
+    answered(ua, "c1", CARRIER, "tr", "tr-pw")
+    assert [r.status for r in statuses(ua)] == [100]
+    assert offered(ua) == ["both"]
+    answered(ua, "c2", CARRIER, "alice", "alice-pw")  # from its source as someone else
+    assert [r.status for r in statuses(ua)] == [403]
+    answered(ua, "c3", ELSEWHERE, "tr", "tr-pw")  # its user from elsewhere
+    assert [r.status for r in statuses(ua)] == [403]
+    answered(ua, "c4", ELSEWHERE, "alice", "alice-pw")  # [sip.auth]'s user: not a trunk call
+    assert [r.status for r in statuses(ua)] == [100]
+    assert offered(ua) == [""]
+
+
+def test_digest_trunk_calls_answer_as_its_user_from_anywhere() -> None:
+    ua = agent(DIGEST)  # its user alone turns digest on
+    ua.receive_datagram(invite("c0", ELSEWHERE), ELSEWHERE, 0.0)
+    assert [r.status for r in statuses(ua)] == [401]
+    answered(ua, "c1", ELSEWHERE, "dg", "dg-pw")
+    assert [r.status for r in statuses(ua)] == [100]
+    assert offered(ua) == ["dig"]
+    answered(ua, "c2", CARRIER, "dg", "wrong")
+    assert [r.status for r in statuses(ua)] == [401]
+    assert offered(ua) == []
+
+
+def test_a_trunks_codecs_apply_to_its_calls_only() -> None:
+    pcma_only = TrunkConfig("a", "sip:c.example", sources=("192.0.2.0/24",), codecs=("PCMA",))
+    ua = agent(pcma_only)
+    ua.receive_datagram(invite("c1", CARRIER, sdp=OFFER), CARRIER, 0.0)  # PCMU offered
+    assert [r.status for r in statuses(ua)] == [488]
+    ua.receive_datagram(invite("c2", ELSEWHERE, sdp=OFFER), ELSEWHERE, 0.0)
+    assert [r.status for r in statuses(ua)] == [100]
+    assert offered(ua) == [""]

@@ -472,6 +472,7 @@ class SipLeg:
             max_calls=cfg.max_calls,
             session_expires_s=cfg.session_expires_s,
             codecs=cfg.codecs,
+            trunks=self.services.config.trunks,
         )
 
     async def start(self) -> None:
@@ -690,13 +691,19 @@ class SipLeg:
         cfg = self.services.call_config()
         route = cfg.route_for(_route_key(event.request_uri))
         reject: tuple[int, str, str] | None = None
-        audio = negotiate(parse_sdp(event.offer_sdp), cfg.sip.codecs) if event.offer_sdp else None
+        trunk = next((t for t in cfg.trunks if t.name == event.trunk), None)
+        codecs = trunk.codecs if trunk is not None else cfg.sip.codecs
+        srtp_mode = trunk.srtp if trunk is not None else cfg.sip.security.srtp
+        limiter = self._trunk_limiter(trunk) if trunk is not None else None
+        audio = negotiate(parse_sdp(event.offer_sdp), codecs) if event.offer_sdp else None
         if route is None:
             reject = (404, "Not Found", "no_route")
         elif audio is None:
             reject = (488, "Not Acceptable Here", "no_codec")
         elif self.active_calls() >= cfg.sip.max_calls:
             reject = (503, "Service Unavailable", "max_calls")
+        elif limiter is not None and limiter.admit(loop.time(), outbound=False) is not None:
+            reject = (503, "Service Unavailable", "max_calls")  # the trunk's
         elif self.services.ticker.overloaded(cfg.daemon.max_loop_lag_ms / 1000):
             reject = (503, "Service Unavailable", "overloaded")  # protect the calls in progress
             log.warning("sip.overloaded", lag_ms=round(self.services.ticker.lag_s * 1000, 2))
@@ -726,12 +733,15 @@ class SipLeg:
         # SRTP when offered over TLS and not off (the engine refused every other
         # combination with 488, sdp.srtp_refusal): our own key for the offered suite
         local = remote = None
-        if audio.crypto and cfg.sip.security.srtp != "off" and ua.kind == "TLS":
+        if audio.crypto and srtp_mode != "off" and ua.kind == "TLS":
             local = choose_crypto(audio.crypto, secrets.token_bytes)
             remote = next((c for c in audio.crypto if local and c.tag == local.tag), None)
         srtp = SrtpContext(local, remote) if local and remote else None
         call.start_media(audio, event.source[0], _latching(cfg.sip.latching), srtp)
         self.calls[event.call_id] = call
+        if trunk is not None and limiter is not None:
+            self.call_trunks[event.call_id] = trunk
+            limiter.started(event.call_id)
         rtp_host = cfg.sip.external_address or host
         offer = parse_sdp(event.offer_sdp)
         answer = build_answer(
@@ -756,7 +766,14 @@ class SipLeg:
     def _run_call(self, call: _SipCall, route: RouteConfig, from_uri: str, to_uri: str) -> None:
         bind_call(call.call_id)
         profile = LegProfile(kind="sip", codec=call.codec, heard_from="frames")  # type: ignore[arg-type]
-        started = cmd.CallStarted(call_id=call.call_id, leg="sip", from_=from_uri, to=to_uri)
+        trunk = self.call_trunks.get(call.call_id)
+        started = cmd.CallStarted(
+            call_id=call.call_id,
+            leg="sip",
+            from_=from_uri,
+            to=to_uri,
+            custom_parameters={"trunk": trunk.name} if trunk is not None else {},
+        )
         runner = CallRunner(
             self.services,
             call.call_id,
