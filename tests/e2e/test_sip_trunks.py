@@ -15,13 +15,15 @@ import urllib.request
 
 import pytest
 
+from bridge.control.report import build_report
+from bridge.io.caller import CallerOptions, place_call
 from bridge.io.legs.sip import SipLeg
 from bridge.sip.digest import AuthResult, DigestVerifier
 from bridge.sip.message import build_response
 from bridge.sip.sdp import parse_sdp
 from bridge.sip.trunks import TrunkError, TrunkLimited
 
-from .harness import FACTOR, stack
+from .harness import FACTOR, AppServer, app_route, stack
 from .test_sip_outbound_targets import ROUTES, UdpPeer, sip_leg
 
 WAIT_S = 5.0 * FACTOR
@@ -132,3 +134,36 @@ calls_per_second = 0.001
         carrier.transport.close()
 
     asyncio.run(main())
+
+
+def test_an_inbound_call_from_a_trunks_sources_is_its_own_and_the_app_sees_which() -> None:
+    """`callbridge call` from 127.0.0.1 is the trunk's (no digest asked, though `[sip.auth]`
+    has a user); the application's `call.started` names the trunk."""
+
+    async def main() -> None:
+        async with AppServer() as app:
+            app.on_started = [{"type": "say", "turn_id": "g", "text": "Hi.", "final": True}]
+            trunk = """
+[sip.auth.users]
+alice = "alice-pw"
+
+[trunks.pbx]
+outbound_proxy = "sip:127.0.0.1:5999"
+sources = ["127.0.0.0/8"]
+codecs = ["PCMU"]
+max_calls = 1
+"""
+            async with stack(app_route(app.url) + trunk) as st:
+                opts = CallerOptions(target=f"sip:demo@127.0.0.1:{st.sip_port}", duration_s=1.0)
+                result = await place_call(opts)
+                assert build_report(result.recording).answered
+                started = await app.wait_for("call.started")
+                assert started["custom_parameters"] == {"trunk": "pbx"}
+                limiter = sip_leg(st.daemon).trunk_limits["pbx"]
+                for _ in range(int(WAIT_S / 0.01)):  # released with the call
+                    if limiter.active == 0:
+                        break
+                    await asyncio.sleep(0.01)
+                assert limiter.active == 0
+
+    asyncio.run(asyncio.wait_for(main(), 60 * FACTOR))
