@@ -12,6 +12,7 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,15 @@ from bridge.sip.trunks import TrunkError, TrunkLimited
 
 from .harness import FACTOR, AppServer, app_route, stack
 from .test_sip_outbound_targets import ROUTES, UdpPeer, sip_leg
+from .test_sip_peers import ROUTES as PEER_ROUTES
+from .test_sip_peers import (
+    RtpPhone,
+    _rtp_range,
+    free_udp_port,
+    requires_sipp,
+    start_sipp_uas,
+    wait_for,
+)
 
 WAIT_S = 5.0 * FACTOR
 
@@ -167,3 +177,44 @@ max_calls = 1
                 assert limiter.active == 0
 
     asyncio.run(asyncio.wait_for(main(), 60 * FACTOR))
+
+
+@pytest.mark.peers
+@requires_sipp
+def test_sipp_carrier_challenges_the_trunks_call_and_gets_its_caller_id_and_codec(
+    tmp_path: Path,
+) -> None:
+    """SIPp as the carrier (`uas_trunk_digest.xml`): the tel: call through the trunk comes
+    with its caller ID, the Route, PCMA alone; 401 is answered with credentials SIPp's
+    verifyauth accepts; the answered call's RTP is PCMA; the flow hangs up."""
+
+    async def main() -> None:
+        phone = await RtpPhone().open(free_udp_port(odd=False))
+        try:
+            port, carrier = await start_sipp_uas(
+                tmp_path, "carrier", "uas_trunk_digest.xml", 20, rtp_port=phone.port
+            )
+            trunk = f"""
+[trunks.carrier]
+outbound_proxy = "sip:127.0.0.1:{port}"
+user = "acct"
+password = "s3cret"
+caller_id = "+15550001111"
+caller_name = "Acme IVR"
+codecs = ["PCMA"]
+"""
+            async with stack(PEER_ROUTES + trunk, rtp=_rtp_range()) as st:
+                leg = sip_leg(st.daemon)
+                call_id = leg.originate("tel:+15551230000", "", "announce")
+                assert call_id in leg.calls
+                result = await carrier
+                assert result.returncode == 0, result.explain()
+                assert (result.successful_calls, result.failed_calls) == (1, 0), result.explain()
+                assert "Authorization: Digest" in result.messages
+                assert await wait_for(lambda: leg.ports.allocated_count == 0, 2.0)
+        finally:
+            phone.close()
+        kinds = {p.pt for p in phone.received}
+        assert kinds and kinds <= {8, 101}, kinds  # the trunk's codec, nothing else
+
+    asyncio.run(main())
