@@ -35,6 +35,9 @@ from .test_sip_peers import (
     start_sipp_uas,
     wait_for,
 )
+from .test_sip_tls import TlsUas, tls_extra
+from .test_sip_tls import wait_for as tls_wait_for
+from .tlscerts import make_ca_and_leaf
 
 WAIT_S = 5.0 * FACTOR
 
@@ -218,3 +221,49 @@ codecs = ["PCMA"]
         assert kinds and kinds <= {8, 101}, kinds  # the trunk's codec, nothing else
 
     asyncio.run(main())
+
+
+def test_a_tls_trunk_verifies_with_its_own_ca_or_opts_out_and_requires_srtp(
+    tmp_path: Path,
+) -> None:
+    """`transport = "tls"`: the call goes over TLS to the trunk, verified against the
+    trunk's `tls_ca_file` (`[sip]` has none: the same peer called without the trunk is
+    refused), with `srtp = "require"` offering RTP/SAVP and keyed by the answer; a trunk
+    with `tls_verify = false` reaches it with no CA at all."""
+    daemon_certs = make_ca_and_leaf(tmp_path, "daemon")
+    peer_certs = make_ca_and_leaf(tmp_path, "peer")
+
+    async def main() -> None:
+        uas = await TlsUas(peer_certs, srtp=True).start()
+        try:
+            trunks = f"""
+[trunks.secure]
+outbound_proxy = "sip:127.0.0.1:{uas.port}"
+transport = "tls"
+srtp = "require"
+tls_ca_file = "{peer_certs.ca_file}"
+
+[trunks.lab]
+outbound_proxy = "sip:127.0.0.1:{uas.port}"
+transport = "tls"
+tls_verify = false
+"""
+            async with stack(ROUTES + trunks, sip_extra=tls_extra(daemon_certs)) as st:
+                leg = sip_leg(st.daemon)
+                plain = leg.originate(f"sips:bob@127.0.0.1:{uas.port}", "", "")
+                assert await tls_wait_for(lambda: plain not in leg.calls)  # system store: no
+                assert uas.requests == []
+                call_id = leg.originate("tel:+15551230000", "", "", trunk="secure")
+                assert await tls_wait_for(lambda: (1, "ACK") in uas.requests), uas.requests
+                (offer,) = uas.offers
+                assert parse_sdp(offer).media[0].proto == "RTP/SAVP"
+                assert await tls_wait_for(lambda: leg.calls[call_id].runner is not None)
+                assert leg.calls[call_id].srtp is not None
+                leg.originate("tel:+15551230000", "", "", trunk="lab")
+                assert await tls_wait_for(lambda: [m for _, m in uas.requests].count("ACK") == 2)
+                assert len(uas.offers) == 2
+                assert parse_sdp(uas.offers[1]).media[0].proto == "RTP/AVP"  # srtp off
+        finally:
+            uas.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60 * FACTOR))

@@ -137,10 +137,11 @@ class _UaRunner:
         """Datagrams for a name being looked up: (data, port), sent once it resolves."""
         self.tls = tls
         """TLS: the listener's context and the outbound ones (``bridge.io.sip_tls``)."""
-        self.peer_conns: dict[tuple[str, int, str], int] = {}
+        self.peer_conns: dict[tuple[str, int, str, str], int] = {}
         """TLS: the one connection per peer (address, port, server name) we call out on,
-        reused by later requests (RFC 5923's spirit) and opened again once it drops."""
-        self.conn_peers: dict[int, tuple[str, int, str]] = {}
+        reused by later requests (RFC 5923's spirit) and opened again once it drops; the
+        fourth element is the trunk whose TLS settings it was opened with ("": ``[sip]``'s)."""
+        self.conn_peers: dict[int, tuple[str, int, str, str]] = {}
         """The reverse of ``peer_conns``."""
         self.tls_handshakes = 0
         """Outbound TLS handshakes completed (one per peer while its connection lives)."""
@@ -210,14 +211,15 @@ class _UaRunner:
         self.next_conn_id += 1
         await self._serve_stream(conn_id, reader, writer, source, gated=True)
 
-    def connect(self, addr: tuple[str, int], server_name: str = "") -> int:
+    def connect(self, addr: tuple[str, int], server_name: str = "", trunk: str = "") -> int:
         """Open a connection for an outbound call; its conn_id at once (what the
         engine sends before it is up waits in ``pending``; if it cannot connect, the
         call fails at once, as a 503). TCP: a connection per call. TLS: the peer's
         connection if one is open or opening (``server_name``: the name its
-        certificate must carry, and SNI; empty: the address)."""
+        certificate must carry, and SNI; empty: the address; ``trunk``: whose TLS
+        verification applies, "" for ``[sip]``'s)."""
         if self.tls is not None:
-            key = (addr[0], addr[1], server_name or addr[0])
+            key = (addr[0], addr[1], server_name or addr[0], trunk)
             conn_id = self.peer_conns.get(key, 0)
             if conn_id and (conn_id in self.writers or conn_id in self.pending):
                 return conn_id
@@ -236,17 +238,22 @@ class _UaRunner:
 
     def _open(self, conn_id: int, queued: list[bytes]) -> None:
         """(Re)open the pooled TLS connection ``conn_id`` with ``queued`` to send on it."""
-        host, port, name = self.conn_peers[conn_id]
+        host, port, name, trunk = self.conn_peers[conn_id]
         self.pending[conn_id] = queued
-        self.leg.services.spawn(self._connect(conn_id, (host, port), name))
+        self.leg.services.spawn(self._connect(conn_id, (host, port), name, trunk))
 
-    async def _connect(self, conn_id: int, addr: tuple[str, int], server_name: str = "") -> None:
+    async def _connect(
+        self, conn_id: int, addr: tuple[str, int], server_name: str = "", trunk: str = ""
+    ) -> None:
         try:
             if self.tls is not None:
+                contexts = self.tls[1]
                 reader, writer = await asyncio.open_connection(
                     addr[0],
                     addr[1],
-                    ssl=self.tls[1].for_host(server_name or addr[0]),
+                    ssl=contexts.for_trunk(trunk, server_name or addr[0])
+                    if isinstance(contexts, _TrunkContexts)
+                    else contexts.for_host(server_name or addr[0]),
                     server_hostname=server_name or addr[0],
                     ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
                 )
@@ -871,7 +878,8 @@ class SipLeg:
             else _trunk_credentials(chosen)
         )
         headers = (("Route", f"<{proxy};lr>"),) if target.via_proxy else ()
-        conn_id = ua.connect(dest, target.host) if target.transport != "UDP" else None
+        trunk_name = chosen.name if chosen is not None else ""
+        conn_id = ua.connect(dest, target.host, trunk_name) if target.transport != "UDP" else None
         call_id = ua.ua.invite(
             target.request_uri,
             from_uri,
@@ -995,21 +1003,18 @@ def _uri_hostport(uri: str) -> tuple[str, int] | None:
 
 
 class _TrunkContexts(ClientContexts):
-    """``[sip]``'s outbound TLS contexts, and each TLS trunk's own for its proxy's host
-    (its ``tls_ca_file``, or no verification with ``tls_verify = false``)."""
+    """``[sip]``'s outbound TLS contexts, and each TLS trunk's own (its ``tls_ca_file``,
+    or no verification of its proxy with ``tls_verify = false``)."""
 
     def __init__(self, security: SipSecurity, trunks: tuple[TrunkConfig, ...]) -> None:
         super().__init__(security)
-        self.by_host: dict[str, ClientContexts] = {}
-        for t in trunks:
-            if t.transport == "tls":
-                with contextlib.suppress(TargetError):
-                    host = outbound_target(t.next_hop).host.lower()
-                    self.by_host.setdefault(host, ClientContexts(t.security))
+        self.trunks = {t.name: ClientContexts(t.security) for t in trunks if t.transport == "tls"}
 
-    def for_host(self, host: str) -> ssl.SSLContext:
-        trunk = self.by_host.get(host.lower().strip("[]"))
-        return trunk.for_host(host) if trunk is not None else super().for_host(host)
+    def for_trunk(self, trunk: str, host: str) -> ssl.SSLContext:
+        """The context a call through ``trunk`` ("": none) calls ``host`` with; a trunk
+        added by a reload has none yet: ``[sip]``'s (verifying against its store)."""
+        own = self.trunks.get(trunk)
+        return own.for_host(host) if own is not None else self.for_host(host)
 
 
 def _offered_keys(security: SipSecurity) -> tuple[SdesCrypto, ...]:
