@@ -267,3 +267,46 @@ tls_verify = false
             uas.close()
 
     asyncio.run(asyncio.wait_for(main(), 60 * FACTOR))
+
+
+def test_an_answered_trunk_call_uses_its_codec_and_a_tel_transfer_goes_to_the_trunk() -> None:
+    """The carrier answers PCMA: the call runs (the app sees the trunk in call.started);
+    a transfer to tel:+E164 sends a REFER whose Refer-To is the number at the trunk's
+    host, as a call out through it would be."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        _, carrier = await loop.create_datagram_endpoint(UdpPeer, local_addr=("127.0.0.1", 0))
+        assert carrier.transport is not None
+        async with AppServer() as app:
+            trunk = f"""
+[trunks.carrier]
+outbound_proxy = "sip:127.0.0.1:{carrier.port}"
+codecs = ["PCMA"]
+"""
+            async with stack(app_route(app.url) + trunk) as st:
+                leg = sip_leg(st.daemon)
+                call_id = leg.originate("tel:+15551230000", "", "")
+                invite, addr = await carrier.next()
+                ok = build_response(invite, 200, "OK", "c1")
+                ok.add("Contact", f"<sip:carrier@127.0.0.1:{carrier.port}>")
+                ok.add("Content-Type", "application/sdp")
+                ok.body = (
+                    b"v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+                    b"m=audio 9 RTP/AVP 8 101\r\na=rtpmap:101 telephone-event/8000\r\n"
+                )
+                carrier.transport.sendto(ok.to_bytes(), addr)
+                ack, _ = await carrier.next()
+                assert ack.method == "ACK"
+                started = await app.wait_for("call.started")
+                assert started["custom_parameters"] == {"trunk": "carrier"}
+                call = leg.calls[call_id]
+                assert call.codec == "alaw"  # PCMA
+                call.transfer("tel:+1-555-999-8888")
+                refer, _ = await carrier.next()
+                assert refer.method == "REFER"
+                host = f"127.0.0.1:{carrier.port}"
+                assert refer.get("refer-to") == f"<sip:+15559998888@{host};user=phone>"
+        carrier.transport.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60 * FACTOR))

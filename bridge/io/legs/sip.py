@@ -236,6 +236,9 @@ class _UaRunner:
         self.leg.services.spawn(self._connect(conn_id, addr))
         return conn_id
 
+    def refer_target(self, call_id: str, target: str) -> str:
+        return self.leg.refer_target(call_id, target)
+
     def _open(self, conn_id: int, queued: list[bytes]) -> None:
         """(Re)open the pooled TLS connection ``conn_id`` with ``queued`` to send on it."""
         host, port, name, trunk = self.conn_peers[conn_id]
@@ -968,6 +971,18 @@ class SipLeg:
             call.hangup("finished")
         self._release(call)
         call.drop_cycles()
+
+    def refer_target(self, call_id: str, target: str) -> str:
+        """The Refer-To of a transfer: on a trunk's call a ``tel:+E164`` target becomes
+        ``sip:+NUMBER@PROXY-HOST;user=phone``, as a call out through the trunk would (the
+        carrier places it); anything else as it is."""
+        trunk = self.call_trunks.get(call_id)
+        if trunk is None or not target.lower().startswith("tel:"):
+            return target
+        try:
+            return outbound_target(target, trunk.next_hop, trunk.next_hop).request_uri
+        except TargetError:
+            return target
 
     def _trunk_limiter(self, trunk: TrunkConfig) -> TrunkLimiter:
         """The trunk's limiter (a new one, keeping its calls, when a reload changed them)."""
