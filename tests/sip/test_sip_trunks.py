@@ -4,6 +4,7 @@ the user agent's view of inbound trunk calls (authentication, codecs, the trunk 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -14,6 +15,13 @@ from bridge.sip.message import SipResponse, parse_message
 from bridge.sip.settings import SipAuthUser, SipSettings, TrunkConfig
 from bridge.sip.trunks import TrunkError, TrunkLimiter, choose_trunk, inbound_trunk
 from bridge.sip.ua import SipUserAgent
+
+from .test_sip_sdes import _sdes_offer
+from .test_sip_ua import A_URI as SIM_A_URI
+from .test_sip_ua import B_ADDR as SIM_B_ADDR
+from .test_sip_ua import B_URI as SIM_B_URI
+from .test_sip_ua import BASE as SIM_BASE
+from .test_sip_ua import make
 
 
 def trunk(name: str, *sources: str) -> TrunkConfig:
@@ -233,3 +241,33 @@ def test_a_trunks_codecs_apply_to_its_calls_only() -> None:
     ua.receive_datagram(invite("c2", ELSEWHERE, sdp=OFFER), ELSEWHERE, 0.0)
     assert [r.status for r in statuses(ua)] == [100]
     assert offered(ua) == [""]
+
+
+@pytest.mark.parametrize(
+    ("trunk_srtp", "proto", "keyed", "outcome"),
+    [
+        ("require", "RTP/SAVP", True, "secure"),  # [sip] srtp is off: the trunk's mode rules
+        ("require", "RTP/AVP", False, "488"),
+        ("off", "RTP/SAVP", True, "488"),
+        (None, "RTP/SAVP", True, "488"),  # no trunk: [sip]'s off
+    ],
+)
+def test_a_trunks_srtp_mode_applies_to_its_calls_over_tls(
+    trunk_srtp: str | None, proto: str, keyed: bool, outcome: str
+) -> None:
+    trunks = (
+        (TrunkConfig("secure", "sips:c.example", "tls", srtp=trunk_srtp, sources=("127.0.0.1",)),)
+        if trunk_srtp is not None
+        else ()
+    )
+    b = replace(SIM_BASE, local_port=5060, transport="TLS", trunks=trunks)
+    sim, a, ua_b = make(b=b)
+    a.invite(SIM_B_URI, SIM_A_URI, _sdes_offer(proto, keyed), SIM_B_ADDR, sim.now)
+    sim.run_until(sim.now + 0.01)
+    calls = [e.trunk for e in sim.take(SIM_B_ADDR) if isinstance(e, CallOffered)]
+    finals = [m[:12] for m in sim.wire if m.startswith(b"SIP/2.0 4")]
+    if outcome == "488":
+        assert (calls, finals) == ([], [b"SIP/2.0 488 "])
+        assert ua_b.take_refusals() == {"srtp_mismatch": 1}
+    else:
+        assert (calls, finals) == ([outcome], [])
