@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import socket
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -310,3 +314,130 @@ codecs = ["PCMA"]
         carrier.transport.close()
 
     asyncio.run(asyncio.wait_for(main(), 60 * FACTOR))
+
+
+# ------------------------------------------------------------- Kamailio as the trunk
+
+KAMAILIO_TRUNK_CFG = Path(__file__).resolve().parent / "scenarios" / "kamailio_trunk.cfg"
+
+
+def options_status(port: int) -> int | None:
+    """One OPTIONS to 127.0.0.1:port over UDP: the final status, or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.settimeout(0.25)
+        local = s.getsockname()[1]
+        s.sendto(
+            (
+                f"OPTIONS sip:127.0.0.1:{port} SIP/2.0\r\n"
+                f"Via: SIP/2.0/UDP 127.0.0.1:{local};branch=z9hG4bK{os.urandom(6).hex()}\r\n"
+                f"From: <sip:probe@127.0.0.1:{local}>;tag=p\r\nTo: <sip:127.0.0.1:{port}>\r\n"
+                f"Call-ID: {os.urandom(8).hex()}\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\n"
+                "Content-Length: 0\r\n\r\n"
+            ).encode(),
+            ("127.0.0.1", port),
+        )
+        try:
+            data = s.recv(65535)
+        except (TimeoutError, ConnectionRefusedError):
+            return None
+        return int(data[8:11]) if data.startswith(b"SIP/2.0 ") else None
+
+
+async def start_kamailio_trunk(
+    tmp: Path, pstn_port: int
+) -> tuple[subprocess.Popen[bytes], int, Path]:
+    """Kamailio with kamailio_trunk.cfg on a port free a moment ago (again on another if
+    it was taken meanwhile), answering: (process, port, log)."""
+    kdir = tmp / "kamailio"
+    (kdir / "run").mkdir(parents=True, exist_ok=True)
+    shutil.copy(KAMAILIO_TRUNK_CFG, kdir / "kamailio.cfg")
+    log = kdir / "kamailio.log"
+    for _attempt in range(5):
+        port = free_udp_port()
+        (kdir / "trunk-local.cfg").write_text(
+            f'#!substdef "!TRUNK_LISTEN!udp:127.0.0.1:{port}!g"\n'
+            f'#!substdef "!TRUNK_PSTN!sip:127.0.0.1:{pstn_port}!g"\n'
+            '#!substdef "!TRUNK_PASSWORD!s3cret!g"\n'
+        )
+        cmd = ["kamailio", "-DD", "-E", "-f", str(kdir / "kamailio.cfg"), "-m", "32", "-M", "4"]
+        cmd += ["-Y", str(kdir / "run"), "-w", str(kdir)]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        up = await wait_for(
+            lambda p=proc, k=port: p.poll() is not None or options_status(k) is not None,  # type: ignore[misc]
+            20.0,
+        )
+        if up and proc.poll() is None:
+            return proc, port, log
+        proc.kill()
+        proc.wait()
+        if "in use" not in log.read_text(errors="replace"):
+            raise AssertionError("kamailio did not start:\n" + log.read_text()[-3000:])
+    raise AssertionError("kamailio found no free port in 5 attempts")
+
+
+@pytest.mark.peers
+@requires_sipp
+@pytest.mark.needs("kamailio")
+def test_kamailio_as_the_trunk_register_inbound_and_outbound_with_digest(tmp_path: Path) -> None:
+    """Kamailio as the carrier's edge (`kamailio_trunk.cfg`): the trunk's REGISTER answers
+    its 401; a call in through it (to the registered binding, `callbridge call`) is the
+    trunk's; a tel: call out answers its 407 and reaches the "PSTN" (a SIPp UAS), which
+    hears the flow and gets its BYE through Kamailio."""
+
+    async def main() -> None:
+        phone = await RtpPhone().open(free_udp_port(odd=False))
+        kamailio: subprocess.Popen[bytes] | None = None
+        try:
+            pstn_port, pstn = await start_sipp_uas(
+                tmp_path, "pstn", "uas_answer.xml", 30, rtp_port=phone.port
+            )
+            kamailio, port, log = await start_kamailio_trunk(tmp_path, pstn_port)
+            trunk = f"""
+[trunks.edge]
+outbound_proxy = "sip:127.0.0.1:{port}"
+registrar = "sip:127.0.0.1:{port}"
+user = "acct"
+password = "s3cret"
+caller_id = "+15550001111"
+sources = ["127.0.0.1/32"]
+"""
+            async with AppServer() as app:
+                app.on_started = [{"type": "say", "turn_id": "g", "text": "Hi.", "final": True}]
+                routes = PEER_ROUTES + app_route(app.url) + trunk
+                async with stack(routes, rtp=_rtp_range()) as st:
+                    leg = sip_leg(st.daemon)
+                    udp = next(r for r in leg.runners if r.kind == "UDP")
+                    registrations = list(udp.ua._registrations.values())
+                    assert await wait_for(
+                        lambda: bool(registrations) and all(r.registered for r in registrations),
+                        10.0,
+                    ), log.read_text()[-3000:]
+                    # in: the carrier's call reaches the binding; it is the trunk's
+                    opts = CallerOptions(target=f"sip:acct@127.0.0.1:{port}", duration_s=1.0)
+                    result = await place_call(opts)
+                    assert build_report(result.recording).answered
+                    started = await app.wait_for("call.started")
+                    assert started["custom_parameters"] == {"trunk": "edge"}
+                    # out: 407 answered, then to the PSTN, the flow speaks and hangs up
+                    leg.originate("tel:+15551230000", "", "announce")
+                    done = await pstn
+                    assert done.returncode == 0, done.explain()
+                    assert (done.successful_calls, done.failed_calls) == (1, 0), done.explain()
+                    text = log.read_text(errors="replace")
+                    assert "trunk: REGISTER of sip:acct@127.0.0.1" in text, text[-3000:]
+                    assert "trunk: INVITE in to sip:callbridge@127.0.0.1" in text, text[-3000:]
+                    assert "trunk: INVITE to +15551230000 authorised" in text, text[-3000:]
+            assert phone.audio(), "the PSTN side heard nothing"
+        finally:
+            phone.close()
+            if kamailio is not None:
+                kamailio.terminate()
+                try:
+                    kamailio.wait(10)
+                except subprocess.TimeoutExpired:
+                    kamailio.kill()
+                    kamailio.wait()
+
+    asyncio.run(main())
