@@ -95,7 +95,8 @@ class Directory:
             return DirectoryError(503, "unavailable", "the SIP leg is not available")
         dest = _uri_hostport(to)
         addresses: dict[str, str] = {}
-        if dest is not None and not is_ip_literal(dest[0]):
+        # through a trunk the INVITE goes to the trunk's proxy, not to the target's host
+        if dest is not None and not trunk and not is_ip_literal(dest[0]):
             found = None if self.resolved is None else self.resolved.get(dest[0])
             if found is None:  # looked up by api_handler, which then asks again
                 self.lookup = dest[0]

@@ -141,6 +141,11 @@ calls_per_second = 0.001
                 "field": "trunk",
             }
             assert int(headers["Retry-After"]) >= 900
+            # through a trunk the target's host is never looked up (the proxy is the hop)
+            code, body, _ = await asyncio.to_thread(
+                post, api_port, {"to": "sip:bob@nowhere.invalid", "trunk": "carrier"}
+            )
+            assert code == 429, body
             code, body, _ = await asyncio.to_thread(
                 post, api_port, {"to": "sip:a@127.0.0.1", "trunk": "x"}
             )
