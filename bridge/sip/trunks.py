@@ -122,6 +122,11 @@ class TrunkLimiter:
         self.tokens -= 1.0
         return None
 
+    def give_back(self) -> None:
+        """An admitted call out that was never placed (no RTP port): its token back."""
+        if self.rate:
+            self.tokens = min(self.depth, self.tokens + 1.0)
+
     def started(self, call_id: str) -> None:
         self.calls.add(call_id)
 

@@ -96,6 +96,17 @@ def test_calls_per_second_refuses_past_the_bucket_and_says_how_long_to_wait() ->
     assert limiter.admit(12.0) is not None
 
 
+def test_a_call_admitted_but_never_placed_gives_its_token_back() -> None:
+    limiter = TrunkLimiter("a", max_calls=0, calls_per_second=1)
+    assert limiter.admit(0.0) is None
+    limiter.give_back()
+    assert limiter.admit(0.0) is None  # the token was back
+    assert limiter.admit(0.0) is not None
+    limiter.give_back()
+    limiter.give_back()
+    assert limiter.tokens == 1.0  # never above the bucket's depth
+
+
 def test_a_fractional_rate_paces_one_call_at_a_time() -> None:
     limiter = TrunkLimiter("a", max_calls=0, calls_per_second=0.5)
     assert limiter.admit(0.0) is None

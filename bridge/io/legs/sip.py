@@ -862,6 +862,8 @@ class SipLeg:
         key = f"out-{os.urandom(6).hex()}"
         bound = self._bind(ua, key, host)
         if bound is None:
+            if limiter is not None:
+                limiter.give_back()  # nothing was sent: the call did not count
             raise ValueError("no RTP port could be bound")
         call = bound[0]
         self.services.spawn(call.attach(bound[1]))
