@@ -71,7 +71,14 @@ from bridge.settings import (
     setting,
     split_hostport,
 )
-from bridge.sip.settings import CODECS, DEFAULT_RTP_PORTS, SipConfig, SipRegistration
+from bridge.sip.settings import (
+    CODECS,
+    DEFAULT_RTP_PORTS,
+    SipConfig,
+    SipRegistration,
+    TrunkConfig,
+    check_trunks,
+)
 from bridge.sip.settings import SipUserConfig as SipAuthUser
 
 __all__ = [
@@ -406,6 +413,8 @@ class Config:
     providers: tuple[ProviderConfig, ...] = setting(doc="", kind="tables", item=ProviderConfig)
     routes: tuple[RouteConfig, ...] = setting(doc="", kind="array", item=RouteConfig)
     flows: tuple[FlowConfig, ...] = setting(doc="", kind="tables", item=FlowConfig)
+    trunks: tuple[TrunkConfig, ...] = setting(doc="", kind="tables", item=TrunkConfig)
+    """``[trunks.NAME]``: SIP trunks (``bridge/sip/settings.py``, docs/sip.md)."""
 
     def provider(self, name: str) -> ProviderConfig:
         for p in self.providers:
@@ -468,6 +477,7 @@ def _check_config(values: dict[str, Any], at: Spot) -> None:
                 at.error(f"unknown flow {getattr(r, key)!r}", f"{p}.{key}")
     if not values["routes"]:
         at.error("at least one [[routes]] entry is needed", "routes")
+    check_trunks(values["trunks"], values["sip"], at)
 
 
 register_check(Config, _check_config)
@@ -521,6 +531,7 @@ REFERENCE: dict[str, tuple[type, Any]] = {
     "daemon": (DaemonConfig, None),
     "sip": (SipConfig, None),
     "sip.registrations": (SipRegistration, None),
+    "trunks": (TrunkConfig, None),
     "media_streams": (MediaStreamsConfig, None),
     "api": (ApiConfig, None),
     "limits": (ConnectionLimits, None),

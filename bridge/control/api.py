@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import json
+import math
 import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -114,14 +115,17 @@ class DirectoryError:
     code: str
     message: str
     field: str = ""
+    retry_after_s: float = 0.0
+    """When above 0: a ``Retry-After`` header (whole seconds, rounded up)."""
 
 
 class CallDirectory(Protocol):
     """What the shell provides to the handlers (all calls return at once).
 
     Refusals are ``DirectoryError`` values with the status the OpenAPI
-    document lists: ``originate`` 422 (no route for it, field ``to`` or
-    ``route``) or 503 (SIP disabled, no capacity); ``say`` and ``hangup`` 404
+    document lists: ``originate`` 422 (no route for it, field ``to``,
+    ``route`` or ``trunk``), 429 (the trunk's ``calls_per_second``) or 503 (SIP
+    disabled, no capacity, the trunk's ``max_calls``); ``say`` and ``hangup`` 404
     (no such call) or 409 (the call is ending, the turn's text is closed).
     """
 
@@ -129,8 +133,9 @@ class CallDirectory(Protocol):
 
     def get_call(self, call_id: str) -> CallInfo | None: ...
 
-    def originate(self, to: str, from_: str, route: str) -> str | DirectoryError:
-        """Place a SIP call to ``to``; ``route`` ("" = match on ``to``) picks its route."""
+    def originate(self, to: str, from_: str, route: str, trunk: str = "") -> str | DirectoryError:
+        """Place a SIP call to ``to``; ``route`` ("" = match on ``to``) picks its route,
+        ``trunk`` ("" = none, or for a ``tel:`` target the only one) its trunk."""
         ...
 
     def say(self, call_id: str, say: Say) -> DirectoryError | None:
@@ -186,7 +191,8 @@ def _error(
 
 
 def _from_directory(err: DirectoryError) -> ApiResponse:
-    return _error(err.status, err.code, err.message, err.field)
+    extra = (("Retry-After", str(math.ceil(err.retry_after_s))),) if err.retry_after_s > 0 else ()
+    return _error(err.status, err.code, err.message, err.field, *extra)
 
 
 def _body(req: _Request, fields: Sequence[FieldSpec], required: bool) -> dict[str, Any]:
@@ -247,6 +253,7 @@ _ORIGINATE_FIELDS = (
     FieldSpec("to", "str", True, _URI, hint=_URI_HINT),
     FieldSpec("from", "str", False, _URI, hint=_URI_HINT),
     FieldSpec("route", "str", False, r"[ -~]{1,128}", hint="1-128 printable ASCII characters"),
+    FieldSpec("trunk", "str", False, r"[A-Za-z0-9_.-]{1,64}", hint="a [trunks] name"),
 )
 
 
@@ -263,7 +270,9 @@ def _get_call(req: _Request) -> ApiResponse:
 
 def _originate(req: _Request) -> ApiResponse:
     body = _body(req, _ORIGINATE_FIELDS, required=True)
-    result = req.directory.originate(body["to"], body.get("from", ""), body.get("route", ""))
+    result = req.directory.originate(
+        body["to"], body.get("from", ""), body.get("route", ""), body.get("trunk", "")
+    )
     if isinstance(result, DirectoryError):
         return _from_directory(result)
     url = f"/v1/calls/{result}"
@@ -468,7 +477,11 @@ def _schemas() -> dict[str, Any]:
         "CallInfo": call_info,
         "CallList": _closed({"calls": {"type": "array", "items": _ref("CallInfo")}}),
         "Error": _closed({"error": error}),
-        "OriginateRequest": _object(_ORIGINATE_FIELDS, "route: the key matched against routes"),
+        "OriginateRequest": _object(
+            _ORIGINATE_FIELDS,
+            "route: the key matched against routes; trunk: the [trunks] entry the call goes "
+            "through (a tel: target takes the only trunk when there is one)",
+        ),
         "OriginateResponse": _closed({"call_id": _str(CALL_ID_RE), "url": _str()}),
         "SayRequest": _object(
             _SAY_FIELDS, "as the application protocol's say; turn_id is generated when absent"
@@ -505,6 +518,7 @@ _ERROR_TEXT = {
     413: "the body is too large",
     415: "the body is not application/json",
     422: "a field is missing, unknown or invalid (error.field names it)",
+    429: "the trunk's calls_per_second is reached (Retry-After: seconds to wait)",
     503: "no capacity or SIP not enabled",
 }
 
@@ -536,7 +550,7 @@ def _paths() -> dict[str, Any]:
                 "operationId": "originateCall",
                 "summary": "Place an outbound SIP call; its route decides what drives it",
                 "requestBody": _body_spec("OriginateRequest", True),
-                "responses": _responses(201, "OriginateResponse", *body_errors, 503),
+                "responses": _responses(201, "OriginateResponse", *body_errors, 429, 503),
             },
         },
         "/v1/calls/{call_id}": {

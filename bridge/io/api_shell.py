@@ -20,6 +20,7 @@ from bridge.io.callrun import CallRunner
 from bridge.io.dns import DnsError, is_ip_literal, resolve
 from bridge.io.httpws import HttpRequest, HttpResponse
 from bridge.io.legs.sip import _uri_hostport
+from bridge.sip.trunks import TrunkError, TrunkLimited
 from bridge.sip.uri import TargetError
 from bridge.streams.auth import TokenBook
 
@@ -100,13 +101,14 @@ class Directory:
         r = self._runners().get(call_id)
         return self._unanswered().get(call_id) if r is None else self._info(r)
 
-    def originate(self, to: str, from_: str, route: str) -> str | DirectoryError:
+    def originate(self, to: str, from_: str, route: str, trunk: str = "") -> str | DirectoryError:
         sip = next((leg for leg in self.daemon.legs if leg.name == "sip"), None)
         if sip is None or self.daemon.draining:
             return DirectoryError(503, "unavailable", "the SIP leg is not available")
         dest = _uri_hostport(to)
         addresses: dict[str, str] = {}
-        if dest is not None and not is_ip_literal(dest[0]):
+        # through a trunk the INVITE goes to the trunk's proxy, not to the target's host
+        if dest is not None and not trunk and not is_ip_literal(dest[0]):
             found = None if self.resolved is None else self.resolved.get(dest[0])
             if found is None:  # looked up by api_handler, which then asks again
                 self.lookup = dest[0]
@@ -115,7 +117,13 @@ class Directory:
                 return DirectoryError(422, "cannot_resolve", str(found), "to")
             addresses[dest[0]] = found
         try:
-            return str(sip.originate(to, from_ or "sip:callbridge@localhost", route, addresses))  # type: ignore[attr-defined]
+            return str(sip.originate(to, from_, route, addresses, trunk=trunk))  # type: ignore[attr-defined]
+        except TrunkLimited as e:
+            busy = e.refusal.reason == "max_calls"
+            status, code = (503, "trunk_busy") if busy else (429, "trunk_rate_limited")
+            return DirectoryError(status, code, str(e), "trunk", e.refusal.retry_after_s)
+        except TrunkError as e:
+            return DirectoryError(422, "cannot_originate", str(e), "trunk")
         except ValueError as e:
             field = "route" if route else "to"
             unavailable = "port" in str(e) or "transport" in str(e)

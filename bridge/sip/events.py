@@ -62,6 +62,8 @@ class CallOffered(Event):
     offer_sdp: str = field(repr=False)  # SDES keys (a=crypto): never in a log line
     source: Address
     request_uri: str
+    trunk: str = ""
+    """The ``[trunks]`` entry the call came from (by source or digest user), or ``""``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ the shell turns it into the engines' own ``SipSettings``.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
@@ -37,6 +38,8 @@ __all__ = [
     "SipSettings",
     "SipUserConfig",
     "TimerSettings",
+    "TrunkConfig",
+    "check_trunks",
 ]
 
 
@@ -168,6 +171,9 @@ class SipSettings:
     """SDP codec preference order."""
     security: SipSecurity = field(default_factory=SipSecurity)
     """SRTP mode and TLS peer verification (``SipSecurity``)."""
+    trunks: tuple[TrunkConfig, ...] = ()
+    """``[trunks]``: an INVITE from a trunk's ``sources`` (or answering as a ``digest``
+    trunk's user) gets its ``inbound_auth``, codecs and SRTP mode."""
 
 
 # ------------------------------------------------------------ [sip] in the config
@@ -373,6 +379,171 @@ class SipConfig:
     )  # fmt: skip
     security: SipSecurity = setting(SipSecurity(), "", kind="flat", item=SipSecurity)
     """``srtp``, ``tls_ca_file``, ``tls_unverified_hosts`` (one object a trunk can carry)."""
+
+
+TRUNK_TRANSPORTS = ("udp", "tcp", "tls")
+INBOUND_AUTH = ("source", "digest", "both")
+
+
+def _trunk_hop(value: str, at: Spot) -> str:
+    value = _sip_target(value, at)
+    if value and not value.startswith(("sip:", "sips:")):
+        at.error(f"expected a sip: URI, got {value!r}")
+    return value
+
+
+def _sip_user(value: str, at: Spot) -> str:
+    if value and not re.fullmatch(r"[A-Za-z0-9+\-_.!~*'()]{1,64}", value):
+        at.error(f"not a SIP user part (a number such as +15551230000): {value!r}")
+    return value
+
+
+def _display_name(value: str, at: Spot) -> str:
+    if len(value) > 64 or any(c < " " or c in '"\\\x7f' for c in value):
+        at.error("at most 64 characters, no quotes, backslashes or control characters")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class TrunkConfig:
+    """``[trunks.NAME]``: a SIP trunk (a carrier or a PBX): where calls out go and how,
+    and which inbound calls are its own. Calls without a trunk keep ``[sip]``'s settings."""
+
+    name: str
+    outbound_proxy: str = setting(
+        doc="the carrier's termination URI (Twilio `sip:NAME.pstn.twilio.com`, Telnyx "
+        "`sip:sip.telnyx.com`, Vonage `sip:sip.nexmo.com`): every call through the trunk goes "
+        "there with a `Route: <URI;lr>`, and a `tel:+E164` target becomes "
+        "`sip:+NUMBER@HOST;user=phone` at its host",
+        kind="str", type_doc="`sip:` URI", required="the carrier's sip: URI", check=_trunk_hop,
+    )  # fmt: skip
+    transport: str = setting(
+        "udp",
+        "how calls out reach `outbound_proxy` (`tls`: port 5061 unless the URI names one; "
+        "needs `sip.tls_listen`). A URI that says otherwise (`sips:`, `;transport=`) is an error",
+        choices=TRUNK_TRANSPORTS,
+    )  # fmt: skip
+    registrar: str = setting(
+        "",
+        "keep a REGISTER binding there with `user`/`password` (as `[sip.registrations]` "
+        "does; `sips:` refused: REGISTER over TLS is not supported yet); `\"\"`: none (IP "
+        "authentication)",
+        type_doc="`sip:` URI", check=_registrar,
+    )  # fmt: skip
+    user: str = setting(
+        "", "the trunk's user name: REGISTER and the answer to a 401/407 on calls out "
+        "(Twilio's credential list user, Telnyx's connection user name)",
+    )  # fmt: skip
+    password: str = setting("", "its password", secret=True)
+    realm: str = setting(
+        "", 'answer only challenges of this realm (`""`: any realm the trunk\'s hop asks)'
+    )
+    srtp: str = setting(
+        "off",
+        "SRTP (SDES) on this trunk's calls, as `sip.srtp`: `offer` or `require` need "
+        "`transport = \"tls\"` (keys travel only over TLS)",
+        choices=SRTP_MODES,
+    )  # fmt: skip
+    tls_ca_file: str = setting(
+        "", "CA bundle (PEM) the trunk's certificate must chain to; `\"\"`: the system's store",
+        type_doc="path", check=_file,
+    )  # fmt: skip
+    tls_verify: bool = setting(
+        True,
+        "`false`: call the trunk over TLS without verifying its certificate (a lab peer); "
+        "never for a carrier",
+    )  # fmt: skip
+    codecs: tuple[str, ...] = setting(
+        CODECS, "offer and answer preference on this trunk's calls", choices=CODECS, noun="codec"
+    )
+    max_calls: int = setting(
+        0, "concurrent calls on the trunk (out and in); `0`: no limit. One more call out is "
+        "refused (API 503, `trunk_busy`), one more in gets SIP 503",
+        lo=0, hi=100000,
+    )  # fmt: skip
+    calls_per_second: float = setting(
+        0.0,
+        "calls out per second (a bucket as deep as one second's calls, at least one); a call "
+        "beyond it is refused at once (API 429, `trunk_rate_limited`, with the seconds to wait "
+        "in `Retry-After`), never queued; `0`: no limit",
+        lo=0, hi=10000,
+    )  # fmt: skip
+    caller_id: str = setting(
+        "",
+        "the From user on calls out (a number the carrier lets you present, `+15551230000`); "
+        "the API's `from` overrides it; `\"\"`: `callbridge`",
+        check=_sip_user,
+    )  # fmt: skip
+    caller_name: str = setting(
+        "", 'the From display name on calls out (`""`: none)', check=_display_name
+    )
+    sources: tuple[str, ...] = setting(
+        (),
+        "addresses (CIDRs) the trunk's inbound calls come from (Twilio, Telnyx and Vonage "
+        "publish theirs); such a call is the trunk's: its codecs and SRTP apply, and its "
+        "route sees `trunk` in `call.started`'s `custom_parameters`. Add them to `sip.allow` "
+        "too",
+        type_doc="list of CIDRs", check=check_cidrs("not a CIDR"),
+    )  # fmt: skip
+    inbound_auth: str = setting(
+        "source",
+        "how an inbound call is known to be the trunk's: `source` (it comes from `sources`; "
+        "no digest asked), `digest` (it answers a digest challenge for `user`/`password`, from "
+        "any address `sip.allow` lets in), `both` (from `sources` and with that answer)",
+        choices=INBOUND_AUTH,
+    )  # fmt: skip
+
+    @property
+    def hop_transport(self) -> str:
+        return self.transport.upper()
+
+    @property
+    def next_hop(self) -> str:
+        """``outbound_proxy`` with the trunk's transport on it."""
+        uri = self.outbound_proxy
+        if self.transport == "udp" or ";transport=" in uri.lower() or uri.startswith("sips:"):
+            return uri
+        head, sep, tail = uri.partition("?")
+        return f"{head};transport={self.transport}{sep}{tail}"
+
+    @property
+    def security(self) -> SipSecurity:
+        """The trunk's SRTP and TLS verification, as ``[sip]``'s ``SipSecurity``."""
+        unverified: tuple[str, ...] = ()
+        if not self.tls_verify:
+            with contextlib.suppress(ValueError):
+                unverified = (outbound_target(self.outbound_proxy).host.lower(),)
+        return SipSecurity(self.srtp, self.tls_ca_file, unverified)
+
+
+def _check_trunk(values: dict[str, Any], at: Spot) -> None:
+    """The URI's own transport agrees with ``transport``; SRTP only over TLS; digest
+    needs credentials."""
+    hop, transport = values["outbound_proxy"], values["transport"]
+    unread = any(e.startswith(at.join("outbound_proxy")) for e in at.reader.errors)
+    if hop and not unread:
+        said = outbound_target(hop).transport.lower()
+        lowered = hop.lower()
+        if (hop.startswith("sips:") or ";transport=" in lowered) and said != transport:
+            at.error(f"the URI says {said}, but transport is {transport!r}", "outbound_proxy")
+    if values["srtp"] != "off" and transport != "tls":
+        at.error(f"{values['srtp']!r} needs transport = \"tls\" (SDES keys travel only over TLS)",
+                 "srtp")  # fmt: skip
+    if values["inbound_auth"] != "source" and not (values["user"] and values["password"]):
+        at.error(f"{values['inbound_auth']!r} needs user and password", "inbound_auth")
+    if values["registrar"] and not (values["user"] and values["password"]):
+        at.error("needs user and password", "registrar")
+
+
+register_check(TrunkConfig, _check_trunk)
+
+
+def check_trunks(trunks: tuple[TrunkConfig, ...], sip: SipConfig, at: Spot) -> None:
+    """What trunks need of ``[sip]``: a TLS listener to call out over TLS from."""
+    for t in trunks:
+        if t.transport == "tls" and not sip.tls_listen:
+            at.error("'tls' needs sip.tls_listen (calls out over TLS leave from it)",
+                     f"trunks.{t.name}.transport")  # fmt: skip
 
 
 def _check_sip_tls(values: dict[str, Any], at: Spot) -> None:

@@ -93,6 +93,7 @@ class SipUserAgent(UasAgent):
         credentials: tuple[str, str] | DigestCredentials | None = None,
         headers: tuple[tuple[str, str], ...] = (),
         conn_id: int | None = None,
+        from_display: str = "",
     ) -> str:
         """Place an outbound call; returns its call id (the SIP Call-ID).
 
@@ -106,11 +107,14 @@ class SipUserAgent(UasAgent):
                 bound to its realm). Per call, so each call may use its own.
             conn_id: the stream connection to send on (an outbound TCP call; the
                 dialog keeps using it), None for a datagram.
+            from_display: the display name in From (a trunk's caller name), quoted.
         """
         call_id = f"{self._token()}@{self.settings.local_host}"
         request = SipRequest(method="INVITE", uri=to_uri)
         request.add("Max-Forwards", "70")
-        request.add("From", f"<{from_uri}>;tag={self._token()}")
+        display = "".join(c for c in from_display if c >= " " and c not in '"\\\x7f')
+        name = f'"{display}" ' if display else ""
+        request.add("From", f"{name}<{from_uri}>;tag={self._token()}")
         request.add("To", f"<{to_uri}>")
         request.add("Call-ID", call_id)
         request.add("CSeq", "1 INVITE")

@@ -89,8 +89,9 @@ from bridge.sip.sdp import (
     parse_sdp,
     srtp_refusal,
 )
-from bridge.sip.settings import SipSettings
+from bridge.sip.settings import SipSettings, TrunkConfig
 from bridge.sip.transaction import State
+from bridge.sip.trunks import inbound_trunk
 from bridge.sip.ua_core import ClientEntry, ServerEntry, TimerHolder, UaCore, server_key
 from bridge.sip.uri import ascii_digits, parse_params
 
@@ -126,6 +127,9 @@ class UasAgent(UaCore):
     @staticmethod
     def _digest_verifier(settings: SipSettings) -> DigestVerifier | None:
         users = {u.username: u.password for u in settings.auth_users}
+        for t in settings.trunks:  # a digest trunk's user authenticates like [sip.auth]'s
+            if t.inbound_auth != "source" and t.user:
+                users.setdefault(t.user, t.password)
         if not users:
             return None
         return DigestVerifier(
@@ -160,7 +164,14 @@ class UasAgent(UaCore):
             settings.auth_realm,
             settings.auth_secret,
             settings.auth_nonce_lifetime_s,
-        ) != (old.auth_users, old.auth_realm, old.auth_secret, old.auth_nonce_lifetime_s):
+            settings.trunks,
+        ) != (
+            old.auth_users,
+            old.auth_realm,
+            old.auth_secret,
+            old.auth_nonce_lifetime_s,
+            old.trunks,
+        ):
             self._verifier = self._digest_verifier(settings)  # a revoked user fails at once
 
     @property
@@ -236,7 +247,7 @@ class UasAgent(UaCore):
                 entry, 503, "Service Unavailable", now, to_tag=self._token(), headers=(retry,)
             )
             return
-        refused, audio = self._refuse_invite(request, entry, now)
+        refused, audio, trunk = self._refuse_invite(request, entry, now)
         if refused:
             return
         self._respond(entry, 100, "Trying", now)
@@ -254,6 +265,7 @@ class UasAgent(UaCore):
                 call.remote_sdp,
                 peer.addr,
                 request.uri,
+                trunk,
             )
         )
 
@@ -293,10 +305,18 @@ class UasAgent(UaCore):
 
     def _refuse_invite(
         self, request: SipRequest, entry: ServerEntry, now: float
-    ) -> tuple[bool, NegotiatedAudio | None]:
+    ) -> tuple[bool, NegotiatedAudio | None, str]:
         """Body type, digest, session interval and SDP checks: (True if answered, the
-        negotiated audio of the offer or None without one)."""
+        negotiated audio of the offer or None without one, the trunk's name or "").
+
+        A trunk's call (``bridge.sip.trunks.inbound_trunk``: its source is in the
+        trunk's ``sources``) with ``inbound_auth = "source"`` is not challenged; with
+        ``both`` it must answer as the trunk's user; a ``digest`` trunk's call is one
+        answering as its user from anywhere. Its codecs and SRTP mode apply."""
         tag = self._token()
+        trunk = inbound_trunk(self.settings.trunks, entry.peer.addr[0])
+        codecs = trunk.codecs if trunk is not None else self.settings.codecs
+        srtp = trunk.srtp if trunk is not None else self.settings.security.srtp
         content_type = (request.get("content-type") or "application/sdp").split(";")[0].strip()
         if request.body and content_type.lower() != "application/sdp":
             self._respond(
@@ -307,13 +327,13 @@ class UasAgent(UaCore):
                 to_tag=tag,
                 headers=(("Accept", "application/sdp"),),
             )
-            return True, None
-        if self._verifier is not None:
+            return True, None, ""
+        if self._verifier is not None and (trunk is None or trunk.inbound_auth != "source"):
             source = entry.peer.addr[0]
             if self._auth_failures.blocked(source, now):
                 self.refusals["auth_failed"] += 1
                 self._respond(entry, 403, "Forbidden", now, to_tag=tag)
-                return True, None
+                return True, None, ""
             binding = f"{self.settings.transport}|{source}"
             answer = request.get("authorization")
             result = self._verifier.verify(answer, "INVITE", now, binding)
@@ -324,14 +344,22 @@ class UasAgent(UaCore):
                 self._events.append(AuthFailed(source, self.settings.transport, username, blocked))
                 if blocked:
                     self._respond(entry, 403, "Forbidden", now, to_tag=tag)
-                    return True, None
-            if result is not AuthResult.OK:
+                    return True, None, ""
+            if result is AuthResult.OK:
+                trunk, refused = self._digest_trunk(trunk, _auth_username(answer or ""))
+                if refused:  # a trunk's user, not from where that trunk calls from
+                    self.refusals["auth_failed"] += 1
+                    self._respond(entry, 403, "Forbidden", now, to_tag=tag)
+                    return True, None, ""
+                codecs = trunk.codecs if trunk is not None else self.settings.codecs
+                srtp = trunk.srtp if trunk is not None else self.settings.security.srtp
+            else:
                 challenges = self._verifier.challenges(
                     now, stale=result is AuthResult.STALE, binding=binding
                 )
                 headers = tuple(("WWW-Authenticate", c) for c in challenges)
                 self._respond(entry, 401, "Unauthorized", now, to_tag=tag, headers=headers)
-                return True, None
+                return True, None, ""
         interval = _session_expires(request)[0]
         if interval is not None and interval < self.settings.min_se_s:
             self._respond(
@@ -342,27 +370,41 @@ class UasAgent(UaCore):
                 to_tag=tag,
                 headers=(("Min-SE", str(self.settings.min_se_s)),),
             )
-            return True, None
+            return True, None, ""
+        name = trunk.name if trunk is not None else ""
         if not request.body:
-            return False, None
+            return False, None, name
         try:
-            audio = negotiate(
-                parse_sdp(request.body.decode("utf-8", "replace")), self.settings.codecs
-            )
+            audio = negotiate(parse_sdp(request.body.decode("utf-8", "replace")), codecs)
         except SdpError:
             self._respond(entry, 400, "Bad SDP", now, to_tag=tag)
-            return True, None
+            return True, None, ""
         if audio is None:
             self.refusals["no_codec"] += 1
             self._respond(entry, 488, "Not Acceptable Here", now, to_tag=tag)
-            return True, None
-        why = srtp_refusal(audio, self.settings.transport, self.settings.security.srtp)
+            return True, None, ""
+        why = srtp_refusal(audio, self.settings.transport, srtp)
         if why is not None:
             self.refusals["srtp_mismatch"] += 1
             warning = ("Warning", f'399 callbridge "{why}"')
             self._respond(entry, 488, "Not Acceptable Here", now, to_tag=tag, headers=(warning,))
-            return True, None
-        return False, audio
+            return True, None, ""
+        return False, audio, name
+
+    def _digest_trunk(
+        self, by_source: TrunkConfig | None, username: str
+    ) -> tuple[TrunkConfig | None, bool]:
+        """After a good digest answer as ``username``: the call's trunk, and whether it is
+        refused (a ``both`` trunk's user from outside its sources, or a ``both`` trunk's
+        source answering as someone else)."""
+        if by_source is not None and by_source.inbound_auth == "both":
+            return (by_source, False) if username == by_source.user else (None, True)
+        for t in self.settings.trunks:
+            if t.inbound_auth != "source" and t.user == username:
+                if t.inbound_auth == "digest" or t is by_source:
+                    return t, False
+                return None, True
+        return None, False
 
     def _on_ack(self, request: SipRequest, peer: Peer, now: float) -> None:
         call = self._calls.get(request.call_id)

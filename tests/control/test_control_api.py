@@ -43,6 +43,7 @@ class FakeDirectory:
     hung_up: list[tuple[str, str]] = field(default_factory=list)
     originated: list[tuple[str, str, str]] = field(default_factory=list)
     full: bool = False
+    trunks: list[str] = field(default_factory=list)
 
     def list_calls(self) -> Sequence[CallInfo]:
         return list(self.calls.values())
@@ -50,7 +51,11 @@ class FakeDirectory:
     def get_call(self, call_id: str) -> CallInfo | None:
         return self.calls.get(call_id)
 
-    def originate(self, to: str, from_: str, route: str) -> str | DirectoryError:
+    def originate(self, to: str, from_: str, route: str, trunk: str = "") -> str | DirectoryError:
+        if trunk == "busy":
+            return DirectoryError(429, "trunk_rate_limited", "over the rate", "trunk", 0.25)
+        if trunk:
+            self.trunks.append(trunk)
         if self.full:
             return DirectoryError(503, "no_capacity", "max_calls reached")
         if route == "nowhere":
@@ -151,6 +156,18 @@ def test_originate() -> None:
     assert_error(*call("POST", "/v1/calls", {"to": "sip:a@b", "route": "nowhere"}), 422, "route")
     full = FakeDirectory(full=True)
     assert_error(*call("POST", "/v1/calls", {"to": "sip:a@b"}, directory=full), 503)
+
+
+def test_originate_names_a_trunk_and_a_rate_refusal_says_when_to_retry() -> None:
+    d = FakeDirectory()
+    resp, _ = call("POST", "/v1/calls", {"to": "tel:+15551234567", "trunk": "tw-1"}, directory=d)
+    assert resp.status == 201
+    assert d.trunks == ["tw-1"]
+    resp, body = call("POST", "/v1/calls", {"to": "tel:+15551234567", "trunk": "busy"})
+    assert_error(resp, body, 429, "trunk")
+    assert body["error"]["code"] == "trunk_rate_limited"
+    assert ("Retry-After", "1") in resp.headers
+    assert_error(*call("POST", "/v1/calls", {"to": "sip:a@b", "trunk": "a b"}), 422, "trunk")
 
 
 def test_say_with_and_without_turn_id() -> None:

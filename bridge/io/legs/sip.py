@@ -73,7 +73,8 @@ from bridge.sip.sdp import (
     negotiate,
     parse_sdp,
 )
-from bridge.sip.settings import SipAuthUser, SipSecurity, SipSettings
+from bridge.sip.settings import SipAuthUser, SipSecurity, SipSettings, TrunkConfig
+from bridge.sip.trunks import TrunkLimited, TrunkLimiter, choose_trunk
 from bridge.sip.ua import SipUserAgent
 from bridge.sip.uri import OutboundTarget, TargetError, outbound_target, parse_uri
 
@@ -139,11 +140,12 @@ class _UaRunner:
         """Datagrams for a name being looked up: (data, port), sent once it resolves."""
         self.tls = tls
         """TLS: the listener's context and the outbound ones (``bridge.io.sip_tls``)."""
-        self.peer_conns: dict[tuple[str, int, str], int] = {}
+        self.peer_conns: dict[tuple[str, int, str, str], int] = {}
         """TCP and TLS: the one connection per peer (address, port, and for TLS the server
         name) we call out and register on, reused by later requests (RFC 5923's spirit)
-        and opened again once it drops."""
-        self.conn_peers: dict[int, tuple[str, int, str]] = {}
+        and opened again once it drops; the fourth element is the trunk whose TLS settings
+        it was opened with ("": ``[sip]``'s)."""
+        self.conn_peers: dict[int, tuple[str, int, str, str]] = {}
         """The reverse of ``peer_conns``."""
         self.tls_handshakes = 0
         """Outbound TLS handshakes completed (one per peer while its connection lives)."""
@@ -215,14 +217,15 @@ class _UaRunner:
         self.next_conn_id += 1
         await self._serve_stream(conn_id, reader, writer, source, gated=True)
 
-    def connect(self, addr: tuple[str, int], server_name: str = "") -> int:
+    def connect(self, addr: tuple[str, int], server_name: str = "", trunk: str = "") -> int:
         """The connection to a peer we call or register at; its conn_id at once (what
         the engine sends before it is up waits in ``pending``; if it cannot connect,
         the calls waiting on it fail at once, as a 503). The peer's connection if one
         is open or opening, over TCP and TLS alike (TLS: ``server_name`` is the name its
-        certificate must carry, and SNI; empty: the address)."""
-        name = (server_name or addr[0]) if self.tls is not None else ""
-        key = (addr[0], addr[1], name)
+        certificate must carry, and SNI; empty: the address; ``trunk``: whose TLS
+        verification applies, "" for ``[sip]``'s)."""
+        tls = self.tls is not None
+        key = (addr[0], addr[1], (server_name or addr[0]) if tls else "", trunk if tls else "")
         conn_id = self.peer_conns.get(key, 0)
         if conn_id and (conn_id in self.writers or conn_id in self.pending):
             return conn_id
@@ -234,19 +237,27 @@ class _UaRunner:
         self._open(conn_id, [])
         return conn_id
 
+    def refer_target(self, call_id: str, target: str) -> str:
+        return self.leg.refer_target(call_id, target)
+
     def _open(self, conn_id: int, queued: list[bytes]) -> None:
         """(Re)open the peer's connection ``conn_id`` with ``queued`` to send on it."""
-        host, port, name = self.conn_peers[conn_id]
+        host, port, name, trunk = self.conn_peers[conn_id]
         self.pending[conn_id] = queued
-        self.leg.services.spawn(self._connect(conn_id, (host, port), name))
+        self.leg.services.spawn(self._connect(conn_id, (host, port), name, trunk))
 
-    async def _connect(self, conn_id: int, addr: tuple[str, int], server_name: str = "") -> None:
+    async def _connect(
+        self, conn_id: int, addr: tuple[str, int], server_name: str = "", trunk: str = ""
+    ) -> None:
         try:
             if self.tls is not None:
+                contexts = self.tls[1]
                 reader, writer = await asyncio.open_connection(
                     addr[0],
                     addr[1],
-                    ssl=self.tls[1].for_host(server_name or addr[0]),
+                    ssl=contexts.for_trunk(trunk, server_name or addr[0])
+                    if isinstance(contexts, _TrunkContexts)
+                    else contexts.for_host(server_name or addr[0]),
                     server_hostname=server_name or addr[0],
                     ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
                 )
@@ -468,6 +479,10 @@ class SipLeg:
         self.early_out: set[str] = set()
         """Outbound calls receiving the far end's early media (their RTP read on the
         ticker before a runner exists)."""
+        self.call_trunks: dict[str, TrunkConfig] = {}
+        """The calls through a ``[trunks]`` entry (out, and in from its sources)."""
+        self.trunk_limits: dict[str, TrunkLimiter] = {}
+        """Each trunk's concurrent calls and call-out rate (``bridge.sip.trunks``)."""
 
     def _settings(self, host: str, port: int, transport: str) -> SipSettings:
         cfg = self.services.config.sip
@@ -486,6 +501,7 @@ class SipLeg:
             max_calls=cfg.max_calls,
             session_expires_s=cfg.session_expires_s,
             codecs=cfg.codecs,
+            trunks=self.services.config.trunks,
         )
 
     async def start(self) -> None:
@@ -504,7 +520,7 @@ class SipLeg:
         if cfg.tls_listen:
             tls = (
                 server_context(cfg.tls_certificate_file, cfg.tls_key_file),
-                ClientContexts(cfg.security),
+                _TrunkContexts(cfg.security, self.services.config.trunks),
             )
         for listen in cfg.tls_listen:
             host, port = split_hostport(listen)
@@ -556,7 +572,13 @@ class SipLeg:
         """Keep a binding at every ``[sip.registrations]`` registrar (refreshed by the
         engine), over its transport: UDP, or the registrar's TCP or TLS connection
         (``_UaRunner.connect``: shared with calls to it, opened again when it drops)."""
-        for reg in self.services.config.sip.registrations:
+        cfg = self.services.config
+        regs = [(reg, "") for reg in cfg.sip.registrations] + [
+            (SipRegistration(f"trunks.{t.name}", t.registrar, t.user, t.password), t.name)
+            for t in cfg.trunks
+            if t.registrar
+        ]
+        for reg, trunk in regs:
             try:
                 target = outbound_target(reg.registrar)
             except TargetError:
@@ -566,7 +588,7 @@ class SipLeg:
                 log.error("sip.register_impossible", registration=reg.name)
                 continue
             dest = (target.host, target.port)
-            conn_id = ua.connect(dest, target.host) if ua.kind != "UDP" else None
+            conn_id = ua.connect(dest, target.host, trunk) if ua.kind != "UDP" else None
             ua.ua.register(
                 dest,
                 reg.registrar,
@@ -710,13 +732,19 @@ class SipLeg:
         cfg = self.services.call_config()
         route = cfg.route_for(_route_key(event.request_uri))
         reject: tuple[int, str, str] | None = None
-        audio = negotiate(parse_sdp(event.offer_sdp), cfg.sip.codecs) if event.offer_sdp else None
+        trunk = next((t for t in cfg.trunks if t.name == event.trunk), None)
+        codecs = trunk.codecs if trunk is not None else cfg.sip.codecs
+        srtp_mode = trunk.srtp if trunk is not None else cfg.sip.security.srtp
+        limiter = self._trunk_limiter(trunk) if trunk is not None else None
+        audio = negotiate(parse_sdp(event.offer_sdp), codecs) if event.offer_sdp else None
         if route is None:
             reject = (404, "Not Found", "no_route")
         elif audio is None:
             reject = (488, "Not Acceptable Here", "no_codec")
         elif self.active_calls() >= cfg.sip.max_calls:
             reject = (503, "Service Unavailable", "max_calls")
+        elif limiter is not None and limiter.admit(loop.time(), outbound=False) is not None:
+            reject = (503, "Service Unavailable", "max_calls")  # the trunk's
         elif self.services.ticker.overloaded(cfg.daemon.max_loop_lag_ms / 1000):
             reject = (503, "Service Unavailable", "overloaded")  # protect the calls in progress
             log.warning("sip.overloaded", lag_ms=round(self.services.ticker.lag_s * 1000, 2))
@@ -746,12 +774,15 @@ class SipLeg:
         # SRTP when offered over TLS and not off (the engine refused every other
         # combination with 488, sdp.srtp_refusal): our own key for the offered suite
         local = remote = None
-        if audio.crypto and cfg.sip.security.srtp != "off" and ua.kind == "TLS":
+        if audio.crypto and srtp_mode != "off" and ua.kind == "TLS":
             local = choose_crypto(audio.crypto, secrets.token_bytes)
             remote = next((c for c in audio.crypto if local and c.tag == local.tag), None)
         srtp = SrtpContext(local, remote) if local and remote else None
         call.start_media(audio, event.source[0], _latching(cfg.sip.latching), srtp)
         self.calls[event.call_id] = call
+        if trunk is not None and limiter is not None:
+            self.call_trunks[event.call_id] = trunk
+            limiter.started(event.call_id)
         rtp_host = cfg.sip.external_address or host
         offer = parse_sdp(event.offer_sdp)
         answer = build_answer(
@@ -825,7 +856,14 @@ class SipLeg:
     ) -> CallRunner:
         bind_call(call.call_id)
         profile = LegProfile(kind="sip", codec=call.codec, heard_from="frames")  # type: ignore[arg-type]
-        started = cmd.CallStarted(call_id=call.call_id, leg="sip", from_=from_uri, to=to_uri)
+        trunk = self.call_trunks.get(call.call_id)
+        started = cmd.CallStarted(
+            call_id=call.call_id,
+            leg="sip",
+            from_=from_uri,
+            to=to_uri,
+            custom_parameters={"trunk": trunk.name} if trunk is not None else {},
+        )
         runner = CallRunner(
             self.services,
             call.call_id,
@@ -843,7 +881,12 @@ class SipLeg:
     # ---------------------------------------------------------- outbound
 
     def originate(
-        self, to_uri: str, from_uri: str, route_key: str, resolved: dict[str, str] | None = None
+        self,
+        to_uri: str,
+        from_uri: str,
+        route_key: str,
+        resolved: dict[str, str] | None = None,
+        trunk: str = "",
     ) -> str:
         """Place a call to ``to_uri`` (``sip:`` or ``tel:+E164``); returns its Call-ID
         (answered later). Over UDP, or TCP when the next hop says ``transport=tcp``,
@@ -856,24 +899,36 @@ class SipLeg:
         API looks it up first, so its caller hears of a name that does not
         resolve); without one the name is resolved as the INVITE leaves.
 
+        ``trunk`` names a ``[trunks]`` entry (a ``tel:`` target without one takes the only
+        trunk): its proxy, transport, credentials, caller ID (``from_uri`` empty), codecs,
+        SRTP and limits apply instead of ``[sip]``'s.
+
         Raises:
-            TargetError: the target cannot be called (not a global number, ...).
+            TargetError: the target cannot be called (not a global number, ...);
+                ``TrunkError`` for the trunk's name.
+            TrunkLimited: the trunk's ``max_calls`` or ``calls_per_second`` refuses it.
             ValueError: no route, no transport of that kind, or no RTP port.
         """
         cfg = self.services.call_config()
-        registrar = cfg.sip.registrations[0].registrar if cfg.sip.registrations else None
-        target = outbound_target(
-            to_uri, cfg.sip.outbound_proxy or None, cfg.sip.outbound_proxy or registrar
-        )
+        chosen = choose_trunk(cfg.trunks, trunk, to_uri)
+        if chosen is not None:
+            proxy, security, codecs = chosen.next_hop, chosen.security, chosen.codecs
+            target = outbound_target(to_uri, proxy, proxy)
+            from_uri = from_uri or _caller_id(chosen, target.host)
+        else:
+            registrar = cfg.sip.registrations[0].registrar if cfg.sip.registrations else None
+            proxy, security, codecs = cfg.sip.outbound_proxy, cfg.sip.security, cfg.sip.codecs
+            target = outbound_target(to_uri, proxy or None, proxy or registrar)
+            from_uri = from_uri or "sip:callbridge@localhost"
         route = cfg.route_for(route_key or _route_key(target.request_uri))
         if route is None:
             raise ValueError("no route matches")
-        security = cfg.sip.security
         if security.srtp == "require" and target.transport != "TLS":
             raise TargetError(
                 f"{to_uri}: sip.srtp is 'require' and SDES keys travel only over TLS "
                 "(call a sips: or ;transport=tls target)"
             )
+        limiter = self._trunk_limiter(chosen) if chosen is not None else None
         ua = next((r for r in self.runners if r.kind == target.transport), None)
         if ua is None:
             raise ValueError(
@@ -882,10 +937,14 @@ class SipLeg:
         dest = (target.host, target.port)
         if resolved and dest[0] in resolved:
             dest = (resolved[dest[0]], dest[1])
+        if limiter is not None and (refusal := limiter.admit(ua.loop.time())) is not None:
+            raise TrunkLimited(refusal)
         host = ua.ua.settings.local_host
         key = f"out-{os.urandom(6).hex()}"
         bound = self._bind(ua, key, host)
         if bound is None:
+            if limiter is not None:
+                limiter.give_back()  # nothing was sent: the call did not count
             raise ValueError("no RTP port could be bound")
         call = bound[0]
         self.services.spawn(call.attach(bound[1]))
@@ -895,13 +954,18 @@ class SipLeg:
             call.rtp_port,
             1,
             1,
-            cfg.sip.codecs,
+            codecs,
             crypto=keys,
             proto="RTP/SAVP" if keys and security.srtp == "require" else "RTP/AVP",
         )
-        credentials = _credentials_for(cfg.sip.registrations, target)
-        headers = (("Route", f"<{cfg.sip.outbound_proxy};lr>"),) if target.via_proxy else ()
-        conn_id = ua.connect(dest, target.host) if target.transport != "UDP" else None
+        credentials = (
+            _credentials_for(cfg.sip.registrations, target)
+            if chosen is None
+            else _trunk_credentials(chosen)
+        )
+        headers = (("Route", f"<{proxy};lr>"),) if target.via_proxy else ()
+        trunk_name = chosen.name if chosen is not None else ""
+        conn_id = ua.connect(dest, target.host, trunk_name) if target.transport != "UDP" else None
         call_id = ua.ua.invite(
             target.request_uri,
             from_uri,
@@ -911,9 +975,13 @@ class SipLeg:
             credentials=credentials,
             headers=headers,
             conn_id=conn_id,
+            from_display=chosen.caller_name if chosen is not None else "",
         )
         call.call_id, call.outbound = call_id, True
         self.calls[call_id] = call
+        if chosen is not None and limiter is not None:
+            self.call_trunks[call_id] = chosen
+            limiter.started(call_id)
         self.pending_routes[call_id] = (route, from_uri, to_uri, dest[0])
         if keys:
             self.offered_keys[call_id] = keys
@@ -970,13 +1038,17 @@ class SipLeg:
             self.services.ticker.remove(event.call_id)
         if call is None or pending is None:
             return
-        audio = negotiate(parse_sdp(event.answer_sdp), self.services.config.sip.codecs)
+        trunk = self.call_trunks.get(event.call_id)
+        sip = self.services.config.sip
+        codecs = trunk.codecs if trunk is not None else sip.codecs
+        srtp_mode = trunk.srtp if trunk is not None else sip.security.srtp
+        audio = negotiate(parse_sdp(event.answer_sdp), codecs)
         if audio is None:
             call.hangup("no_codec")
             self._release(call)
             return
         srtp = _answered_srtp(offered, audio)
-        if srtp is None and (self.services.config.sip.security.srtp == "require" or audio.crypto):
+        if srtp is None and (srtp_mode == "require" or audio.crypto):
             # required and not answered, or answered with a key for nothing we offered
             log.info("sip.srtp_not_answered", call_id=event.call_id)
             call.hangup("srtp_mismatch")
@@ -1034,11 +1106,38 @@ class SipLeg:
         self._release(call)
         call.drop_cycles()
 
+    def refer_target(self, call_id: str, target: str) -> str:
+        """The Refer-To of a transfer: on a trunk's call a ``tel:+E164`` target becomes
+        ``sip:+NUMBER@PROXY-HOST;user=phone``, as a call out through the trunk would (the
+        carrier places it); anything else as it is."""
+        trunk = self.call_trunks.get(call_id)
+        if trunk is None or not target.lower().startswith("tel:"):
+            return target
+        try:
+            return outbound_target(target, trunk.next_hop, trunk.next_hop).request_uri
+        except TargetError:
+            return target
+
+    def _trunk_limiter(self, trunk: TrunkConfig) -> TrunkLimiter:
+        """The trunk's limiter (a new one, keeping its calls, when a reload changed them)."""
+        limiter = self.trunk_limits.get(trunk.name)
+        if limiter is None or (limiter.max_calls, limiter.rate) != (
+            trunk.max_calls,
+            trunk.calls_per_second,
+        ):
+            fresh = TrunkLimiter(trunk.name, trunk.max_calls, trunk.calls_per_second)
+            fresh.calls = limiter.calls if limiter is not None else set()
+            self.trunk_limits[trunk.name] = limiter = fresh
+        return limiter
+
     def _release(self, call: _SipCall) -> None:
         self.early.pop(call.call_id, None)
         if call.call_id in self.early_out:
             self.early_out.discard(call.call_id)
             self.services.ticker.remove(call.call_id)
+        trunk = self.call_trunks.pop(call.call_id, None)
+        if trunk is not None and trunk.name in self.trunk_limits:
+            self.trunk_limits[trunk.name].ended(call.call_id)
         if self.calls.pop(call.call_id, None) is not None:
             lost = call.rtp.reception_stats().lost
             if lost > 0:
@@ -1071,6 +1170,21 @@ def _uri_hostport(uri: str) -> tuple[str, int] | None:
     return m.group(1).strip("[]"), int(m.group(2) or 5060)
 
 
+class _TrunkContexts(ClientContexts):
+    """``[sip]``'s outbound TLS contexts, and each TLS trunk's own (its ``tls_ca_file``,
+    or no verification of its proxy with ``tls_verify = false``)."""
+
+    def __init__(self, security: SipSecurity, trunks: tuple[TrunkConfig, ...]) -> None:
+        super().__init__(security)
+        self.trunks = {t.name: ClientContexts(t.security) for t in trunks if t.transport == "tls"}
+
+    def for_trunk(self, trunk: str, host: str) -> ssl.SSLContext:
+        """The context a call through ``trunk`` ("": none) calls ``host`` with; a trunk
+        added by a reload has none yet: ``[sip]``'s (verifying against its store)."""
+        own = self.trunks.get(trunk)
+        return own.for_host(host) if own is not None else self.for_host(host)
+
+
 def _offered_keys(security: SipSecurity) -> tuple[SdesCrypto, ...]:
     """The keys an outbound call over TLS offers: one per suite, or none (``srtp`` off)."""
     if security.srtp == "off":
@@ -1089,6 +1203,17 @@ def _answered_srtp(offered: tuple[SdesCrypto, ...], audio: NegotiatedAudio) -> S
             if (ours.tag, ours.suite) == (theirs.tag, theirs.suite):
                 return SrtpContext(ours, theirs)
     return None
+
+
+def _caller_id(trunk: TrunkConfig, host: str) -> str:
+    """The From URI a trunk presents: its ``caller_id`` (or ``callbridge``) at its host."""
+    return f"sip:{trunk.caller_id or 'callbridge'}@{host}"
+
+
+def _trunk_credentials(trunk: TrunkConfig) -> DigestCredentials | None:
+    if not (trunk.user and trunk.password):
+        return None
+    return DigestCredentials(trunk.user, trunk.password, trunk.realm or None)
 
 
 def _latching(mode: str) -> LatchingMode:

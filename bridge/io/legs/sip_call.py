@@ -75,6 +75,10 @@ class Signalling(Protocol):
 
     def pump(self) -> None: ...
 
+    def refer_target(self, call_id: str, target: str) -> str:
+        """A transfer's Refer-To (a trunk's call: ``tel:`` at the trunk's host)."""
+        ...
+
 
 class _DatagramProtocol(asyncio.DatagramProtocol):
     def __init__(self, on_datagram: Callable[[bytes, tuple[str, int]], None]) -> None:
@@ -452,6 +456,7 @@ class _SipCall:
             self.ua.pump()
 
     def transfer(self, target: str) -> None:
+        target = self.ua.refer_target(self.call_id, target)  # a trunk's tel: rewritten
         self.ua.ua.refer(self.call_id, target, self.loop.time())
         self.ua.pump()
 
