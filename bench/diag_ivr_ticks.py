@@ -112,7 +112,7 @@ def _child(cfg: str, out: str, profile: str, share: str) -> int:
         owner = getattr(callback, "__self__", None)
         if not tickers and isinstance(owner, MediaTicker):
             tickers.append(owner)  # (frozen at start-up: gc.get_objects() does not list it)
-        if time.monotonic() >= next_sample[0]:
+        if tickers and time.monotonic() >= next_sample[0]:
             next_sample[0] = time.monotonic() + 1.0
             spread.append(occupancy())
         t0 = time.thread_time()
