@@ -61,15 +61,8 @@ def _child(cfg: str, out: str, profile: str, share: str) -> int:
     """The daemon, its loop's callbacks timed (SIGUSR1 starts the window, SIGUSR2 ends it)."""
     import asyncio.events
     import cProfile
+    import dataclasses
     import functools
-
-    if share:  # the ticker's talkspurt_share (an A/B of the placement rule)
-        import bridge.io.ticker
-
-        config = bridge.io.ticker.TickerConfig
-        bridge.io.ticker.TickerConfig = functools.partial(  # type: ignore[misc,assignment]
-            config, talkspurt_share=float(share)
-        )
 
     from bridge.cli import main
 
@@ -104,14 +97,17 @@ def _child(cfg: str, out: str, profile: str, share: str) -> int:
         return getattr(cb, "__qualname__", type(cb).__name__)
 
     def timed(self: asyncio.events.Handle) -> None:
+        callback = self._callback  # type: ignore[attr-defined]  # (asyncio's own attribute)
+        if not tickers and isinstance(getattr(callback, "__self__", None), MediaTicker):
+            ticker = callback.__self__  # (frozen at start-up: gc.get_objects() misses it)
+            tickers.append(ticker)
+            if share:  # the ticker's talkspurt_share from its first wake-up: an A/B of the rule
+                config = ticker.ticker._config
+                ticker.ticker._config = dataclasses.replace(config, talkspurt_share=float(share))
         if not on[0]:
             orig(self)
             return
         inside.clear()
-        callback = self._callback  # type: ignore[attr-defined]  # (asyncio's own attribute)
-        owner = getattr(callback, "__self__", None)
-        if not tickers and isinstance(owner, MediaTicker):
-            tickers.append(owner)  # (frozen at start-up: gc.get_objects() does not list it)
         if tickers and time.monotonic() >= next_sample[0]:
             next_sample[0] = time.monotonic() + 1.0
             spread.append(occupancy())
