@@ -23,11 +23,17 @@ drawn from one of two patterns:
 * ``uniform``: uniformly over one second (turns restarting in the same second);
 * ``clusters``: in clusters of 5-64 starts (uniform size) that fall in the
   same 100 us, the clusters uniformly over one second (one read from the
-  provider connection carrying many turns' first audio).
+  provider connection carrying many turns' first audio);
+* ``locked``: at the same phase of the period, spread over one second, within
+  100 us of it (turns that start at correlated instants: calls placed at 25/s,
+  one every two periods; a flow's gather timeout, a whole number of periods
+  after the turn before; a cached prompt started inside its call's wake-up).
 
-Figures, pooled over ``seeds`` seeds, for each rule (``talkspurt_buckets`` =
-1: the old rule, every first frame at once; the default: the least-loaded of
-the next buckets). Scheduling only (no CPU model; 100-600 calls):
+Figures, pooled over ``seeds`` seeds, for each rule (``once``:
+``talkspurt_buckets`` = 1, every first frame at once; ``two``: the
+least-loaded of the next two buckets, ``talkspurt_share`` = 0; ``share``: the
+default, which goes on past those two to a bucket within its fair share
+when both are over it). Scheduling only (no CPU model; 100-600 calls):
 
 * ``bucket_occupancy``: calls per 1 ms phase of the 20 ms period, sampled
   every 20 ms from the first restart to 0.2 s after the last: p50, p99, max
@@ -80,10 +86,13 @@ ROUND_GAP_S = 2.0
 US_PER_FRAME = 37.0
 CPU_PER_FRAME_S = US_PER_FRAME * 1e-6
 BUDGET_FRAMES = int(1000 / US_PER_FRAME)  # 27 frames = 1 ms of work
+PATTERNS = ("uniform", "clusters", "locked")
 
 
-def _config(buckets: int) -> TickerConfig:
-    return TickerConfig(ClockConfig(), epoch_s=0.0005, talkspurt_buckets=buckets)
+def _config(buckets: int, share: float = 0.0) -> TickerConfig:
+    return TickerConfig(
+        ClockConfig(), epoch_s=0.0005, talkspurt_buckets=buckets, talkspurt_share=share
+    )
 
 
 def talkspurt_times(n: int, pattern: str, t0: float, rng: random.Random) -> list[tuple[float, int]]:
@@ -93,6 +102,10 @@ def talkspurt_times(n: int, pattern: str, t0: float, rng: random.Random) -> list
     starts: list[tuple[float, int]] = []
     if pattern == "uniform":
         starts = [(t0 + rng.random(), k) for k in keys]
+    elif pattern == "locked":
+        periods = round(1.0 / PTIME_S)
+        starts = [(t0 + (j % periods) * PTIME_S + rng.random() * 100e-6, k)
+                  for j, k in enumerate(keys)]  # fmt: skip
     else:
         i = 0
         while i < n:
@@ -104,10 +117,12 @@ def talkspurt_times(n: int, pattern: str, t0: float, rng: random.Random) -> list
     return starts
 
 
-def simulate(n: int, pattern: str, buckets: int, seed: int, cpu_s: float) -> dict[str, Any]:
+def simulate(
+    n: int, pattern: str, rule: tuple[int, float], seed: int, cpu_s: float
+) -> dict[str, Any]:
     """One run; ``cpu_s`` is the CPU each frame costs the one core (0: scheduling only)."""
     rng = random.Random(seed)
-    ticker: Ticker[int] = Ticker(_config(buckets))
+    ticker: Ticker[int] = Ticker(_config(*rule))
     clocks = [ticker.add(k, rng.random()) for k in range(n)]  # calls placed over a second
     requests: list[tuple[float, int]] = []
     for r in range(ROUNDS):
@@ -176,12 +191,12 @@ def simulate(n: int, pattern: str, buckets: int, seed: int, cpu_s: float) -> dic
     }
 
 
-def start_talkspurt_cpu_us(n: int, buckets: int, repeats: int = 5) -> float:
+def start_talkspurt_cpu_us(n: int, rule: tuple[int, float], repeats: int = 5) -> float:
     """CPU per ``Ticker.start_talkspurt`` call on a ticker of n streams (median of repeats)."""
     runs = []
     for r in range(repeats):
         rng = random.Random(r)
-        ticker: Ticker[int] = Ticker(_config(buckets))
+        ticker: Ticker[int] = Ticker(_config(*rule))
         for k in range(n):
             ticker.add(k, 0.0)
         order = list(range(n))
@@ -203,10 +218,12 @@ def _ms(values_s: list[float]) -> dict[str, float]:
     }
 
 
-def figures(n: int, pattern: str, buckets: int, seeds: int, cpu_s: float) -> dict[str, Any]:
+def figures(
+    n: int, pattern: str, rule: tuple[int, float], seeds: int, cpu_s: float
+) -> dict[str, Any]:
     pooled: dict[str, list[Any]] = {}
     for seed in range(seeds):
-        for name, values in simulate(n, pattern, buckets, seed, cpu_s).items():
+        for name, values in simulate(n, pattern, rule, seed, cpu_s).items():
             pooled.setdefault(name, []).extend(values)
     if cpu_s:
         deviation = pooled["deviation"]
@@ -248,8 +265,12 @@ def main() -> None:
     args = parser.parse_args()
     sizes = (100, 400, 600) if args.quick else (100, 200, 300, 400, 500, 600)
     seeds = 2 if args.quick else 5
-    default_k = TickerConfig().talkspurt_buckets
-    rules = {"before": 1, "after": default_k}
+    default = TickerConfig()
+    rules = {
+        "once": (1, 0.0),
+        "two": (default.talkspurt_buckets, 0.0),
+        "share": (default.talkspurt_buckets, default.talkspurt_share),
+    }
     cpu_sizes = (300, 400) if args.quick else (300, 400, 500)
     results: dict[str, Any] = {
         "rules": rules,
@@ -258,7 +279,7 @@ def main() -> None:
         "cpu_model": [],
         "cpu": [],
     }
-    print(f"talkspurt_buckets: before 1, after {default_k}; {seeds} seeds x {ROUNDS} rounds")
+    print(f"rules (talkspurt_buckets, talkspurt_share): {rules}; {seeds} seeds x {ROUNDS} rounds")
     header = (
         f"{'calls':>5} {'pattern':>8} {'rule':>6} | {'calls/bucket p99':>16} {'max':>4} |"
         f" {'frames/wake-up p99':>18} {'max':>4} {'>27':>6} |"
@@ -278,17 +299,17 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for n in sizes:
-        for pattern in ("uniform", "clusters"):
-            for label, k in rules.items():
-                f = figures(n, pattern, k, seeds, 0.0)
+        for pattern in PATTERNS:
+            for label, rule in rules.items():
+                f = figures(n, pattern, rule, seeds, 0.0)
                 results["runs"].append({"calls": n, "pattern": pattern, "rule": label, **f})
                 row(n, pattern, label, f)
     print("\nsweep of talkspurt_buckets at 400 calls")
     print(header)
     print("-" * len(header))
-    for pattern in ("uniform", "clusters"):
+    for pattern in PATTERNS:
         for k in (1, 2, 3, 4):
-            f = figures(400, pattern, k, seeds, 0.0)
+            f = figures(400, pattern, (k, 0.0), seeds, 0.0)
             results["sweep_400"].append({"pattern": pattern, "talkspurt_buckets": k, **f})
             row(400, pattern, f"k={k}", f)
     cpu_header = (
@@ -301,9 +322,9 @@ def main() -> None:
     print(cpu_header)
     print("-" * len(cpu_header))
     for n in cpu_sizes:
-        for pattern in ("uniform", "clusters"):
-            for label, k in rules.items():
-                f = figures(n, pattern, k, seeds, CPU_PER_FRAME_S)
+        for pattern in PATTERNS:
+            for label, rule in rules.items():
+                f = figures(n, pattern, rule, seeds, CPU_PER_FRAME_S)
                 results["cpu_model"].append({"calls": n, "pattern": pattern, "rule": label, **f})
                 dev, first = f["pacing_deviation"], f["first_frame_delay"]
                 print(
@@ -313,8 +334,8 @@ def main() -> None:
                 )
     print("\nTicker.start_talkspurt, CPU us per call (median of 5)")
     for n in (100, 400):
-        for label, k in rules.items():
-            us = start_talkspurt_cpu_us(n, k)
+        for label, rule in rules.items():
+            us = start_talkspurt_cpu_us(n, rule)
             results["cpu"].append({"calls": n, "rule": label, "start_talkspurt_cpu_us": us})
             print(f"{n:>5} {label:>6}: {us:.3f}")
     settings = {

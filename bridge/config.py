@@ -348,9 +348,11 @@ class DaemonConfig:
     first_audio_timeout_s: float = setting(
         1.0,
         "a turn with somewhere else to go (a next provider in its route's chain, or the "
-        "fallback prompt already cached) that has no audio this long after its provider got "
-        "its whole text is cancelled on that provider and fails over, or plays the fallback "
-        "prompt (the app or flow gets `provider.error`, kind `first_audio_timeout`); a prompt "
+        "fallback prompt already cached) that has no audio this long after its first provider "
+        "got its whole text (one budget for the turn across its providers) is cancelled on the "
+        "provider it is on and plays the fallback prompt, or, with none cached, fails over (the "
+        "next provider gets a deadline of its own) (the app or flow gets `provider.error`, "
+        "kind `first_audio_timeout`); a prompt "
         "render shared with other calls goes on to fill the cache. A provider's own "
         "`first_audio_timeout_s` overrides it. `0`: off (a silent provider is waited for "
         "until its own timeout, 10 s or more). Trade-off: a provider that is slow to start "

@@ -146,6 +146,29 @@ class Metrics:
             "ended calls still alive 30 s later (in a reference cycle, or held: a leak)",
             registry=r,
         )
+        # the prompt cache (bridge.providers.prompts), per provider name of the config
+        self.prompt_cache_hits_total = Counter(
+            "callbridge_prompt_cache_hits", "Prompts served from the cache", ["provider"],
+            registry=r,
+        )  # fmt: skip
+        self.prompt_cache_misses_total = Counter(
+            "callbridge_prompt_cache_misses", "Prompt requests that started a render",
+            ["provider"], registry=r,
+        )  # fmt: skip
+        self.prompt_cache_coalesced_total = Counter(
+            "callbridge_prompt_cache_coalesced",
+            "Prompt requests that joined a render in flight (no render of their own)",
+            ["provider"], registry=r,
+        )  # fmt: skip
+        self.prompt_cache_render_failures_total = Counter(
+            "callbridge_prompt_cache_render_failures",
+            "Prompt renders failed for good (after the retry; their waiters failed together)",
+            ["provider"], registry=r,
+        )  # fmt: skip
+        self.prompt_cache_bytes = Gauge(
+            "callbridge_prompt_cache_bytes", "Rendered prompt bytes held (memory: audio; "
+            "disk: files in cache_dir)", ["where"], registry=r,
+        )  # fmt: skip
         # process_resident_memory_bytes, process_open_fds, process_cpu_seconds_total...
         ProcessCollector(registry=r)
 

@@ -64,7 +64,12 @@ from bridge.providers.base import (
     TurnFailed,
     TurnSettings,
 )
-from bridge.providers.prompts import prerender_formats, provider_identity, static_prompts
+from bridge.providers.prompts import (
+    PromptCounts,
+    prerender_formats,
+    provider_identity,
+    static_prompts,
+)
 
 __all__ = ["Daemon", "Leg", "Runtime", "prompt_identity", "provider_settings", "run_daemon"]
 
@@ -203,6 +208,7 @@ class Daemon:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _reconnects_seen: dict[str, int] = field(default_factory=dict)
     _refusals_seen: dict[str, int] = field(default_factory=dict)
+    _prompt_counts_seen: dict[tuple[str, str], int] = field(default_factory=dict)
     prerender: Prerender = field(default_factory=Prerender)
     prompt_store: PromptStore | None = None
     _store_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -521,6 +527,29 @@ class Daemon:
                 self.metrics.rejected_total.labels(reason).inc(total - seen)
                 self._refusals_seen[reason] = total
 
+    def _export_prompt_cache(self) -> None:
+        """The prompt cache's counts per provider (names from the config) and its bytes in
+        memory and on disk, into the metrics (at every scrape)."""
+        if self.runtime is None:
+            return
+        m, cache = self.metrics, self.runtime.cache
+        for provider in {*self.runtime.pools, *cache.counts}:  # (each exported from 0)
+            counts = cache.counts.get(provider, PromptCounts())
+            for name, total, counter in (
+                ("hits", counts.hits, m.prompt_cache_hits_total),
+                ("misses", counts.misses, m.prompt_cache_misses_total),
+                ("joins", counts.joins, m.prompt_cache_coalesced_total),
+                ("failures", counts.failures, m.prompt_cache_render_failures_total),
+            ):
+                child = counter.labels(provider)
+                seen = self._prompt_counts_seen.get((provider, name), 0)
+                if total > seen:
+                    child.inc(total - seen)
+                    self._prompt_counts_seen[provider, name] = total
+        m.prompt_cache_bytes.labels("memory").set(cache.size_bytes)
+        store = self.prompt_store
+        m.prompt_cache_bytes.labels("disk").set(store.disk_bytes if store is not None else 0)
+
     def _export_pool_counters(self) -> None:
         """Provider reconnects, as counted by the pools, into the metrics."""
         for rt in [self.runtime, *self._old_runtimes]:
@@ -567,6 +596,7 @@ class Daemon:
             if refusal is not None:
                 return refusal
             self._export_listener_counters()  # counted at accept: current at every scrape
+            self._export_prompt_cache()
             return HttpResponse(200, self.metrics.render(), "text/plain; version=0.0.4")
         for handler in API_HANDLERS:
             response = await handler(self, request)

@@ -52,6 +52,9 @@ class PromptStore:
         self.written = 0
         self.deleted = 0
         self.bad = 0
+        self.disk_bytes = 0
+        """Bytes of the prompt files this store knows of (loaded or written, not deleted)."""
+        self._sizes: dict[str, int] = {}
 
     def path(self, digest: str) -> Path:
         return self.directory / f"{digest}{SUFFIX}"
@@ -71,7 +74,8 @@ class PromptStore:
         loaded = 0
         for _, f in sorted(files):
             try:
-                key, events = decode_prompt(f.read_bytes())
+                data = f.read_bytes()
+                key, events = decode_prompt(data)
                 if f.name != f"{key.digest()}{SUFFIX}":
                     raise PromptFileError("file name is not its key's digest")
             except (OSError, PromptFileError) as e:
@@ -80,6 +84,7 @@ class PromptStore:
                 with contextlib.suppress(OSError):
                     f.unlink()
                 continue
+            self._sized(key.digest(), len(data))
             if cache.load(key, events):
                 loaded += 1
         self.apply(StoreWork([], self.take(cache).deletes))  # what the bound left out
@@ -107,6 +112,13 @@ class PromptStore:
             with contextlib.suppress(FileNotFoundError):
                 self.path(digest).unlink()
                 self.deleted += 1
+            self._sized(digest, 0)
+
+    def _sized(self, digest: str, size: int) -> None:
+        """The file of ``digest`` now holds ``size`` bytes (0: gone)."""
+        self.disk_bytes += size - self._sizes.pop(digest, 0)
+        if size:
+            self._sizes[digest] = size
 
     def write(self, digest: str, data: bytes) -> None:
         """Write one file atomically: a temporary file, fsync, rename, fsync the directory."""
@@ -132,3 +144,4 @@ class PromptStore:
         finally:
             os.close(dfd)
         self.written += 1
+        self._sized(digest, len(data))

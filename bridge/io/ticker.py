@@ -24,7 +24,8 @@ Slot phases sit half a millisecond into the millisecond (``epoch_s``), so a
 stream on its slot grid leaves within 0.5 ms. A talkspurt start
 (``start_talkspurt``) re-phases the stream in the next pass of the loop:
 there the pure ticker chooses the lighter of this millisecond's bucket and
-the next one (``TickerConfig.talkspurt_buckets``). In this millisecond's,
+the next one (``TickerConfig.talkspurt_buckets``; a later one when both are
+over their fair share, ``talkspurt_share``). In this millisecond's,
 the first frame goes out in that pass and the grid is anchored on that
 instant; in the next one, it is due on that millisecond's slot phase and
 goes out with that bucket's timer, like every frame on the slot grid. Either

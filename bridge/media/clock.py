@@ -77,6 +77,21 @@ most ``(talkspurt_buckets - 1) * bucket_s`` plus the phase (1.5 ms with the
 defaults) after it was asked for. ``bench/bench_ticker.py`` measures the
 occupancy and the added delay.
 
+Nor are the "now"s of different calls independent: turn starts come at the
+same phase of the period call after call (a load generator's calls at 25/s,
+one every two periods; a flow's gather timeout, a whole number of periods
+after the turn it follows; a cached prompt starting inside its own call's
+wake-up), so a choice between two neighbouring buckets only ever moves calls
+together, and they stay together: at 60 IVR calls seven of the twenty
+buckets were empty and two held 18 and 17 (``bench/diag_ivr_ticks.py``).
+So when both of those buckets are over their fair share
+(``talkspurt_share`` times the streams per bucket, rounded up, plus one),
+the first frame goes in the first bucket after them that is within it, or,
+if none comes before the stream's own grid, the lightest one seen or that
+grid, whichever is lighter (the frame never waits past its own grid: what
+not re-phasing at all would cost). Calls stay spread, and the first frames
+of well-spread calls still leave at once.
+
 Rules that keep this module honest:
 
 1. No clock reads: every method that needs the time takes ``now``.
@@ -294,6 +309,12 @@ class TickerConfig:
     old rule (always at once); each further bucket adds up to ``bucket_s``
     to a turn's first frame. 2: a frame is held at most 1.5 ms (on the slot
     phase of the next millisecond); see ``bench/bench_ticker.py``."""
+    talkspurt_share: float = 1.25
+    """A bucket that would hold more than ``ceil(talkspurt_share * streams / buckets per
+    period) + 1`` streams with the new one is over its fair share: when the lightest of the
+    ``talkspurt_buckets`` is, a talkspurt's first frame goes in the first bucket after them
+    within its share, before the stream's own grid (module doc). 0: off (the
+    ``talkspurt_buckets`` only)."""
 
 
 class Ticker(Generic[K]):
@@ -335,6 +356,8 @@ class Ticker(Generic[K]):
             raise LocalProtocolError("bucket_s must be positive")
         if self._config.talkspurt_buckets < 1:
             raise LocalProtocolError("talkspurt_buckets must be >= 1")
+        if not self._config.talkspurt_share >= 0:
+            raise LocalProtocolError("talkspurt_share must be >= 0")
         self._clocks: dict[K, MediaClock] = {}
         self._slot_of: dict[K, int] = {}
         self._slot_load = [0] * self._config.slots
@@ -392,7 +415,10 @@ class Ticker(Generic[K]):
         millisecond, and the grid is anchored there). Ties go to the earliest.
         A stream whose own grid comes first in that window keeps its grid
         when its bucket is as light; one whose frame is already due is not
-        moved. Load counts a bucket's streams in this period and the
+        moved. When the lightest of those buckets is over its fair share
+        (``TickerConfig.talkspurt_share``), the first later bucket within it
+        is taken, up to the stream's own grid (the lightest seen, or that grid,
+        if none is). Load counts a bucket's streams in this period and the
         neighbouring ones (each stream recurs every period).
         """
         clock = self._clocks[key]
@@ -411,10 +437,21 @@ class Ticker(Generic[K]):
         first = _floor((now - tolerance_s) / width_s)  # the bucket of a frame due now
         best_s = now
         best_load = self._bucket_load(first)
-        if best_load == 0 or self._config.talkspurt_buckets == 1:
+        config = self._config
+        if best_load == 0 or config.talkspurt_buckets == 1:
             return now
+        near = config.talkspurt_buckets
+        # a bucket at or over ``fair`` is over its share: look on, to the stream's own grid
+        fair = (
+            math.ceil(config.talkspurt_share * len(self._clocks) / self._period_buckets) + 1
+            if config.talkspurt_share > 0
+            else 0
+        )
+        scan = max(near, self._period_buckets) if fair else near
         own_s = clock.deadline(clock.next_frame)
-        for i in range(1, self._config.talkspurt_buckets):
+        for i in range(1, scan):
+            if i >= near and best_load < fair:
+                break  # the nearest buckets' lightest is within its share
             at_s = (first + i) * width_s + tolerance_s + self._phase_in_bucket_s
             if at_s >= own_s:  # the stream's own grid comes first: keep it, or go earlier
                 if self._bucket_load(_floor((own_s - tolerance_s) / width_s)) < best_load:

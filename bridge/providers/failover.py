@@ -212,10 +212,12 @@ class Speaker:
     First-audio deadline (``first_audio_timeouts``, one per pool, 0 or none:
     off): a turn that has somewhere else to go (a next provider in the chain, or
     the fallback prompt in the cache) and still has no audio that long after its
-    provider got its whole text is cancelled on that provider (late audio is
-    dropped) and fails there with kind ``first_audio_timeout``: it fails over or
-    falls back at once. A prompt render shared with other calls is left to go on
-    and fill the cache (``PromptCache.leave``). ``clock`` reads the time and
+    first provider got its whole text (one budget for the turn, whatever provider
+    it is on: ``bridge.providers.first_audio``) is cancelled on that provider
+    (late audio is dropped) and fails there with kind ``first_audio_timeout``: it
+    falls back at once, or, with no fallback cached, fails over to the next
+    provider, which gets a deadline of its own. A prompt render shared with other
+    calls is left to go on and fill the cache (``PromptCache.leave``). ``clock`` reads the time and
     ``call_at(when, callback)`` arms the one deadline timer (the shell's are the
     loop's; tests pass a fake clock and fire ``check_deadlines``).
     """
@@ -506,6 +508,10 @@ class Speaker:
         if turn.waiter is not None and self.cache is not None:
             self.cache.leave(turn.waiter)
             turn.waiter = None
+        if self._fallback_pool(turn, cached_only=True) is not None:
+            turn.chain_index = len(self.pools) - 1  # the turn's budget is spent: fall back now
+        else:
+            self._deadlines.restart(turn.turn_id)  # nothing to play: the next provider's own
         self.first_audio_expired += 1
         log.warning(
             "tts.first_audio_timeout", turn_id=turn.turn_id, provider=pool.name, timeout_s=timeout_s

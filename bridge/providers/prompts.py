@@ -70,6 +70,7 @@ __all__ = [
     "MAGIC",
     "Flight",
     "PromptCache",
+    "PromptCounts",
     "PromptFileError",
     "PromptKey",
     "Rendered",
@@ -185,6 +186,22 @@ def _replay(events: list[Event], turn_id: str, sink: Sink) -> None:
         sink(_retag(ev, turn_id))
 
 
+@dataclass(slots=True)
+class PromptCounts:
+    """What the cache did for one provider's prompts (``PromptCache.counts``), since start."""
+
+    hits: int = 0
+    """Requests served from the cache."""
+    misses: int = 0
+    """Requests that started a render (neither cached nor in flight)."""
+    joins: int = 0
+    """Requests that joined a render in flight (coalesced: no render of their own)."""
+    renders: int = 0
+    """Render attempts started (a retry counts)."""
+    failures: int = 0
+    """Renders failed for good (their waiters failed together)."""
+
+
 @dataclass(eq=False, slots=True)
 class Waiter:
     """One turn waiting on a flight (``PromptCache.leave`` takes it back)."""
@@ -236,6 +253,8 @@ class PromptCache:
         """Render attempts started (a retry counts)."""
         self.failures = 0
         """Flights failed for good (their waiters failed together)."""
+        self.counts: dict[str, PromptCounts] = {}
+        """The same figures per provider (``PromptKey.provider``: a name from the config)."""
         self.stored: list[tuple[str, PromptKey, Rendered]] = []
         """Completed renders not yet written to disk (the shell drains it)."""
         self.evicted: list[str] = []
@@ -262,10 +281,18 @@ class PromptCache:
         item = self._items.get(key.digest())
         if item is None:
             self.misses += 1
+            self._count(key).misses += 1
             return None
         self._items.move_to_end(key.digest())
         self.hits += 1
+        self._count(key).hits += 1
         return item.events
+
+    def _count(self, key: PromptKey) -> PromptCounts:
+        counts = self.counts.get(key.provider)
+        if counts is None:
+            counts = self.counts[key.provider] = PromptCounts()
+        return counts
 
     def put(self, key: PromptKey, events: list[Event], *, persist: bool = True) -> bool:
         """Keep a rendered prompt; ``False`` when it is larger than the whole cache."""
@@ -309,12 +336,14 @@ class PromptCache:
         if item is not None:
             self._items.move_to_end(digest)
             self.hits += 1
+            self._count(key).hits += 1
             _replay(item.events, turn_id, sink)
             sink(TurnDone(turn_id))
             return "hit", None
         flight = self._flights.get(digest)
         if flight is not None:
             self.joins += 1
+            self._count(key).joins += 1
             waiter = Waiter(flight, turn_id, sink)
             flight.waiters.append(waiter)
             _replay(list(flight.events), turn_id, sink)  # from the start of the audio
@@ -323,6 +352,9 @@ class PromptCache:
             return None, None
         self.misses += 1
         self.renders += 1
+        counts = self._count(key)
+        counts.misses += 1
+        counts.renders += 1
         self._flight_no += 1
         flight = Flight(key, digest, self._flight_no)
         self._flights[digest] = flight
@@ -363,9 +395,11 @@ class PromptCache:
         if not flight.events and flight.attempt <= self.retries:
             flight.attempt += 1
             self.renders += 1
+            self._count(flight.key).renders += 1
             return True
         self._land(flight)
         self.failures += 1
+        self._count(flight.key).failures += 1
         waiters, flight.waiters = flight.waiters, []
         for w in waiters:
             w.sink(TurnFailed(w.turn_id, kind, message, retryable))

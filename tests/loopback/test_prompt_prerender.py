@@ -113,6 +113,23 @@ async def _readyz(daemon: Daemon) -> tuple[int, dict[str, object]]:
     return resp.status, json.loads(resp.body)
 
 
+async def _prompt_metrics(daemon: Daemon) -> dict[tuple[str, str], float]:
+    """The prompt cache's samples on the metrics page: (name, its one label's value) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    resp = await daemon._api(HttpRequest("GET", "/metrics", {}))
+    assert resp.status == 200
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(resp.body.decode()):
+        for sample in family.samples:
+            if sample.name.startswith("callbridge_prompt_cache_") and not sample.name.endswith(
+                "_created"
+            ):
+                assert len(sample.labels) == 1  # provider, or where: bounded
+                out[sample.name, next(iter(sample.labels.values()))] = sample.value
+    return out
+
+
 def test_prompts_are_rendered_before_ready_and_again_only_when_changed(tmp_path: Path) -> None:
     async def body(tmp: Path, server: TtsServer, engine: CountingTone) -> None:
         daemon = await _daemon(_config(tmp, server))
@@ -172,6 +189,18 @@ def test_a_restart_loads_the_rendered_prompts_from_disk(tmp_path: Path) -> None:
             assert ready["prompts"] == {
                 "warm": True, "total": 4, "done": 4, "rendered": 2, "failed": 0
             }  # fmt: skip
+            await second._store_prompts()  # (the daemon writes renders every few seconds)
+            on_disk = sum(f.stat().st_size for f in (tmp / "cache").glob(f"*{SUFFIX}"))
+            assert second.runtime is not None and on_disk > 0
+            assert await _prompt_metrics(second) == {
+                ("callbridge_prompt_cache_hits_total", "local"): 2,  # the two loaded
+                ("callbridge_prompt_cache_misses_total", "local"): 2,  # the two bad files
+                ("callbridge_prompt_cache_coalesced_total", "local"): 0,
+                ("callbridge_prompt_cache_render_failures_total", "local"): 0,
+                ("callbridge_prompt_cache_bytes", "memory"): second.runtime.cache.size_bytes,
+                ("callbridge_prompt_cache_bytes", "disk"): on_disk,
+            }
+            assert second.runtime.cache.size_bytes > 0
         finally:
             await second.drain_and_stop()
             await second.close()
@@ -193,10 +222,13 @@ def test_the_store_keeps_the_cache_bound_on_disk(tmp_path: Path) -> None:
         if cache.holds(key):
             os.utime(store.path(key.digest()), (1000.0 + n, 1000.0 + n))  # written in order
     assert len(list(tmp_path.glob(f"*{SUFFIX}"))) == 2  # "a" evicted, on disk too
+    assert store.disk_bytes == sum(f.stat().st_size for f in tmp_path.glob(f"*{SUFFIX}"))
     fresh = PromptCache(max_bytes=150)  # a smaller bound at the next start: the oldest go
-    assert store.load_into(fresh) == 2 and len(fresh) == 1
+    again = PromptStore(tmp_path)
+    assert again.load_into(fresh) == 2 and len(fresh) == 1
     assert fresh.holds(PromptKey("p", "i", "v", MULAW_8K, None, "c"))
-    assert len(list(tmp_path.glob(f"*{SUFFIX}"))) == 1
+    files = list(tmp_path.glob(f"*{SUFFIX}"))
+    assert len(files) == 1 and again.disk_bytes == files[0].stat().st_size > 100
 
 
 def test_a_provider_that_cannot_render_delays_ready_by_the_wait_only(tmp_path: Path) -> None:

@@ -366,9 +366,10 @@ def test_start_talkspurt_at_a_later_time_moves_the_grid_there_and_never_later() 
     assert clock.stats().rephased == 1
 
 
-def _spread_ticker(streams: int, buckets: int = 2) -> Ticker[int]:
+def _spread_ticker(streams: int, buckets: int = 2, share: float = 1.25) -> Ticker[int]:
     """Streams on 20 slots of 1 ms, half a millisecond into it (the shell's phases)."""
-    ticker: Ticker[int] = Ticker(TickerConfig(epoch_s=0.0005, talkspurt_buckets=buckets))
+    config = TickerConfig(epoch_s=0.0005, talkspurt_buckets=buckets, talkspurt_share=share)
+    ticker: Ticker[int] = Ticker(config)
     for k in range(streams):
         ticker.add(k, now=0.0)  # stream k on slot k % 20: due at 0.0005 + (k % 20) * 0.001
     return ticker
@@ -383,7 +384,7 @@ def _bucket_sizes(ticker: Ticker[int], keys: range) -> dict[int, int]:
 
 
 def test_a_cluster_of_talkspurt_starts_spreads_over_the_next_bucket() -> None:
-    ticker = _spread_ticker(40)  # two streams per 1 ms bucket
+    ticker = _spread_ticker(40, share=0)  # two streams per 1 ms bucket; the two-bucket rule
     now = 0.0102  # a frame due now waits in bucket 9 (wake-up 9.2 ms): 2 streams there
     cluster = [k for k in range(40) if k % 20 >= 15]  # own grids 15.5-19.5 ms: far off
     due_at = [ticker.start_talkspurt(k, now + i * 10e-6) for i, k in enumerate(cluster)]
@@ -401,6 +402,53 @@ def test_a_cluster_of_talkspurt_starts_spreads_over_the_next_bucket() -> None:
     for i, k in enumerate(cluster):
         assert old_rule.start_talkspurt(k, now + i * 10e-6) == pytest.approx(now + i * 10e-6)
     assert _bucket_sizes(old_rule, range(40))[9] == 12
+
+
+def test_a_cluster_over_the_next_buckets_share_goes_on_to_a_bucket_within_it() -> None:
+    ticker = _spread_ticker(40)  # two streams per bucket; a bucket's share: ceil(2.5) + 1 = 4
+    now = 0.0102  # as above: bucket 9 holds 2 streams, bucket 10 holds 2
+    cluster = [k for k in range(40) if k % 20 >= 15]  # own grids 15.5-19.5 ms
+    own = {k: ticker.clock(k).next_deadline() + ticker.clock(k)._tolerance_s for k in cluster}
+    due_at = {k: ticker.start_talkspurt(k, now + i * 10e-6) for i, k in enumerate(cluster)}
+    sizes = _bucket_sizes(ticker, range(40))
+    assert max(sizes.values()) <= 4  # no bucket over its share
+    assert sizes[9] == sizes[10] == 4  # the nearest two filled to their share first
+    assert all(due_at[k] <= own[k] + 1e-9 for k in cluster)  # never later than its own grid
+    # the first four leave at once or in the next bucket, as under the two-bucket rule
+    assert sorted(due_at.values())[:4] == pytest.approx([now, now + 20e-6, 0.0115, 0.0115])
+
+
+def _phase_locked_turns(share: float) -> tuple[dict[int, int], list[float]]:
+    """60 streams (3 per bucket), each starting a turn at the same phase of the period one
+    after the other (one every two periods, as a load generator's 25 calls/s, or a flow's
+    gather timeout a whole number of periods after the turn before): the buckets' sizes
+    afterwards, and how much later than asked each first frame is due."""
+    ticker = _spread_ticker(60, share=share)
+    held: list[float] = []
+    for step in range(60 * 40 + 40):
+        now = step * 0.001 + 0.0007
+        for key in ticker.due(now):
+            assert ticker.clock(key).tick(now) is not None
+        if step % 40 == 0 and step // 40 < 60:
+            key = step // 40
+            own_s = ticker.clock(key).next_deadline() + ticker.clock(key)._tolerance_s
+            due_s = ticker.start_talkspurt(key, now)
+            assert due_s <= own_s + 1e-9  # never later than its own grid
+            held.append(due_s - now)
+    per_phase: dict[int, int] = {}
+    for k in range(60):
+        b = math.floor(ticker.clock(k).next_deadline() / 0.001) % 20
+        per_phase[b] = per_phase.get(b, 0) + 1
+    return per_phase, held
+
+
+def test_turns_starting_at_the_same_phase_stay_spread_over_the_period() -> None:
+    two_buckets, _ = _phase_locked_turns(share=0)
+    assert max(two_buckets.values()) >= 25  # the two-bucket rule piles them up (30 and 30)
+    spread, held = _phase_locked_turns(share=1.25)
+    assert max(spread.values()) <= 5  # ceil(1.25 * 3) + 1: within the share
+    assert sum(spread.values()) == 60 and len(spread) >= 12
+    assert sum(h < 0.0015 for h in held) >= 5  # the first of them left at once or next ms
 
 
 def test_a_held_first_frame_leaves_at_the_chosen_time_on_a_grid_anchored_there() -> None:

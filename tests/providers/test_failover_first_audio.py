@@ -14,6 +14,7 @@ from bridge.providers.base import (
     AudioReceived,
     ProviderSettings,
     TurnDone,
+    TurnFailed,
     TurnSettings,
 )
 from bridge.providers.failover import Speaker, prompt_key
@@ -227,17 +228,48 @@ def test_a_shared_prompt_render_goes_on_to_fill_the_cache() -> None:
     assert clock.armed() == []
 
 
-def test_each_provider_of_the_chain_gets_its_deadline_then_the_fallback_plays() -> None:
-    first, second, clock = _Pool("first"), _Pool("second"), _Clock()
+def test_a_chain_of_silent_providers_has_one_budget_then_the_fallback_plays() -> None:
+    a, b, c, clock = _Pool("a"), _Pool("b"), _Pool("c"), _Clock()
     events: list[Event] = []
-    speaker = _speaker([first, second], clock, _cached_fallback(first), timeouts=(1.0, 0.5))
+    speaker = _speaker([a, b, c], clock, _cached_fallback(a), timeouts=(1.0, 1.0, 1.0))
+    speaker.speak("t1", "hello", SETTINGS, events.append)
+    assert clock.armed() == [1.0]
+    clock.advance(0.99)
+    assert events == []
+    clock.advance(1.0)  # one budget, not three: the fallback now, not provider b
+    assert a.log[-1] == "cancel" and b.log == [] and c.log == []
+    assert [type(e) for e in events] == [TurnFellBack, AudioReceived, TurnDone]
+    assert events[1] == AudioReceived("t1", FALLBACK_AUDIO, MULAW_8K)
+    assert speaker.first_audio_expired == 1 and clock.armed() == []
+
+
+def test_a_provider_that_fails_fast_leaves_the_rest_of_the_budget_to_the_next() -> None:
+    a, b, c, clock = _Pool("a"), _Pool("b"), _Pool("c"), _Clock()
+    events: list[Event] = []
+    speaker = _speaker([a, b, c], clock, _cached_fallback(a), timeouts=(1.0, 1.0, 1.0))
+    speaker.speak("t1", "hello", SETTINGS, events.append)
+    clock.advance(0.3)
+    a.sinks["t1"][0](TurnFailed("t1", "refused", "queue full", True))  # a refuses
+    assert b.log == ["open:t1", "text:hello", "end"]
+    assert clock.armed() == [1.0]  # what is left of the turn's budget, not 1.3
+    clock.advance(1.0)
+    assert b.log[-1] == "cancel" and c.log == []
+    assert [type(e) for e in events] == [TurnFellBack, AudioReceived, TurnDone]
+
+
+def test_with_no_fallback_cached_the_next_provider_gets_a_deadline_of_its_own() -> None:
+    a, b, c, clock = _Pool("a"), _Pool("b"), _Pool("c"), _Clock()
+    events: list[Event] = []
+    speaker = _speaker([a, b, c], clock, timeouts=(1.0, 1.0, 1.0))
     speaker.speak("t1", "hello", SETTINGS, events.append)
     clock.advance(1.0)
-    assert second.log == ["open:t1", "text:hello", "end"] and events == []
-    assert clock.armed() == [1.5]
-    clock.advance(1.5)
-    assert second.log[-1] == "cancel"
-    assert [type(e) for e in events] == [TurnFellBack, AudioReceived, TurnDone]
+    assert b.log == ["open:t1", "text:hello", "end"]
+    assert clock.armed() == [2.0]  # nothing to fall back to: failing over is all there is
+    clock.advance(2.0)
+    assert c.log == ["open:t1", "text:hello", "end"]
+    c.audio("t1", b"c")
+    c.done("t1")
+    assert events == [AudioReceived("t1", b"c", MULAW_8K), TurnDone("t1")]
     assert speaker.first_audio_expired == 2
 
 

@@ -96,6 +96,25 @@ def test_a_failed_render_is_retried_once_then_its_waiters_fail_together() -> Non
     assert cache.request(_key(), "c", _drop)[0] == "lead"
 
 
+def test_the_cache_counts_per_provider_what_it_did() -> None:
+    cache = PromptCache()
+    _, wa = cache.request(_key(provider="a"), "t1", _drop)  # a miss: a render starts
+    cache.request(_key(provider="a"), "t2", _drop)  # joins it
+    assert wa is not None
+    cache.flight_event(wa.flight, AudioReceived(wa.flight.wire_id, b"\x01" * 160, MULAW_8K))
+    cache.flight_event(wa.flight, TurnDone(wa.flight.wire_id))
+    cache.request(_key(provider="a"), "t3", _drop)  # a hit
+    _, wb = cache.request(_key(provider="b"), "t4", _drop)
+    assert wb is not None
+    assert cache.flight_failed(wb.flight, "refused", "busy", True) is True  # retried
+    assert cache.flight_failed(wb.flight, "refused", "busy", True) is False  # failed for good
+    a, b = cache.counts["a"], cache.counts["b"]
+    assert (a.hits, a.misses, a.joins, a.renders, a.failures) == (1, 1, 1, 1, 0)
+    assert (b.hits, b.misses, b.joins, b.renders, b.failures) == (0, 1, 0, 2, 1)
+    assert set(cache.counts) == {"a", "b"}
+    assert (cache.hits, cache.misses, cache.joins, cache.renders, cache.failures) == (1, 2, 1, 3, 1)
+
+
 def test_a_render_that_fails_after_audio_is_not_retried() -> None:
     cache = PromptCache()
     got: list[Event] = []
