@@ -42,11 +42,11 @@ OVER_MS = (1.0, 2.0, 5.0, 10.0)
 PROBES = (
     "bridge.io.ticker:MediaTicker._send_and_read",
     "bridge.io.ticker:MediaTicker._work",
-    "bridge.io.sip_call:_SipCall._process",
+    "bridge.io.legs.sip_call:_SipCall._process",
     "bridge.io.callrun:CallRunner._on_frame",
     "bridge.io.callrun:CallRunner.pump",
     "bridge.io.callrun:CallRunner._provider_sink",
-    "bridge.io.tts_client:Speaker.speak",
+    "bridge.providers.failover:Speaker.speak",
     "bridge.media.call:CallBridge.tick",
     "bridge.media.call:CallBridge.caller_audio",
     "bridge.media.call:CallBridge.provider_event",
