@@ -64,7 +64,7 @@ from bridge.providers.flow import (
     FLOW_PAUSE_MAX_S,
     NO_FLOW_CONTROL,
 )
-from bridge.providers.pool import BACKOFF_STABLE_S, CLOSE_IDLE_AFTER_S, Backoff, Placement
+from bridge.providers.pool import CLOSE_IDLE_AFTER_S, Backoff, Placement
 from bridge.providers.prompts import (
     PromptCache,
     TurnFellBack,
@@ -402,11 +402,7 @@ class _Connection(ProviderConnection):
                 self.watch_timer.cancel()
                 self.watch_timer = None
             self.resume()
-        if self.ready_at is not None and self.now() - self.ready_at >= BACKOFF_STABLE_S:
-            self.pool.backoff.reset()  # it stayed up: the next drop is not a storm
-        with contextlib.suppress(LocalProtocolError):  # an engine that failed itself already
-            self.engine.connection_lost(code, reason, self.now())
-        self.pump()
+        self.ended(code, reason, self.now())
         self.ready_event.set()
         self.pool._connection_ended(self)
         ws = self.ws
@@ -559,16 +555,10 @@ class _Connection(ProviderConnection):
 
     def _on_timer(self) -> None:
         self.timer = None
-        deadline = self.engine.next_deadline()
-        if deadline is None or self.closed:
-            return
-        now = self.now()
-        if now < deadline:  # armed for an earlier deadline that has since moved later
-            self.timer = self.loop.call_at(deadline, self._on_timer)
-            self.timer_at = deadline
-            return
-        self.engine.handle_timer(now)
-        self.pump(now)
+        again = self.timer_due(self.now())
+        if again is not None:  # armed for an earlier deadline that has since moved later
+            self.timer = self.loop.call_at(again, self._on_timer)
+            self.timer_at = again
 
 
 class ProviderPool:

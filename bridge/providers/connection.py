@@ -40,7 +40,7 @@ from bridge.providers.base import (
 )
 from bridge.providers.failover import AudioSink, Sink, WordsSink
 from bridge.providers.flow import FlowControl
-from bridge.providers.pool import Backoff, Placement
+from bridge.providers.pool import BACKOFF_STABLE_S, Backoff, Placement
 from bridge.providers.turn_deadlines import TurnDeadlines, TurnWatch
 from bridge.providers.underrun import DryWatch, DryWatches
 
@@ -196,6 +196,29 @@ class ProviderConnection:
         since when it is."""
         if self.pool.placement.list_idle(self, now):
             self.pool.arm_idle_close()
+
+    def timer_due(self, now: float) -> float | None:
+        """The engine's timer fired at ``now``: handled (and pumped) if its deadline has
+        come; else the deadline, moved later since the timer was armed (look again then)."""
+        deadline = self.engine.next_deadline()
+        if deadline is None or self.closed:
+            return None
+        if now < deadline:
+            return deadline
+        self.engine.handle_timer(now)
+        self.pump(now)
+        return None
+
+    def ended(self, code: int | None, reason: str, now: float) -> None:
+        """The socket is gone (``code`` None: not by a closing handshake): the engine
+        hears of it (its turns fail to their owners); a connection that stayed up
+        ``BACKOFF_STABLE_S`` resets the pool's backoff (the next drop is not a storm)."""
+        self.closed = True
+        if self.ready_at is not None and now - self.ready_at >= BACKOFF_STABLE_S:
+            self.pool.backoff.reset()
+        with contextlib.suppress(LocalProtocolError):  # an engine that failed itself already
+            self.engine.connection_lost(code, reason, now)
+        self.pump(now)
 
     # ------------------------------------------------------------ turns
 

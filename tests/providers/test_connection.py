@@ -59,6 +59,23 @@ class Engine:
         events, self.events = self.events, []
         return events
 
+    deadline: float | None = None
+    lost: tuple[int | None, str, float] | None = None
+
+    def next_deadline(self) -> float | None:
+        return self.deadline
+
+    def handle_timer(self, now: float) -> None:
+        self.calls.append(("timer", now))
+        self.deadline = None
+        self.events.append(TurnFailed("x~1", "timeout", "late", True))
+
+    def connection_lost(self, code: int | None, reason: str, now: float) -> None:
+        if self.lost is not None:
+            raise LocalProtocolError("already failed")
+        self.lost = (code, reason, now)
+        self.events.append(ProviderFailed("closed", reason, ()))
+
 
 class Pool:
     """What a connection reads and tells of its pool."""
@@ -281,3 +298,29 @@ def test_retag_keeps_everything_but_the_id() -> None:
     assert retag(ProviderFailed("k", "m", ("w~1",)), "w") == ProviderFailed("k", "m", ("w",))
     ready = ConnectionReady()
     assert retag(ready, "w") is ready
+
+
+def test_the_engines_timer_runs_when_due_and_is_looked_at_again_when_it_moved() -> None:
+    conn, engine, _ = _conn()
+    got = _bind(conn, "x~1", "x")
+    assert conn.timer_due(1.0) is None  # no deadline
+    engine.deadline = 5.0
+    assert conn.timer_due(4.0) == 5.0 and engine.calls == []  # moved later: look again
+    assert conn.timer_due(5.0) is None
+    assert engine.calls == [("timer", 5.0)] and got == [TurnFailed("x", "timeout", "late", True)]
+    engine.deadline = 6.0
+    conn.closed = True
+    assert conn.timer_due(7.0) is None and engine.calls == [("timer", 5.0)]
+
+
+def test_an_ended_connection_fails_its_turns_and_resets_the_backoff_only_if_it_lasted() -> None:
+    for ready_at, now, attempt in ((0.0, 29.9, 3), (0.0, 30.0, 0), (None, 100.0, 3)):
+        conn, engine, pool = _conn()
+        got = _bind(conn, "x~1", "x")
+        conn.ready_at = ready_at
+        conn.ended(None, "reset", now)
+        assert conn.closed and engine.lost == (None, "reset", now)
+        assert got == [ProviderFailed("closed", "reset", ("x",))]
+        assert pool.backoff.attempt == attempt, (ready_at, now)
+        conn.ended(1000, "again", now)  # an engine that failed itself already: no raise
+        assert engine.lost == (None, "reset", now)
