@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import functools
 import socket
 import termios
 from array import array
@@ -33,11 +32,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import websockets
-from websockets.asyncio.client import ClientConnection
-from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import State
 
 from bridge.engine import CloseConnection, LocalProtocolError, SendBytes, SendText
+from bridge.io.ws_client import ProviderWebSocket as _ProviderWebSocket
+from bridge.io.ws_client import open_websocket
 from bridge.logs import get_logger
 from bridge.providers import failover, registry
 from bridge.providers.agent import VoiceAgent
@@ -166,104 +165,6 @@ def _ignore_message(msg: str | bytes) -> None:
     """``on_message`` of a connection whose ``_Connection`` has finished."""
 
 
-class _ProviderWebSocket(ClientConnection):
-    """websockets' asyncio client connection handing each data message to ``on_message``.
-
-    Frames are parsed by the connection's sans-I/O protocol (control frames,
-    pings, the closing handshake, size limits: all websockets'), and a
-    complete text or binary message goes to ``on_message`` as it comes out of
-    the parser, instead of through the assembler's queue to a ``recv()`` per
-    message: no future, queue or coroutine step per message. A text message
-    is decoded as UTF-8 once; invalid UTF-8 fails the connection with 1007, as
-    ``recv()`` does. (websockets' parser costs about 3 us more per message than
-    the hand-written cutter this replaced: 2-3 % of the daemon's CPU at 500
-    calls of the capacity benchmark's traffic, 8 % with zwst's 40 ms frames, all
-    calls listening; ``bench/bench_ws_parse.py``.)
-
-    It also counts offsets in the byte stream for the underrun verdict
-    (``_Connection.watch_dry``): the handshake response ends at its blank line,
-    and each frame's length on the wire follows from its payload (a server's
-    frames are unmasked).
-    """
-
-    def __init__(
-        self, protocol: Any, *, on_message: Callable[[str | bytes], None], **kwargs: Any
-    ) -> None:
-        super().__init__(protocol, **kwargs)
-        self.on_message = on_message
-        self._fragments: list[bytes] = []
-        self._fragmented_text = False
-        self._fragments_start = 0
-        self._head: bytearray | None = bytearray()
-        """The stream until the handshake response's blank line (then None)."""
-        self._parsed = 0
-        """Where the last frame the parser gave us ends."""
-        self.after_read: Callable[[], None] | None = None
-        """Called once a read's messages are all handed over (``_Connection._after_read``)."""
-        # Offsets in the byte stream read from the socket (``_Connection.watch_dry``):
-        self.received = 0
-        """Bytes read so far."""
-        self.consumed = 0
-        """Every message before this offset has been handed over."""
-        self.msg_start = 0
-        """Where the message being handed over begins."""
-
-    def data_received(self, data: bytes) -> None:
-        self.received += len(data)
-        head = self._head
-        if head is not None:  # the handshake response is not whole yet
-            head += data
-            end = head.find(b"\r\n\r\n")
-            if end >= 0:
-                self.consumed = self.msg_start = self._parsed = end + 4
-                self._head = None
-        super().data_received(data)
-        after_read = self.after_read
-        if after_read is not None:
-            after_read()
-
-    def process_event(self, event: Any) -> None:
-        if self.response is None or not isinstance(event, Frame):
-            super().process_event(event)  # the handshake response
-            return
-        data = event.data
-        size = len(data)
-        start = self._parsed
-        end = self._parsed = start + size + (2 if size < 126 else 4 if size < 65_536 else 10)
-        opcode = event.opcode
-        if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
-            if not event.fin:  # the first fragment; the protocol checks their order
-                self._fragmented_text = opcode is Opcode.TEXT
-                self._fragments = [bytes(data)]
-                self._fragments_start = start
-                return
-            self.msg_start, self.consumed = start, end
-            self._deliver(opcode is Opcode.TEXT, data)
-        elif opcode is Opcode.CONT:
-            self._fragments.append(bytes(data))
-            if event.fin:
-                whole, self._fragments = b"".join(self._fragments), []
-                self.msg_start, self.consumed = self._fragments_start, end
-                self._deliver(self._fragmented_text, whole)
-        else:
-            super().process_event(event)  # ping, pong, close
-            if not self._fragments:  # (a fragmented message began before it)
-                self.consumed = end
-
-    def _deliver(self, text: bool, data: Any) -> None:
-        if not text:
-            self.on_message(bytes(data))
-            return
-        try:
-            decoded = str(data, "utf-8")
-        except UnicodeDecodeError as exc:
-            self.set_connection_exc(exc)
-            self.protocol.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
-            self.send_data()
-            return
-        self.on_message(decoded)
-
-
 class _Connection(ProviderConnection):
     """One WebSocket to the provider: ``bridge.providers.connection.ProviderConnection``
     (the engine, its turns' sinks, the routing) with the socket, the timers and the pump.
@@ -285,7 +186,7 @@ class _Connection(ProviderConnection):
     def __init__(self, pool: ProviderPool, engine: TtsProtocol, key: PoolKey = None) -> None:
         super().__init__(pool, engine, key)
         self.loop = asyncio.get_running_loop()
-        self.ws: ClientConnection | None = None
+        self.ws: _ProviderWebSocket | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0  # when ``timer`` fires (it may be before the engine's deadline)
         self.task: asyncio.Task[None] | None = None
@@ -354,7 +255,7 @@ class _Connection(ProviderConnection):
         if pool.flow_high_s is None or flow.paused or self.closed or not flow.clocks:
             return
         ws = self.ws
-        can_pause = ws is not None and ws.protocol.state is State.OPEN and not ws.pending_pings
+        can_pause = ws is not None and ws.protocol.state is State.OPEN and ws.ping_data is None
         now = self.loop.time()
         resume_at = flow.after_read(
             now, len(self.sinks), can_pause, pool.flow_high_s, pool.flow_low_s
@@ -467,23 +368,14 @@ class _Connection(ProviderConnection):
             if self.engine_failed:  # refused, or an answer with no usable URL: no connect
                 raise SessionRouteError(f"session route answer not usable (HTTP {status})")
         params = self.engine.connect_params()
-        unix = self.pool.settings.unix_socket  # the embedded server's socket
-        over_unix: dict[str, Any] = {"unix": True, "path": unix} if unix else {}
-        self.ws = await websockets.connect(
+        self.ws = await open_websocket(
             params.url,
-            additional_headers=list(params.headers),
-            subprotocols=[websockets.Subprotocol(s) for s in params.subprotocols] or None,
+            self._on_message,
+            headers=params.headers,
+            subprotocols=params.subprotocols,
             max_size=params.max_message_bytes,
-            open_timeout=10,
-            ping_interval=20,
-            ping_timeout=20,
-            compression=None,
-            create_connection=functools.partial(  # type: ignore[arg-type]
-                _ProviderWebSocket, on_message=self._on_message
-            ),
-            **over_unix,
+            unix_path=self.pool.settings.unix_socket,  # the embedded server's socket
         )
-        assert isinstance(self.ws, _ProviderWebSocket)
         self.ws.after_read = self._after_read
         self.engine.connection_made(self.ws.subprotocol, self.now())
         self.pump()
@@ -524,8 +416,7 @@ class _Connection(ProviderConnection):
         is above its write-buffer limit (the provider is not reading) or an
         earlier message still waits there do messages queue behind one
         writer task that awaits the connection's flow control, so the order
-        is kept either way. A connection that is not open sends nothing (as
-        ``ws.send`` raised ``ConnectionClosed``, which was ignored).
+        is kept either way. A connection that is not open sends nothing.
         """
         ws = self.ws
         if ws is None:
@@ -535,22 +426,13 @@ class _Connection(ProviderConnection):
             if self.writer is None or self.writer.done():
                 self.writer = self.loop.create_task(self._write())
             return
-        if ws.protocol.state is not State.OPEN:
-            return
-        if isinstance(data, str):
-            ws.protocol.send_text(data.encode())
-        else:
-            ws.protocol.send_binary(data)
-        try:
-            ws.send_data()
-        except Exception as exc:  # as ws.send: a failed write fails the connection
-            log.warning("tts.send_failed", provider=self.pool.name, error=str(exc))
-            ws.transport.abort()
+        ws.send_message(data)  # a failed write aborts the socket
 
     async def _write(self) -> None:
-        with contextlib.suppress(websockets.ConnectionClosed):
-            while self.outbox and self.ws is not None:
-                await self.ws.send(self.outbox.popleft())
+        ws = self.ws
+        while self.outbox and ws is not None and ws.protocol.state is State.OPEN:
+            ws.send_message(self.outbox.popleft())
+            await ws.drain()
         self.outbox.clear()
 
     def _on_timer(self) -> None:
