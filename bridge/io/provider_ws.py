@@ -2,16 +2,19 @@
 
 The decisions are pure and live in ``bridge.providers``: turn placement,
 reconnect backoff and idle closing (``pool``), flow control (``flow``), turn
-deadlines (``turn_deadlines``), underrun verdicts (``underrun``) and the
-failover speaker with the prompt cache (``failover``, ``prompts``). This
-module owns what they cannot: the sockets, the timers and the pump.
+deadlines (``turn_deadlines``), underrun verdicts (``bridge.media.underrun``), the
+failover speaker with the prompt cache (``failover``, ``prompts``), which turn
+an event is for and where it goes (``connection``) and the voice-agent
+session (``agent``). This module owns what they cannot: the sockets, the
+timers and the pump.
 
 ``ProviderPool`` (one per configured provider) owns the WebSocket connections
 to that provider: a warm connection before the first call, turns multiplexed
 where the protocol allows (``max_turns``), more connections where it does not,
 reconnects after ``Backoff``. Each connection is pumped the engine-contract
-way: messages in with ``loop.time()``, actions out, events dispatched to the
-turn's sink, one timer re-armed from ``next_deadline()``. ``Speaker`` is
+way: messages in with ``loop.time()``, actions out, events routed to the
+turn's sinks (``ProviderConnection.route_events``), one timer re-armed from
+``next_deadline()``. ``Speaker`` is
 ``bridge.providers.failover.Speaker`` on the loop's clock.
 """
 
@@ -20,40 +23,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import functools
 import socket
 import termios
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
 import websockets
-from websockets.asyncio.client import ClientConnection
-from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import State
 
-from bridge.engine import CloseConnection, Event, LocalProtocolError, SendBytes, SendText
+from bridge.engine import CloseConnection, LocalProtocolError, SendBytes, SendText
+from bridge.io.ws_client import ProviderWebSocket as _ProviderWebSocket
+from bridge.io.ws_client import open_websocket
 from bridge.logs import get_logger
 from bridge.media.underrun import DryWatch, DryWatches, dry_verdict
 from bridge.providers import failover, registry
+from bridge.providers.agent import VoiceAgent
 from bridge.providers.base import (
     MULAW_8K,
-    AudioFormat,
-    AudioReceived,
-    ConnectionReady,
     HttpRequest,
-    ProviderFailed,
     ProviderSettings,
     TtsProtocol,
-    TurnDone,
     TurnFailed,
     TurnSettings,
-    WordsTimed,
-    WordTiming,
 )
+from bridge.providers.connection import PoolKey, ProviderConnection, TurnCommands
 from bridge.providers.failover import (
     AudioSink,
     Sink,
@@ -67,9 +63,8 @@ from bridge.providers.flow import (
     FLOW_LOW_S,
     FLOW_PAUSE_MAX_S,
     NO_FLOW_CONTROL,
-    FlowControl,
 )
-from bridge.providers.pool import BACKOFF_STABLE_S, CLOSE_IDLE_AFTER_S, Backoff, Placement
+from bridge.providers.pool import CLOSE_IDLE_AFTER_S, Backoff, Placement
 from bridge.providers.prompts import (
     PromptCache,
     TurnFellBack,
@@ -79,8 +74,6 @@ from bridge.providers.turn_deadlines import (
     TURN_CHECK_S,
     TURN_S_PER_CHAR,
     TURN_STALL_S,
-    TurnDeadlines,
-    TurnWatch,
 )
 
 __all__ = [
@@ -112,9 +105,6 @@ SESSION_REPLY_MAX_BYTES = 64 * 1024
 
 def engine_class(protocol: str) -> type[TtsProtocol]:
     return registry.engine_class(protocol)
-
-
-PoolKey = tuple[Any, ...] | None
 
 
 def _pooling(protocol: str) -> tuple[Any, Any] | None:
@@ -175,106 +165,9 @@ def _ignore_message(msg: str | bytes) -> None:
     """``on_message`` of a connection whose ``_Connection`` has finished."""
 
 
-class _ProviderWebSocket(ClientConnection):
-    """websockets' asyncio client connection handing each data message to ``on_message``.
-
-    Frames are parsed by the connection's sans-I/O protocol (control frames,
-    pings, the closing handshake, size limits: all websockets'), and a
-    complete text or binary message goes to ``on_message`` as it comes out of
-    the parser, instead of through the assembler's queue to a ``recv()`` per
-    message: no future, queue or coroutine step per message. A text message
-    is decoded as UTF-8 once; invalid UTF-8 fails the connection with 1007, as
-    ``recv()`` does. (websockets' parser costs about 3 us more per message than
-    the hand-written cutter this replaced: 2-3 % of the daemon's CPU at 500
-    calls of the capacity benchmark's traffic, 8 % with zwst's 40 ms frames, all
-    calls listening; ``bench/bench_ws_parse.py``.)
-
-    It also counts offsets in the byte stream for the underrun verdict
-    (``_Connection.watch_dry``): the handshake response ends at its blank line,
-    and each frame's length on the wire follows from its payload (a server's
-    frames are unmasked).
-    """
-
-    def __init__(
-        self, protocol: Any, *, on_message: Callable[[str | bytes], None], **kwargs: Any
-    ) -> None:
-        super().__init__(protocol, **kwargs)
-        self.on_message = on_message
-        self._fragments: list[bytes] = []
-        self._fragmented_text = False
-        self._fragments_start = 0
-        self._head: bytearray | None = bytearray()
-        """The stream until the handshake response's blank line (then None)."""
-        self._parsed = 0
-        """Where the last frame the parser gave us ends."""
-        self.after_read: Callable[[], None] | None = None
-        """Called once a read's messages are all handed over (``_Connection._after_read``)."""
-        # Offsets in the byte stream read from the socket (``_Connection.watch_dry``):
-        self.received = 0
-        """Bytes read so far."""
-        self.consumed = 0
-        """Every message before this offset has been handed over."""
-        self.msg_start = 0
-        """Where the message being handed over begins."""
-
-    def data_received(self, data: bytes) -> None:
-        self.received += len(data)
-        head = self._head
-        if head is not None:  # the handshake response is not whole yet
-            head += data
-            end = head.find(b"\r\n\r\n")
-            if end >= 0:
-                self.consumed = self.msg_start = self._parsed = end + 4
-                self._head = None
-        super().data_received(data)
-        after_read = self.after_read
-        if after_read is not None:
-            after_read()
-
-    def process_event(self, event: Any) -> None:
-        if self.response is None or not isinstance(event, Frame):
-            super().process_event(event)  # the handshake response
-            return
-        data = event.data
-        size = len(data)
-        start = self._parsed
-        end = self._parsed = start + size + (2 if size < 126 else 4 if size < 65_536 else 10)
-        opcode = event.opcode
-        if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
-            if not event.fin:  # the first fragment; the protocol checks their order
-                self._fragmented_text = opcode is Opcode.TEXT
-                self._fragments = [bytes(data)]
-                self._fragments_start = start
-                return
-            self.msg_start, self.consumed = start, end
-            self._deliver(opcode is Opcode.TEXT, data)
-        elif opcode is Opcode.CONT:
-            self._fragments.append(bytes(data))
-            if event.fin:
-                whole, self._fragments = b"".join(self._fragments), []
-                self.msg_start, self.consumed = self._fragments_start, end
-                self._deliver(self._fragmented_text, whole)
-        else:
-            super().process_event(event)  # ping, pong, close
-            if not self._fragments:  # (a fragmented message began before it)
-                self.consumed = end
-
-    def _deliver(self, text: bool, data: Any) -> None:
-        if not text:
-            self.on_message(bytes(data))
-            return
-        try:
-            decoded = str(data, "utf-8")
-        except UnicodeDecodeError as exc:
-            self.set_connection_exc(exc)
-            self.protocol.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
-            self.send_data()
-            return
-        self.on_message(decoded)
-
-
-class _Connection:
-    """One WebSocket to the provider and the engine that speaks its protocol.
+class _Connection(ProviderConnection):
+    """One WebSocket to the provider: ``bridge.providers.connection.ProviderConnection``
+    (the engine, its turns' sinks, the routing) with the socket, the timers and the pump.
 
     Flow control (off unless the pool sets ``flow_high_s``: see ``FLOW_HIGH_S``):
     a read that leaves every turn on the connection more than
@@ -288,77 +181,32 @@ class _Connection:
     connection is not open.
     """
 
+    pool: ProviderPool
+
     def __init__(self, pool: ProviderPool, engine: TtsProtocol, key: PoolKey = None) -> None:
-        self.pool = pool
-        self.engine = engine
-        self.key = key
-        self.catch_all: Sink | None = None  # a dedicated (voice agent) connection's sink
+        super().__init__(pool, engine, key)
         self.loop = asyncio.get_running_loop()
-        self.ws: ClientConnection | None = None
-        self.sinks: dict[str, Sink] = {}
-        self.audio_sinks: dict[str, AudioSink] = {}
-        """Where a turn's audio goes when the engine returns it (``_on_message``); a
-        turn without one (a voice agent's) gets ``AudioReceived`` through ``_dispatch``."""
-        self.words_sinks: dict[str, WordsSink] = {}
-        """Where a turn's word timings go when the engine returns them, likewise."""
+        self.ws: _ProviderWebSocket | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0  # when ``timer`` fires (it may be before the engine's deadline)
         self.task: asyncio.Task[None] | None = None
-        self.closed = False
         self.ready_event = asyncio.Event()
         self.changed = asyncio.Event()
         self.outbox: deque[str | bytes] = deque()
         self.writer: asyncio.Task[None] | None = None
         self.early: list[str | bytes] | None = []
         """Messages that came with the handshake, before the engine heard of the connection."""
-        self.flow = FlowControl()
-        self.clocks = self.flow.clocks
-        """Each turn's audio ahead of its playout (only with flow control on)."""
         self.flow_timer: asyncio.TimerHandle | None = None
-        self.dry = DryWatches()
-        """Underruns waiting for their verdict (``watch_dry``)."""
-        self.listed_idle = False
-        """On the pool's ``idle`` list (``ProviderPool._connection_for_turn``)."""
-        self.idle_since = 0.0
-        """When it last became idle (``note_idle``): what the pool's idle closing reads."""
-        self.retiring = False
-        """Closed by the pool for being idle (``ProviderPool._close_idle``): takes no turn."""
-        self.deadlines = TurnDeadlines()
-        self.watches = self.deadlines.watches
-        """Turns in progress and their deadlines (``_check_turns``)."""
         self.watch_timer: asyncio.TimerHandle | None = None
-        self.ready_at: float | None = None
-        """When the engine said ready (``BACKOFF_STABLE_S``)."""
-        self.engine_failed = False
-        """The engine reported ``ProviderFailed``: this connection is done."""
 
     def now(self) -> float:
         return self.loop.time()
 
-    @property
-    def paused(self) -> bool:
-        """Flow control stopped reading (``resume`` reads again)."""
-        return self.flow.paused
-
-    @paused.setter
-    def paused(self, value: bool) -> None:
-        self.flow.paused = value
-
-    @property
-    def dry_watches(self) -> list[DryWatch]:
-        """Underruns waiting for their verdict (``watch_dry``)."""
-        return self.dry.watches
-
-    # what the pool's placement reads (``bridge.providers.pool.Slot``)
-
-    def is_ready(self) -> bool:
-        return self.engine.ready
-
     def is_handshaking(self) -> bool:
         return not self.ready_event.is_set()
 
-    def is_open(self) -> bool:
-        return not self.closed and not self.retiring and self.catch_all is None
+    def on_ready(self) -> None:
+        self.ready_event.set()
 
     def watch_dry(self, wire_id: str, on_provider: Callable[[], None]) -> bool:
         """A turn on this connection ran dry: did the daemon hold its next audio unread?
@@ -399,26 +247,6 @@ class _Connection:
             return 0
         return int(_INQ[0])
 
-    def has_room(self) -> bool:
-        """Whether one more turn fits: by our sinks (turns handed out, some perhaps not yet
-        sent) and by the engine's own count, which still holds a cancelled turn until the
-        server releases it (a Kova context is held until its ``context_closed``)."""
-        limit = self.engine.max_turns
-        return (
-            self.catch_all is None
-            and not self.closed
-            and not self.retiring
-            and len(self.sinks) < limit
-            and self.engine.open_turns() < limit
-        )
-
-    def load(self) -> int:
-        """Turns open on it (a cancelled one counts until the server releases it): what a
-        new turn's first audio may wait behind on this one FIFO connection."""
-        n = len(self.sinks)
-        held = self.engine.open_turns()
-        return held if held > n else n
-
     def _after_read(self) -> None:
         """A read's messages are handed over: stop reading while every turn is well ahead."""
         if self.dry.watches:
@@ -427,7 +255,7 @@ class _Connection:
         if pool.flow_high_s is None or flow.paused or self.closed or not flow.clocks:
             return
         ws = self.ws
-        can_pause = ws is not None and ws.protocol.state is State.OPEN and not ws.pending_pings
+        can_pause = ws is not None and ws.protocol.state is State.OPEN and ws.ping_data is None
         now = self.loop.time()
         resume_at = flow.after_read(
             now, len(self.sinks), can_pause, pool.flow_high_s, pool.flow_low_s
@@ -475,11 +303,7 @@ class _Connection:
                 self.watch_timer.cancel()
                 self.watch_timer = None
             self.resume()
-        if self.ready_at is not None and self.now() - self.ready_at >= BACKOFF_STABLE_S:
-            self.pool.backoff.reset()  # it stayed up: the next drop is not a storm
-        with contextlib.suppress(LocalProtocolError):  # an engine that failed itself already
-            self.engine.connection_lost(code, reason, self.now())
-        self.pump()
+        self.ended(code, reason, self.now())
         self.ready_event.set()
         self.pool._connection_ended(self)
         ws = self.ws
@@ -492,7 +316,7 @@ class _Connection:
     def _on_message(self, msg: str | bytes) -> None:
         """One provider message, as websockets parsed it (``_ProviderWebSocket``):
         through the engine's ``receive_*``, then pumped (a turn's audio and word
-        timings go straight to its audio and words sinks, ``_dispatch``)."""
+        timings go straight to its audio and words sinks, ``dispatch``)."""
         if self.early is not None:
             self.early.append(msg)
             return
@@ -515,80 +339,25 @@ class _Connection:
 
     # ------------------------------------------------------------ turn deadlines
 
-    def _watch(self, wire_id: str) -> TurnWatch | None:
-        if wire_id not in self.sinks or self.closed:
-            return None
-        watch, first = self.deadlines.watch(wire_id, self.now())
-        if first and self.watch_timer is None:
+    def arm_watch_timer(self) -> None:
+        if self.watch_timer is None:
             self.watch_timer = self.loop.call_later(TURN_CHECK_S, self._check_turns)
-        return watch
-
-    def note_text(self, wire_id: str, chars: int) -> None:
-        """The turn was given ``chars`` characters of text: the provider owes audio."""
-        watch = self._watch(wire_id)
-        if watch is not None:
-            watch.text(chars, self.now())
-
-    def note_end(self, wire_id: str) -> None:
-        """The turn's text is complete: the provider owes the rest and its end."""
-        watch = self._watch(wire_id)
-        if watch is not None:
-            watch.end(self.now())
 
     def _check_turns(self) -> None:
         self.watch_timer = None
-        if self.closed:
-            return
-        pool = self.pool
-        late = self.deadlines.late(
-            self.now(), pool.turn_stall_s, pool.turn_base_s, pool.turn_s_per_char
-        )
-        for wire_id, message in late:
+        for wire_id, message in self.late_turns(self.now()):
             self._fail_turn(wire_id, message)
         if self.watches and not self.closed:
             self.watch_timer = self.loop.call_later(TURN_CHECK_S, self._check_turns)
 
     def _fail_turn(self, wire_id: str, message: str) -> None:
         """End a turn the provider does not deliver: its cancel goes out, it fails."""
-        sink = self.drop_turn(wire_id)
-        with contextlib.suppress(LocalProtocolError):
-            self.engine.cancel(wire_id, self.now())
-        self.pump()
-        self.pool.note_error("timeout")
+        now = self.now()
+        sink = self.fail_turn(wire_id, now)
+        self.pump(now)
         log.warning("tts.turn_timeout", provider=self.pool.name, detail=message)
         if sink is not None:
             sink(TurnFailed(wire_id, "timeout", message, retryable=True))
-
-    def drop_turn(self, wire_id: str) -> Sink | None:
-        """Forget a turn's sinks (it ended, failed or was cancelled); its event sink."""
-        self.audio_sinks.pop(wire_id, None)
-        self.words_sinks.pop(wire_id, None)
-        self.watches.pop(wire_id, None)
-        sink = self.sinks.pop(wire_id, None)
-        if self.flow.drop_turn(wire_id):
-            # no turn left to hold back: read what is left of the dropped one (a
-            # cancelled turn's audio, the server's release of it) now, not at the timer
-            self.resume()
-        if not self.sinks:
-            self.note_idle()
-        return sink
-
-    def is_idle(self) -> bool:
-        """Open, the pool's to place turns on, and holding no turn (a cancelled turn the
-        engine still holds counts until the server lets go: ``pump``)."""
-        return (
-            not self.closed
-            and not self.retiring
-            and self.catch_all is None
-            and not self.sinks
-            and self.engine.open_turns() == 0
-        )
-
-    def note_idle(self) -> None:
-        """Put this connection on the pool's ``idle`` list if it ``is_idle()``, and note
-        since when it is."""
-        if self.pool.placement.list_idle(self, self.loop.time()):
-            self.pool.arm_idle_close()
 
     async def _connect(self) -> None:
         req = self.engine.session_request()
@@ -599,28 +368,20 @@ class _Connection:
             if self.engine_failed:  # refused, or an answer with no usable URL: no connect
                 raise SessionRouteError(f"session route answer not usable (HTTP {status})")
         params = self.engine.connect_params()
-        unix = self.pool.settings.unix_socket  # the embedded server's socket
-        over_unix: dict[str, Any] = {"unix": True, "path": unix} if unix else {}
-        self.ws = await websockets.connect(
+        self.ws = await open_websocket(
             params.url,
-            additional_headers=list(params.headers),
-            subprotocols=[websockets.Subprotocol(s) for s in params.subprotocols] or None,
+            self._on_message,
+            headers=params.headers,
+            subprotocols=params.subprotocols,
             max_size=params.max_message_bytes,
-            open_timeout=10,
-            ping_interval=20,
-            ping_timeout=20,
-            compression=None,
-            create_connection=functools.partial(  # type: ignore[arg-type]
-                _ProviderWebSocket, on_message=self._on_message
-            ),
-            **over_unix,
+            unix_path=self.pool.settings.unix_socket,  # the embedded server's socket
         )
-        assert isinstance(self.ws, _ProviderWebSocket)
         self.ws.after_read = self._after_read
         self.engine.connection_made(self.ws.subprotocol, self.now())
         self.pump()
 
-    def pump(self) -> None:
+    def pump(self, now: float | None = None) -> None:
+        """Send the engine's actions, route its events, re-arm the timer."""
         for action in self.engine.actions_to_send():
             if self.ws is None:
                 break
@@ -630,10 +391,7 @@ class _Connection:
                 self._queue_send(action.data)
             elif isinstance(action, CloseConnection):
                 self.loop.create_task(self.ws.close(action.code, action.reason))
-        for event in self.engine.events_received():
-            self._dispatch(event)
-        if not self.sinks and not self.listed_idle:
-            self.note_idle()  # e.g. the server let go of a cancelled turn
+        self.route_events(self.loop.time() if now is None else now)
         self.changed.set()
         # One timer, re-armed only when the deadline comes earlier: a deadline that
         # moves later with every message (a reply timeout) costs no timer churn; the
@@ -658,8 +416,7 @@ class _Connection:
         is above its write-buffer limit (the provider is not reading) or an
         earlier message still waits there do messages queue behind one
         writer task that awaits the connection's flow control, so the order
-        is kept either way. A connection that is not open sends nothing (as
-        ``ws.send`` raised ``ConnectionClosed``, which was ignored).
+        is kept either way. A connection that is not open sends nothing.
         """
         ws = self.ws
         if ws is None:
@@ -669,99 +426,21 @@ class _Connection:
             if self.writer is None or self.writer.done():
                 self.writer = self.loop.create_task(self._write())
             return
-        if ws.protocol.state is not State.OPEN:
-            return
-        if isinstance(data, str):
-            ws.protocol.send_text(data.encode())
-        else:
-            ws.protocol.send_binary(data)
-        try:
-            ws.send_data()
-        except Exception as exc:  # as ws.send: a failed write fails the connection
-            log.warning("tts.send_failed", provider=self.pool.name, error=str(exc))
-            ws.transport.abort()
+        ws.send_message(data)  # a failed write aborts the socket
 
     async def _write(self) -> None:
-        with contextlib.suppress(websockets.ConnectionClosed):
-            while self.outbox and self.ws is not None:
-                await self.ws.send(self.outbox.popleft())
+        ws = self.ws
+        while self.outbox and ws is not None and ws.protocol.state is State.OPEN:
+            ws.send_message(self.outbox.popleft())
+            await ws.drain()
         self.outbox.clear()
 
     def _on_timer(self) -> None:
         self.timer = None
-        deadline = self.engine.next_deadline()
-        if deadline is None or self.closed:
-            return
-        now = self.now()
-        if now < deadline:  # armed for an earlier deadline that has since moved later
-            self.timer = self.loop.call_at(deadline, self._on_timer)
-            self.timer_at = deadline
-            return
-        self.engine.handle_timer(now)
-        self.pump()
-
-    def _dispatch(self, event: Event) -> None:
-        cls = type(event)
-        if cls is AudioReceived and self.dry.watches:
-            self.dry.audio(event.turn_id)  # type: ignore[attr-defined]
-        if cls is AudioReceived or cls is WordsTimed:  # the bulk of a turn: straight to its sink
-            watch = self.watches.get(event.turn_id) if self.watches else None  # type: ignore[attr-defined]
-            if watch is not None:
-                if cls is AudioReceived:
-                    got: AudioReceived = event  # type: ignore[assignment]
-                    watch.progress(self.loop.time(), got.audio, got.audio_format)
-                else:
-                    watch.progress(self.loop.time(), None, None)
-            if cls is AudioReceived and self.clocks:  # flow control on
-                clock = self.clocks.get(event.turn_id)  # type: ignore[attr-defined]
-                if clock is not None:
-                    audio: AudioReceived = event  # type: ignore[assignment]
-                    clock.add(len(audio.audio), audio.audio_format, self.loop.time())
-            if cls is AudioReceived:
-                audio_sink = self.audio_sinks.get(event.turn_id)  # type: ignore[attr-defined]
-                if audio_sink is not None:
-                    audio_sink(event.audio, event.audio_format)  # type: ignore[attr-defined]
-                    return
-            else:
-                words_sink = self.words_sinks.get(event.turn_id)  # type: ignore[attr-defined]
-                if words_sink is not None:
-                    words_sink(event.words)  # type: ignore[attr-defined]
-                    return
-            sink = self.sinks.get(event.turn_id)  # type: ignore[attr-defined]
-            if sink is not None:
-                sink(event)
-                return
-        if isinstance(event, ConnectionReady):
-            self.ready_event.set()
-            self.ready_at = self.loop.time()  # the backoff resets only once it proves stable
-            return
-        if isinstance(event, ProviderFailed):
-            self.engine_failed = True
-            self.pool.note_error(event.kind)
-            if self.catch_all is not None:
-                self.catch_all(event)
-            for failed_id in event.turn_ids or tuple(self.sinks):
-                failed_sink = self.drop_turn(failed_id)
-                if failed_sink is not None:
-                    failed_sink(replace(event, turn_ids=(failed_id,)))
-            return
-        turn_id = getattr(event, "turn_id", None)
-        sink = self.sinks.get(turn_id) if isinstance(turn_id, str) else None
-        if sink is None:
-            if self.catch_all is not None:
-                self.catch_all(event)
-            return
-        if isinstance(event, TurnFailed):
-            self.pool.note_error(event.kind)
-        if isinstance(event, TurnDone | TurnFailed):
-            if isinstance(event, TurnDone) and not event.cancelled:
-                self.pool.backoff.reset()  # it carried a turn to its end
-            self.drop_turn(event.turn_id)
-        else:
-            watch = self.watches.get(event.turn_id) if self.watches else None  # type: ignore[attr-defined]
-            if watch is not None:
-                watch.progress(self.loop.time(), None, None)
-        sink(event)
+        again = self.timer_due(self.now())
+        if again is not None:  # armed for an earlier deadline that has since moved later
+            self.timer = self.loop.call_at(again, self._on_timer)
+            self.timer_at = again
 
 
 class ProviderPool:
@@ -843,7 +522,7 @@ class ProviderPool:
             settings = self.pooling[1](self.settings, *(key or ()))
         conn = _Connection(self, self.engine_cls(settings), key)
         self.connections.append(conn)
-        conn.note_idle()
+        conn.note_idle(conn.now())
         conn.task = asyncio.get_running_loop().create_task(conn.run())
         return conn
 
@@ -936,27 +615,12 @@ class ProviderPool:
         conn = self._connection_for_turn(settings)
         self._turn_serial += 1
         wire_id = f"{turn_id}~{self._turn_serial}"
-        conn.sinks[wire_id] = lambda e: sink(_retag(e, turn_id))
-        if audio_sink is None:
-
-            def audio_sink(audio: bytes, audio_format: AudioFormat) -> None:
-                sink(AudioReceived(turn_id, audio, audio_format))
-
-        conn.audio_sinks[wire_id] = audio_sink
-        if words_sink is None:
-
-            def words_sink(words: tuple[WordTiming, ...]) -> None:
-                sink(WordsTimed(turn_id, words))
-
-        conn.words_sinks[wire_id] = words_sink
-        if self.flow_high_s is not None:
-            conn.flow.open_turn(wire_id)
-            conn.resume()  # the new turn needs its first audio
+        conn.bind_turn(wire_id, turn_id, sink, audio_sink, words_sink)
         handle = _TurnHandle(conn, wire_id)
         try:
-            handle.call(lambda e, now: e.open_turn(wire_id, settings, now))
+            handle.open(settings)
         except LocalProtocolError:
-            conn.drop_turn(wire_id)  # refused: the turn holds no room
+            conn.drop_turn(wire_id, conn.now())  # refused: the turn holds no room
             raise
         self._keep_spare(conn.key)
         return handle
@@ -997,86 +661,50 @@ class ProviderPool:
         )
 
 
-def _retag(event: Event, turn_id: str) -> Event:
-    """``event`` as seen by the turn's owner (its own turn id, not the wire id)."""
-    cls = type(event)
-    if cls is AudioReceived:  # the bulk of a turn: built directly, not by ``replace``
-        audio: AudioReceived = event  # type: ignore[assignment]
-        return AudioReceived(turn_id, audio.audio, audio.audio_format)
-    if cls is WordsTimed:
-        timed: WordsTimed = event  # type: ignore[assignment]
-        return WordsTimed(turn_id, timed.words)
-    if isinstance(event, ProviderFailed):
-        return replace(event, turn_ids=(turn_id,))
-    if isinstance(getattr(event, "turn_id", None), str):
-        return replace(event, turn_id=turn_id)  # type: ignore[type-var]
-    return event
-
-
 class _TurnHandle:
-    """Commands for one turn on one connection.
+    """``bridge.providers.connection.TurnCommands`` on the loop's clock, waiting for its
+    connection (a handshake, a one-turn protocol's previous turn) when it must."""
 
-    Until the turn is open on its connection (the connection may still be
-    handshaking, or busy with the previous turn of a one-turn protocol),
-    commands are buffered; after that they go straight to the engine.
-    """
-
-    def __init__(self, conn: _Connection, turn_id: str) -> None:
+    def __init__(self, conn: _Connection, wire_id: str) -> None:
         self.conn = conn
-        self.turn_id = turn_id
-        self.live = False
-        self._queued: list[Callable[[TtsProtocol, float], None]] = []
+        self.commands = TurnCommands(conn, wire_id)
         self._flushing: asyncio.Task[None] | None = None
 
-    def call(self, fn: Callable[[TtsProtocol, float], None]) -> None:
-        if self.live:
-            if not self.conn.closed:
-                fn(self.conn.engine, self.conn.now())
-                self.conn.pump()
-            return
-        self._queued.append(fn)
-        if self.conn.engine.ready and self._flushing is None:
-            self._flush()
-        elif self._flushing is None:
+    @property
+    def turn_id(self) -> str:
+        return self.commands.turn_id
+
+    def _wait_if(self, must_wait: bool) -> None:
+        if must_wait:
             self._flushing = asyncio.get_running_loop().create_task(self._flush_when_ready())
 
-    def _flush(self) -> None:
-        self.live = True
-        for fn in self._queued:
-            fn(self.conn.engine, self.conn.now())
-        self._queued.clear()
-        self.conn.pump()
-
     async def _flush_when_ready(self) -> None:
-        await self.conn.ready_event.wait()
-        while not self.conn.engine.ready and not self.conn.closed:
-            self.conn.changed.clear()
-            await self.conn.changed.wait()  # e.g. a one-turn protocol finishing its last turn
-        if not self.conn.engine.ready:
-            sink = self.conn.drop_turn(self.turn_id)
-            if sink is not None:
-                sink(ProviderFailed("connect_failed", "provider unreachable", (self.turn_id,)))
-            return
-        self._flush()
+        conn = self.conn
+        await conn.ready_event.wait()
+        while not conn.engine.ready and not conn.closed:
+            conn.changed.clear()
+            await conn.changed.wait()  # e.g. a one-turn protocol finishing its last turn
+        self.commands.ready_or_failed(conn.now())
+
+    def open(self, settings: TurnSettings) -> None:
+        self._wait_if(self.commands.open(settings, self.conn.now()))
 
     def send_text(self, text: str) -> None:
-        self.conn.note_text(self.turn_id, len(text))
-        self.call(lambda e, now: e.send_text(self.turn_id, text, now))
+        self._wait_if(self.commands.send_text(text, self.conn.now()))
 
     def end(self) -> None:
-        self.conn.note_end(self.turn_id)
-        self.call(lambda e, now: e.end_turn(self.turn_id, now))
+        self._wait_if(self.commands.end(self.conn.now()))
 
     def cancel(self) -> None:
-        self.conn.drop_turn(self.turn_id)
-        self.call(lambda e, now: e.cancel(self.turn_id, now))
+        self._wait_if(self.commands.cancel(self.conn.now()))
 
     def watch_dry(self, on_provider: Callable[[], None]) -> bool:
-        return self.conn.watch_dry(self.turn_id, on_provider)
+        return self.conn.watch_dry(self.commands.turn_id, on_provider)
 
 
 class AgentSession:
-    """One call's voice-agent session on its own connection.
+    """One call's voice-agent session (``bridge.providers.agent.VoiceAgent``) on the
+    loop's clock, over its own connection.
 
     Every event of the connection goes to the sink given to ``open_agent``:
     ``AudioReceived`` for the agent's replies, the protocol's voice events
@@ -1086,89 +714,54 @@ class AgentSession:
 
     def __init__(self, conn: _Connection) -> None:
         self.conn = conn
-        self.started = False
-        self.failed_turns: set[str] = set()
+        self.agent = VoiceAgent(conn)
 
     @property
     def ready(self) -> bool:
-        return self.conn.engine.ready and not self.conn.closed
-
-    def _do(self, method: str, *args: Any) -> None:
-        if self.conn.closed:
-            return
-        getattr(self.conn.engine, method)(*args, self.conn.now())
-        self.conn.pump()
+        return self.agent.ready
 
     def start(self, mode: str = "vad", client_id: str = "callbridge") -> None:
-        self._do("start_voice", mode, client_id)
-        self.started = True
+        self.agent.start(mode, client_id, self.conn.now())
 
     def send_audio(self, pcm_s16le_24k: bytes) -> None:
-        self._do("send_audio", pcm_s16le_24k)
+        self.agent.send_audio(pcm_s16le_24k, self.conn.now())
 
     def commit(self) -> None:
-        self._do("commit")
+        self.agent.commit(self.conn.now())
 
     def stop(self, reason: str = "user") -> None:
-        """End the voice session; the agent answers with its end-of-session event."""
-        if self.started:
-            self.started = False
-            self._do("stop_voice", reason)
+        self.agent.stop(reason, self.conn.now())
 
     def played(self, item_id: str, ms: int) -> None:
-        self._do("played", item_id, ms)
+        self.agent.played(item_id, ms, self.conn.now())
 
     def set_played_position(self, item_id: str, ms: int) -> None:
-        self.conn.engine.set_played_position(item_id, ms)  # type: ignore[attr-defined]
+        self.agent.set_played_position(item_id, ms)
 
     def say(self, turn_id: str, text: str, settings: TurnSettings, sink: Sink) -> None:
-        """Typed text the agent answers aloud (``voice.text``)."""
-        self.open_turn(turn_id, settings, sink)
-        self.send_text(turn_id, text)
-        self.end_turn(turn_id)
-
-    # A call's text turns while its agent is on: the agent answers each aloud, in the
-    # session the caller talks to (Kletso: one ``voice.text`` at ``end_turn``). A turn the
-    # engine cannot take (one at a time) fails to its sink instead of raising.
+        self.agent.say(turn_id, text, settings, sink, self.conn.now())
 
     def open_turn(self, turn_id: str, settings: TurnSettings, sink: Sink) -> None:
-        self.conn.sinks[turn_id] = sink
-        self._turn_do(turn_id, "open_turn", settings)
+        self.agent.open_turn(turn_id, settings, sink, self.conn.now())
 
     def send_text(self, turn_id: str, text: str) -> None:
-        self._turn_do(turn_id, "send_text", text)
+        self.agent.send_text(turn_id, text, self.conn.now())
 
     def end_turn(self, turn_id: str) -> None:
-        self._turn_do(turn_id, "end_turn")
+        self.agent.end_turn(turn_id, self.conn.now())
 
     def cancel(self, turn_id: str) -> None:
-        """Barge-in or cancel: the engine reports the played position (Kletso
-        ``voice.played``) and drops the rest; an unknown turn is a no-op."""
-        self._turn_do(turn_id, "cancel")
-
-    def _turn_do(self, turn_id: str, method: str, *args: Any) -> None:
-        if turn_id in self.failed_turns:
-            return
-        try:
-            self._do(method, turn_id, *args)
-        except LocalProtocolError as e:
-            if method == "cancel":
-                return
-            self.failed_turns.add(turn_id)
-            sink = self.conn.sinks.pop(turn_id, None) or self.conn.catch_all
-            if sink is not None:
-                sink(TurnFailed(turn_id, "agent_busy", str(e), True))
+        self.agent.cancel(turn_id, self.conn.now())
 
     async def close(self) -> None:
-        if self.conn.ws is not None and not self.conn.closed:
-            if self.started:
-                with contextlib.suppress(LocalProtocolError):  # the agent already ended it
-                    self._do("stop_voice", "user")
+        conn = self.conn
+        if conn.ws is not None and not conn.closed:
+            self.agent.goodbye(conn.now())
             with contextlib.suppress(Exception):
-                await self.conn.ws.close()
-        if self.conn.task is not None:
+                await conn.ws.close()
+        if conn.task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(self.conn.task, 2)
+                await asyncio.wait_for(conn.task, 2)
 
 
 class Speaker(failover.Speaker):

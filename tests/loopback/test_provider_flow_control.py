@@ -343,7 +343,7 @@ def test_no_pause_while_a_keepalive_ping_awaits_its_pong() -> None:
     async def body(rig: Rig) -> None:
         conn, transport = rig.connect()
         assert conn.ws is not None
-        conn.ws.pending_pings[b"ping"] = (asyncio.get_running_loop().create_future(), 1000.0)
+        conn.ws.ping_data = b"ping"  # a keepalive ping awaits its pong
         rig.open("a")
         start(conn, transport, "c1")
         transport.kernel.append(chunk(b"\x55" * 10 * BYTES_PER_S, "c1"))

@@ -103,16 +103,16 @@ def test_plain_audio_messages_go_straight_to_the_turn(
 ) -> None:
     """Every protocol's audio messages come out of the engine's one receive contract
     as ``AudioReceived`` and reach the turn, all of them and in order, through the
-    connection's dispatch (``_Connection._dispatch``)."""
+    connection's dispatch (``ProviderConnection.dispatch``)."""
     direct: list[int] = []
-    route = _Connection._dispatch
+    route = _Connection.dispatch
 
-    def counted(conn: _Connection, event: Event) -> None:
+    def counted(conn: _Connection, event: Event, now: float) -> None:
         if isinstance(event, AudioReceived):
             direct.append(len(event.audio))
-        route(conn, event)
+        route(conn, event, now)
 
-    monkeypatch.setattr(_Connection, "_dispatch", counted)
+    monkeypatch.setattr(_Connection, "dispatch", counted)
 
     async def body(server: TtsServer) -> None:
         pool = ProviderPool(_settings(server, protocol))
