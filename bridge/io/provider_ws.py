@@ -38,7 +38,7 @@ from bridge.engine import CloseConnection, LocalProtocolError, SendBytes, SendTe
 from bridge.io.ws_client import ProviderWebSocket as _ProviderWebSocket
 from bridge.io.ws_client import open_websocket
 from bridge.logs import get_logger
-from bridge.media.underrun import DryWatch, DryWatches, dry_verdict
+from bridge.media.underrun import dry_verdict
 from bridge.providers import failover, registry
 from bridge.providers.agent import VoiceAgent
 from bridge.providers.base import (

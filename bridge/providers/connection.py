@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from bridge.engine import Event, LocalProtocolError
+from bridge.media.underrun import DryWatch, DryWatches
 from bridge.providers.base import (
     AudioFormat,
     AudioReceived,
@@ -42,7 +43,6 @@ from bridge.providers.failover import AudioSink, Sink, WordsSink
 from bridge.providers.flow import FlowControl
 from bridge.providers.pool import BACKOFF_STABLE_S, Backoff, Placement
 from bridge.providers.turn_deadlines import TurnDeadlines, TurnWatch
-from bridge.media.underrun import DryWatch, DryWatches
 
 __all__ = ["Command", "PoolKey", "PoolView", "ProviderConnection", "TurnCommands", "retag"]
 
