@@ -62,9 +62,9 @@ cancel out (``PYTHONHASHSEED=0``: repeat runs agree within ~1%). With
 ``--cache-sim`` it also counts simulated L1 and L2 misses (the L2 as the
 last level: see ``CACHE_SIM``).
 
-    .venv/bin/python bench/bench_chain.py                  # 100 and 400 calls
-    .venv/bin/python bench/bench_chain.py --calls 400 --profile
-    .venv/bin/python bench/bench_chain.py --callgrind --calls 100 --frames 50
+    .venv/bin/python -m bench.bench_chain                  # 100 and 400 calls
+    .venv/bin/python -m bench.bench_chain --calls 400 --profile
+    .venv/bin/python -m bench.bench_chain --callgrind --calls 100 --frames 50
 """
 
 from __future__ import annotations
@@ -89,19 +89,17 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "codecs"))
+from bench import common
+from bridge.config import RouteConfig
+from bridge.control import commands as cmd
+from bridge.io.gcpolicy import ReleaseWatch
+from bridge.logs import configure
+from bridge.media.bargein import BargeInPolicy
+from bridge.rtp.packet import RTP_FIXED_HEADER
+from bridge.tts.base import AudioFormat, AudioReceived, TurnDone
+from telcodec import g711
 
-from bench import common  # noqa: E402
-from bridge.config import RouteConfig  # noqa: E402
-from bridge.control import commands as cmd  # noqa: E402
-from bridge.io.gcpolicy import ReleaseWatch  # noqa: E402
-from bridge.logs import configure  # noqa: E402
-from bridge.media.bargein import BargeInPolicy  # noqa: E402
-from bridge.rtp.packet import RTP_FIXED_HEADER  # noqa: E402
-from bridge.tts.base import AudioFormat, AudioReceived, TurnDone  # noqa: E402
-from telcodec import g711  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 FRAME_S = 0.020
 TURN_S = 15.0

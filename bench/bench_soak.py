@@ -1,6 +1,6 @@
 """Soak: 10 000 mixed calls with barge-ins, DTMF and provider failures; then back to baseline?
 
-    python bench/bench_soak.py [--calls N] [--concurrency C] [--seed S]     (make soak)
+    python -m bench.bench_soak [--calls N] [--concurrency C] [--seed S]     (make soak)
 
 The daemon (``bench/loadgen/soak_daemon.py``: ``callbridge serve`` plus a
 task that writes its SIP transactions, RTP ports, calls and tasks to a file
@@ -54,11 +54,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import write
-from loadgen.procs import PAGE_BYTES, ROOT, free_port, terminate
-
+from bench.common import write
+from bench.loadgen.procs import PAGE_BYTES, ROOT, free_port, terminate
 from bridge.io.caller import CallerOptions, SpeakClip, place_call
 from telcodec import g711
 

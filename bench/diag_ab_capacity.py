@@ -12,7 +12,7 @@ over the runs weighs on both trees alike. Each run is one step of
 as medians, with the daemon's user and system CPU apart.
 
     git worktree add /tmp/base <commit>
-    python bench/diag_ab_capacity.py --leg sip --calls 400 --reps 4 /tmp/base .
+    python -m bench.diag_ab_capacity --leg sip --calls 400 --reps 4 /tmp/base .
 """
 
 from __future__ import annotations
@@ -20,16 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from loadgen.procs import CLK_TCK, DaemonUnderTest, TtsProcess, pin_self
-from loadgen.steps import sip_step, ws_step
+from bench.loadgen.procs import CLK_TCK, DaemonUnderTest, TtsProcess, pin_self
+from bench.loadgen.steps import sip_step, ws_step
 
 
 def _user_sys_s(pid: int) -> tuple[float, float]:
