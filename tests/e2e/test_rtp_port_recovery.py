@@ -22,7 +22,7 @@ from bridge.io.caller import CallerOptions, place_call
 from bridge.io.sip_call import _SipCall
 from bridge.io.sip_leg import SipLeg
 
-from .harness import FACTOR, free_sip_port, stack
+from .harness import FACTOR, stack
 
 GREETING_ROUTE = """
 [[routes]]
@@ -66,10 +66,10 @@ async def _call(sip: int) -> tuple[bool, str | None]:
 
 def test_ports_in_use_recover_after_the_cool_down_and_readyz_follows() -> None:
     async def body() -> None:
-        sip = free_sip_port()
         base, held = _occupy_range()
         try:
-            async with stack(GREETING_ROUTE, sip=str(sip), rtp=f"{base}-{base + 3}") as s:
+            async with stack(GREETING_ROUTE, rtp=f"{base}-{base + 3}") as s:
+                sip = s.sip_port
                 leg = next(leg for leg in s.daemon.legs if isinstance(leg, SipLeg))
                 leg.port_cooldown_s = 0.5 * FACTOR
                 assert (await _readyz(s.api_port))[0] == 200
@@ -105,8 +105,8 @@ def test_descriptor_exhaustion_refuses_the_call_and_marks_no_port(
         raise OSError(errno.EMFILE, "Too many open files")
 
     async def body() -> None:
-        sip = free_sip_port()
-        async with stack(GREETING_ROUTE, sip=str(sip)) as s:
+        async with stack(GREETING_ROUTE) as s:
+            sip = s.sip_port
             leg = next(leg for leg in s.daemon.legs if isinstance(leg, SipLeg))
             usable = leg.ports.usable_count(0.0)
             with monkeypatch.context() as m:
