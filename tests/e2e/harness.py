@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -133,36 +132,19 @@ def bound_sip_port(daemon: Daemon) -> int:
     return int(leg.runners[0].ua.settings.local_port)  # type: ignore[attr-defined]
 
 
-def address_in_use(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (or what it was raised from) is a bind's "address already in use"."""
-    while exc is not None:
-        if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
-            return True
-        if "address already in use" in str(exc).lower():
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-START_ATTEMPTS = 5
-
-
 @asynccontextmanager
 async def stack(routes: str, protocol: str = "kova", **kw: str) -> AsyncIterator[Stack]:
     """The daemon and its ttsd. Every listener binds port 0 unless the test names a port
     (``sip=...``); ``Stack.sip_port``, ``ms_port`` and ``api_port`` say what they bound."""
     tts = await start_tts_server(engine="tone")
     try:
-        for attempt in range(START_ATTEMPTS):
-            cfg = parse_config(config_text(tts.port, routes, protocol, **kw), "test.toml")
-            daemon = Daemon(cfg)
-            try:
-                await daemon.start()
-                break
-            except Exception as e:
-                await daemon.close()
-                if "sip" in kw or attempt == START_ATTEMPTS - 1 or not address_in_use(e):
-                    raise
+        cfg = parse_config(config_text(tts.port, routes, protocol, **kw), "test.toml")
+        daemon = Daemon(cfg)
+        try:
+            await daemon.start()
+        except BaseException:
+            await daemon.close()
+            raise
     except BaseException:
         await tts.close()
         raise

@@ -156,24 +156,15 @@ def test_the_sip_udp_socket_asks_for_a_receive_buffer_that_holds_a_burst() -> No
     run(body())
 
 
-def test_the_stack_starts_again_on_another_sip_port_when_its_port_was_taken(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The harness's answer to a port taken between choosing it and binding it."""
-    from . import harness
-
-    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    taken.bind(("127.0.0.1", 0))
-    ports = iter([int(taken.getsockname()[1])])
-    real = harness.free_port
-    monkeypatch.setattr(
-        harness, "free_port", lambda kind=socket.SOCK_STREAM: next(ports, None) or real(kind)
-    )
+def test_the_stacks_sip_listener_binds_port_0_and_reports_the_port_it_got() -> None:
+    """The harness never chooses the daemon's SIP port (one free a moment ago could be
+    taken by another process before the daemon binds it): port 0, read back."""
 
     async def body() -> None:
         async with stack(app_route("ws://127.0.0.1:9/app")) as st:
-            assert st.sip_port != taken.getsockname()[1]
-            assert st.daemon.legs and st.daemon.legs[0].name == "sip"
+            assert tuple(st.config.sip.listen) == ("127.0.0.1:0",)
+            for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):  # the daemon holds both
+                with socket.socket(socket.AF_INET, kind) as s, pytest.raises(OSError):
+                    s.bind(("127.0.0.1", st.sip_port))
 
-    with taken:
-        run(body())
+    run(body())
