@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -74,6 +75,7 @@ def main() -> None:
                         k: row["pacing"].get(k) for k in ("p99_ms", "max_ms", "worst_call_p99_ms")
                     }
                     run["sys_share"] = round((s1 - s0) / max(1e-9, u1 - u0 + s1 - s0), 3)
+                    run["loadavg_1m"] = os.getloadavg()[0]  # the rest of the host, roughly
                     results[str(tree)].append(run)
                     print(tree, json.dumps(run), flush=True)
                     time.sleep(2)
