@@ -33,9 +33,11 @@ greeting = "Hello from the bridge."
 
 
 def _occupy_range() -> tuple[int, list[socket.socket]]:
-    """Four free UDP ports N..N+3 (N even), each held by a socket of ours."""
+    """Four free UDP ports N..N+3 (N even), each held by a socket of ours. Above Linux's
+    ephemeral range (32768-60999): once the test lets them go, no other process's
+    connect() or bind to port 0 takes one before the call that needs them."""
     for _ in range(50):
-        base = random.randrange(40000, 49000, 2)
+        base = random.randrange(61000, 65500, 2)
         held: list[socket.socket] = []
         try:
             for port in range(base, base + 4):
