@@ -44,7 +44,7 @@ def test_sip_caller_speech_barges_in_with_every_provider_protocol(protocol: str)
                 opts = CallerOptions(
                     target=f"sip:demo@127.0.0.1:{sip}",
                     speak=(SpeakClip("speech", 1.0, speech),),
-                    duration_s=3.0,
+                    duration_s=3.0 * FACTOR,  # the cut must come before the caller hangs up
                 )
                 result = await place_call(opts)
                 report = build_report(result.recording)
@@ -74,7 +74,9 @@ def test_sip_call_hears_the_greeting_and_dtmf_reaches_the_app() -> None:
             async with stack(app_route(app.url)) as st:
                 sip = st.sip_port
                 opts = CallerOptions(
-                    target=f"sip:demo@127.0.0.1:{sip}", dtmf=((1.5, "7"),), duration_s=2.5
+                    target=f"sip:demo@127.0.0.1:{sip}",
+                    dtmf=((1.5, "7"),),
+                    duration_s=2.5 * FACTOR,  # the whole greeting heard before the caller's BYE
                 )
                 result = await place_call(opts)
                 report = build_report(result.recording)
@@ -113,7 +115,7 @@ def test_app_dtmf_command_is_sent_as_rfc4733_events_the_caller_receives() -> Non
             app.on_started = [{"type": "dtmf", "digits": "42#"}]
             async with stack(app_route(app.url)) as st:
                 sip = st.sip_port
-                opts = CallerOptions(target=f"sip:demo@127.0.0.1:{sip}", duration_s=2.5)
+                opts = CallerOptions(target=f"sip:demo@127.0.0.1:{sip}", duration_s=2.5 * FACTOR)
                 report = build_report((await place_call(opts)).recording)
                 assert report.answered
                 assert report.dtmf_received == "42#"
@@ -128,7 +130,7 @@ def test_sip_over_ipv6_loopback() -> None:
             app.on_started = [{"type": "say", "turn_id": "g", "text": "Over IPv6.", "final": True}]
             async with stack(app_route(app.url), sip_host="[::1]") as st:
                 sip = st.sip_port
-                opts = CallerOptions(target=f"sip:demo@[::1]:{sip}", duration_s=2.0)
+                opts = CallerOptions(target=f"sip:demo@[::1]:{sip}", duration_s=2.0 * FACTOR)
                 report = build_report((await place_call(opts)).recording)
                 assert report.answered and report.speech_frames_received > 10
                 assert app.of("turn.finished")
