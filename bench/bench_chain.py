@@ -216,7 +216,11 @@ class _Chain:
         self.ticker = ticker = MediaTicker(sim, clock=sim.time)  # type: ignore[arg-type]
         bargein = BargeInPolicy()
         config = SimpleNamespace(
-            bargein=bargein, sip=SimpleNamespace(rtp_timeout_s=60.0), flow=lambda name: None
+            bargein=bargein,
+            sip=SimpleNamespace(rtp_timeout_s=60.0),
+            flow=lambda name: None,
+            providers=(),  # text pacing off: the bench hands the turn's audio over itself
+            daemon=SimpleNamespace(prompt_cache_bytes=0),
         )
         runtime = SimpleNamespace(calls=0, config=config, pools={}, cache=None)
         daemon = SimpleNamespace(
@@ -420,7 +424,8 @@ def callgrind(n_calls: int, frames: int, cache_sim: bool = False) -> dict[str, f
                     f"--callgrind-out-file={out}",
                     *(CACHE_SIM if cache_sim else ()),
                     sys.executable,
-                    __file__,
+                    "-m",
+                    "bench.bench_chain",
                     "--calls",
                     str(n_calls),
                     "--frames",
@@ -433,6 +438,7 @@ def callgrind(n_calls: int, frames: int, cache_sim: bool = False) -> dict[str, f
                 ],
                 check=True,
                 capture_output=True,
+                cwd=ROOT,  # where the bench package is
                 env={**os.environ, "PYTHONHASHSEED": "0"},  # the same dict and set layouts
             )
             text = out.read_text()
