@@ -68,11 +68,11 @@ unit: venv
 ## failures: kills and mid-turn faults) against one daemon, then every resource back to
 ## baseline (not in `make test`); CALLS=500 runs fewer, SOAK_ARGS passes other options.
 soak: venv
-	$(PY) bench/bench_soak.py $(if $(CALLS),--calls $(CALLS)) $(SOAK_ARGS)
+	$(PY) -m bench.bench_soak $(if $(CALLS),--calls $(CALLS)) $(SOAK_ARGS)
 
 ## make fuzz: every coverage-guided fuzz target of bench/fuzz/ (atheris, the bench extra)
 ## for FUZZ_RUNS inputs each, seeded from the test fixtures (not in `make test`); crash
-## inputs land in bench/results/fuzz/. Longer runs: python bench/fuzz/fuzz_sip.py -max_total_time=600.
+## inputs land in bench/results/fuzz/. Longer runs: python -m bench.fuzz.fuzz_sip -max_total_time=600.
 FUZZ_RUNS ?= 20000
 FUZZ_TARGETS := sip sdp digest streams app providers
 $(VENV)/.fuzz: pyproject.toml $(VENV)/.installed
@@ -82,7 +82,7 @@ $(VENV)/.fuzz: pyproject.toml $(VENV)/.installed
 fuzz: venv $(VENV)/.fuzz
 	set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "fuzz_$$t: $(FUZZ_RUNS) runs"; \
-	  $(PY) bench/fuzz/fuzz_$$t.py -atheris_runs=$(FUZZ_RUNS); \
+	  $(PY) -m bench.fuzz.fuzz_$$t -atheris_runs=$(FUZZ_RUNS); \
 	done
 
 ## Install as a system service under /opt/callbridge (see docs/deployment.md).
@@ -97,10 +97,10 @@ $(VENV)/.bench: pyproject.toml $(VENV)/.installed
 	touch $@
 
 bench: venv peers $(VENV)/.bench
-	$(PY) bench/run_all.py
+	$(PY) -m bench.run_all
 
 bench-quick: venv peers $(VENV)/.bench
-	$(PY) bench/run_all.py --quick
+	$(PY) -m bench.run_all --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -4,9 +4,8 @@ Everything else about the package is in pyproject.toml. The modules below are
 the per-frame path of every call (the engines the media ticker drives 50 times
 a second per call); mypyc turns their type-annotated Python into C extension
 modules, which the interpreter imports instead of the ``.py`` files beside
-them; the RTP socket's per-packet calls (``bridge/io/_rtpsock.c``) are a
-small hand-written C module. ``CALLBRIDGE_PURE_PYTHON=1`` builds without them: the same package in
-pure Python, slower, and what to use on a machine without a C compiler.
+them. ``CALLBRIDGE_PURE_PYTHON=1`` builds without them: the same package in pure Python,
+slower, and what to use on a machine without a C compiler.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from setuptools import Extension, setup
+from setuptools import setup
 
 HERE = Path(__file__).resolve().parent
 
@@ -37,14 +36,6 @@ def native_sources() -> list[str]:
     return list(_native().native_sources(HERE))
 
 
-def c_extensions() -> list[Extension]:
-    """The hand-written C modules (``C_EXTENSIONS`` in ``bridge/native.py``)."""
-    return [
-        Extension(source[: -len(".c")].replace("/", "."), [source])
-        for source in _native().C_EXTENSIONS
-    ]
-
-
 def ext_modules() -> list[object]:
     if os.environ.get("CALLBRIDGE_PURE_PYTHON", "") not in ("", "0"):
         return []
@@ -52,9 +43,8 @@ def ext_modules() -> list[object]:
 
     os.chdir(HERE)  # mypyc names the modules by their paths from here
     _native().write_manifest(HERE)  # what is compiled below, as it is read now
-    return [
-        *c_extensions(),
-        *mypycify(
+    return list(
+        mypycify(
             [
                 # the build environment has only the build requirements: the runtime
                 # dependencies are typed as Any here (mypy --strict checks them apart)
@@ -69,8 +59,8 @@ def ext_modules() -> list[object]:
             opt_level="3",
             multi_file=True,  # one C file per module: smaller units, rebuilt apart
             group_name="callbridge_native",  # the shared library: callbridge_native__mypyc
-        ),
-    ]
+        )
+    )
 
 
 setup(ext_modules=ext_modules())

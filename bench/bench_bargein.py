@@ -28,7 +28,7 @@ What is measured, with the daemon's default thresholds (``bridge.media.bargein.B
   of ``min_speech_ms``, ``energy_floor_dbfs``, ``echo_return_loss_db`` and VAD
   aggressiveness on the engine level.
 
-    python bench/bench_bargein.py [--quick] [--no-e2e] [--no-grid] [--seed N]
+    python -m bench.bench_bargein [--quick] [--no-e2e] [--no-grid] [--seed N]
 
 ``--seed`` regenerates both sets (noise, phases, babble mixes) from another
 seed: a threshold tuned on the default seed (1) is reported on another one too.
@@ -45,7 +45,6 @@ import itertools
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import wave
 from collections.abc import Iterator
@@ -57,18 +56,15 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
+from bench.common import pct, write
+from bridge.commands import Say
+from bridge.media.bargein import BargeInPolicy
+from bridge.media.call import CallBridge
+from bridge.media.call_types import LegProfile
+from bridge.providers.base import MULAW_8K, AudioReceived
+from telcodec import g711
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests" / "e2e"))
-
-from common import pct, write  # noqa: E402
-
-from bridge.commands import Say  # noqa: E402
-from bridge.media.bargein import BargeInPolicy  # noqa: E402
-from bridge.media.call import CallBridge  # noqa: E402
-from bridge.media.call_types import LegProfile  # noqa: E402
-from bridge.providers.base import MULAW_8K, AudioReceived  # noqa: E402
-from telcodec import g711  # noqa: E402
 
 Signal = npt.NDArray[np.float64]
 """Mono audio at 8 kHz in int16 units (full scale 32768), as float."""
@@ -644,9 +640,8 @@ def e2e_route(greeting: str) -> str:
 
 
 async def measure_e2e(onsets: list[Onset], parallel: int) -> dict[str, Any]:
-    from harness import stack  # type: ignore[import-not-found]  # tests/e2e, on sys.path above
-
     from bridge.logs import configure
+    from tests.e2e.harness import stack
 
     latencies: list[float] = []
     missed = early = late_media = 0

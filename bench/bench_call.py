@@ -35,8 +35,8 @@ correlator (``BargeInPolicy.echo_correlation`` 0 switches it off). The
 figures are CPU time, so they are meaningful on a loaded machine; they
 still include cache effects of whatever else runs.
 
-    .venv/bin/python bench/bench_call.py               # 100 calls, 5 reps
-    .venv/bin/python bench/bench_call.py --profile     # cProfile of one run
+    .venv/bin/python -m bench.bench_call               # 100 calls, 5 reps
+    .venv/bin/python -m bench.bench_call --profile     # cProfile of one run
 """
 
 from __future__ import annotations
@@ -45,15 +45,10 @@ import argparse
 import cProfile
 import pstats
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codecs"))
 
 from bench import common
 from bridge.commands import Say

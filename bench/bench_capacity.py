@@ -30,8 +30,8 @@ project code moves), since the VM's host has run the same code 45 % slower
 from one hour to the next: figures from runs whose host speeds differ are not
 comparable.
 
-    python bench/bench_capacity.py [--quick]
-    python bench/bench_capacity.py --steps 200,300,400,500 --configs sip_mulaw,twilio_mulaw \
+    python -m bench.bench_capacity [--quick]
+    python -m bench.bench_capacity --steps 200,300,400,500 --configs sip_mulaw,twilio_mulaw \
         --measure-s 20 --reps 3 --name capacity_extra_steps
 """
 
@@ -39,17 +39,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import write
-from loadgen.hostspeed import describe, host_speed
-from loadgen.procs import DAEMON_CORE, LOADGEN_CORE, DaemonUnderTest, TtsProcess, pin_self
-from loadgen.steps import meets_bar, sip_step, summarize_profile, ws_step
+from bench.common import write
+from bench.loadgen.hostspeed import describe, host_speed
+from bench.loadgen.procs import DAEMON_CORE, LOADGEN_CORE, DaemonUnderTest, TtsProcess, pin_self
+from bench.loadgen.steps import meets_bar, sip_step, summarize_profile, ws_step
 
 CONFIGS = (("sip", False), ("sip", True), ("twilio", False), ("twilio", True))
 

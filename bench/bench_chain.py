@@ -62,9 +62,9 @@ cancel out (``PYTHONHASHSEED=0``: repeat runs agree within ~1%). With
 ``--cache-sim`` it also counts simulated L1 and L2 misses (the L2 as the
 last level: see ``CACHE_SIM``).
 
-    .venv/bin/python bench/bench_chain.py                  # 100 and 400 calls
-    .venv/bin/python bench/bench_chain.py --calls 400 --profile
-    .venv/bin/python bench/bench_chain.py --callgrind --calls 100 --frames 50
+    .venv/bin/python -m bench.bench_chain                  # 100 and 400 calls
+    .venv/bin/python -m bench.bench_chain --calls 400 --profile
+    .venv/bin/python -m bench.bench_chain --callgrind --calls 100 --frames 50
 """
 
 from __future__ import annotations
@@ -89,17 +89,15 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "codecs"))
+from bench import common
+from bridge import commands as cmd
+from bridge.config import parse_config
+from bridge.logs import configure
+from bridge.providers.base import AudioFormat, AudioReceived, TurnDone
+from bridge.rtp.packet import RTP_FIXED_HEADER
+from telcodec import g711
 
-from bench import common  # noqa: E402
-from bridge import commands as cmd  # noqa: E402
-from bridge.config import parse_config  # noqa: E402
-from bridge.logs import configure  # noqa: E402
-from bridge.providers.base import AudioFormat, AudioReceived, TurnDone  # noqa: E402
-from bridge.rtp.packet import RTP_FIXED_HEADER  # noqa: E402
-from telcodec import g711  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 FRAME_S = 0.020
 TURN_S = 15.0
@@ -426,7 +424,8 @@ def callgrind(n_calls: int, frames: int, cache_sim: bool = False) -> dict[str, f
                     f"--callgrind-out-file={out}",
                     *(CACHE_SIM if cache_sim else ()),
                     sys.executable,
-                    __file__,
+                    "-m",
+                    "bench.bench_chain",
                     "--calls",
                     str(n_calls),
                     "--frames",
@@ -439,6 +438,7 @@ def callgrind(n_calls: int, frames: int, cache_sim: bool = False) -> dict[str, f
                 ],
                 check=True,
                 capture_output=True,
+                cwd=ROOT,  # where the bench package is
                 env={**os.environ, "PYTHONHASHSEED": "0"},  # the same dict and set layouts
             )
             text = out.read_text()

@@ -1,6 +1,6 @@
 """Benchmark telcodec: cost per 20 ms frame, and alias suppression vs a naive path.
 
-Usage: python bench/bench_codecs.py [--quick] [--out PATH]
+Usage: python -m bench.bench_codecs [--quick] [--out PATH]
 
 Prints a table and writes JSON (default ``bench/results/codecs.json``) with the
 machine it ran on. Every timing is the median over several repetitions of
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 import soxr
-from common import machine
 
+from bench.common import machine
 from telcodec import dtmf, g711
 from telcodec.transcode import FromTelephony, ToTelephony
 

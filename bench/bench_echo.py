@@ -21,7 +21,7 @@ The fraction of frames called echo in each situation is reported with a
 digest of the per-frame decisions, so two versions of the correlator can be
 compared for identical decisions.
 
-    python bench/bench_echo.py [--repeats N] [--out NAME]
+    python -m bench.bench_echo [--repeats N] [--out NAME]
 """
 
 from __future__ import annotations
@@ -29,22 +29,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import write
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "media"))
-
-from test_echo import delayed, voiced  # the test suite's speech-like signals
-
+from bench.common import write
 from bridge.media.echo import EchoCorrelator
 from telcodec import g711
+from tests.media.test_echo import delayed, voiced  # the test suite's speech-like signals
 
 RATE = 8000
 FRAME = 160

@@ -29,7 +29,7 @@ caller heard silence either way). The figures:
   from the rendered turn (0 when the recording is the turn, unshifted; a
   late RTP frame replaced by silence would show here).
 
-    python bench/bench_heard.py [--quick]
+    python -m bench.bench_heard [--quick]
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import socket
 import statistics
-import sys
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -48,21 +47,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests" / "e2e"))
-
-from common import pct, write  # noqa: E402
-from harness import (  # type: ignore[import-not-found]  # noqa: E402  # tests/e2e, on sys.path
+from bench.common import pct, write
+from bridge.io.caller import CallerOptions, SpeakClip, place_call
+from bridge.ttsd.synth import ToneEngine
+from telcodec import g711
+from tests.e2e.harness import (
     AppServer,
     free_port,
     speech_mulaw,
     stack,
 )
 
-from bridge.io.caller import CallerOptions, SpeakClip, place_call  # noqa: E402
-from bridge.ttsd.synth import ToneEngine  # noqa: E402
-from telcodec import g711  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 TEXT = " ".join(f"word{i}" for i in range(30)) + "."
 RATE_HZ = 8000

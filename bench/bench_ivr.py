@@ -1,6 +1,6 @@
 """The shipped IVR at real call rates: the demo config, the embedded Piper voice, SIP callers.
 
-Usage: python bench/bench_ivr.py [--quick] [--calls 500] [--rate 25] [--hold-s 30]
+Usage: python -m bench.bench_ivr [--quick] [--calls 500] [--rate 25] [--hold-s 30]
                                  [--cores split,one] [--cache warm,cold] [--out NAME]
 
 What is measured (issue 31): ``callbridge serve`` with ``config/callbridge.toml`` as shipped
@@ -44,11 +44,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import write
-from loadgen.analysis import pacing_summary, rtp_deviations_ns
-from loadgen.procs import (
+from bench.common import write
+from bench.loadgen.analysis import pacing_summary, rtp_deviations_ns
+from bench.loadgen.procs import (
     DAEMON_CORE,
     LOADGEN_CORE,
     ROOT,
@@ -58,7 +56,7 @@ from loadgen.procs import (
     pin_self,
     terminate,
 )
-from loadgen.rtp import RtpLoad
+from bench.loadgen.rtp import RtpLoad
 
 DEMO = ROOT / "config" / "callbridge.toml"
 

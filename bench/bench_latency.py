@@ -17,7 +17,7 @@ Two figures per turn:
   timestamp). Same host clock (CLOCK_MONOTONIC); this includes the provider
   WebSocket hop and JSON/base64 decoding, which the daemon figure does not.
 
-    python bench/bench_latency.py [--quick]
+    python -m bench.bench_latency [--quick]
 """
 
 from __future__ import annotations
@@ -25,17 +25,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import pct, write
-from loadgen.procs import DaemonUnderTest, TtsProcess, pin_self
-from loadgen.rtp import RtpLoad
-from loadgen.twilio import TwilioLoad
+from bench.common import pct, write
+from bench.loadgen.procs import DaemonUnderTest, TtsProcess, pin_self
+from bench.loadgen.rtp import RtpLoad
+from bench.loadgen.twilio import TwilioLoad
 
 Candidates = list[tuple[float, list[float]]]
 

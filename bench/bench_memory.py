@@ -47,23 +47,20 @@ Against ``callbridge serve`` (uvloop, core 0) over SIP/RTP:
    daemon really observes its departure deviations (one frame in
    ``PACING_SAMPLE_EVERY``).
 
-    python bench/bench_memory.py [--quick]
+    python -m bench.bench_memory [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import write
-from loadgen.procs import DaemonUnderTest, TtsProcess, pin_self
-from loadgen.rtp import RtpLoad
+from bench.common import write
+from bench.loadgen.procs import DaemonUnderTest, TtsProcess, pin_self
+from bench.loadgen.rtp import RtpLoad
 
 
 def churn(d: DaemonUnderTest, calls: int, batch: int = 50) -> int:

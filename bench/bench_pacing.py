@@ -30,7 +30,7 @@ Plots (``bench/plots.py``): ``bench/results/pacing_cdf.png`` (|deviation|
 per set-up: every packet of every repetition), ``pacing_drift.png``
 (deviation over time in the drift run); their paths are in the JSON.
 
-    python bench/bench_pacing.py [--quick] [--reps N] [--drift-minutes N] [--no-twilio]
+    python -m bench.bench_pacing [--quick] [--reps N] [--drift-minutes N] [--no-twilio]
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ import shutil
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import wave
@@ -52,19 +51,17 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import plots
-from common import RESULTS, write
-from loadgen.analysis import (
+from bench import plots
+from bench.common import RESULTS, write
+from bench.loadgen.analysis import (
     pacing_summary,
     per_call_figures,
     rtp_deviations_ns,
     rtp_gap_frames,
 )
-from loadgen.procs import DAEMON_CORE, DaemonUnderTest, TtsProcess, pin_self
-from loadgen.rtp import RtpLoad, realtime_to_monotonic_offset_ns
-from loadgen.steps import core_busy_s, ws_step
+from bench.loadgen.procs import DAEMON_CORE, DaemonUnderTest, TtsProcess, pin_self
+from bench.loadgen.rtp import RtpLoad, realtime_to_monotonic_offset_ns
+from bench.loadgen.steps import core_busy_s, ws_step
 
 PerCall = list[tuple[np.ndarray, np.ndarray]]
 ROOT = Path(__file__).resolve().parents[1]

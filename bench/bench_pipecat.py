@@ -56,7 +56,7 @@ same run, with the same tools:
    onset set (Piper/espeak-ng onsets at -20 dBFS with line noise), through
    the full carrier emulator (``bench_bargein.StreamCaller``); p50/p95.
 
-    python bench/bench_pipecat.py [--quick] [--ours-loop uvloop|asyncio]
+    python -m bench.bench_pipecat [--quick] [--ours-loop uvloop|asyncio]
 """
 
 from __future__ import annotations
@@ -67,20 +67,15 @@ import os
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-
-from bench_bargein import BOT_TEXT, Onset, StreamCaller, Voices, onset_set  # noqa: E402
-from common import pct, write  # noqa: E402
-from loadgen.procs import (  # noqa: E402
+from bench.bench_bargein import BOT_TEXT, Onset, StreamCaller, Voices, onset_set
+from bench.common import pct, write
+from bench.loadgen.procs import (
     DAEMON_CORE,
     TALK_TEXT,
     VENV_BIN,
@@ -91,8 +86,11 @@ from loadgen.procs import (  # noqa: E402
     pin_self,
     terminate,
 )
-from loadgen.steps import meets_bar, ws_step  # noqa: E402
-from loadgen.twilio import TwilioLoad  # noqa: E402
+from bench.loadgen.steps import meets_bar, ws_step
+from bench.loadgen.twilio import TwilioLoad
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
 PIPECAT_PY = HERE / ".venv-pipecat" / "bin" / "python"
 PROVIDER_RATE_HZ = 24000

@@ -34,7 +34,7 @@ Figures:
   pipeline fed the whole signal at once (in LSB of s16), and the largest
   sample-to-sample step of each.
 
-    python bench/bench_quality.py [--quick]
+    python -m bench.bench_quality [--quick]
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -52,15 +51,13 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
+from bench.bench_bargein import BOT_TEXT, TEXTS, Voices, _cached, _read_wav, _write_wav
+from bench.common import write
+from telcodec import g711
+from telcodec.resample import StreamResampler
+from telcodec.transcode import ToTelephony
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from bench_bargein import BOT_TEXT, TEXTS, Voices, _cached, _read_wav, _write_wav  # noqa: E402
-from common import write  # noqa: E402
-
-from telcodec import g711  # noqa: E402
-from telcodec.resample import StreamResampler  # noqa: E402
-from telcodec.transcode import ToTelephony  # noqa: E402
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)

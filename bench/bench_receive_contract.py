@@ -23,7 +23,7 @@ would be at ``--calls`` calls each receiving audio continuously in real time
 (an upper bound: a call's bot does not talk all the time), as a share of one
 core. Pure Python unless the engines are compiled in the running install.
 
-    python bench/bench_receive_contract.py [--quick] [--calls 500] [--reps 7] [--format pcm/24000]
+    python -m bench.bench_receive_contract [--quick] [--calls 500] [--reps 7] [--format pcm/24000]
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from common import write
-
+from bench.common import write
 from bridge.engine import Action, SendBytes, SendText
 from bridge.providers import registry
 from bridge.providers.base import AudioFormat, AudioReceived, ProviderSettings, TurnSettings

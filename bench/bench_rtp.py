@@ -1,6 +1,6 @@
 """Benchmark the RTP hot path: microseconds per packet, in and out.
 
-Usage: python bench/bench_rtp.py [--quick] [--out PATH]
+Usage: python -m bench.bench_rtp [--quick] [--out PATH]
 
 Prints a table and writes JSON (default ``bench/results/rtp.json``) with the
 machine and commit it ran on. Every figure is the median over several runs
@@ -56,8 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import machine
-
+from bench.common import machine
 from bridge.rtp.packet import RtpPacket, build_rtp, parse_rtp_header
 from bridge.rtp.session import RtpSession, RtpSessionConfig
 

@@ -1,6 +1,6 @@
 """Benchmark the SIP/RTP leg with SIPp: call setup rate, and CPU per RTP packet.
 
-Usage: python bench/bench_sip.py [--quick] [--rates 50,100,150,200,300] [--step-s 10]
+Usage: python -m bench.bench_sip [--quick] [--rates 50,100,150,200,300] [--step-s 10]
                                  [--call-s 2] [--repeat 2] [--shedding on,off]
                                  [--concurrent 100] [--profile] [--out PATH]
 
@@ -71,11 +71,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import pct, write
+from bench.common import pct, write
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 SCENARIO = ROOT / "tests" / "e2e" / "scenarios" / "bench_uac.xml"
 CALLBRIDGE = Path(sys.executable).with_name("callbridge")
 GREETING = "Hello caller, welcome to the bridge."

@@ -1,6 +1,6 @@
 """Soak: 10 000 mixed calls with barge-ins, DTMF and provider failures; then back to baseline?
 
-    python bench/bench_soak.py [--calls N] [--concurrency C] [--seed S]     (make soak)
+    python -m bench.bench_soak [--calls N] [--concurrency C] [--seed S]     (make soak)
 
 The daemon (``bench/loadgen/soak_daemon.py``: ``callbridge serve`` plus a
 task that writes its SIP transactions, RTP ports, calls and tasks to a file
@@ -74,13 +74,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import websockets
-from common import write
-from loadgen.procs import PAGE_BYTES, ROOT, free_port, terminate
-from loadgen.turn_faults import FAULT_KINDS, TurnFaultProxy
 
+from bench.common import write
+from bench.loadgen.procs import PAGE_BYTES, ROOT, free_port, terminate
+from bench.loadgen.turn_faults import FAULT_KINDS, TurnFaultProxy
 from bridge.io.caller import CallerOptions, SpeakClip, place_call
 from telcodec import g711
 

@@ -1,6 +1,6 @@
 """Benchmark SRTP: protect + unprotect of one 20 ms G.711 packet, with the Python call.
 
-Usage: python bench/bench_srtp.py [--quick] [--out NAME_OR_PATH]
+Usage: python -m bench.bench_srtp [--quick] [--out NAME_OR_PATH]
 
 The budget (issue 34): protect + unprotect of a 160-byte G.711 payload (a
 172-byte RTP packet) within 2 µs including the Python call; libsrtp itself
@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 
 import pylibsrtp
-from common import write
 
+from bench.common import write
 from bridge.rtp.packet import build_rtp
 from bridge.rtp.srtp import SrtpContext
 from bridge.sip.sdp import SDES_SUITES, SdesCrypto

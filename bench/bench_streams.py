@@ -49,7 +49,7 @@ deviation from the talkspurt's fitted 20 ms grid. Needs ``dumpcap`` and
 the right to capture on ``lo`` (root); without them only the
 carrier figures are printed.
 
-    python bench/bench_streams.py [--quick] [--no-pacing]
+    python -m bench.bench_streams [--quick] [--no-pacing]
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ import copy
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -70,42 +69,40 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from websockets.frames import apply_mask as ws_apply_mask
+from websockets.server import ServerProtocol
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from common import write  # noqa: E402
-from loadgen.analysis import ws_deviations_ns  # noqa: E402
-from loadgen.hostspeed import drain  # noqa: E402
-from loadgen.procs import (  # noqa: E402
+from bench.common import write
+from bench.loadgen.analysis import ws_deviations_ns
+from bench.loadgen.hostspeed import drain
+from bench.loadgen.procs import (
     DAEMON_CORE,
     DaemonUnderTest,
     TtsProcess,
     pin_self,
 )
-from loadgen.steps import _cdr_figures, core_busy_s  # noqa: E402
-from loadgen.twilio import TwilioLoad  # noqa: E402
-from loadgen.wire import WireCapture  # noqa: E402
-from websockets.frames import apply_mask as ws_apply_mask  # noqa: E402
-from websockets.server import ServerProtocol  # noqa: E402
-
-from bridge.commands import Say  # noqa: E402
-from bridge.engine import SendBytes, SendText  # noqa: E402
-from bridge.io.httpws import HttpRequest, WsConnection  # noqa: E402
-from bridge.media.bargein import BargeInPolicy  # noqa: E402
-from bridge.media.call import CallBridge  # noqa: E402
-from bridge.media.call_types import LegProfile, SendMark  # noqa: E402
-from bridge.providers.base import MULAW_8K  # noqa: E402
-from bridge.providers.base import AudioReceived as ProviderAudio  # noqa: E402
-from bridge.streams import DIALECTS  # noqa: E402
-from bridge.streams.base import (  # noqa: E402
+from bench.loadgen.steps import _cdr_figures, core_busy_s
+from bench.loadgen.twilio import TwilioLoad
+from bench.loadgen.wire import WireCapture
+from bridge.commands import Say
+from bridge.engine import SendBytes, SendText
+from bridge.io.httpws import HttpRequest, WsConnection
+from bridge.media.bargein import BargeInPolicy
+from bridge.media.call import CallBridge
+from bridge.media.call_types import LegProfile, SendMark
+from bridge.providers.base import MULAW_8K
+from bridge.providers.base import AudioReceived as ProviderAudio
+from bridge.streams import DIALECTS
+from bridge.streams.base import (
     AudioReceived,
     MediaStreamProtocol,
     SendEncodedText,
     StreamState,
 )
-from bridge.streams.twilio import TwilioStreamProtocol  # noqa: E402
-from telcodec import g711  # noqa: E402
+from bridge.streams.twilio import TwilioStreamProtocol
+from telcodec import g711
+
+HERE = Path(__file__).resolve().parent
 
 FIXTURES = HERE.parent / "tests" / "streams" / "fixtures"
 FIXTURE_OF = {

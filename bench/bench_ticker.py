@@ -1,6 +1,6 @@
 """Simulate where talkspurt starts put the calls' frames: bucket occupancy and added delay.
 
-Usage: python bench/bench_ticker.py [--quick] [--out PATH]
+Usage: python -m bench.bench_ticker [--quick] [--out PATH]
 
 No sockets, no sleeping, no wall clock: the real pure-data
 ``bridge.media.clock.Ticker`` (configured as the daemon's shell configures it:
@@ -73,8 +73,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import machine, pct
-
+from bench.common import machine, pct
 from bridge.media.clock import ClockConfig, Ticker, TickerConfig
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ the median of ``--reps`` repetitions. The server's CPU is not counted. A
 digest of every event the sinks saw (types, turn ids, audio bytes, formats,
 word timings) shows whether a change altered what reaches the call.
 
-    python bench/bench_tts.py [--quick] [--path-only] [--turns N] [--reps R] [--profile]
+    python -m bench.bench_tts [--quick] [--path-only] [--turns N] [--reps R] [--profile]
 
 The same path without the network, repeatable enough for callgrind
 (``--record FILE`` keeps the bytes the server sent in one repetition,
@@ -31,8 +31,8 @@ compare), so the figure includes the preemption point the daemon pays.
 digest: under callgrind, the difference of the two runs' instructions is the
 feed's.
 
-    python bench/bench_tts.py --record FILE [--turns N] [--format F]
-    python bench/bench_tts.py --replay FILE [--replay-reps R]
+    python -m bench.bench_tts --record FILE [--turns N] [--format F]
+    python -m bench.bench_tts --replay FILE [--replay-reps R]
 
 A prompt cache hit (``--cache-hit``): the greeting rendered once through the
 reference server (in this process, ``tone`` engine) into the ``PromptCache``,
@@ -42,7 +42,7 @@ then ``--turns`` calls each open it as ``CallRunner`` does (a fresh
 ``Say`` to the bridge's first frame ready (``frame_ready()``), p50/p99 (goal:
 p99 <= 5 ms); written to ``bench/results/tts_cache_hit.json``.
 
-    python bench/bench_tts.py --cache-hit [--turns N]
+    python -m bench.bench_tts --cache-hit [--turns N]
 """
 
 from __future__ import annotations
@@ -56,20 +56,17 @@ import math
 import pickle
 import pstats
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import summary_ms, write
-from loadgen.procs import TALK_TEXT, TtsProcess
 from websockets.client import ClientProtocol
 from websockets.protocol import State
 from websockets.uri import parse_uri
 from websockets.utils import accept_key
 
+from bench.common import summary_ms, write
+from bench.loadgen.procs import TALK_TEXT, TtsProcess
 from bridge.commands import Say
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS

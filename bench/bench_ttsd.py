@@ -21,7 +21,7 @@ A level is "real time" when every request has its first audio within
 20 ms frame. Aggregate: seconds of audio rendered per wall second. The host
 is shared: its load average and CPU count are recorded with the figures.
 
-    python bench/bench_ttsd.py [--workers W] [--concurrency 1,2,4,6,8] [--out NAME]
+    python -m bench.bench_ttsd [--workers W] [--concurrency 1,2,4,6,8] [--out NAME]
 """
 
 from __future__ import annotations
@@ -37,10 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import write
-
+from bench.common import write
 from bridge.engine import Event
 from bridge.io.embedded import KEY_ENV, PROTOCOL_PATHS
 from bridge.io.provider_ws import ProviderPool, Speaker

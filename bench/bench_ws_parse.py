@@ -28,7 +28,7 @@ is ``500 x`` that, as a share of the daemon's CPU at 500 calls
 (``--daemon-busy``, the core's busy fraction in the capacity benchmark:
 74-96 %, ``docs/benchmarks.md``).
 
-    python bench/bench_ws_parse.py [--messages N] [--reps R] [--read-bytes B]
+    python -m bench.bench_ws_parse [--messages N] [--reps R] [--read-bytes B]
 
 Writes ``bench/results/ws_parse.json``.
 """
@@ -38,20 +38,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import write
 from websockets.client import ClientProtocol
 from websockets.frames import Opcode
 from websockets.protocol import State
 from websockets.uri import parse_uri
 from websockets.utils import accept_key
 
+from bench.common import write
 from bridge.io.provider_ws import _ProviderWebSocket
 
 CALLS = 500

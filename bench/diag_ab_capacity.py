@@ -1,4 +1,4 @@
-"""A/B of one capacity step in the daemon: two source trees, runs interleaved.
+"""A/B of one capacity step in the daemon: two (or more) source trees, runs interleaved.
 
 Not a benchmark (``run_all.py`` runs only ``bench_*.py``): a diagnostic for
 "did this change move the daemon's CPU per call-second", which per-path
@@ -6,30 +6,28 @@ benches (``bench_chain``, ``bench_call``, ``bench_tts --replay``) cannot
 answer. One reference TTS server serves every run; the daemon is started
 afresh for each run from one tree or the other (``loadgen.procs`` ``src``:
 the tree's ``bridge`` and ``codecs`` first on the child's path, this venv's
-packages), in the order A B B A A B B A ... so that a drift of the machine
-over the runs weighs on both trees alike. Each run is one step of
+packages), in the order A B B A A B B A ... (with three trees A B C C B A ...)
+so that a drift of the machine over the runs weighs on every tree alike. Each run is one step of
 ``bench_capacity`` (``sip_step`` / ``ws_step``, mu-law); printed per run and
 as medians, with the daemon's user and system CPU apart.
 
     git worktree add /tmp/base <commit>
-    python bench/diag_ab_capacity.py --leg sip --calls 400 --reps 4 /tmp/base .
+    python -m bench.diag_ab_capacity --leg sip --calls 400 --reps 4 /tmp/base .
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from loadgen.procs import CLK_TCK, DaemonUnderTest, TtsProcess, pin_self
-from loadgen.steps import sip_step, ws_step
+from bench.loadgen.procs import CLK_TCK, DaemonUnderTest, TtsProcess, pin_self
+from bench.loadgen.steps import sip_step, ws_step
 
 
 def _user_sys_s(pid: int) -> tuple[float, float]:
@@ -39,13 +37,15 @@ def _user_sys_s(pid: int) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("trees", nargs=2, type=Path, help="tree A and tree B")
+    ap.add_argument("trees", nargs="+", type=Path, help="tree A, tree B, ...")
     ap.add_argument("--leg", choices=("sip", "twilio"), default="sip")
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--measure-s", type=float, default=20.0)
     ap.add_argument("--reps", type=int, default=4, help="runs per tree")
     ap.add_argument("--out", type=Path, default=None, help="JSON file (default: print only)")
     args = ap.parse_args()
+    if len(args.trees) < 2:
+        ap.error("trees: at least two")
     pin_self()
     trees = [t.resolve() for t in args.trees]
     results: dict[str, list[dict[str, Any]]] = {str(t): [] for t in trees}
@@ -75,6 +75,7 @@ def main() -> None:
                         k: row["pacing"].get(k) for k in ("p99_ms", "max_ms", "worst_call_p99_ms")
                     }
                     run["sys_share"] = round((s1 - s0) / max(1e-9, u1 - u0 + s1 - s0), 3)
+                    run["loadavg_1m"] = os.getloadavg()[0]  # the rest of the host, roughly
                     results[str(tree)].append(run)
                     print(tree, json.dumps(run), flush=True)
                     time.sleep(2)

@@ -19,7 +19,7 @@ it: an excursion that follows a
 stall of the core is the host's, one that does not is the daemon's (or the
 kernel's) to explain.
 
-    python bench/diag_excursions.py [--calls 100] [--seconds 90] [--threshold-ms 10] \
+    python -m bench.diag_excursions [--calls 100] [--seconds 90] [--threshold-ms 10] \
         [--daemon-option "gc_thaw_s = 60"] [--stalls] [--keep-log daemon.log]
 """
 
@@ -28,19 +28,16 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import shutil
-import sys
 import tempfile
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from loadgen.analysis import rtp_deviations_ns
-from loadgen.hostspeed import STALL_MS, watch
-from loadgen.procs import DAEMON_CORE, DaemonUnderTest, TtsProcess, pin_self
-from loadgen.rtp import RtpLoad
+from bench.loadgen.analysis import rtp_deviations_ns
+from bench.loadgen.hostspeed import STALL_MS, watch
+from bench.loadgen.procs import DAEMON_CORE, DaemonUnderTest, TtsProcess, pin_self
+from bench.loadgen.rtp import RtpLoad
 
 STALL_REACH_MS = 30.0
 """A stall ending this long before a late packet's arrival is taken as its cause: the

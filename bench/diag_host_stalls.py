@@ -15,7 +15,7 @@ well under 1 % of it), each one preempting the daemon for that long.
 
 Needs the right to use ``SCHED_FIFO`` (root, or ``CAP_SYS_NICE``).
 
-    python bench/diag_host_stalls.py --seconds 60 --out /tmp/stalls.json
+    python -m bench.diag_host_stalls --seconds 60 --out /tmp/stalls.json
 
 Prints the count and the longest, with their ``time.monotonic()`` (the
 clock the daemon's log and ``bench_capacity``'s windows use), and writes
@@ -28,7 +28,7 @@ import argparse
 import json
 from pathlib import Path
 
-from loadgen.hostspeed import watch
+from bench.loadgen.hostspeed import watch
 
 
 def main() -> None:

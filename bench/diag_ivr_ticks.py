@@ -19,7 +19,7 @@ On a host other work keeps busy, ``--fifo 5`` (as root) runs the daemon
 (``--nice`` does not: a plain 1 ms timer loop at nice -15 woke 5-6 ms late at
 p99 on a loaded 2-core host, at ``SCHED_FIFO`` 1.0 ms).
 
-    python bench/diag_ivr_ticks.py [--calls 100] [--rate 25] [--hold-s 30] \
+    python -m bench.diag_ivr_ticks [--calls 100] [--rate 25] [--hold-s 30] \
         [--profile /tmp/ivr.prof] [--with-ramp] [--cold]
 """
 
@@ -35,8 +35,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 OVER_MS = (1.0, 2.0, 5.0, 10.0)
 PROBES = (
@@ -195,15 +193,15 @@ def _child(cfg: str, out: str, profile: str, share: str) -> int:
 
 
 def _run(a: argparse.Namespace, tmp: Path, cache_dir: Path) -> dict[str, Any]:
-    from bench_ivr import Daemon, demo_config
-    from loadgen.analysis import pacing_summary, rtp_deviations_ns
-    from loadgen.procs import DAEMON_CORE, LOADGEN_CORE, _pinned
-    from loadgen.rtp import RtpLoad
+    from bench.bench_ivr import Daemon, demo_config
+    from bench.loadgen.analysis import pacing_summary, rtp_deviations_ns
+    from bench.loadgen.procs import DAEMON_CORE, LOADGEN_CORE, _pinned
+    from bench.loadgen.rtp import RtpLoad
 
     out = tmp / "ticks.json"
     d = Daemon.__new__(Daemon)  # bench_ivr's, started with this file's child instead
     d.workdir, d.log = tmp, tmp / "daemon.log"
-    from loadgen.procs import free_port
+    from bench.loadgen.procs import free_port
 
     d.sip, d.ms, d.api = free_port(2), free_port(), free_port()
     cfg = tmp / "callbridge.toml"
@@ -288,7 +286,7 @@ def main() -> int:
     ap.add_argument("--json", default="", help="write everything found here")
     ap.add_argument("--top", type=int, default=30)
     a = ap.parse_args()
-    from loadgen.procs import LOADGEN_CORE, pin_self
+    from bench.loadgen.procs import LOADGEN_CORE, pin_self
 
     pin_self(LOADGEN_CORE)
     with tempfile.TemporaryDirectory(prefix="diag_ivr_") as tmp_s:

@@ -39,7 +39,7 @@ end (is the underrun at a turn's start or mid-turn?). ``--keep DIR`` keeps the
 raw records (and the daemon's and the server's logs); ``--analyze DIR`` re-reads
 them without running anything.
 
-    python bench/diag_underruns.py [--calls 400] [--seconds 25] [--pcm24k] [--src /work/wt-h4]
+    python -m bench.diag_underruns [--calls 400] [--seconds 25] [--pcm24k] [--src /work/wt-h4]
 
 ``--restart-demo TURNS`` runs nothing of the above: it shows, in-process, what
 a turn restarted on a busy provider connection waits behind, with the
@@ -55,17 +55,14 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from loadgen.procs import DAEMON_CORE, DaemonUnderTest, TtsProcess, pin_self
-from loadgen.rtp import RtpLoad
-from loadgen.steps import _core0, core_busy_s
+from bench.loadgen.procs import DAEMON_CORE, DaemonUnderTest, TtsProcess, pin_self
+from bench.loadgen.rtp import RtpLoad
+from bench.loadgen.steps import _core0, core_busy_s
 
 FRAME_S = 0.02
 SAMPLES_PER_FRAME = 160
@@ -465,8 +462,7 @@ def restart_demo(turns: int, wait_s: float = 2.0, reps: int = 3) -> None:
     """
     import asyncio
 
-    from loadgen.procs import TALK_TEXT
-
+    from bench.loadgen.procs import TALK_TEXT
     from bridge.io.embedded import PROTOCOL_PATHS
     from bridge.io.provider_ws import FLOW_HIGH_S, ProviderPool
     from bridge.io.ttsd_server import start_tts_server

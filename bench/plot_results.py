@@ -5,19 +5,15 @@ capacity, bargein, latency, memory, tts) the figures are read and PNGs written
 next to it (``bench/results/<name>_*.png``). The JSON files are not changed.
 ``bench_pacing.py`` draws its own plots (they need the raw deviations).
 
-    python bench/plot_results.py [name ...]
+    python -m bench.plot_results [name ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import plots
+from bench import plots
 
 
 def main() -> None:

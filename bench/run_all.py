@@ -1,7 +1,10 @@
 """Run every benchmark in bench/ (``make bench``; ``--quick`` for ``make bench-quick``).
 
 Each benchmark prints its figures and writes bench/results/<name>.json; then
-``plot_results.py`` renders the PNGs from those JSON files.
+``plot_results`` renders the PNGs from those JSON files. Each runs as a module of
+the ``bench`` package from the repository root (``python -m bench.bench_NAME``).
+
+    python -m bench.run_all [--quick]
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
 
 def main() -> int:
@@ -18,12 +22,13 @@ def main() -> int:
     failed = []
     for script in sorted(HERE.glob("bench_*.py")):
         print(f"\n=== {script.name} {' '.join(quick)}", flush=True)
-        rc = subprocess.run([sys.executable, str(script), *quick]).returncode
+        module = f"bench.{script.stem}"
+        rc = subprocess.run([sys.executable, "-m", module, *quick], cwd=ROOT).returncode
         if rc:
             failed.append(script.name)
-    print("\n=== plot_results.py", flush=True)
-    if subprocess.run([sys.executable, str(HERE / "plot_results.py")]).returncode:
-        failed.append("plot_results.py")
+    print("\n=== plot_results", flush=True)
+    if subprocess.run([sys.executable, "-m", "bench.plot_results"], cwd=ROOT).returncode:
+        failed.append("plot_results")
     if failed:
         print(f"\nfailed: {', '.join(failed)}")
     return 1 if failed else 0

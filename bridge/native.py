@@ -21,7 +21,6 @@ import json
 from pathlib import Path
 
 __all__ = [
-    "C_EXTENSIONS",
     "NATIVE_MODULES",
     "NATIVE_PACKAGES",
     "clean",
@@ -53,10 +52,6 @@ NATIVE_MODULES = (
 per-frame part of the I/O shell (the media ticker, the call runner, a SIP call's RTP, a
 media-stream call's carrier messages and WebSocket)."""
 
-C_EXTENSIONS = ("bridge/io/_rtpsock.c",)
-"""Hand-written C modules (``setup.py`` builds them beside their source, like the others):
-the RTP socket's per-packet calls, with a Python fallback in ``bridge/io/rtpsock.py``."""
-
 ROOT = Path(__file__).resolve().parent.parent
 """The directory that holds the ``bridge`` package."""
 
@@ -84,14 +79,9 @@ def _extension(source: Path) -> Path | None:
     return None
 
 
-def _all_sources(root: Path) -> list[str]:
-    """The mypyc sources and the C modules' sources."""
-    return [*native_sources(root), *C_EXTENSIONS]
-
-
 def compiled(root: Path = ROOT) -> list[str]:
     """The native sources that have an extension module beside them."""
-    return [s for s in _all_sources(root) if _extension(root / s) is not None]
+    return [s for s in native_sources(root) if _extension(root / s) is not None]
 
 
 def _digest(path: Path) -> str:
@@ -102,7 +92,7 @@ def write_manifest(root: Path = ROOT) -> None:
     """Record each source's SHA-256 as the build reads it (``setup.py``, before compiling)."""
     path = root / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)
-    digests = {s: _digest(root / s) for s in _all_sources(root)}
+    digests = {s: _digest(root / s) for s in native_sources(root)}
     path.write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
 
 
@@ -121,7 +111,7 @@ def stale(root: Path = ROOT) -> list[str]:
     Empty when nothing is compiled (a pure-Python install: nothing shadows
     the sources) or when every compiled module was built from its source as it is.
     """
-    sources = _all_sources(root)
+    sources = native_sources(root)
     built = {s: _extension(root / s) for s in sources}
     if not any(built.values()):
         return []
@@ -138,7 +128,7 @@ def stale(root: Path = ROOT) -> list[str]:
 def clean(root: Path = ROOT) -> list[str]:
     """Remove the extension modules built beside the native sources (back to pure Python)."""
     removed = []
-    for source in _all_sources(root):
+    for source in native_sources(root):
         ext = _extension(root / source)
         while ext is not None:
             ext.unlink()
@@ -171,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if not built:
         print("pure Python: no compiled modules")
         return 1 if args.check else 0
-    print(f"{len(built)} modules compiled (mypyc and C), all current")
+    print(f"{len(built)} modules compiled with mypyc, all current")
     return 0
 
 

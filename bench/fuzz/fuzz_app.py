@@ -8,7 +8,7 @@ one command or one ``error`` message, and that message must be JSON. Seeds:
 every command example of ``bridge/control/app_schema.json`` (the schema the
 tests check the parser against).
 
-    python bench/fuzz/fuzz_app.py -atheris_runs=100000
+    python -m bench.fuzz.fuzz_app -atheris_runs=100000
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fuzz_common import ROOT, frames_of, frames_to_input, main
-
+from bench.fuzz.fuzz_common import ROOT, frames_of, frames_to_input, main
 from bridge.commands import CallStarted, Command
 from bridge.control.app import AppError, AppSession, decode_command
 from bridge.engine import SendText

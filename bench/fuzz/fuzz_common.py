@@ -5,8 +5,8 @@ Each ``fuzz_<parser>.py`` defines ``test_one_input(data: bytes) -> None``
 and ``seeds() -> list[bytes]`` (built from the test fixtures), and calls
 :func:`main` when run as a script::
 
-    python bench/fuzz/fuzz_sip.py -atheris_runs=100000
-    python bench/fuzz/fuzz_sip.py -max_total_time=60
+    python -m bench.fuzz.fuzz_sip -atheris_runs=100000
+    python -m bench.fuzz.fuzz_sip -max_total_time=60
 
 Any libFuzzer flag works. Without a corpus directory on the command line the
 seeds are written to a fresh temporary directory, which libFuzzer then grows;

@@ -9,15 +9,14 @@ answer that verifies must not verify a second time: no replay). As a
 verifier's own challenges (both algorithms, with and without qop) and the
 challenges themselves, so mutations start from a valid nonce.
 
-    python bench/fuzz/fuzz_digest.py -atheris_runs=100000
+    python -m bench.fuzz.fuzz_digest -atheris_runs=100000
 """
 
 from __future__ import annotations
 
 import contextlib
 
-from fuzz_common import main
-
+from bench.fuzz.fuzz_common import main
 from bridge.sip.digest import (
     AuthResult,
     DigestClient,

@@ -7,7 +7,7 @@ a live turn, then its timers run out; for the session reply the rest is the
 reply body (status 200). Nothing may raise, and the turn ends (done or
 failed) at most once. Seeds: the inbound frames of ``tests/tts/*/fixtures``.
 
-    python bench/fuzz/fuzz_providers.py -atheris_runs=100000
+    python -m bench.fuzz.fuzz_providers -atheris_runs=100000
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import importlib
 import json
 from typing import Any
 
-from fuzz_common import FIXTURES, frames_of, frames_to_input, main
-
+from bench.fuzz.fuzz_common import FIXTURES, frames_of, frames_to_input, main
 from bridge.providers.base import AudioFormat, ProviderSettings, TurnDone, TurnFailed, TurnSettings
 
 PROTOCOLS = ["coda", "kletso", "kova", "kugelaudio", "zwst"]

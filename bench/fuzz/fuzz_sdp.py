@@ -6,13 +6,12 @@ negotiate (``negotiate``, ``choose_crypto``) and answer (``build_answer``)
 without raising. Seeds: the bodies of ``tests/sip/fixtures`` and offers built
 by ``build_offer``.
 
-    python bench/fuzz/fuzz_sdp.py -atheris_runs=100000
+    python -m bench.fuzz.fuzz_sdp -atheris_runs=100000
 """
 
 from __future__ import annotations
 
-from fuzz_common import FIXTURES, main
-
+from bench.fuzz.fuzz_common import FIXTURES, main
 from bridge.sip.sdp import (
     SdpError,
     answer_direction,

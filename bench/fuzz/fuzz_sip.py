@@ -7,7 +7,7 @@ leave). Then every call offered is rejected, every timer runs out, and the
 transactions, calls and framers must be back to none; a normal INVITE must
 still be offered. Seeds: ``tests/sip/fixtures`` and a few well-formed requests.
 
-    python bench/fuzz/fuzz_sip.py -atheris_runs=100000
+    python -m bench.fuzz.fuzz_sip -atheris_runs=100000
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from __future__ import annotations
 import contextlib
 import random
 
-from fuzz_common import FIXTURES, main
-
+from bench.fuzz.fuzz_common import FIXTURES, main
 from bridge.sip.errors import SipParseError
 from bridge.sip.events import CallOffered
 from bridge.sip.message import parse_message

@@ -6,7 +6,7 @@ fed in order to a fresh engine, with its timers run after each. Nothing may
 raise; the engine closes the connection at most once and reports at most one
 ``StreamStopped``. Seeds: the inbound messages of ``tests/streams/fixtures``.
 
-    python bench/fuzz/fuzz_streams.py -atheris_runs=100000
+    python -m bench.fuzz.fuzz_streams -atheris_runs=100000
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from __future__ import annotations
 import base64
 import json
 
-from fuzz_common import FIXTURES, frames_of, frames_to_input, main
-
+from bench.fuzz.fuzz_common import FIXTURES, frames_of, frames_to_input, main
 from bridge.engine import CloseConnection
 from bridge.streams import DIALECTS
 from bridge.streams.base import StreamStopped

@@ -30,7 +30,7 @@ whether a change or the host moved it. Each figure here is the median of
   pass saw 3-9 such stalls a minute under load, the nineteenth 48 a minute
   with the machine idle.
 
-``python bench/loadgen/hostspeed.py`` prints them; ``bench_capacity.py``
+``python -m bench.loadgen.hostspeed`` prints them; ``bench_capacity.py``
 records them with every run (``host_speed``), before and after.
 """
 

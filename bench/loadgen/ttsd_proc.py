@@ -19,7 +19,7 @@ the server wrote the message a daemon's underrun waited for, and whether its
 own socket was backed up then (the transport's buffer above the kernel's, and
 ``TIOCOUTQ``: bytes the kernel holds that the peer has not taken).
 
-    python bench/loadgen/ttsd_proc.py PORT_FILE RECORD_JSON
+    python -m bench.loadgen.ttsd_proc PORT_FILE RECORD_JSON
 """
 
 from __future__ import annotations

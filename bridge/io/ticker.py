@@ -345,8 +345,7 @@ class MediaTicker:
     def flush(self) -> None:
         """Send the queued datagrams, back to back; one that fails is dropped (counted).
 
-        One call for the whole outbox (``bridge.io.rtpsock.send_all``): the
-        send loop and the destinations' parsing run in C when it is built.
+        One call for the whole outbox (``bridge.io.rtpsock.send_all``).
         """
         outbox = self.outbox
         self.send_errors += send_all(outbox)

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from bench_pipecat import added_latency_ms, fed, no_underrun, peer_meets_bar
+from bench.bench_pipecat import added_latency_ms, fed, no_underrun, peer_meets_bar
 
 
 def step(**over: Any) -> dict[str, Any]:

@@ -3,12 +3,7 @@ warnings the injected faults explain (``bench/bench_soak.py``)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from bench_soak import cdr_figures, unexplained
+from bench.bench_soak import cdr_figures, unexplained
 
 
 def test_a_warning_is_explained_only_when_it_names_the_killed_provider() -> None:
@@ -45,7 +40,7 @@ def test_cdrs_barge_ins_and_digits_are_counted_by_route() -> None:
 def test_every_turn_a_fault_hit_is_classed_by_how_it_recovered() -> None:
     from types import SimpleNamespace
 
-    from bench_soak import turn_fault_figures
+    from bench.bench_soak import turn_fault_figures
 
     proxy = SimpleNamespace(
         fraction=0.5,

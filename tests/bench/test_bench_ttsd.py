@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from bench_ttsd import Request
-
+from bench.bench_ttsd import Request
 from bridge.providers.base import PCM_8K, AudioReceived, TurnDone
 
 ONE_S = b"\0\0" * 8000  # one second of 8 kHz PCM

@@ -3,13 +3,9 @@ when it caused them."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from loadgen.steps import meets_bar
+from bench.loadgen.steps import meets_bar
 
 
 def step(**over: Any) -> dict[str, Any]:

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from diag_excursions import chance_pct, episodes_of, stalls_before
+from bench.diag_excursions import chance_pct, episodes_of, stalls_before
 
 MS = 1_000_000
 

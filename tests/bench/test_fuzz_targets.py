@@ -9,21 +9,19 @@ is kept under ``tests/fixtures/fuzz/<target>/`` and replayed the same way.
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench" / "fuzz"))
 
 TARGETS = ["sip", "sdp", "digest", "streams", "app", "providers"]
 CRASHES = ROOT / "tests" / "fixtures" / "fuzz"
 
 
 def target(name: str) -> ModuleType:
-    return importlib.import_module(f"fuzz_{name}")
+    return importlib.import_module(f"bench.fuzz.fuzz_{name}")
 
 
 def test_every_fuzz_script_is_listed() -> None:

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import pytest
-from loadgen.hostspeed import FIGURES, describe, host_speed, watch
+
+from bench.loadgen.hostspeed import FIGURES, describe, host_speed, watch
 
 
 def test_every_figure_is_measured_once_per_run_and_summarised() -> None:

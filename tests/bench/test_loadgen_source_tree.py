@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from loadgen.procs import SOURCE_TREE_ENV, source_tree_env
+from bench.loadgen.procs import SOURCE_TREE_ENV, source_tree_env
 
 
 def _tree(root: Path) -> Path:

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from loadgen.steps import ttfa_figures
+from bench.loadgen.steps import ttfa_figures
 
 
 def test_later_turns_leave_out_each_calls_first_turn() -> None:

@@ -5,23 +5,18 @@ from __future__ import annotations
 
 import socket
 import struct
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from loadgen.analysis import (
+from bench.loadgen.analysis import (
     pacing_summary,
     per_call_figures,
     rtp_deviations_ns,
     rtp_gap_frames,
 )
-from loadgen.rtp import RtpLoad
-
+from bench.loadgen.rtp import RtpLoad
 from bridge.engine import SendDatagram
 from bridge.sip.events import OutboundCallAnswered
 from bridge.sip.sdp import build_offer, negotiate, parse_sdp

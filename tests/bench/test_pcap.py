@@ -16,16 +16,13 @@ import json
 import os
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from loadgen.pcap import PcapError, TcpSegment, tcp_segments
-from loadgen.wire import WireCapture
+from bench.loadgen.pcap import PcapError, TcpSegment, tcp_segments
+from bench.loadgen.wire import WireCapture
 
 FACTOR = float(os.environ.get("CALLBRIDGE_TEST_TIME_FACTOR", "1"))
 

@@ -8,18 +8,14 @@ import asyncio
 import base64
 import json
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import websockets
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from loadgen.analysis import ws_deviations_ns
-from loadgen.steps import ws_sized_deviations_ns
-from loadgen.twilio import TwilioLoad, WsCall, payload_bytes
-from loadgen.wire import _WsStream
+from bench.loadgen.analysis import ws_deviations_ns
+from bench.loadgen.steps import ws_sized_deviations_ns
+from bench.loadgen.twilio import TwilioLoad, WsCall, payload_bytes
+from bench.loadgen.wire import _WsStream
 
 MS = 1_000_000
 FACTOR = float(os.environ.get("CALLBRIDGE_TEST_TIME_FACTOR", "1"))

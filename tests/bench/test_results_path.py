@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from common import RESULTS, results_path, write
+from bench.common import RESULTS, results_path, write
 
 
 def test_bare_name_goes_to_results() -> None:

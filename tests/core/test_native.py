@@ -17,7 +17,7 @@ SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 def make_tree(root: Path) -> list[str]:
     """Every native source, written, with an extension module beside it built later."""
-    sources = [*native.native_sources(native.ROOT), *native.C_EXTENSIONS]
+    sources = native.native_sources(native.ROOT)
     for source in sources:
         path = root / source
         path.parent.mkdir(parents=True, exist_ok=True)

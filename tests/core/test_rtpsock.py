@@ -1,4 +1,4 @@
-"""The RTP socket's per-packet calls (``bridge.io.rtpsock``): the C module and its Python twin.
+"""The RTP socket's per-packet calls (``bridge.io.rtpsock``).
 
 Real UDP sockets on loopback. A datagram sent on loopback is queued at the
 receiver before ``sendto`` returns, so nothing here waits.
@@ -6,73 +6,22 @@ receiver before ``sendto`` returns, so nothing here waits.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import shutil
 import socket
-import subprocess
-import sysconfig
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bridge import native
 from bridge.io import rtpsock
 
 Recv = Callable[[socket.socket, int], rtpsock.Received | None]
 SendAll = Callable[[list[tuple[Any, bytes, Any]]], int]
 
-C_SOURCE = Path(rtpsock.__file__).with_name("_rtpsock.c")
 
-
-@functools.cache
-def _c_module() -> Any:
-    """The C module: the installed one, or (pure-Python build) built here from its source.
-
-    Both builds run the same tests on it; only with no C compiler or Python headers
-    (which the compiled install needs too) do its tests skip, saying so.
-    """
-    if rtpsock.NATIVE:
-        from bridge.io import _rtpsock  # type: ignore[attr-defined]
-
-        return _rtpsock
-    cc = shutil.which("cc") or shutil.which("gcc")
-    include = sysconfig.get_paths()["include"]
-    if cc is None or not (Path(include) / "Python.h").exists():
-        pytest.skip("pure-Python build and no C compiler or Python headers to build _rtpsock.c")
-    out = (
-        Path(tempfile.mkdtemp(prefix="rtpsock-"))
-        / f"_rtpsock{sysconfig.get_config_var('EXT_SUFFIX')}"
-    )
-    subprocess.run(
-        [cc, "-shared", "-fPIC", "-O2", f"-I{include}", str(C_SOURCE), "-o", str(out)],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    spec = importlib.util.spec_from_file_location("_rtpsock", out)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _python() -> tuple[str, Recv, SendAll]:
-    return ("python", rtpsock._recv_stamped_py, rtpsock._send_all_py)
-
-
-def _c() -> tuple[str, Recv, SendAll]:
-    module = _c_module()
-    return ("c", module.recv_stamped, module.send_all)
-
-
-@pytest.fixture(params=[_python, _c], ids=["python", "c"])
-def impl(request: pytest.FixtureRequest) -> tuple[str, Recv, SendAll]:
-    return request.param()  # type: ignore[no-any-return]
+@pytest.fixture
+def impl() -> tuple[str, Recv, SendAll]:
+    return ("python", rtpsock.recv_stamped, rtpsock.send_all)
 
 
 def _udp(stamped: bool = True, family: int = socket.AF_INET) -> socket.socket:
@@ -92,11 +41,6 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     tx.close()
 
 
-def test_the_c_module_is_built_whenever_the_package_is_compiled() -> None:
-    # a compiled build that silently fell back to Python would lose what the module is for
-    assert bool(native.compiled()) == rtpsock.NATIVE
-
-
 def test_an_empty_socket_gives_none(
     impl: tuple[str, Recv, SendAll], pair: tuple[socket.socket, socket.socket]
 ) -> None:
@@ -108,7 +52,7 @@ def test_an_empty_socket_gives_none(
 def test_a_datagram_comes_with_its_kernel_arrival_time_and_source(
     impl: tuple[str, Recv, SendAll], pair: tuple[socket.socket, socket.socket]
 ) -> None:
-    name, recv, _ = impl
+    _, recv, _ = impl
     rx, tx = pair
     before = time.time()
     tx.sendto(b"\x80\x00" + bytes(170), rx.getsockname())
@@ -120,17 +64,11 @@ def test_a_datagram_comes_with_its_kernel_arrival_time_and_source(
     assert data == b"\x80\x00" + bytes(170)
     assert before - 0.001 <= stamp <= after + 0.001  # CLOCK_REALTIME, from the kernel
     assert addr == tx.getsockname()
-    host, port = tx.getsockname()
-    if name == "c":
-        assert key == (int.from_bytes(socket.inet_aton(host), "big") << 16) | port
-    else:
-        assert key == -1
-    # the same source again: the C module does not format it again
+    assert key == -1
     again = recv(rx, key)
     assert again is not None
     assert again[0] == b"second"
-    assert again[2] == key
-    assert again[3] == (None if name == "c" else tx.getsockname())
+    assert again[2] == key and again[3] == tx.getsockname()
     assert recv(rx, key) is None
 
 

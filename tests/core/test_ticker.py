@@ -20,14 +20,18 @@ def test_frames_are_ticked_in_order_and_a_stalled_loop_reads_as_overloaded() -> 
     async def main() -> None:
         ticker = MediaTicker(asyncio.get_running_loop())
         frames: dict[str, list[int]] = {"a": [], "b": []}
-        for key in frames:
-            ticker.add(key, lambda n, now, k=key: frames[k].append(n), lambda e: None)
+        clocks = {
+            key: ticker.add(key, lambda n, now, k=key: frames[k].append(n), lambda e: None)
+            for key in frames
+        }
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 10 * FACTOR
         while len(frames["b"]) < 10 and loop.time() < deadline:  # both ticking: 200 ms
             await asyncio.sleep(0.02)
-        # in order from frame 0, each once (a late wake-up may skip ahead, never repeat)
-        assert frames["a"][0] == 0 and frames["a"] == sorted(set(frames["a"]))
+        # in order from frame 0, each once (a late wake-up may skip ahead, never repeat:
+        # a first wake-up a period late on a loaded host skips frame 0 itself)
+        assert frames["a"][0] == 0 or clocks["a"].stats().late_wakeups > 0
+        assert frames["a"] == sorted(set(frames["a"]))
         assert len(frames["b"]) >= 10 and frames["b"] == sorted(set(frames["b"]))
         # healthy: late by what a busy host costs, far from the 1 s stall below (the lag
         # of an idle host is what bench_pacing measures)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -31,8 +30,8 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
 
 
 def free_sip_port() -> int:
-    """A port free a moment ago for both UDP and TCP (the SIP leg listens on both); taken
-    meanwhile, ``stack`` starts the daemon again on another."""
+    """A port free a moment ago for both UDP and TCP, for a SIP peer that must be told its
+    port up front (the daemon's own SIP listener binds port 0: ``bound_sip_port``)."""
     for _ in range(50):
         port = free_port(socket.SOCK_DGRAM)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -69,7 +68,7 @@ event_loop = "asyncio"
 drain_timeout_s = 2
 
 [sip]
-listen = ["{kw.get("sip_host", "127.0.0.1")}:{kw.get("sip", free_sip_port())}"]
+listen = ["{kw.get("sip_host", "127.0.0.1")}:{kw.get("sip", 0)}"]
 rtp_ports = "{kw.get("rtp", _rtp_window())}"
 {kw.get("sip_extra", "")}
 
@@ -119,8 +118,7 @@ class Stack:
     def sip_port(self) -> int:
         """The SIP listener's port (the first ``[sip] listen`` address, as bound: port 0
         binds any free one)."""
-        leg = next(leg for leg in self.daemon.legs if leg.name == "sip")
-        return int(leg.runners[0].ua.settings.local_port)  # type: ignore[attr-defined]
+        return bound_sip_port(self.daemon)
 
     @property
     def api_port(self) -> int:
@@ -128,38 +126,25 @@ class Stack:
         return self.daemon.api.port
 
 
-def address_in_use(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (or what it was raised from) is a bind's "address already in use"."""
-    while exc is not None:
-        if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
-            return True
-        if "address already in use" in str(exc).lower():
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-START_ATTEMPTS = 5
+def bound_sip_port(daemon: Daemon) -> int:
+    """The port a started daemon's first ``[sip] listen`` address bound (port 0: any free one)."""
+    leg = next(leg for leg in daemon.legs if leg.name == "sip")
+    return int(leg.runners[0].ua.settings.local_port)  # type: ignore[attr-defined]
 
 
 @asynccontextmanager
 async def stack(routes: str, protocol: str = "kova", **kw: str) -> AsyncIterator[Stack]:
-    """The daemon and its ttsd. The SIP port is one free a moment ago unless the test
-    passes ``sip="0"`` (any free port, as the ops tests do): taken meanwhile, the daemon
-    is started again on another. ``Stack.sip_port`` says which port it bound. The other
-    listeners bind port 0 and report what they got."""
+    """The daemon and its ttsd. Every listener binds port 0 unless the test names a port
+    (``sip=...``); ``Stack.sip_port``, ``ms_port`` and ``api_port`` say what they bound."""
     tts = await start_tts_server(engine="tone")
     try:
-        for attempt in range(START_ATTEMPTS):
-            cfg = parse_config(config_text(tts.port, routes, protocol, **kw), "test.toml")
-            daemon = Daemon(cfg)
-            try:
-                await daemon.start()
-                break
-            except Exception as e:
-                await daemon.close()
-                if "sip" in kw or attempt == START_ATTEMPTS - 1 or not address_in_use(e):
-                    raise
+        cfg = parse_config(config_text(tts.port, routes, protocol, **kw), "test.toml")
+        daemon = Daemon(cfg)
+        try:
+            await daemon.start()
+        except BaseException:
+            await daemon.close()
+            raise
     except BaseException:
         await tts.close()
         raise

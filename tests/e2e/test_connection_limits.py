@@ -21,7 +21,7 @@ from bridge.control.report import build_report
 from bridge.io.caller import CallerOptions, place_call
 from bridge.io.legs.sip import SipLeg, _UaRunner
 
-from .harness import FACTOR, Stack, free_sip_port, stack
+from .harness import FACTOR, Stack, stack
 
 GREETING_ROUTE = """
 [[routes]]
@@ -112,13 +112,13 @@ def test_sip_tcp_caps_allowlist_and_slowloris_and_a_call_still_connects() -> Non
     cap = 3
 
     async def body() -> None:
-        sip = free_sip_port()
         sip_extra = (
             f"max_connections_per_source = {cap}\n"
             f"header_timeout_s = {1.0 * FACTOR}\n"
             'allow = ["127.0.0.1/32", "127.0.0.2/32"]\n'
         )
-        async with stack(GREETING_ROUTE, sip=str(sip), sip_extra=sip_extra) as s:
+        async with stack(GREETING_ROUTE, sip_extra=sip_extra) as s:
+            sip = s.sip_port
             runner = _tcp_runner(s)
             port = _tcp_port(runner)
             held: list[Conn] = []

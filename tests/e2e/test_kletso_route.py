@@ -24,7 +24,7 @@ from bridge.io.caller import CallerOptions, CallResult, SpeakClip, place_call
 from bridge.providers.kletso.client import KletsoProtocol
 from telcodec import g711
 
-from .harness import FACTOR, free_sip_port, speech_mulaw, stack, tone_turn_ms
+from .harness import FACTOR, speech_mulaw, stack, tone_turn_ms
 
 GREETING = "Hello from the agent route."
 LONG_GREETING = " ".join(f"word{i}" for i in range(40)) + "."
@@ -42,11 +42,10 @@ greeting = "{greeting}"
 
 
 async def call(greeting: str, speak_at_s: float, speak_s: float, duration_s: float) -> CallResult:
-    sip = free_sip_port()
     speech = g711.ulaw_decode(speech_mulaw(speak_s))
-    async with stack(route(greeting), protocol="kletso", sip=str(sip)):
+    async with stack(route(greeting), protocol="kletso") as s:
         opts = CallerOptions(
-            target=f"sip:agent@127.0.0.1:{sip}",
+            target=f"sip:agent@127.0.0.1:{s.sip_port}",
             speak=(SpeakClip("speech", speak_at_s, speech),),
             duration_s=duration_s,
         )

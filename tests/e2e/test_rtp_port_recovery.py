@@ -22,7 +22,7 @@ from bridge.io.caller import CallerOptions, place_call
 from bridge.io.legs.sip import SipLeg
 from bridge.io.legs.sip_call import _SipCall
 
-from .harness import FACTOR, free_sip_port, stack
+from .harness import FACTOR, stack
 
 GREETING_ROUTE = """
 [[routes]]
@@ -33,9 +33,11 @@ greeting = "Hello from the bridge."
 
 
 def _occupy_range() -> tuple[int, list[socket.socket]]:
-    """Four free UDP ports N..N+3 (N even), each held by a socket of ours."""
+    """Four free UDP ports N..N+3 (N even), each held by a socket of ours. Above Linux's
+    ephemeral range (32768-60999): once the test lets them go, no other process's
+    connect() or bind to port 0 takes one before the call that needs them."""
     for _ in range(50):
-        base = random.randrange(40000, 49000, 2)
+        base = random.randrange(61000, 65500, 2)
         held: list[socket.socket] = []
         try:
             for port in range(base, base + 4):
@@ -66,10 +68,10 @@ async def _call(sip: int) -> tuple[bool, str | None]:
 
 def test_ports_in_use_recover_after_the_cool_down_and_readyz_follows() -> None:
     async def body() -> None:
-        sip = free_sip_port()
         base, held = _occupy_range()
         try:
-            async with stack(GREETING_ROUTE, sip=str(sip), rtp=f"{base}-{base + 3}") as s:
+            async with stack(GREETING_ROUTE, rtp=f"{base}-{base + 3}") as s:
+                sip = s.sip_port
                 leg = next(leg for leg in s.daemon.legs if isinstance(leg, SipLeg))
                 leg.port_cooldown_s = 0.5 * FACTOR
                 assert (await _readyz(s.api_port))[0] == 200
@@ -105,8 +107,8 @@ def test_descriptor_exhaustion_refuses_the_call_and_marks_no_port(
         raise OSError(errno.EMFILE, "Too many open files")
 
     async def body() -> None:
-        sip = free_sip_port()
-        async with stack(GREETING_ROUTE, sip=str(sip)) as s:
+        async with stack(GREETING_ROUTE) as s:
+            sip = s.sip_port
             leg = next(leg for leg in s.daemon.legs if isinstance(leg, SipLeg))
             usable = leg.ports.usable_count(0.0)
             with monkeypatch.context() as m:

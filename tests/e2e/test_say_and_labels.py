@@ -15,7 +15,7 @@ import urllib.request
 from bridge.io.caller import CallerOptions, place_call
 from bridge.io.callrun import CALL_OUTCOMES, PROVIDER_ERROR_KINDS, bounded_label
 
-from .harness import FACTOR, AppServer, TwilioCall, app_route, free_sip_port, stack
+from .harness import FACTOR, AppServer, TwilioCall, app_route, stack
 
 
 def run(coro: object) -> None:
@@ -110,11 +110,10 @@ def test_a_free_hangup_reason_is_counted_as_other_never_as_a_label() -> None:
     reason = "customer said PIN 4711 then hung up"
 
     async def body() -> None:
-        sip = free_sip_port()
         async with AppServer() as app:
             app.on_started = [{"type": "hangup", "reason": reason}]
-            async with stack(app_route(app.url), sip=str(sip)) as st:
-                opts = CallerOptions(target=f"sip:demo@127.0.0.1:{sip}", duration_s=3.0)
+            async with stack(app_route(app.url)) as st:
+                opts = CallerOptions(target=f"sip:demo@127.0.0.1:{st.sip_port}", duration_s=3.0)
                 await place_call(opts)
                 await app.wait_for("call.ended")
                 status, metrics = await asyncio.to_thread(

@@ -14,7 +14,7 @@ import asyncio
 from bridge.io.legs.sip import SipLeg
 from bridge.sip.message import SipRequest, SipResponse, build_response, parse_message
 
-from .harness import FACTOR, free_sip_port, stack
+from .harness import FACTOR, stack
 
 GREETING_ROUTE = """
 [[routes]]
@@ -41,14 +41,14 @@ class _Caller(asyncio.DatagramProtocol):
 
 def test_the_shutdown_bye_is_retransmitted_until_answered() -> None:
     async def body() -> None:
-        sip = free_sip_port()
         loop = asyncio.get_running_loop()
         transport, caller = await loop.create_datagram_endpoint(
             _Caller, local_addr=("127.0.0.1", 0)
         )
         me = transport.get_extra_info("sockname")[1]
         try:
-            async with stack(GREETING_ROUTE, sip=str(sip)) as s:
+            async with stack(GREETING_ROUTE) as s:
+                sip = s.sip_port
                 sdp = (
                     "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
                     f"m=audio {me + 2} RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n"

@@ -26,7 +26,7 @@ from bridge.logs import configure
 from bridge.sip.digest import authorization, choose_challenge
 from bridge.sip.message import SipResponse, parse_message
 
-from .harness import FACTOR, config_text, free_sip_port
+from .harness import FACTOR, bound_sip_port, config_text
 
 ROUTE = '[[routes]]\nmatch = "*"\nprovider = "main"\ngreeting = "Hello."\n'
 AUTH = '[sip.auth.users]\ncarrier = "right-password-77"\n'
@@ -63,13 +63,13 @@ def test_failed_answers_are_logged_with_their_source_then_the_source_is_blocked(
     buf = io.StringIO()
 
     async def body() -> None:
-        sip = free_sip_port()
         tts = await start_tts_server(engine="tone")
-        text = config_text(tts.port, ROUTE + AUTH, sip=str(sip))
+        text = config_text(tts.port, ROUTE + AUTH)
         # the per-source INVITE rate limit is another guard: keep it out of this test's way
         text = text.replace("[sip]\n", "[sip]\ninvite_rate_per_source = 10000\n", 1)
         daemon = Daemon(parse_config(text, "test.toml"))
         await daemon.start()
+        sip = bound_sip_port(daemon)
         try:
             loop = asyncio.get_running_loop()
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

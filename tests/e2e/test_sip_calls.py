@@ -44,7 +44,7 @@ def test_sip_caller_speech_barges_in_with_every_provider_protocol(protocol: str)
                 opts = CallerOptions(
                     target=f"sip:demo@127.0.0.1:{sip}",
                     speak=(SpeakClip("speech", 1.0, speech),),
-                    duration_s=3.0,
+                    duration_s=3.0 * FACTOR,  # the cut must come before the caller hangs up
                 )
                 result = await place_call(opts)
                 report = build_report(result.recording)
@@ -74,7 +74,9 @@ def test_sip_call_hears_the_greeting_and_dtmf_reaches_the_app() -> None:
             async with stack(app_route(app.url)) as st:
                 sip = st.sip_port
                 opts = CallerOptions(
-                    target=f"sip:demo@127.0.0.1:{sip}", dtmf=((1.5, "7"),), duration_s=2.5
+                    target=f"sip:demo@127.0.0.1:{sip}",
+                    dtmf=((1.5, "7"),),
+                    duration_s=2.5 * FACTOR,  # the whole greeting heard before the caller's BYE
                 )
                 result = await place_call(opts)
                 report = build_report(result.recording)
@@ -113,7 +115,7 @@ def test_app_dtmf_command_is_sent_as_rfc4733_events_the_caller_receives() -> Non
             app.on_started = [{"type": "dtmf", "digits": "42#"}]
             async with stack(app_route(app.url)) as st:
                 sip = st.sip_port
-                opts = CallerOptions(target=f"sip:demo@127.0.0.1:{sip}", duration_s=2.5)
+                opts = CallerOptions(target=f"sip:demo@127.0.0.1:{sip}", duration_s=2.5 * FACTOR)
                 report = build_report((await place_call(opts)).recording)
                 assert report.answered
                 assert report.dtmf_received == "42#"
@@ -128,7 +130,7 @@ def test_sip_over_ipv6_loopback() -> None:
             app.on_started = [{"type": "say", "turn_id": "g", "text": "Over IPv6.", "final": True}]
             async with stack(app_route(app.url), sip_host="[::1]") as st:
                 sip = st.sip_port
-                opts = CallerOptions(target=f"sip:demo@[::1]:{sip}", duration_s=2.0)
+                opts = CallerOptions(target=f"sip:demo@[::1]:{sip}", duration_s=2.0 * FACTOR)
                 report = build_report((await place_call(opts)).recording)
                 assert report.answered and report.speech_frames_received > 10
                 assert app.of("turn.finished")
@@ -156,24 +158,15 @@ def test_the_sip_udp_socket_asks_for_a_receive_buffer_that_holds_a_burst() -> No
     run(body())
 
 
-def test_the_stack_starts_again_on_another_sip_port_when_its_port_was_taken(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The harness's answer to a port taken between choosing it and binding it."""
-    from . import harness
-
-    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    taken.bind(("127.0.0.1", 0))
-    ports = iter([int(taken.getsockname()[1])])
-    real = harness.free_port
-    monkeypatch.setattr(
-        harness, "free_port", lambda kind=socket.SOCK_STREAM: next(ports, None) or real(kind)
-    )
+def test_the_stacks_sip_listener_binds_port_0_and_reports_the_port_it_got() -> None:
+    """The harness never chooses the daemon's SIP port (one free a moment ago could be
+    taken by another process before the daemon binds it): port 0, read back."""
 
     async def body() -> None:
         async with stack(app_route("ws://127.0.0.1:9/app")) as st:
-            assert st.sip_port != taken.getsockname()[1]
-            assert st.daemon.legs and st.daemon.legs[0].name == "sip"
+            assert tuple(st.config.sip.listen) == ("127.0.0.1:0",)
+            for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):  # the daemon holds both
+                with socket.socket(socket.AF_INET, kind) as s, pytest.raises(OSError):
+                    s.bind(("127.0.0.1", st.sip_port))
 
-    with taken:
-        run(body())
+    run(body())

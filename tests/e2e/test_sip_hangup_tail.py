@@ -15,7 +15,7 @@ from bridge.io.caller import CallerOptions, place_call
 from bridge.io.callrun import HANGUP_TAIL_S
 from bridge.ttsd.synth import TONE_GAP_S, ToneEngine, split_words
 
-from .harness import FACTOR, TwilioCall, free_sip_port, stack
+from .harness import FACTOR, TwilioCall, stack
 
 GOODBYE = "Goodbye and thanks for calling."
 FLOW = f"""
@@ -42,9 +42,8 @@ def test_the_bye_follows_the_goodbye_and_a_tail_of_comfort_frames() -> None:
     tail_frames = round(HANGUP_TAIL_S / FRAME_S)
 
     async def body() -> None:
-        sip = free_sip_port()
-        async with stack(FLOW, sip=str(sip)):
-            opts = CallerOptions(target=f"sip:bye@127.0.0.1:{sip}", duration_s=10.0)
+        async with stack(FLOW) as s:
+            opts = CallerOptions(target=f"sip:bye@127.0.0.1:{s.sip_port}", duration_s=10.0)
             result = await asyncio.wait_for(place_call(opts), 30 * FACTOR)
         rec = result.recording
         assert rec.ended_by == "remote-bye"  # the daemon hung up, well before our 10 s

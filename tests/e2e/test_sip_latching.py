@@ -13,7 +13,6 @@ import os
 
 import pytest
 
-from bridge.config import split_hostport
 from bridge.rtp.packet import RtpPacket, build_rtp
 from bridge.sip.message import SipResponse, parse_message
 from bridge.sip.sdp import build_offer
@@ -103,7 +102,7 @@ class Phone:
 def test_caller_behind_nat_gets_the_daemons_rtp_only_in_learn_mode(mode: str) -> None:
     async def main() -> None:
         async with stack(ROUTES, sip_extra=f'latching = "{mode}"') as st:
-            sip = split_hostport(st.config.sip.listen[0])
+            sip = ("127.0.0.1", st.sip_port)
             signalling = await bind("127.0.0.1")
             caller_rtp = await bind("127.0.0.1")  # where the caller's RTP really comes from
             sdp_rtp = await bind("127.0.0.2")  # what its SDP says (a private address)

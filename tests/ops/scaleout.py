@@ -211,7 +211,7 @@ class Kamailio:
             ["kamcmd", "-s", self.ctl, "dispatcher.list"],
             capture_output=True,
             text=True,
-            timeout=5,
+            timeout=5 * FACTOR,
         )
         pairs = re.findall(r"URI: sip:127\.0\.0\.1:(\d+)\s+FLAGS: (\w+)", out.stdout)
         return {int(p): f for p, f in pairs}
@@ -397,7 +397,7 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 10) -> int | 
 
 def http_get(url: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
+        with urllib.request.urlopen(url, timeout=2 * FACTOR) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()

@@ -217,7 +217,7 @@ def ws_open() -> Iterator[Callable[[str], ClientConnection]]:
 
 def _echo(ws: ClientConnection, text: str) -> str:
     ws.send(text)
-    return str(ws.recv(timeout=5))
+    return str(ws.recv(timeout=5 * FACTOR))
 
 
 def test_draining_node_gets_no_new_streams_and_keeps_its_own(
@@ -422,7 +422,7 @@ def test_two_daemons_behind_haproxy_drain(
         assert pa.poll() is None, "the draining daemon waits for its call"
         assert active(api_a) == 1
         assert all(ws.state.name == "OPEN" for ws in first)
-    assert pa.wait(60) == 0, "the drained daemon exits 0 once its call is over"
+    assert pa.wait(60 * FACTOR) == 0, "the drained daemon exits 0 once its call is over"
     assert pb.poll() is None
 
 
@@ -478,7 +478,7 @@ def test_new_streams_every_20ms_across_a_daemons_sigterm(
         wredis = int(h.servers()["node-a"]["wredis"])
         assert wredis == draining_refusals(), (wredis, draining_refusals())
         assert wait_until(lambda: h.status("node-a") == "DOWN", 10), h.servers()
-    assert pa.wait(60) == 0, "the drained daemon exits 0 once its calls are over"
+    assert pa.wait(60 * FACTOR) == 0, "the drained daemon exits 0 once its calls are over"
     out = pa.stdout.read().decode() if pa.stdout else ""
     assert 0 <= out.find("daemon.draining") < out.find("daemon.drained"), out[-2000:]
     assert pb.poll() is None

@@ -301,7 +301,7 @@ def test_calls_spread_over_two_daemons_and_drain(
 
     code, out = sipp_wait(long_calls)
     assert code == 0, out  # the draining node's calls completed normally
-    assert pa.wait(30) == 0, "the drained daemon exits 0 once its calls are over"
+    assert pa.wait(30 * FACTOR) == 0, "the drained daemon exits 0 once its calls are over"
     assert pb.poll() is None
 
 

@@ -175,11 +175,11 @@ def test_watchdog_stops_while_the_loop_is_blocked(tmp_path: Path) -> None:
     async def main() -> tuple[int, int]:
         notifier = Notifier({"NOTIFY_SOCKET": str(rx.path), "WATCHDOG_USEC": "200000"})
         notifier.start_watchdog()
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5 * FACTOR)  # windows for a count of pings: at least so long
         before = len(_drain(rx))
         time.sleep(1.0)  # the event loop is stalled: a runaway call
         during = len(_drain(rx))
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5 * FACTOR)
         notifier.stop_watchdog()
         return before, during
 

@@ -349,9 +349,7 @@ class _SipCall:
         Reading stops at the first datagram that arrived within the last
         frame period (anything queued behind it is younger still and is read
         at the next tick), so a backlog drains and the common tick costs a
-        single ``recvmsg``. The reads go through ``bridge.io.rtpsock``: the
-        peer's address is formatted once, not per datagram, and an empty
-        socket raises nothing.
+        single ``recvmsg`` (through ``bridge.io.rtpsock``).
         """
         sock = self.rtp_sock
         if sock is None or self._rx_data is not None:
