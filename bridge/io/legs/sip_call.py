@@ -4,8 +4,12 @@ The per-frame half of the SIP leg (``bridge.io.legs.sip`` has the rest: the
 listeners, the user agents, routing and answering). Each 20 ms tick of the
 call's media clock sends one RTP packet (the turn's frame, comfort silence
 between turns, or an RFC 4733 event while DTMF is being sent), reads the
-call's RTP socket and takes one inbound frame from the jitter buffer for the
-VAD/barge-in path. A call with SRTP (SDES keys, ``bridge.rtp.srtp``) protects
+call's RTP socket, hands every audio frame that arrived to the VAD/barge-in
+path at once (``caller_speech``: it does not wait out the jitter buffer's
+playout delay, 40 ms on a steady stream) and takes one frame from the jitter
+buffer for the in-order path (``caller_playout``: a voice agent, in-band DTMF;
+a tick with nothing arrived and nothing to play gives the detector silence).
+A call with SRTP (SDES keys, ``bridge.rtp.srtp``) protects
 every RTP and RTCP packet as it leaves and unprotects each as it arrives,
 before the RTP engine sees it: a packet that fails authentication is dropped
 (counted in ``srtp_dropped``) and can neither latch nor reach the jitter
@@ -58,7 +62,9 @@ MAX_READS_PER_TICK = 32
 class CallerSide(Protocol):
     """What a SIP call hands the caller's audio, digits and hang-up to: its ``CallRunner``."""
 
-    def caller_audio(self, frame: bytes) -> None: ...
+    def caller_speech(self, frame: bytes) -> None: ...
+
+    def caller_playout(self, frame: bytes) -> None: ...
 
     def caller_dtmf(self, digit: str) -> None: ...
 
@@ -203,6 +209,7 @@ class _SipCall:
                 learn_window_s=policy.learn_window_s,
                 rebind_packets=policy.rebind_packets,
                 timeout_s=self.services.config.sip.rtp_timeout_s,
+                keep_arrivals=True,
             ),
             audio.remote_addr,
             self.loop.time(),
@@ -424,16 +431,23 @@ class _SipCall:
         # RTCP report, RTP timeout, DTMF end: every few seconds (poll_timer's own first test)
         if now >= rtp.timer_floor and rtp.poll_timer(now):
             pump = True
+        arrived = rtp.take_arrived()
         inbound = rtp.pop_frame(now)
         if pump:
             self._pump_rtp()
         runner = self.runner
         if runner is None:
             return
+        # barge-in hears each frame as it arrives; the jitter buffer's order is for playout
+        for frame in arrived:
+            if len(frame.payload) == 160:
+                runner.caller_speech(frame.payload)
         if inbound is None or isinstance(inbound, FrameLost):
-            runner.caller_audio(self.silence)
+            if not arrived:  # the caller sent nothing to hear: the detector hears silence
+                runner.caller_speech(self.silence)
+            runner.caller_playout(self.silence)
         elif len(payload := inbound.payload) == 160:
-            runner.caller_audio(payload)
+            runner.caller_playout(payload)
             if self.inband is not None:
                 for digit in self.inband.process(payload):
                     runner.caller_dtmf(digit)
