@@ -148,7 +148,11 @@ def test_barge_in_hears_a_frame_on_the_tick_it_arrives_and_playout_two_ticks_lat
     asyncio.run(main())
 
 
-def test_a_tick_with_nothing_arrived_and_nothing_to_play_gives_the_detector_silence() -> None:
+def test_the_detector_hears_silence_when_the_caller_stops_not_before_it_starts() -> None:
+    """Before the caller's first packet the detector hears nothing (silence would
+    start its noise floor on a line it never heard); once the caller has sent, a
+    tick with nothing arrived and nothing to play is silence to it, as a gap is."""
+
     async def main() -> None:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
             peer.bind(("127.0.0.1", 0))
@@ -157,8 +161,17 @@ def test_a_tick_with_nothing_arrived_and_nothing_to_play_gives_the_detector_sile
             now = time.monotonic()
             _tick(call, now)
             _tick(call, now + 0.02)
-            assert runner.heard == [call.silence, call.silence]
-            assert runner.frames == [call.silence, call.silence]
+            assert runner.heard == []
+            assert runner.frames == [call.silence, call.silence]  # playout goes on
+            payload = b"\x42" * 160
+            _send_payload(peer, call, 1, payload)
+            _tick(call, time.monotonic() + 0.001)
+            assert runner.heard == [payload]
+            _tick(call, time.monotonic() + 0.1)  # the buffer plays seq 1 (waited 60 ms)
+            assert runner.heard == [payload]
+            assert runner.frames[-1] == payload
+            _tick(call, time.monotonic() + 0.12)  # nothing arrived, nothing to play
+            assert runner.heard == [payload, call.silence]
             call.close()
 
     asyncio.run(main())

@@ -8,7 +8,8 @@ call's RTP socket, hands every audio frame that arrived to the VAD/barge-in
 path at once (``caller_speech``: it does not wait out the jitter buffer's
 playout delay, 40 ms on a steady stream) and takes one frame from the jitter
 buffer for the in-order path (``caller_playout``: a voice agent, in-band DTMF;
-a tick with nothing arrived and nothing to play gives the detector silence).
+once the caller's audio has started, a tick with nothing arrived and nothing
+to play gives the detector silence).
 A call with SRTP (SDES keys, ``bridge.rtp.srtp``) protects
 every RTP and RTCP packet as it leaves and unprotects each as it arrives,
 before the RTP engine sees it: a packet that fails authentication is dropped
@@ -121,6 +122,7 @@ class _SipCall:
         "dtmf",
         "dtmf_active",
         "ended",
+        "heard_audio",
         "inband",
         "loop",
         "outbound",
@@ -178,6 +180,9 @@ class _SipCall:
         self._rx: list[tuple[bytes, Any, float]] = []
         """(datagram, source, arrival) of any further datagrams read by this tick's ``_inbound``."""
         self.runner: CallerSide | None = None
+        self.heard_audio = False
+        """An audio frame has arrived: from then on a tick with none gives the detector
+        silence (before, silence would only teach its noise floor a line it never heard)."""
         self.sending_audio = False
         self.ended = False
         self.outbound = False
@@ -439,11 +444,13 @@ class _SipCall:
         if runner is None:
             return
         # barge-in hears each frame as it arrives; the jitter buffer's order is for playout
-        for frame in arrived:
-            if len(frame.payload) == 160:
-                runner.caller_speech(frame.payload)
+        if arrived:
+            self.heard_audio = True
+            for frame in arrived:
+                if len(frame.payload) == 160:
+                    runner.caller_speech(frame.payload)
         if inbound is None or isinstance(inbound, FrameLost):
-            if not arrived:  # the caller sent nothing to hear: the detector hears silence
+            if not arrived and self.heard_audio:  # the caller stopped: the detector hears silence
                 runner.caller_speech(self.silence)
             runner.caller_playout(self.silence)
         elif len(payload := inbound.payload) == 160:
