@@ -223,7 +223,8 @@ def run_sip(
 
     start_turn(0.0)
     k = 0
-    while next_frame < steps or k * FRAME_S <= arrivals[-1] + FRAME_S:
+    # after the last packet: ticks enough for the buffer to play it and a stop to show
+    while next_frame < steps or k * FRAME_S <= arrivals[-1] + 4 * FRAME_S:
         now = round(k * FRAME_S, 9)
         if feed == "arrival_before_send":  # a model only: the tick's read ahead of its frame
             inbound(now)
