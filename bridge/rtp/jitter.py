@@ -28,7 +28,9 @@ kept, in arrival order, until ``take_arrived()``. A consumer that must react
 to the caller at once (the barge-in detector) reads those on the tick they
 arrive, while playout still comes from ``pop`` a jitter delay later: on a
 steady stream with the default depth that is two frame periods (40 ms)
-sooner. Off by default, since nobody would take them.
+sooner. At most ``max_frames`` are kept (the newest), so a burst after a
+stall, or a peer that floods, costs the consumer no more than that per
+tick. Off by default, since nobody would take them.
 
 No clock is read: ``now`` is a parameter. Counters are public attributes.
 """
@@ -133,7 +135,10 @@ class JitterBuffer:
             return
         buffer[ext] = frame
         if frame is not None and self._keep_arrivals:
-            self._arrived.append(frame)
+            arrived = self._arrived
+            arrived.append(frame)
+            if len(arrived) > self._max_frames:  # a burst: only the newest are worth hearing
+                del arrived[0]
         if ext > self._highest or len(buffer) == 1:
             self._highest = ext
         if not self._playing and self._prefill_since is None:

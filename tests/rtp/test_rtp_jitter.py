@@ -155,3 +155,12 @@ def test_arrivals_are_not_kept_unless_asked_for() -> None:
         jb.insert(ext, frame(ext), 0.0)
         jb.pop(0.0)
     assert jb.take_arrived() == []
+
+
+def test_a_burst_keeps_only_the_newest_max_frames_arrivals() -> None:
+    """A stall's backlog (or a flooding peer) costs the detector at most ``max_frames``
+    frames per take, the newest."""
+    jb = JitterBuffer(depth_frames=2, max_frames=4, keep_arrivals=True)
+    for ext in range(10):
+        jb.insert(ext, frame(ext), 0.0)
+    assert jb.take_arrived() == [frame(ext) for ext in range(6, 10)]
