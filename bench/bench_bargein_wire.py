@@ -8,7 +8,7 @@ after the answer while the greeting plays. ``barge_in_ms`` is the caller's own r
 speech frame received. Wall-clock figures on a shared host: they move with its load
 (``uptime`` is recorded), so compare two versions in the same sitting.
 
-    python bench/bench_bargein_wire.py [--calls N] [--seed N] [--name NAME]
+    python bench/bench_bargein_wire.py [--quick] [--calls N] [--seed N] [--name NAME]
 """
 
 from __future__ import annotations
@@ -73,10 +73,13 @@ async def run(calls: int, seed: int) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="8 calls (make bench-quick)")
+    ap.add_argument("--calls", type=int, default=None, help="calls (default 30, quick 8)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--name", default="bargein_wire")
+    ap.add_argument("--name", default=None, help="default: bargein_wire[_quick]")
     args = ap.parse_args()
+    args.calls = args.calls or (8 if args.quick else 30)
+    args.name = args.name or ("bargein_wire_quick" if args.quick else "bargein_wire")
     load_before = os.getloadavg()[0]
     fig = asyncio.run(run(args.calls, args.seed))
     fig["loadavg_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
