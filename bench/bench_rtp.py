@@ -150,7 +150,10 @@ class _StubRunner:
 
     frames = 0
 
-    def caller_audio(self, frame: bytes) -> None:
+    def caller_speech(self, frame: bytes) -> None:
+        pass
+
+    def caller_playout(self, frame: bytes) -> None:
         self.frames += 1
 
     def caller_dtmf(self, digit: str) -> None:

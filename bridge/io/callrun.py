@@ -352,6 +352,36 @@ class CallRunner:
             log.exception("call.failed", call_id=self.call_id)
             self._fail()
 
+    def caller_speech(self, frame: bytes) -> None:
+        """An inbound frame as it arrived, for barge-in only (a SIP call's, ahead of its
+        jitter buffer): ``CallBridge.caller_speech``."""
+        if self.finished:
+            return
+        now = self.loop.time()
+        bridge = self.bridge
+        try:
+            bridge.caller_speech(frame, now)
+            if bridge.has_output() or self.pump_unfinished:
+                self.pump(now)
+        except Exception:  # one call's bug must end that call only
+            log.exception("call.failed", call_id=self.call_id)
+            self._fail()
+
+    def caller_playout(self, frame: bytes) -> None:
+        """An inbound frame in playout order, for the voice agent only (a SIP call's,
+        out of its jitter buffer): ``CallBridge.caller_playout``."""
+        bridge = self.bridge
+        if self.finished or not bridge.takes_playout:
+            return
+        now = self.loop.time()
+        try:
+            bridge.caller_playout(frame, now)
+            if bridge.has_output() or self.pump_unfinished:
+                self.pump(now)
+        except Exception:  # one call's bug must end that call only
+            log.exception("call.failed", call_id=self.call_id)
+            self._fail()
+
     def caller_dtmf(self, digit: str) -> None:
         self._guard(self.bridge.caller_dtmf, digit)
 

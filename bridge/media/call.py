@@ -13,7 +13,11 @@ Inputs (every ``now`` is the loop's monotonic time; nothing here reads a clock):
   (s16le little-endian for linear legs: L16 byte swapping is the leg's job).
   Decoded, analysed by webrtcvad and the level meter, fed to the
   ``BargeInDetector``; with a voice agent active it also goes up to the agent
-  (``SendAgentAudio``, s16le at 24 kHz in 40-60 ms pieces).
+  (``SendAgentAudio``, s16le at 24 kHz in 40-60 ms pieces). A leg with a
+  jitter buffer splits the two: ``caller_speech(frame, now)`` (the detector
+  only) with each frame as it arrives, ``caller_playout(frame, now)`` (the
+  agent only) with the buffer's in-order, concealed stream, so barge-in does
+  not wait for the buffer's playout delay.
 * ``caller_dtmf(digit, now)``: ``DtmfHeard``; an immediate barge-in trigger
   when the policy says so.
 * ``mark_echoed(name, cleared, now)``: a media-stream carrier echoed a mark
@@ -435,6 +439,28 @@ class CallBridge:
 
     def caller_audio(self, frame: bytes, now: float) -> None:
         """One 20 ms inbound frame in the leg codec; a frame of the wrong size is ignored."""
+        self.caller_speech(frame, now)
+        if self._uplink is not None and not self._ended and len(frame) == self._frame_bytes:
+            for piece in self._uplink.push(frame):
+                self._actions.append(SendAgentAudio(piece))
+
+    @property
+    def takes_playout(self) -> bool:
+        """Whether ``caller_playout`` has a taker now (a voice agent's uplink)."""
+        return self._uplink is not None
+
+    def caller_playout(self, frame: bytes, now: float) -> None:
+        """One 20 ms inbound frame in playout order (after the leg's jitter buffer, lost
+        frames concealed): only the voice agent's uplink takes it. See ``caller_speech``."""
+        if self._uplink is None or self._ended or len(frame) != self._frame_bytes:
+            return
+        for piece in self._uplink.push(frame):
+            self._actions.append(SendAgentAudio(piece))
+
+    def caller_speech(self, frame: bytes, now: float) -> None:
+        """One 20 ms inbound frame as it arrived, for the VAD, the echo check and the
+        barge-in detector only (``caller_audio`` without the agent's uplink): a leg with
+        a jitter buffer feeds it each frame on arrival and ``caller_playout`` later."""
         if self._ended:
             return
         if len(frame) != self._frame_bytes:
@@ -456,9 +482,6 @@ class CallBridge:
             self._drain_detector()
         if trigger is not None:
             self._barge_in(trigger.reason, now, trigger.onset_s)
-        if self._uplink is not None:
-            for piece in self._uplink.push(frame):
-                self._actions.append(SendAgentAudio(piece))
         # Every public method leaves the playout queue drained (``_pump``): only
         # a barge-in can have queued playout events (its cuts) here.
         if trigger is not None and self._playout.has_events():

@@ -23,6 +23,15 @@ the held span exceeds ``max_frames`` (a burst after a network stall), the
 oldest entries are discarded so that ``depth_frames`` remain: latency stays
 bounded instead of growing with every stall.
 
+Arrivals (``keep_arrivals``): every audio frame the buffer accepts is also
+kept, in arrival order, until ``take_arrived()``. A consumer that must react
+to the caller at once (the barge-in detector) reads those on the tick they
+arrive, while playout still comes from ``pop`` a jitter delay later: on a
+steady stream with the default depth that is two frame periods (40 ms)
+sooner. At most ``max_frames`` are kept (the newest), so a burst after a
+stall, or a peer that floods, costs the consumer no more than that per
+tick. Off by default, since nobody would take them.
+
 No clock is read: ``now`` is a parameter. Counters are public attributes.
 """
 
@@ -62,13 +71,16 @@ class JitterBuffer:
         depth_frames: Entries (or frame periods) buffered before playing.
         max_frames: Held span beyond which the oldest entries are discarded.
         frame_s: Frame period in seconds.
+        keep_arrivals: Keep accepted audio frames for ``take_arrived`` (module docstring).
     """
 
     __slots__ = (
+        "_arrived",
         "_buffer",
         "_depth_frames",
         "_frame_s",
         "_highest",
+        "_keep_arrivals",
         "_max_frames",
         "_next",
         "_playing",
@@ -80,7 +92,13 @@ class JitterBuffer:
         "underruns",
     )
 
-    def __init__(self, depth_frames: int = 3, max_frames: int = 10, frame_s: float = 0.020) -> None:
+    def __init__(
+        self,
+        depth_frames: int = 3,
+        max_frames: int = 10,
+        frame_s: float = 0.020,
+        keep_arrivals: bool = False,
+    ) -> None:
         if not 1 <= depth_frames <= max_frames:
             raise ValueError(
                 f"need 1 <= depth_frames ({depth_frames}) <= max_frames ({max_frames})"
@@ -93,6 +111,8 @@ class JitterBuffer:
         self._highest = 0
         self._playing = False
         self._prefill_since: float | None = None
+        self._keep_arrivals = keep_arrivals
+        self._arrived: list[RtpFrame] = []
         self.dropped_late = 0
         """Packets older than the next frame to play (late, or a copy of one played)."""
         self.dropped_duplicate = 0
@@ -114,6 +134,11 @@ class JitterBuffer:
             self.dropped_duplicate += 1
             return
         buffer[ext] = frame
+        if frame is not None and self._keep_arrivals:
+            arrived = self._arrived
+            arrived.append(frame)
+            if len(arrived) > self._max_frames:  # a burst: only the newest are worth hearing
+                del arrived[0]
         if ext > self._highest or len(buffer) == 1:
             self._highest = ext
         if not self._playing and self._prefill_since is None:
@@ -139,6 +164,15 @@ class JitterBuffer:
             return FrameLost(ext & 0xFFFF)
         self._next = ext + 1
         return frame
+
+    def take_arrived(self) -> list[RtpFrame]:
+        """The audio frames accepted since the last call, in arrival order (late
+        packets, duplicates and placeholders are not among them). Empty unless
+        ``keep_arrivals``; the caller must not keep or change the empty list."""
+        arrived = self._arrived
+        if arrived:
+            self._arrived = []
+        return arrived
 
     def flush(self) -> None:
         """Forget everything (new SSRC, sequence resync); the extended numbering may restart."""

@@ -205,6 +205,9 @@ class RtpSessionConfig:
     """Frames buffered (or frame periods waited) before playout starts."""
     jitter_max_frames: int = 10
     """Buffered span beyond which the oldest frames are discarded."""
+    keep_arrivals: bool = False
+    """Keep every accepted audio frame for ``take_arrived()`` as it arrives (the barge-in
+    detector's input, ahead of the jitter buffer's playout delay)."""
     min_sequential: int = 1
     """RFC 3550 A.1 probation: sequential packets needed to accept a new source."""
     timeout_s: float = 30.0
@@ -419,6 +422,7 @@ class RtpSession(Outbox):
         "pop_frame",
         "remote_addr",
         "ssrc",
+        "take_arrived",
         "timer_floor",
         "ts0",
     )
@@ -489,9 +493,13 @@ class RtpSession(Outbox):
         self._last_rx_at = now
         self._timed_out = False
         self._jitter_buffer = JitterBuffer(
-            config.jitter_depth_frames, config.jitter_max_frames, config.frame_s
+            config.jitter_depth_frames,
+            config.jitter_max_frames,
+            config.frame_s,
+            config.keep_arrivals,
         )
         self.pop_frame = self._jitter_buffer.pop
+        self.take_arrived = self._jitter_buffer.take_arrived
         self._dtmf = DtmfReceiver(config.clock_rate_hz, config.dtmf_end_timeout_s)
         # Counters.
         self._packets_received = 0
@@ -833,6 +841,10 @@ class RtpSession(Outbox):
     conceals) for anything but an ``RtpFrame``. It is the jitter buffer's
     ``pop`` itself (bound in ``__init__``): one call per tick, not two.
     """
+
+    take_arrived: Callable[[], list[RtpFrame]]
+    """``take_arrived()``: with ``keep_arrivals``, the audio frames accepted since the last
+    call, in arrival order, not yet played (the jitter buffer's ``take_arrived``)."""
 
     # ------------------------------------------------------------ RTCP
 

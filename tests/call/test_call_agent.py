@@ -174,3 +174,19 @@ def test_agent_end_stops_uplink_and_hangup_stops_the_agent() -> None:
     assert actions[0] == StartAgent("kletso")
     assert actions[1:] == [CancelTurn("voice-1"), StopAgent("user")]
     assert events[-1] == CallEnded("bye")
+
+
+def test_caller_playout_goes_up_to_the_agent_and_caller_speech_does_not() -> None:
+    """A SIP leg splits the inbound frame: the agent gets the jitter buffer's in-order
+    stream (``caller_playout``), the detector the arrivals (``caller_speech``)."""
+    h = with_agent()
+    assert h.call.takes_playout
+    ulaw = g711.ulaw_encode(tone_s16le(300.0, 1.0, 8000, peak=0.3))
+    for n in range(50):
+        h.call.caller_speech(ulaw[n * 160 : (n + 1) * 160], at(n) + 0.005)
+    h.drain()
+    assert of_type(h.actions, SendAgentAudio) == []
+    for n in range(50):
+        h.call.caller_playout(ulaw[n * 160 : (n + 1) * 160], at(n) + 0.005)
+    h.drain()
+    assert len(of_type(h.actions, SendAgentAudio)) >= 15  # as caller_audio gives

@@ -353,3 +353,42 @@ def test_mark_leg_heard_estimate_never_exceeds_what_was_sent() -> None:
     _, events = h.take()
     (cut,) = of_type(events, TurnInterrupted)
     assert cut.heard_ms == 100
+
+
+def test_caller_speech_alone_barges_in_as_caller_audio_does() -> None:
+    """A SIP leg feeds the detector each frame as it arrives (``caller_speech``) and the
+    in-order stream separately (``caller_playout``): the same frames through
+    ``caller_speech`` interrupt at the same tick, with the same heard position."""
+
+    def run(feed: str) -> tuple[int, list[TurnInterrupted]]:
+        h, _ = playing(policy=SLOW)
+        voice = voiced_ulaw_frames(1.0)
+        for n in range(1, 80):
+            h.tick(n)
+            k = n - 25
+            frame = voice[k] if k >= 0 else ULAW_SILENCE_FRAME
+            if feed == "audio":
+                h.caller(frame, at(n) + 0.005)
+            else:
+                h.call.caller_speech(frame, at(n) + 0.005)
+                h.call.caller_playout(frame, at(n) + 0.005)  # no agent: takes nothing
+                h.drain()
+            if of_type(h.events, TurnInterrupted):
+                return n, of_type(h.events, TurnInterrupted)
+        raise AssertionError("no barge-in")
+
+    n_audio, interrupted_audio = run("audio")
+    n_speech, interrupted_speech = run("speech")
+    assert (n_speech, interrupted_speech) == (n_audio, interrupted_audio)
+
+
+def test_caller_playout_never_reaches_the_detector() -> None:
+    h, audio = playing(policy=SLOW)
+    voice = voiced_ulaw_frames(1.0)
+    for n in range(1, 50):
+        assert h.tick(n) == audio[n - 1]
+        h.call.caller_playout(voice[n], at(n) + 0.005)
+        h.drain()
+    assert of_type(h.events, SpeechStarted) == []
+    assert of_type(h.events, TurnInterrupted) == []
+    assert not h.call.takes_playout

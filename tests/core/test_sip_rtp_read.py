@@ -40,9 +40,15 @@ def _services(ticker: MediaTicker) -> Services:
 class _Runner:
     def __init__(self) -> None:
         self.frames: list[bytes] = []
+        """What ``caller_playout`` got: one frame per tick, out of the jitter buffer."""
+        self.heard: list[bytes] = []
+        """What ``caller_speech`` got: the frames as they arrived (silence if none)."""
         self.digits: list[str] = []
 
-    def caller_audio(self, frame: bytes) -> None:
+    def caller_speech(self, frame: bytes) -> None:
+        self.heard.append(frame)
+
+    def caller_playout(self, frame: bytes) -> None:
         self.frames.append(frame)
 
     def caller_dtmf(self, digit: str) -> None:
@@ -77,6 +83,12 @@ def _send(peer: socket.socket, call: _SipCall, seq: int) -> None:
     )
 
 
+def _send_payload(peer: socket.socket, call: _SipCall, seq: int, payload: bytes) -> None:
+    peer.sendto(
+        _HDR.pack(0x80, 0, seq, 1000 + seq * 160, 0x1234) + payload, ("127.0.0.1", call.rtp_port)
+    )
+
+
 def _tick(call: _SipCall, now: float) -> None:
     """The tick's second phase (the read) and third (the work on it)."""
     call._inbound(now)(now)
@@ -105,6 +117,61 @@ def test_a_backlog_is_read_in_one_tick_and_a_fresh_datagram_ends_the_read() -> N
             _tick(call, now + 0.05)  # nothing queued
             assert _received(call) == 8
             assert len(call.runner.frames) == 4  # type: ignore[union-attr]  # one per tick
+            call.close()
+
+    asyncio.run(main())
+
+
+def test_barge_in_hears_a_frame_on_the_tick_it_arrives_and_playout_two_ticks_later() -> None:
+    """The detector's input does not wait out the jitter buffer (depth 3): each
+    frame goes to ``caller_speech`` on the tick that reads it, and the in-order
+    ``caller_playout`` gets it two ticks later (silence until the buffer starts)."""
+
+    async def main() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.bind(("127.0.0.1", 0))
+            call = await _call(peer)
+            runner: Any = call.runner
+            payloads = [bytes([0x10 + seq]) * 160 for seq in range(1, 6)]
+            base = time.monotonic()
+            for k, payload in enumerate(payloads):
+                _send_payload(peer, call, k + 1, payload)
+                _tick(call, base + 0.001 + 0.02 * k)
+                assert runner.heard == payloads[: k + 1]  # heard on its own tick
+            silence = call.silence
+            assert runner.frames == [silence, silence, *payloads[:3]]
+            _tick(call, base + 0.001 + 0.02 * 5)  # nothing arrived: playout goes on
+            assert runner.heard == payloads
+            assert runner.frames[-1] == payloads[3]
+            call.close()
+
+    asyncio.run(main())
+
+
+def test_the_detector_hears_silence_when_the_caller_stops_not_before_it_starts() -> None:
+    """Before the caller's first packet the detector hears nothing (silence would
+    start its noise floor on a line it never heard); once the caller has sent, a
+    tick with nothing arrived and nothing to play is silence to it, as a gap is."""
+
+    async def main() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.bind(("127.0.0.1", 0))
+            call = await _call(peer)
+            runner: Any = call.runner
+            now = time.monotonic()
+            _tick(call, now)
+            _tick(call, now + 0.02)
+            assert runner.heard == []
+            assert runner.frames == [call.silence, call.silence]  # playout goes on
+            payload = b"\x42" * 160
+            _send_payload(peer, call, 1, payload)
+            _tick(call, time.monotonic() + 0.001)
+            assert runner.heard == [payload]
+            _tick(call, time.monotonic() + 0.1)  # the buffer plays seq 1 (waited 60 ms)
+            assert runner.heard == [payload]
+            assert runner.frames[-1] == payload
+            _tick(call, time.monotonic() + 0.12)  # nothing arrived, nothing to play
+            assert runner.heard == [payload, call.silence]
             call.close()
 
     asyncio.run(main())

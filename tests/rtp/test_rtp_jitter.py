@@ -115,3 +115,52 @@ def test_overflow_trim_matches_the_full_scan(ops: list[tuple[str, int, bool]]) -
             top += value
     for name in ("dropped_overflow", "dropped_late", "dropped_duplicate", "frames_lost"):
         assert getattr(fast, name) == getattr(ref, name)
+
+
+def test_arrivals_are_taken_on_the_tick_they_arrive_two_ticks_before_playout() -> None:
+    """The barge-in detector's input: a steady stream, one packet per tick, reaches
+    ``take_arrived`` on the tick it arrives, and ``pop`` two ticks later (depth 3)."""
+    jb = JitterBuffer(depth_frames=3, max_frames=10, keep_arrivals=True)
+    arrived_at: dict[int, int] = {}
+    played_at: dict[int, int] = {}
+    for tick in range(8):
+        now = 0.02 * tick
+        jb.insert(100 + tick, frame(100 + tick), now - 0.005)
+        for f in jb.take_arrived():
+            arrived_at[f.sequence_number] = tick
+        out = jb.pop(now)
+        if isinstance(out, RtpFrame):
+            played_at[out.sequence_number] = tick
+    assert arrived_at == {100 + t: t for t in range(8)}
+    assert played_at == {100 + t: t + 2 for t in range(6)}
+
+
+def test_arrivals_skip_late_duplicate_and_placeholder_entries_and_keep_reordering() -> None:
+    jb = JitterBuffer(depth_frames=1, max_frames=8, keep_arrivals=True)
+    jb.insert(10, frame(10), 0.0)
+    assert jb.pop(0.0) == frame(10) and jb.take_arrived() == [frame(10)]
+    jb.insert(12, frame(12), 0.01)
+    jb.insert(11, frame(11), 0.01)  # reordered: both kept, in the order they came
+    jb.insert(12, frame(12), 0.01)  # duplicate of a held one
+    jb.insert(10, frame(10), 0.01)  # late: already played
+    jb.insert(13, None, 0.01)  # a telephone-event placeholder
+    assert jb.take_arrived() == [frame(12), frame(11)]
+    assert jb.take_arrived() == []
+    assert (jb.dropped_duplicate, jb.dropped_late) == (1, 1)
+
+
+def test_arrivals_are_not_kept_unless_asked_for() -> None:
+    jb = JitterBuffer(depth_frames=1, max_frames=4)
+    for ext in range(20):
+        jb.insert(ext, frame(ext), 0.0)
+        jb.pop(0.0)
+    assert jb.take_arrived() == []
+
+
+def test_a_burst_keeps_only_the_newest_max_frames_arrivals() -> None:
+    """A stall's backlog (or a flooding peer) costs the detector at most ``max_frames``
+    frames per take, the newest."""
+    jb = JitterBuffer(depth_frames=2, max_frames=4, keep_arrivals=True)
+    for ext in range(10):
+        jb.insert(ext, frame(ext), 0.0)
+    assert jb.take_arrived() == [frame(ext) for ext in range(6, 10)]

@@ -4,8 +4,13 @@ The per-frame half of the SIP leg (``bridge.io.legs.sip`` has the rest: the
 listeners, the user agents, routing and answering). Each 20 ms tick of the
 call's media clock sends one RTP packet (the turn's frame, comfort silence
 between turns, or an RFC 4733 event while DTMF is being sent), reads the
-call's RTP socket and takes one inbound frame from the jitter buffer for the
-VAD/barge-in path. A call with SRTP (SDES keys, ``bridge.rtp.srtp``) protects
+call's RTP socket, hands every audio frame that arrived to the VAD/barge-in
+path at once (``caller_speech``: it does not wait out the jitter buffer's
+playout delay, 40 ms on a steady stream) and takes one frame from the jitter
+buffer for the in-order path (``caller_playout``: a voice agent, in-band DTMF;
+once the caller's audio has started, a tick with nothing arrived and nothing
+to play gives the detector silence).
+A call with SRTP (SDES keys, ``bridge.rtp.srtp``) protects
 every RTP and RTCP packet as it leaves and unprotects each as it arrives,
 before the RTP engine sees it: a packet that fails authentication is dropped
 (counted in ``srtp_dropped``) and can neither latch nor reach the jitter
@@ -58,7 +63,9 @@ MAX_READS_PER_TICK = 32
 class CallerSide(Protocol):
     """What a SIP call hands the caller's audio, digits and hang-up to: its ``CallRunner``."""
 
-    def caller_audio(self, frame: bytes) -> None: ...
+    def caller_speech(self, frame: bytes) -> None: ...
+
+    def caller_playout(self, frame: bytes) -> None: ...
 
     def caller_dtmf(self, digit: str) -> None: ...
 
@@ -119,6 +126,7 @@ class _SipCall:
         "dtmf",
         "dtmf_active",
         "ended",
+        "heard_audio",
         "inband",
         "loop",
         "outbound",
@@ -176,6 +184,9 @@ class _SipCall:
         self._rx: list[tuple[bytes, Any, float]] = []
         """(datagram, source, arrival) of any further datagrams read by this tick's ``_inbound``."""
         self.runner: CallerSide | None = None
+        self.heard_audio = False
+        """An audio frame has arrived: from then on a tick with none gives the detector
+        silence (before, silence would only teach its noise floor a line it never heard)."""
         self.sending_audio = False
         self.ended = False
         self.outbound = False
@@ -207,6 +218,7 @@ class _SipCall:
                 learn_window_s=policy.learn_window_s,
                 rebind_packets=policy.rebind_packets,
                 timeout_s=self.services.config.sip.rtp_timeout_s,
+                keep_arrivals=True,
             ),
             audio.remote_addr,
             self.loop.time(),
@@ -426,16 +438,25 @@ class _SipCall:
         # RTCP report, RTP timeout, DTMF end: every few seconds (poll_timer's own first test)
         if now >= rtp.timer_floor and rtp.poll_timer(now):
             pump = True
+        arrived = rtp.take_arrived()
         inbound = rtp.pop_frame(now)
         if pump:
             self._pump_rtp()
         runner = self.runner
         if runner is None:
             return
+        # barge-in hears each frame as it arrives; the jitter buffer's order is for playout
+        if arrived:
+            self.heard_audio = True
+            for frame in arrived:
+                if len(frame.payload) == 160:
+                    runner.caller_speech(frame.payload)
         if inbound is None or isinstance(inbound, FrameLost):
-            runner.caller_audio(self.silence)
+            if not arrived and self.heard_audio:  # the caller stopped: the detector hears silence
+                runner.caller_speech(self.silence)
+            runner.caller_playout(self.silence)
         elif len(payload := inbound.payload) == 160:
-            runner.caller_audio(payload)
+            runner.caller_playout(payload)
             if self.inband is not None:
                 for digit in self.inband.process(payload):
                     runner.caller_dtmf(digit)
