@@ -100,6 +100,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from bridge.addresses import NOT_ROUTABLE
 from bridge.engine import Address, Event, LocalProtocolError, Outbox, SendDatagram
 from bridge.rtp.dtmf import DtmfReceiver, TelephoneEventPacket
 from bridge.rtp.jitter import FrameLost, JitterBuffer, RtpFrame
@@ -156,20 +157,6 @@ _MAX_DROPOUT: Final = 3000  # RFC 3550 A.1
 _MAX_MISORDER: Final = 100
 _NTP_UNIX_EPOCH_S: Final = 2_208_988_800  # 1900-01-01 to 1970-01-01
 _SILENCE_BYTE: Final = {0: 0xFF, 8: 0xD5}  # PCMU, PCMA (RFC 3551 static PTs)
-_PRIVATE_NETS: Final = tuple(
-    ipaddress.ip_network(net)
-    for net in (
-        "10.0.0.0/8",  # RFC 1918
-        "172.16.0.0/12",
-        "192.168.0.0/16",
-        "100.64.0.0/10",  # RFC 6598: carrier-grade NAT
-        "127.0.0.0/8",
-        "169.254.0.0/16",
-        "fc00::/7",  # RFC 4193
-        "fe80::/10",
-        "::1/128",
-    )
-)
 _new_tuple: Final = tuple.__new__
 _unpack_header: Final = RTP_FIXED_HEADER.unpack_from
 _pack_header: Final = RTP_FIXED_HEADER.pack
@@ -309,7 +296,7 @@ def needs_learning(sdp_host: str | None, signalling_host: str | None) -> bool:
         ip = ipaddress.ip_address(sdp_host)
     except ValueError:
         return True
-    if ip.is_unspecified or any(ip in net for net in _PRIVATE_NETS):
+    if ip.is_unspecified or any(ip in net for net in NOT_ROUTABLE):
         return True
     return signalling_host is not None and sdp_host != signalling_host
 

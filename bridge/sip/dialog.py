@@ -41,6 +41,7 @@ import enum
 import ipaddress
 from dataclasses import dataclass, field
 
+from bridge.addresses import NOT_ROUTABLE
 from bridge.sip.digest import DigestClient
 from bridge.sip.message import SipRequest, SipResponse
 from bridge.sip.sdp import NegotiatedAudio
@@ -71,24 +72,6 @@ def ip_literal(host: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-NOT_ROUTABLE = tuple(
-    ipaddress.ip_network(net)
-    for net in (
-        "10.0.0.0/8",  # RFC 1918
-        "172.16.0.0/12",
-        "192.168.0.0/16",
-        "100.64.0.0/10",  # RFC 6598: carrier-grade NAT
-        "127.0.0.0/8",
-        "169.254.0.0/16",
-        "fc00::/7",  # RFC 4193
-        "fe80::/10",
-        "::1/128",
-    )
-)
-"""Addresses a Contact may name that cannot be reached from another network (the same
-list as ``[sip] latching``'s, ``bridge.rtp.session``)."""
 
 
 def sends_to_flow(target_host: str, flow_host: str) -> bool:
