@@ -43,14 +43,15 @@ NATIVE_MODULES = (
     "bridge/providers/client_common.py",
     "bridge/providers/kova/client.py",
     "bridge/io/ticker.py",
+    "bridge/io/rtpsock.py",
     "bridge/io/callrun.py",
     "bridge/io/legs/sip_call.py",
     "bridge/io/legs/stream_call.py",
     "bridge/io/httpws.py",
 )
 """And these: the base classes and types the compiled engines are built on, and the
-per-frame part of the I/O shell (the media ticker, the call runner, a SIP call's RTP, a
-media-stream call's carrier messages and WebSocket)."""
+per-frame part of the I/O shell (the media ticker, the RTP socket's per-packet calls, the
+call runner, a SIP call's RTP, a media-stream call's carrier messages and WebSocket)."""
 
 ROOT = Path(__file__).resolve().parent.parent
 """The directory that holds the ``bridge`` package."""

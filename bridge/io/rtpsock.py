@@ -53,7 +53,9 @@ def recv_stamped(sock: socket.socket, last_key: int) -> Received | None:
     return data, stamp, -1, (addr[0], addr[1])
 
 
-def send_all(outbox: list[tuple[socket.socket, bytes, Any]]) -> int:
+def send_all(outbox: list[tuple[socket.socket, Any, Any]]) -> int:
+    # The datagram is typed Any: whatever buffer the socket module takes, and this
+    # module is compiled (mypyc would check a declared ``bytes`` and raise mid-outbox).
     failed = 0
     for sock, data, addr in outbox:
         try:
