@@ -36,7 +36,9 @@ Injected provider failures, two kinds:
   so every turn a fault hit (others on a dropped connection too) is checked
   from the application's side: it must still play to its end, failed over to
   ``fast`` or as the route's fallback prompt (which of the two: the daemon's
-  ``tts.failover`` / ``tts.fallback_prompt`` lines), and its call must not be
+  ``tts.failover`` / ``tts.fallback_prompt`` lines; a turn that fell back ends
+  ``turn.interrupted`` with reason ``provider_error``, and the caller must have
+  heard the whole fallback prompt), and its call must not be
   lost. Static prompts are rendered once and cached, so only ``dyn`` turns
   reach a provider during the calls.
 
@@ -102,6 +104,11 @@ MIX: tuple[tuple[str, str, int], ...] = (
 DYN_DURATION_S = 6.0
 """A ``dyn`` call's length: its turn (under 1 s of audio) after a first-audio deadline
 (1 s) and a failover still ends before the caller hangs up."""
+
+FALLBACK_PROMPT = "Sorry, one moment please."
+"""The ``dyn`` route's fallback prompt: a faulted turn whose caller heard all of it (the
+turn interrupted with reason ``provider_error`` and this as its ``heard_text``) was
+recovered by falling back."""
 
 FAULTY = '"flaky"'
 """The injected faults explain a warning or error line that names the killed provider
@@ -180,7 +187,7 @@ greeting = "Hello from the flaky voice."
 match = "dyn"
 provider = ["flaky", "fast"]
 app = "{app_url}"
-fallback_prompt = "Sorry, one moment please."
+fallback_prompt = "{FALLBACK_PROMPT}"
 
 [[routes]]
 match = "*"
@@ -234,6 +241,8 @@ class Peers:
         self.proxy = TurnFaultProxy(flaky_url, fraction, kinds, seed)
         self.turns: dict[str, list[str]] = {}
         """token -> the app events of that turn, in order (``provider.error``, ``turn.*``)."""
+        self.interrupted: dict[str, tuple[str, str]] = {}
+        """token -> its ``turn.interrupted``'s (reason, heard_text)."""
         self._count = 0
         self._server: websockets.Server | None = None
         self.thread.start()
@@ -270,6 +279,11 @@ class Peers:
                     await ws.send(json.dumps(say))
                 elif event.get("turn_id") in self.turns:
                     self.turns[event["turn_id"]].append(str(kind))
+                    if kind == "turn.interrupted":
+                        self.interrupted[event["turn_id"]] = (
+                            str(event.get("reason")),
+                            str(event.get("heard_text")),
+                        )
 
     def stop(self) -> None:
         async def stop() -> None:
@@ -432,7 +446,11 @@ def idle_state(d: SoakDaemon) -> dict[str, Any]:
     }
 
 
-def unexplained(events: list[dict[str, Any]]) -> tuple[Counter[str], Counter[str]]:
+def unexplained(
+    events: list[dict[str, Any]], faulted_turns: frozenset[str] = frozenset()
+) -> tuple[Counter[str], Counter[str]]:
+    """Warning and error lines split into those the injected faults explain (a line that
+    names the killed provider, or the turn a mid-turn fault hit) and the others."""
     explained: Counter[str] = Counter()
     other: Counter[str] = Counter()
     for e in events:
@@ -440,7 +458,7 @@ def unexplained(events: list[dict[str, Any]]) -> tuple[Counter[str], Counter[str
             continue
         name = str(e.get("event"))
         text = json.dumps(e)
-        if FAULTY in text:
+        if FAULTY in text or str(e.get("turn_id")) in faulted_turns:
             explained[name] += 1
         else:
             other[name] += 1
@@ -487,7 +505,10 @@ def turn_fault_figures(peers: Peers, events: list[dict[str, Any]]) -> dict[str, 
     not_recovered: list[str] = []
     for kind, token in peers.proxy.faulted:
         heard = peers.turns.get(token, [])
-        if "turn.finished" not in heard:
+        whole_fallback = peers.interrupted.get(token) == ("provider_error", FALLBACK_PROMPT)
+        if token in fell_back and whole_fallback:
+            how = "fell_back"  # the app's text never played: the caller heard the fallback, whole
+        elif "turn.finished" not in heard:
             how = "not_recovered"
             not_recovered.append(f"{kind} {token}: {heard}")
         elif token in fell_back:
@@ -589,7 +610,7 @@ def soak(args: argparse.Namespace, kinds: tuple[str, ...]) -> int:
         end = idle_state(d)
         print(f"end: {end}", flush=True)
         events = d.log_events()[log_mark:]
-        explained, other = unexplained(events)
+        explained, other = unexplained(events, frozenset(token for _, token in peers.proxy.faulted))
         fault_effects = Counter(str(e.get("event")) for e in events if "flaky" in json.dumps(e))
         cdrs = cdr_figures(events)
         turn_faults = turn_fault_figures(peers, events)
