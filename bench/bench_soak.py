@@ -505,10 +505,9 @@ def turn_fault_figures(peers: Peers, events: list[dict[str, Any]]) -> dict[str, 
     not_recovered: list[str] = []
     for kind, token in peers.proxy.faulted:
         heard = peers.turns.get(token, [])
+        # a turn that fell back ends interrupted: recovered if the fallback was heard whole
         whole_fallback = peers.interrupted.get(token) == ("provider_error", FALLBACK_PROMPT)
-        if token in fell_back and whole_fallback:
-            how = "fell_back"  # the app's text never played: the caller heard the fallback, whole
-        elif "turn.finished" not in heard:
+        if "turn.finished" not in heard and not (whole_fallback and token in fell_back):
             how = "not_recovered"
             not_recovered.append(f"{kind} {token}: {heard}")
         elif token in fell_back:
