@@ -357,18 +357,18 @@ def _client_frame(text: str, key: bytes) -> bytes:
     return head + key + ws_apply_mask(data, key)
 
 
-def time_shell_inbound(fast: bool, frames: int) -> float:
+def time_shell_inbound(frames: int) -> float:
     """ns per inbound Twilio ``media`` frame through ``WsConnection`` (bytes in, text out).
 
     One masked frame per ``data_received``, as a carrier's 20 ms messages
-    arrive; ``fast``: the shell reads whole data frames itself, else every
-    byte goes through websockets' parser (the path before that shortcut).
+    arrive, through websockets' sans-I/O parser (the connection's only one
+    since issue 32; before it, the shell cut whole data frames itself, the
+    ``inbound_fast_read`` of older results).
     """
     engine, media = streaming_engine(TwilioStreamProtocol)
     msgs, _ = inbound_messages(engine, media, frames)
     chunks = [_client_frame(m, i.to_bytes(4, "big")) for i, m in enumerate(msgs)]  # type: ignore[arg-type]
     conn = _open_ws(_NullTransport())
-    conn._fast_read = fast
     got: list[str | bytes] = []
 
     class _Pending:
@@ -531,10 +531,9 @@ def time_leg_outbound(frames: int) -> float:
 
 def shell_cpu(frames: int, reps: int, conns: int = 200, ticks: int = 100) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for fast in (False, True):
-        key = "inbound_fast_read" if fast else "inbound_websockets_parser"
-        out[key] = median_us(partial(time_shell_inbound, fast, frames), reps)
-        print(f"shell inbound ({key}): {out[key]['median_us']} µs per message")
+    key = "inbound_websockets_parser"
+    out[key] = median_us(partial(time_shell_inbound, frames), reps)
+    print(f"shell inbound ({key}): {out[key]['median_us']} µs per message")
     out["leg_inbound"] = median_us(partial(time_leg_inbound, frames), reps)
     print(f"leg inbound (message to caller_audio): {out['leg_inbound']['median_us']} µs")
     out["leg_outbound"] = median_us(partial(time_leg_outbound, frames), reps)

@@ -38,11 +38,6 @@ from bridge.config import ConnectionLimits
 from bridge.io.connlimits import ConnectionGate
 from bridge.logs import get_logger
 
-try:  # websockets' C unmasking, as its own parser uses
-    from websockets.speedups import apply_mask
-except ImportError:  # pragma: no cover - a build without the extension
-    from websockets.utils import apply_mask
-
 __all__ = ["HttpRequest", "HttpResponse", "HttpWsServer", "WsConnection", "serve_http_ws"]
 
 log = get_logger("callbridge.http")
@@ -54,7 +49,6 @@ _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE", "CONN
 READ_CHUNK_BYTES = 64 * 1024
 CLOSE_TIMEOUT_S = 2.0
 _FIN_TEXT = 0x80 | Opcode.TEXT.value  # FIN set, opcode 1 (RFC 6455 §5.2)
-_WHOLE_DATA = (_FIN_TEXT, 0x80 | Opcode.BINARY.value)  # FIN, no reserved bit, text or binary
 _HEAD16 = struct.Struct("!BBH")
 _HEAD64 = struct.Struct("!BBQ")
 
@@ -158,13 +152,6 @@ class WsConnection:
         self.close_reason = ""
         self.closed = False
         self._serving: tuple[Callable[[str | bytes], None], asyncio.Future[None]] | None = None
-        # Reading whole unfragmented data frames here instead of in websockets'
-        # parser (see _read_frames): only with no extension, and only while
-        # that parser holds nothing (recv() feeds it; serve() then keeps it).
-        self._fast_read = self._plain_frames
-        self._unread = b""
-        limits = [m for m in (protocol.max_message_size, protocol.max_fragment_size) if m]
-        self._max_frame = min(limits) if limits else 1 << 62
         self._head_for = -1
         self._head = b""
         """The header of the last text frame ``send_encoded_text_nowait`` wrote, and its size."""
@@ -322,7 +309,6 @@ class WsConnection:
                 self._flush()
                 self.closed = True
                 return self._pending.pop(0) if self._pending else None
-            self._fast_read = False  # websockets' parser may now hold part of a frame
             self._proto.receive_data(data)
             self._open = self._proto.state is State.OPEN
             self._collect()
@@ -376,91 +362,32 @@ class WsConnection:
             self._serving = None
 
     def _serve_data(self, data: bytes) -> None:
-        try:
-            if self._fast_read:
-                self._read_frames(data)
-            else:
-                self._parse_data(data)
-        except Exception as exc:  # raised by serve() instead
-            self._serve_end(exc)
+        """The transport's bytes while serving (the loop calls this as ``data_received``).
 
-    def _parse_data(self, data: bytes) -> None:
-        """Bytes through websockets' parser: its frames, replies (pong, close) and state."""
-        self._proto.receive_data(data)
-        self._open = self._proto.state is State.OPEN
-        self._collect()
-        self._flush()
-        self._deliver()
-        if self._proto.state in (State.CLOSING, State.CLOSED):
-            self._note_close()
-            self.closed = True
-            self._serve_end()
-            self._writer.close()  # the transport flushes its buffer first
-
-    def _read_frames(self, data: bytes) -> None:
-        """Read the client's frames, each whole unfragmented data frame here.
-
-        The per-message path of a media stream: a masked text or binary
-        frame with FIN set, no reserved bit and a size websockets would
-        accept, while the protocol is OPEN and no fragmented message is in
-        progress, is unmasked and delivered here, as websockets' parser would
-        deliver it (same checks; a text frame's UTF-8 is decoded as
-        ``_collect`` does). Any other frame (control, fragment, reserved
-        bits) goes to that parser whole, so the parser is always at a frame
-        boundary; an unmasked frame, one too big, or a protocol no longer
-        OPEN hands it every byte from then on.
+        Every byte goes through websockets' parser (the one parser of the
+        carrier socket, as of the provider sockets: issue 32), which checks
+        the frames (masking, sizes, reserved bits, fragments, control frames)
+        and answers pings and a close; each whole message then goes to
+        ``on_message`` in order. A text message that is not UTF-8 ends serving
+        with its ``UnicodeDecodeError``, after the messages before it in the
+        same read were delivered.
         """
-        unread = self._unread
-        buf = unread + data if unread else data
-        self._unread = b""
-        end_of_data = len(buf)
-        pos = 0
         proto = self._proto
         try:
-            while end_of_data - pos >= 2:
-                head1 = buf[pos]
-                head2 = buf[pos + 1]
-                length = head2 & 0x7F
-                start = pos + 2
-                if length == 126:
-                    if end_of_data - start < 2:
-                        break
-                    length = int.from_bytes(buf[start : start + 2], "big")
-                    start += 2
-                elif length == 127:
-                    if end_of_data - start < 8:
-                        break
-                    length = int.from_bytes(buf[start : start + 8], "big")
-                    start += 8
-                if (
-                    not head2 & 0x80  # unmasked: websockets fails the connection
-                    or length > self._max_frame
-                    or not self._open
-                ):
-                    self._fast_read = False
-                    first, pos = pos, end_of_data
-                    self._parse_data(buf[first:])
-                    return
-                end = start + 4 + length
-                if end > end_of_data:
-                    break
-                first, pos = pos, end
-                if head1 in _WHOLE_DATA and proto.current_size is None:
-                    payload = apply_mask(buf[start + 4 : end], buf[start : start + 4])
-                    message: str | bytes = payload.decode() if head1 == _FIN_TEXT else payload
-                    serving = self._serving
-                    if self._pending or serving is None or serving[1].done():
-                        self._pending.append(message)
-                        self._deliver()
-                    else:
-                        serving[0](message)
-                    continue
-                self._parse_data(buf[first:end])
-                if self.closed:
-                    return
-        finally:  # the frames after a failure stay readable, as in websockets' parser
-            if pos < end_of_data:
-                self._unread = buf[pos:]
+            proto.receive_data(data)
+            self._open = proto.state is State.OPEN
+            try:
+                self._collect()
+            finally:  # what came before a message that failed to decode still goes
+                self._flush()
+                self._deliver()
+            if not self._open:  # CLOSING or CLOSED: an accepted connection is past CONNECTING
+                self._note_close()
+                self.closed = True
+                self._serve_end()
+                self._writer.close()  # the transport flushes its buffer first
+        except Exception as exc:  # raised by serve() instead
+            self._serve_end(exc)
 
     def _serve_eof(self) -> None:
         try:

@@ -1,15 +1,17 @@
-"""The shell's own reading of whole data frames behaves as websockets' parser does.
+"""What ``WsConnection.serve`` delivers from a carrier's bytes, however they are cut.
 
-``WsConnection._read_frames`` (the per-message path while serving a media
-stream, docs/benchmarks.md issue 8) unmasks a whole unfragmented data frame
-itself and hands every other frame to websockets' parser. Each test feeds
-the same bytes, cut at every place, to a connection reading that way and to
-one reading everything through websockets, and compares what each delivered,
-wrote back, and how it ended.
+Every byte of a served connection goes through websockets' sans-I/O parser
+(issue 32: one frame parser, websockets' own). Each test runs ``serve`` on a
+connection over a stand-in transport, feeds the bytes as the event loop would
+(the transport's protocol's ``data_received``), in one read and cut at every
+place, and checks what was delivered, written back, and how serving ended:
+the same for every cut.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 import struct
 from typing import Any
@@ -30,9 +32,12 @@ MAX_SIZE = 100_000
 
 
 class _Transport:
+    """What ``serve`` uses of a transport: writes, its protocol, reading and closing."""
+
     def __init__(self) -> None:
         self.writes: list[bytes] = []
         self.closed = False
+        self.protocol: Any = asyncio.Protocol()
 
     def write(self, data: bytes) -> None:
         self.writes.append(bytes(data))
@@ -40,10 +45,22 @@ class _Transport:
     def is_closing(self) -> bool:
         return self.closed
 
+    def close(self) -> None:
+        self.closed = True
+
+    def get_protocol(self) -> Any:
+        return self.protocol
+
+    def set_protocol(self, protocol: Any) -> None:
+        self.protocol = protocol
+
+    def resume_reading(self) -> None:
+        pass
+
 
 class _Writer:
-    def __init__(self) -> None:
-        self.transport = _Transport()
+    def __init__(self, transport: _Transport) -> None:
+        self.transport = transport
 
     def write(self, data: bytes) -> None:
         self.transport.write(data)
@@ -52,52 +69,56 @@ class _Writer:
         return False
 
     def close(self) -> None:
-        self.transport.closed = True
+        self.transport.close()
+
+    async def drain(self) -> None:
+        pass
+
+    async def wait_closed(self) -> None:
+        pass
 
 
-class _Ended:
-    """Stands in for serve()'s future."""
-
-    def __init__(self) -> None:
-        self.outcome: tuple[str, Any] | None = None
-
-    def done(self) -> bool:
-        return self.outcome is not None
-
-    def set_result(self, value: None) -> None:
-        self.outcome = ("result", value)
-
-    def set_exception(self, exc: BaseException) -> None:
-        self.outcome = ("exception", type(exc).__name__)
-
-
-def _serving(fast: bool) -> tuple[WsConnection, list[str | bytes], _Ended, _Transport]:
+def _open() -> tuple[WsConnection, _Transport, asyncio.StreamReader]:
+    """An accepted connection, as ``serve_http_ws`` hands it to its handler."""
     proto = ServerProtocol(max_size=MAX_SIZE)
     proto.receive_data(HANDSHAKE)
     (request,) = proto.events_received()
     assert isinstance(request, WsRequest)
     proto.send_response(proto.accept(request))
     proto.data_to_send()
-    writer = _Writer()
-    conn = WsConnection(HttpRequest("GET", "/twilio", {}), proto, None, writer)  # type: ignore[arg-type]
-    assert conn._fast_read  # a fresh connection reads data frames itself
-    conn._fast_read = fast
+    transport = _Transport()
+    reader = asyncio.StreamReader()
+    conn = WsConnection(HttpRequest("GET", "/twilio", {}), proto, reader, _Writer(transport))  # type: ignore[arg-type]
+    return conn, transport, reader
+
+
+async def _settle() -> None:
+    for _ in range(3):  # serve()'s task: started, or woken by its end
+        await asyncio.sleep(0)
+
+
+async def _outcome(stream: bytes, cuts: list[int]) -> dict[str, Any]:
+    conn, transport, _ = _open()
     got: list[str | bytes] = []
-    ended = _Ended()
-    conn._serving = (got.append, ended)  # type: ignore[assignment]
-    return conn, got, ended, writer.transport
-
-
-def _outcome(stream: bytes, cuts: list[int], fast: bool) -> dict[str, Any]:
-    conn, got, ended, transport = _serving(fast)
+    serving = asyncio.ensure_future(conn.serve(got.append))
+    await _settle()  # serve() has taken over the transport's protocol
     start = 0
     for cut in [*cuts, len(stream)]:
-        conn._serve_data(stream[start:cut])
+        transport.protocol.data_received(stream[start:cut])  # as the loop calls it
         start = cut
+    await _settle()
+    ended: tuple[str, Any] | None = None
+    if serving.done():
+        exc = serving.exception()
+        ended = ("result", None) if exc is None else ("exception", type(exc).__name__)
+    else:
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
     return {
         "got": got,
         "written": b"".join(transport.writes),
-        "ended": ended.outcome,
+        "ended": ended,
         "closed": conn.closed,
         "close": (conn.close_code, conn.close_reason),
         "state": conn._proto.state,
@@ -106,15 +127,17 @@ def _outcome(stream: bytes, cuts: list[int], fast: bool) -> dict[str, Any]:
 
 
 def _same_at_every_cut(stream: bytes, step: int = 1) -> dict[str, Any]:
-    reference = _outcome(stream, [], fast=False)
-    assert _outcome(stream, [], fast=True) == reference
-    for cut in range(1, len(stream), step):
-        assert _outcome(stream, [cut], fast=True) == reference, cut
-    rng = random.Random(len(stream))
-    for _ in range(20):
-        cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, 6)))
-        assert _outcome(stream, cuts, fast=True) == reference, cuts
-    return reference
+    async def main() -> dict[str, Any]:
+        reference = await _outcome(stream, [])
+        for cut in range(1, len(stream), step):
+            assert await _outcome(stream, [cut]) == reference, cut
+        rng = random.Random(len(stream))
+        for _ in range(20):
+            cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, 6)))
+            assert await _outcome(stream, cuts) == reference, cuts
+        return reference
+
+    return asyncio.run(main())
 
 
 def _frame(
@@ -146,7 +169,14 @@ def test_data_frames_of_every_length_encoding() -> None:
     )
     reference = _same_at_every_cut(stream, step=997)
     assert reference["got"] == messages and reference["ended"] is None
+    assert reference["written"] == b"" and reference["state"] is State.OPEN
     assert _same_at_every_cut(stream[:1000])["got"] == messages[:4]  # the 70 kB one cut off
+
+
+def test_many_messages_in_one_read_arrive_in_order() -> None:
+    messages = [f"m{i}" for i in range(50)]
+    reference = _same_at_every_cut(b"".join(_text(m) for m in messages), step=11)
+    assert reference["got"] == messages
 
 
 def test_a_ping_between_messages_is_answered_and_the_messages_still_come() -> None:
@@ -166,10 +196,13 @@ def test_a_fragmented_message_between_whole_ones() -> None:
         + _text("b")
     )
     assert _same_at_every_cut(stream)["got"] == ["a", "hello", "b"]
+    binary = _frame(Opcode.BINARY, b"\x00", fin=False) + _frame(Opcode.CONT, b"\xff")
+    assert _same_at_every_cut(binary)["got"] == [b"\x00\xff"]
     # a whole data frame inside a fragmented message is websockets' protocol error
     bad = _frame(Opcode.TEXT, b"he", fin=False) + _text("x") + _text("y")
     reference = _same_at_every_cut(bad)
     assert reference["got"] == [] and reference["close"][0] == 1002
+    assert reference["ended"] == ("result", None) and reference["transport_closed"]
 
 
 def test_close_then_more_data() -> None:
@@ -177,7 +210,10 @@ def test_close_then_more_data() -> None:
     reference = _same_at_every_cut(_text("a") + close + _text("late"))
     assert reference["got"] == ["a"] and reference["close"] == (1000, "bye")
     assert reference["closed"] and reference["transport_closed"]
+    assert reference["ended"] == ("result", None)
     assert reference["state"] is State.CLOSING
+    # the close is answered with the same code
+    assert reference["written"].startswith(bytes([0x88, 2 + len(b"bye")]) + struct.pack("!H", 1000))
 
 
 @pytest.mark.parametrize(
@@ -190,26 +226,34 @@ def test_close_then_more_data() -> None:
         (_frame(Opcode.PING, b"x" * 126), 1002),  # control frame too long
     ],
 )
-def test_a_frame_websockets_refuses_is_refused_the_same_way(bad: bytes, code: int) -> None:
+def test_a_frame_websockets_refuses_is_refused(bad: bytes, code: int) -> None:
     reference = _same_at_every_cut(_text("a") + bad[:300] + _text("b"), step=7)
     assert reference["got"] == ["a"] and reference["close"][0] in (code, None)
     assert reference["closed"] and reference["state"] is not State.OPEN
+    assert reference["ended"] == ("result", None)
 
 
 def test_invalid_utf8_ends_serving_after_the_messages_before_it() -> None:
     stream = _text("a") + _frame(Opcode.TEXT, b"\xff\xfe") + _text("b")
-    reference = _outcome(stream, [len(_text("a"))], fast=False)
+    reference = _same_at_every_cut(stream)
+    # "a", in the same read as the bad frame when the bytes come in one, still arrives
     assert reference["got"] == ["a"] and reference["ended"] == ("exception", "UnicodeDecodeError")
-    # websockets' parser reads a whole segment before delivering any of it, so
-    # a message in the bad frame's segment was lost with it; now it arrives
-    assert _outcome(stream, [], fast=False)["got"] == []
-    for cut in range(len(stream)):
-        assert _outcome(stream, [cut] if cut else [], fast=True) == reference, cut
+    assert reference["written"] == b"" and not reference["closed"]
 
 
-def test_recv_before_serve_hands_the_parser_every_byte() -> None:
-    conn, _, _, _ = _serving(fast=True)
-    conn._proto.receive_data(_text("x")[:3])  # as recv() does: the parser holds part of a frame
-    conn._fast_read = False  # what recv() sets
-    conn._serve_data(_text("x")[3:])
-    assert conn._pending == [] and conn._serving is not None
+def test_bytes_read_before_serve_go_to_the_same_parser() -> None:
+    async def main() -> None:
+        conn, transport, reader = _open()
+        reader.feed_data(_text("x") + _text("y")[:3])
+        assert await conn.recv() == "x"  # that read left part of "y" in the parser
+        reader.feed_data(_text("y")[3:5])  # sent before serve(): still the reader's
+        got: list[str | bytes] = []
+        serving = asyncio.ensure_future(conn.serve(got.append))
+        await _settle()
+        transport.protocol.data_received(_text("y")[5:] + _text("z"))
+        assert got == ["y", "z"] and not serving.done()
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+
+    asyncio.run(main())
