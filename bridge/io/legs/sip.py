@@ -74,7 +74,7 @@ from bridge.sip.sdp import (
     parse_sdp,
 )
 from bridge.sip.settings import SipAuthUser, SipSecurity, SipSettings, TrunkConfig
-from bridge.sip.trunks import TrunkLimited, TrunkLimiter, choose_trunk
+from bridge.sip.trunks import TrunkLimited, TrunkLimiter, choose_trunk, trunk_credentials
 from bridge.sip.ua import SipUserAgent
 from bridge.sip.uri import OutboundTarget, TargetError, outbound_target, parse_uri
 
@@ -961,7 +961,7 @@ class SipLeg:
         credentials = (
             _credentials_for(cfg.sip.registrations, target)
             if chosen is None
-            else _trunk_credentials(chosen)
+            else trunk_credentials(chosen)
         )
         headers = (("Route", f"<{proxy};lr>"),) if target.via_proxy else ()
         trunk_name = chosen.name if chosen is not None else ""
@@ -1208,12 +1208,6 @@ def _answered_srtp(offered: tuple[SdesCrypto, ...], audio: NegotiatedAudio) -> S
 def _caller_id(trunk: TrunkConfig, host: str) -> str:
     """The From URI a trunk presents: its ``caller_id`` (or ``callbridge``) at its host."""
     return f"sip:{trunk.caller_id or 'callbridge'}@{host}"
-
-
-def _trunk_credentials(trunk: TrunkConfig) -> DigestCredentials | None:
-    if not (trunk.user and trunk.password):
-        return None
-    return DigestCredentials(trunk.user, trunk.password, trunk.realm or None)
 
 
 def _latching(mode: str) -> LatchingMode:
