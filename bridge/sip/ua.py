@@ -109,7 +109,8 @@ class SipUserAgent(UasAgent):
             destination: next hop (an outbound proxy or the callee).
             credentials: what answers a 401/407 challenge: (username,
                 password), or ``DigestCredentials`` (a trunk's, optionally
-                bound to its realm). Per call, so each call may use its own.
+                bound to its realm). Per call, so each call may use its own; they
+                answer the challenges to the call's in-dialog requests too.
             conn_id: the stream connection to send on (an outbound TCP call; the
                 dialog keeps using it), None for a datagram.
             from_display: the display name in From (a trunk's caller name), quoted.
