@@ -42,7 +42,7 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from bridge.addresses import NOT_ROUTABLE
-from bridge.sip.digest import DigestClient
+from bridge.sip.digest import DigestClient, DigestCredentials
 from bridge.sip.message import SipRequest, SipResponse
 from bridge.sip.sdp import NegotiatedAudio
 from bridge.sip.uri import NameAddr, parse_name_addr, parse_uri
@@ -214,6 +214,10 @@ class Call:
     provisional_seen: bool = False
     digest: DigestClient | None = None
     """Answers 401/407 challenges to the outbound INVITE (and its retries)."""
+    credentials: DigestCredentials | None = None
+    """What answers a 401/407 to a request we send in the dialog (BYE, re-INVITE,
+    REFER, INFO, UPDATE): the INVITE's credentials (a call out), or the trunk's (a
+    call in from a trunk with ``user``/``password``); None: such a challenge fails."""
     last_ack: SipRequest | None = None
     session_retry_done: bool = False
     # UAS 2xx retransmission (RFC 3261 §13.3.1.4)

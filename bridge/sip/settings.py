@@ -419,20 +419,23 @@ class TrunkConfig:
     )  # fmt: skip
     transport: str = setting(
         "udp",
-        "how calls out reach `outbound_proxy` (`tls`: port 5061 unless the URI names one; "
-        "needs `sip.tls_listen`). A URI that says otherwise (`sips:`, `;transport=`) is an error",
+        "how calls out reach `outbound_proxy` and REGISTERs `registrar` (`tls`: port 5061 "
+        "unless the URI names one; needs `sip.tls_listen`; `tcp` and `udp` need that transport "
+        "in `sip.transports`). A URI that says otherwise (`sips:`, `;transport=`) is an error",
         choices=TRUNK_TRANSPORTS,
     )  # fmt: skip
     registrar: str = setting(
         "",
         "keep a REGISTER binding there with `user`/`password` (as `[sip.registrations]` "
-        "does; `sips:` refused: REGISTER over TLS is not supported yet); `\"\"`: none (IP "
+        "does), over the trunk's `transport`: over TCP or TLS on the one connection to that "
+        "host and port that calls share, registering again when it drops; `\"\"`: none (IP "
         "authentication)",
         type_doc="`sip:` URI", check=_registrar,
     )  # fmt: skip
     user: str = setting(
-        "", "the trunk's user name: REGISTER and the answer to a 401/407 on calls out "
-        "(Twilio's credential list user, Telnyx's connection user name)",
+        "", "the trunk's user name: REGISTER and the answer to a 401/407 on calls out and on "
+        "the requests we send within the trunk's calls, out and in (BYE, re-INVITE, REFER, "
+        "INFO) (Twilio's credential list user, Telnyx's connection user name)",
     )  # fmt: skip
     password: str = setting("", "its password", secret=True)
     realm: str = setting(
@@ -500,32 +503,47 @@ class TrunkConfig:
     @property
     def next_hop(self) -> str:
         """``outbound_proxy`` with the trunk's transport on it."""
-        uri = self.outbound_proxy
-        if self.transport == "udp" or ";transport=" in uri.lower() or uri.startswith("sips:"):
-            return uri
-        head, sep, tail = uri.partition("?")
-        return f"{head};transport={self.transport}{sep}{tail}"
+        return _with_transport(self.outbound_proxy, self.transport)
+
+    @property
+    def registrar_hop(self) -> str:
+        """``registrar`` with the trunk's transport on it: where and how its REGISTERs go
+        (``outbound_target(registrar_hop)``); "" without a registrar."""
+        return _with_transport(self.registrar, self.transport) if self.registrar else ""
 
     @property
     def security(self) -> SipSecurity:
-        """The trunk's SRTP and TLS verification, as ``[sip]``'s ``SipSecurity``."""
-        unverified: tuple[str, ...] = ()
+        """The trunk's SRTP and TLS verification, as ``[sip]``'s ``SipSecurity``
+        (``tls_verify = false``: neither the proxy's nor the registrar's host verified)."""
+        unverified: list[str] = []
         if not self.tls_verify:
-            with contextlib.suppress(ValueError):
-                unverified = (outbound_target(self.outbound_proxy).host.lower(),)
-        return SipSecurity(self.srtp, self.tls_ca_file, unverified)
+            for uri in (self.outbound_proxy, self.registrar):
+                with contextlib.suppress(ValueError):
+                    host = outbound_target(uri).host.lower() if uri else ""
+                    if host and host not in unverified:
+                        unverified.append(host)
+        return SipSecurity(self.srtp, self.tls_ca_file, tuple(unverified))
+
+
+def _with_transport(uri: str, transport: str) -> str:
+    """``uri`` with ``;transport=`` for a stream transport, unless it says one itself."""
+    if transport == "udp" or ";transport=" in uri.lower() or uri.startswith("sips:"):
+        return uri
+    head, sep, tail = uri.partition("?")
+    return f"{head};transport={transport}{sep}{tail}"
 
 
 def _check_trunk(values: dict[str, Any], at: Spot) -> None:
-    """The URI's own transport agrees with ``transport``; SRTP only over TLS; digest
-    needs credentials."""
-    hop, transport = values["outbound_proxy"], values["transport"]
-    unread = any(e.startswith(at.join("outbound_proxy")) for e in at.reader.errors)
-    if hop and not unread:
-        said = outbound_target(hop).transport.lower()
-        lowered = hop.lower()
-        if (hop.startswith("sips:") or ";transport=" in lowered) and said != transport:
-            at.error(f"the URI says {said}, but transport is {transport!r}", "outbound_proxy")
+    """The URIs' own transport (the proxy's, the registrar's) agrees with ``transport``;
+    SRTP only over TLS; digest needs credentials."""
+    transport = values["transport"]
+    for key in ("outbound_proxy", "registrar"):
+        hop = values[key]
+        unread = any(e.startswith(at.join(key)) for e in at.reader.errors)
+        if hop and not unread:
+            said = outbound_target(hop).transport.lower()
+            if (hop.startswith("sips:") or ";transport=" in hop.lower()) and said != transport:
+                at.error(f"the URI says {said}, but transport is {transport!r}", key)
     if values["srtp"] != "off" and transport != "tls":
         at.error(f"{values['srtp']!r} needs transport = \"tls\" (SDES keys travel only over TLS)",
                  "srtp")  # fmt: skip
@@ -539,10 +557,16 @@ register_check(TrunkConfig, _check_trunk)
 
 
 def check_trunks(trunks: tuple[TrunkConfig, ...], sip: SipConfig, at: Spot) -> None:
-    """What trunks need of ``[sip]``: a TLS listener to call out over TLS from."""
+    """What trunks need of ``[sip]``: a listener of the trunk's transport, which its calls
+    out and REGISTERs leave from (TLS: ``tls_listen``; UDP, TCP: ``transports``)."""
+    have = {t.lower() for t in sip.transports} if sip.listen else set()
     for t in trunks:
         if t.transport == "tls" and not sip.tls_listen:
-            at.error("'tls' needs sip.tls_listen (calls out over TLS leave from it)",
+            at.error("'tls' needs sip.tls_listen (calls out and REGISTERs over TLS leave from "
+                     "it)", f"trunks.{t.name}.transport")  # fmt: skip
+        elif t.transport != "tls" and t.transport not in have:
+            at.error(f"{t.transport!r} needs {t.transport!r} in sip.transports (calls out and "
+                     f"REGISTERs over {t.transport.upper()} leave from it)",
                      f"trunks.{t.name}.transport")  # fmt: skip
 
 

@@ -2,11 +2,13 @@
 
 ``choose_trunk`` picks the trunk of a call out (the one named, else for a ``tel:``
 target the only one there is, else none: ``[sip]``'s own settings apply);
-``inbound_trunk`` the trunk an inbound call's source address belongs to.
-``TrunkLimiter`` holds one trunk's concurrent calls (``max_calls``) and its
-outbound pacing (``calls_per_second``: a token bucket as deep as one second's
-calls, at least one); a call beyond either is refused at once, never queued, with
-the reason and how long to wait.
+``inbound_trunk`` the trunk an inbound call's source address belongs to;
+``trunk_credentials`` what answers a challenge from the trunk's side (to a call out,
+and to the in-dialog requests of its calls both ways). ``TrunkLimiter`` holds one
+trunk's concurrent calls (``max_calls``) and its outbound pacing
+(``calls_per_second``: a token bucket as deep as one second's calls, at least one);
+a call beyond either is refused at once, never queued, with the reason and how long
+to wait.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bridge.sip.digest import DigestCredentials
 from bridge.sip.settings import TrunkConfig
 from bridge.sip.uri import TargetError
 
@@ -26,6 +29,7 @@ __all__ = [
     "TrunkRefusal",
     "choose_trunk",
     "inbound_trunk",
+    "trunk_credentials",
 ]
 
 
@@ -68,6 +72,14 @@ def inbound_trunk(trunks: Sequence[TrunkConfig], source: str) -> TrunkConfig | N
             if address.version == network.version and address in network:
                 return t
     return None
+
+
+def trunk_credentials(trunk: TrunkConfig | None) -> DigestCredentials | None:
+    """The trunk's ``user``/``password`` (bound to its ``realm`` when set), or None
+    without both."""
+    if trunk is None or not (trunk.user and trunk.password):
+        return None
+    return DigestCredentials(trunk.user, trunk.password, trunk.realm or None)
 
 
 @dataclass(frozen=True, slots=True)

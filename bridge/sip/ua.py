@@ -37,6 +37,11 @@ refer     ``TransferProgress`` (202 accepted, or the failure, final)
 other     nothing (BYE, CANCEL, INFO, UPDATE)
 ========  ==============================================================
 
+Before any of these, a 401/407 to a request sent in a dialog (reinvite, refer,
+bye, info, update) with the call's credentials is answered once in a new request
+(``UasAgent._answer_in_dialog_challenge``); only what comes after is its result.
+The ACK for a 2xx carries the INVITE's credentials (RFC 3261 §13.2.2.4).
+
 A stream connection the shell reports lost (``connection_failed``) fails the
 outbound calls waiting for an answer on it (503) and makes the registrations
 on it register again on the same ``conn_id`` (the shell opens it anew).
@@ -62,7 +67,7 @@ from bridge.sip.registration import FAILURE_RETRY_S, Registration
 from bridge.sip.sdp import SdpError, negotiate, parse_sdp
 from bridge.sip.settings import SipSettings
 from bridge.sip.ua_core import ClientEntry, ServerEntry
-from bridge.sip.uas import ALLOWED_METHODS, UasAgent
+from bridge.sip.uas import ALLOWED_METHODS, UasAgent, challenge_values
 from bridge.sip.uri import ascii_digits
 
 __all__ = ["SipUserAgent"]
@@ -104,7 +109,8 @@ class SipUserAgent(UasAgent):
             destination: next hop (an outbound proxy or the callee).
             credentials: what answers a 401/407 challenge: (username,
                 password), or ``DigestCredentials`` (a trunk's, optionally
-                bound to its realm). Per call, so each call may use its own.
+                bound to its realm). Per call, so each call may use its own; they
+                answer the challenges to the call's in-dialog requests too.
             conn_id: the stream connection to send on (an outbound TCP call; the
                 dialog keeps using it), None for a datagram.
             from_display: the display name in From (a trunk's caller name), quoted.
@@ -131,7 +137,8 @@ class SipUserAgent(UasAgent):
         dialog = Dialog(call_id, request.from_(), request.to(), to_uri, [], 1, None, peer, False)
         call = Call(call_id, dialog, True, request, local_sdp=offer_sdp)
         if credentials is not None:
-            call.digest = DigestClient(_as_credentials(credentials))
+            call.credentials = _as_credentials(credentials)
+            call.digest = DigestClient(call.credentials)
         self._calls[call_id] = call
         self._start_client(request, peer, "invite", call_id, now)
         return call_id
@@ -240,7 +247,7 @@ class SipUserAgent(UasAgent):
         elif response.status < 300:
             self._on_invite_success(call, entry, response, now)
         elif response.status in (401, 407) and call.digest is not None:
-            if call.digest.on_challenge(response.status, _challenges(response)):
+            if call.digest.on_challenge(response.status, challenge_values(response)):
                 self._retry_invite(call, now, None)
             else:
                 self._fail_outbound(call, response)
@@ -284,7 +291,7 @@ class SipUserAgent(UasAgent):
         call.dialog.state = DialogState.CONFIRMED
         call.answered = call.established = True
         call.remote_sdp = response.body.decode("utf-8", "replace")
-        self._send_ack(call, call.invite.cseq().number)
+        self._send_ack(call, call.invite)
         self._uac_session_timer(call, response, now)
         try:
             call.audio = (
@@ -299,10 +306,12 @@ class SipUserAgent(UasAgent):
             return
         self._events.append(OutboundCallAnswered(call.call_id, call.remote_sdp))
 
-    def _send_ack(self, call: Call, cseq: int) -> None:
-        """The ACK for a 2xx is a new request of the dialog (RFC 3261 §13.2.2.4)."""
-        ack = call.dialog.build_request("ACK", cseq=cseq)
+    def _send_ack(self, call: Call, invite: SipRequest) -> None:
+        """The ACK for a 2xx is a new request of the dialog with the INVITE's CSeq number
+        and credentials (RFC 3261 §13.2.2.4)."""
+        ack = call.dialog.build_request("ACK", cseq=invite.cseq().number)
         ack.headers.insert(0, ("via", "Via", self._via()))
+        ack.headers += [h for h in invite.headers if h[0].endswith("authorization")]
         call.last_ack = ack
         self._send(ack, call.dialog.next_hop())
 
@@ -310,7 +319,7 @@ class SipUserAgent(UasAgent):
         """A 2xx for an INVITE we no longer want (hung up, or a forked answer)."""
         dialog = Dialog.from_response(entry.tx.request, response, entry.peer)
         call = Call(dialog.call_id, dialog, True, entry.tx.request)
-        self._send_ack(call, entry.tx.request.cseq().number)
+        self._send_ack(call, entry.tx.request)
         bye = dialog.build_request("BYE")
         self._start_client(bye, dialog.next_hop(), "bye", dialog.call_id, now)
 
@@ -335,7 +344,7 @@ class SipUserAgent(UasAgent):
             return
         call.reinvite_pending = False
         if response.status < 300:
-            self._send_ack(call, entry.tx.request.cseq().number)
+            self._send_ack(call, entry.tx.request)
             call.dialog.update_target(response)
             interval = (response.get("session-expires") or "").split(";")[0].strip()
             if ascii_digits(interval):
@@ -365,10 +374,13 @@ class SipUserAgent(UasAgent):
                 self._arm_session_timer(call, now)
 
     def _on_client_response(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
+        if self._answer_in_dialog_challenge(entry, response, now):
+            return
         handler = _RESPONSE_HANDLERS.get(entry.kind, SipUserAgent._on_other_response)
         handler(self, entry, response, now)
 
     def _on_client_timeout(self, entry: ClientEntry, now: float) -> None:
+        self._dialog_auth.pop(entry.key, None)
         call = self._calls.get(entry.ref)
         if entry.kind == "invite" and call is not None and entry.tx.request is call.invite:
             self._calls.pop(call.call_id, None)
@@ -451,7 +463,7 @@ class SipUserAgent(UasAgent):
         if (
             response.status in (401, 407)
             and registration.digest is not None
-            and registration.digest.on_challenge(response.status, _challenges(response))
+            and registration.digest.on_challenge(response.status, challenge_values(response))
         ):
             self._send_register(registration, now)
             return
@@ -492,10 +504,3 @@ def _as_credentials(credentials: tuple[str, str] | DigestCredentials) -> DigestC
     if isinstance(credentials, DigestCredentials):
         return credentials
     return DigestCredentials(credentials[0], credentials[1])
-
-
-def _challenges(response: SipResponse) -> list[str]:
-    """The challenge values of a 401 (WWW-Authenticate) or 407 (Proxy-Authenticate)."""
-    return response.get_lines(
-        "proxy-authenticate" if response.status == 407 else "www-authenticate"
-    )

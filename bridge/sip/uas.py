@@ -49,6 +49,17 @@ Session timers follow RFC 4028 (see ``bridge.sip.dialog``).
 Outbound: ``invite`` (digest retry on 401/407, 422 retry with Min-SE),
 ``hangup`` (BYE, or CANCEL before answer), ``refer``, ``send_info``,
 ``register`` (refresh at half the granted expiry, digest auth).
+
+Requests we send in a dialog (BYE, re-INVITE, REFER, INFO, UPDATE) answer a
+401/407 with the call's ``credentials`` (``Call.credentials``: a call out's, or
+the trunk's on a call in from a trunk): each request gets its own
+:class:`~bridge.sip.digest.DigestClient` (``DialogAuth``, kept by client
+transaction until its final response), so a challenge is answered once (a
+``stale=true`` one once more) in a new request of the dialog (fresh CSeq and
+branch, same headers and body), and a challenge to that answer is the request's
+failure, as any other final response. A BYE's retry goes out after the call
+ended locally (the dialog is kept in its ``DialogAuth``). ACK and CANCEL are
+never challenged (RFC 3261 §22.1). Without credentials a 401/407 is a failure.
 """
 
 from __future__ import annotations
@@ -56,10 +67,11 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from bridge.engine import LocalProtocolError
 from bridge.sip.dialog import Call, Dialog, DialogState, Peer
-from bridge.sip.digest import AuthResult, DigestVerifier, parse_auth_params
+from bridge.sip.digest import AuthResult, DigestClient, DigestVerifier, parse_auth_params
 from bridge.sip.errors import SipParseError
 from bridge.sip.events import (
     AuthFailed,
@@ -91,11 +103,11 @@ from bridge.sip.sdp import (
 )
 from bridge.sip.settings import SipSettings, TrunkConfig
 from bridge.sip.transaction import State
-from bridge.sip.trunks import inbound_trunk
+from bridge.sip.trunks import inbound_trunk, trunk_credentials
 from bridge.sip.ua_core import ClientEntry, ServerEntry, TimerHolder, UaCore, server_key
 from bridge.sip.uri import ascii_digits, parse_params
 
-__all__ = ["ALLOWED_METHODS", "RATE_LIMITED", "UasAgent"]
+__all__ = ["ALLOWED_METHODS", "RATE_LIMITED", "DialogAuth", "UasAgent", "challenge_values"]
 
 ALLOWED_METHODS = ("INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO", "UPDATE", "NOTIFY")
 KNOWN_METHODS = (*ALLOWED_METHODS, "REGISTER", "SUBSCRIBE", "PUBLISH", "MESSAGE", "PRACK", "REFER")
@@ -108,7 +120,25 @@ RATE_LIMITED = "Rate Limited"
 """Reason phrase of the 503 to a trusted proxy for a caller over its INVITE rate:
 the shipped kamailio.cfg relays it to the caller instead of failing over."""
 
+_REBUILT = frozenset(
+    (
+        "via", "route", "max-forwards", "from", "to", "call-id", "cseq", "user-agent",
+        "authorization", "proxy-authorization", "content-length",
+    )
+)  # fmt: skip
+"""Headers an in-dialog retry gets afresh rather than from the challenged request."""
+
 Handler = Callable[["UasAgent", SipRequest, ServerEntry, Peer, float], None]
+
+
+@dataclass(slots=True)
+class DialogAuth:
+    """What answers the challenges to one request we sent in a dialog (and its retry):
+    the dialog (which builds the retry, kept even after a BYE ended the call) and the
+    request's own digest client."""
+
+    dialog: Dialog
+    digest: DigestClient
 
 
 class UasAgent(UaCore):
@@ -118,6 +148,9 @@ class UasAgent(UaCore):
         super().__init__(settings, rng)
         self._calls: dict[str, Call] = {}
         self._rate = InviteRateLimiter(settings.invite_rate_per_s, settings.invite_burst)
+        self._dialog_auth: dict[tuple[str, str], DialogAuth] = {}
+        """In-dialog requests with credentials waiting for their final response, by
+        client transaction key."""
         self._verifier = self._digest_verifier(settings)
         self._auth_failures = AuthFailureLimiter(
             settings.auth_max_failures, settings.auth_failure_window_s
@@ -254,6 +287,9 @@ class UasAgent(UaCore):
         local_tag = self._token()
         dialog = Dialog.from_request(request, local_tag, entry.peer)
         call = Call(request.call_id, dialog, False, request, entry.key)
+        call.credentials = trunk_credentials(
+            next((t for t in self.settings.trunks if trunk and t.name == trunk), None)
+        )
         call.remote_sdp = request.body.decode("utf-8", "replace")
         call.audio = audio
         self._calls[call.call_id] = call
@@ -746,7 +782,35 @@ class UasAgent(UaCore):
             request.add(name, value)
         request.body = body
         kind = "reinvite" if method == "INVITE" else method.lower()
-        return self._start_client(request, call.dialog.next_hop(), kind, call.call_id, now)
+        entry = self._start_client(request, call.dialog.next_hop(), kind, call.call_id, now)
+        if call.credentials is not None and self._client_txs.get(entry.key) is entry:
+            self._dialog_auth[entry.key] = DialogAuth(call.dialog, DigestClient(call.credentials))
+        return entry
+
+    def _answer_in_dialog_challenge(
+        self, entry: ClientEntry, response: SipResponse, now: float
+    ) -> bool:
+        """A final response to a request sent with ``_send_in_dialog``: True if it was a
+        401/407 answered by a new request of the dialog (the response is then not the
+        request's result); False for anything else (a challenge without credentials, a
+        second one after our answer, a challenge we cannot answer: a failure)."""
+        if response.status < 200:
+            return False
+        auth = self._dialog_auth.pop(entry.key, None)
+        if auth is None or response.status not in (401, 407):
+            return False
+        if not auth.digest.on_challenge(response.status, challenge_values(response)):
+            return False
+        old = entry.tx.request
+        request = auth.dialog.build_request(old.method)  # CSeq + 1 (RFC 3261 §22.2)
+        request.headers += [h for h in old.headers if h[0] not in _REBUILT]
+        request.body = old.body
+        for name, value in auth.digest.headers(old.method, request.uri, self._token()):
+            request.add(name, value)
+        retry = self._start_client(request, entry.peer, entry.kind, entry.ref, now)
+        if self._client_txs.get(retry.key) is retry:
+            self._dialog_auth[retry.key] = auth
+        return True
 
     def _end_call(self, call: Call, reason: str, now: float, *, send_bye: bool) -> None:
         if send_bye:
@@ -859,6 +923,13 @@ def _auth_username(answer: str) -> str:
         return parse_auth_params(answer)[1].get("username", "")[:64]
     except SipParseError:
         return ""
+
+
+def challenge_values(response: SipResponse) -> list[str]:
+    """The challenge values of a 401 (WWW-Authenticate) or 407 (Proxy-Authenticate)."""
+    return response.get_lines(
+        "proxy-authenticate" if response.status == 407 else "www-authenticate"
+    )
 
 
 def _without_origin(sdp: str) -> str:

@@ -14,7 +14,8 @@ import structlog
 
 from bridge.config import ConfigError, parse_config, secret_values
 from bridge.logs import configure, get_logger
-from bridge.sip.settings import SipSecurity
+from bridge.sip.settings import SipSecurity, TrunkConfig
+from bridge.sip.uri import outbound_target
 from tests.e2e.tlscerts import make_ca_and_leaf
 
 MINIMAL = """
@@ -174,8 +175,81 @@ transport = "tls"
         "trunks.a.outbound_proxy: the URI says tls, but transport is 'udp'",
         "trunks.a.registrar: needs user and password",
         "trunks.a.srtp: 'offer' needs transport = \"tls\" (SDES keys travel only over TLS)",
-        "trunks.b.transport: 'tls' needs sip.tls_listen (calls out over TLS leave from it)",
+        "trunks.b.transport: 'tls' needs sip.tls_listen (calls out and REGISTERs over TLS "
+        "leave from it)",
     ]
+
+
+def test_the_registrar_goes_over_the_trunks_transport(tmp_path: Path) -> None:
+    base = MINIMAL + '[trunks.t]\nuser = "u"\npassword = "p"\n'
+    base += 'outbound_proxy = "sip:a.example.com"\n'
+
+    def trunk(extra: str, head: str = "") -> TrunkConfig:
+        return parse_config(head + base + extra, "<string>", {}).trunks[0]
+
+    assert trunk('registrar = "sip:r.example.com"\n').registrar_hop == "sip:r.example.com"
+    tcp = trunk('registrar = "sip:r.example.com:5080"\ntransport = "tcp"\n')
+    assert tcp.registrar_hop == "sip:r.example.com:5080;transport=tcp"
+    target = outbound_target(tcp.registrar_hop)
+    assert (target.host, target.port, target.transport) == ("r.example.com", 5080, "TCP")
+    tls = tls_section(tmp_path)
+    for registrar in ("sip:r.example.com", "sips:r.example.com", "sip:r.example.com;transport=tls"):
+        t = trunk(f'registrar = "{registrar}"\ntransport = "tls"\ntls_verify = false\n', tls)
+        target = outbound_target(t.registrar_hop)
+        assert (target.host, target.port, target.transport) == ("r.example.com", 5061, "TLS")
+        # tls_verify = false: neither the proxy's host nor the registrar's is verified
+        assert t.security.unverified_hosts == ("a.example.com", "r.example.com")
+    assert trunk("").registrar_hop == ""
+
+
+def test_a_registrar_that_contradicts_the_trunks_transport_is_an_error_naming_it() -> None:
+    text = (
+        MINIMAL
+        + """
+[trunks.a]
+outbound_proxy = "sip:a.example.com"
+registrar = "sips:a.example.com"
+user = "u"
+password = "p"
+[trunks.b]
+outbound_proxy = "sip:b.example.com"
+registrar = "sip:b.example.com;transport=udp"
+transport = "tcp"
+user = "u"
+password = "p"
+[trunks.c]
+outbound_proxy = "sip:c.example.com"
+registrar = "sip:c.example.com;transport=tcp"
+user = "u"
+password = "p"
+"""
+    )
+    assert sorted(errors_of(text)) == [
+        "trunks.a.registrar: the URI says tls, but transport is 'udp'",
+        "trunks.b.registrar: the URI says udp, but transport is 'tcp'",
+        "trunks.c.registrar: the URI says tcp, but transport is 'udp'",
+    ]
+
+
+def test_a_trunk_transport_without_its_listener_is_an_error_naming_it() -> None:
+    trunks = """
+[trunks.t]
+outbound_proxy = "sip:t.example.com"
+transport = "tcp"
+[trunks.u]
+outbound_proxy = "sip:u.example.com"
+"""
+    udp_only = '[sip]\ntransports = ["udp"]\n' + MINIMAL + trunks
+    assert errors_of(udp_only) == [
+        "trunks.t.transport: 'tcp' needs 'tcp' in sip.transports (calls out and REGISTERs "
+        "over TCP leave from it)"
+    ]
+    tcp_only = '[sip]\ntransports = ["tcp"]\n' + MINIMAL + trunks
+    assert errors_of(tcp_only) == [
+        "trunks.u.transport: 'udp' needs 'udp' in sip.transports (calls out and REGISTERs "
+        "over UDP leave from it)"
+    ]
+    assert len(parse_config(MINIMAL + trunks, "<string>", {}).trunks) == 2  # udp and tcp
 
 
 def test_password_from_file_and_env_never_in_repr_or_logs(tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ import ssl
 from collections.abc import Awaitable
 from pathlib import Path
 
+import pytest
+
 from bridge.io.legs.sip import SipLeg, _UaRunner
 from bridge.sip.framer import SipStreamFramer
 from bridge.sip.message import SipRequest, parse_message
@@ -147,31 +149,55 @@ def test_calls_out_over_tcp_to_one_peer_share_one_connection_reopened_when_it_dr
     run(body())
 
 
-def test_register_over_tcp_refreshes_on_its_connection_and_registers_again_after_a_drop() -> None:
+@pytest.mark.parametrize("owner", ["registration", "trunk"])
+def test_register_over_tcp_refreshes_on_its_connection_and_registers_again_after_a_drop(
+    owner: str,
+) -> None:
+    """A ``[sip.registrations]`` registrar with ``;transport=tcp``, or a trunk's plain
+    ``sip:`` registrar with ``transport = "tcp"`` (whose call out shares the connection)."""
+
     async def body() -> None:
         peer = await Peer().start()
         try:
-            routes = ROUTES + (
-                "[sip.registrations.pbx]\n"
-                f'registrar = "sip:127.0.0.1:{peer.port};transport=tcp"\n'
-                'user = "bot"\npassword = "secret"\n'
-            )
+            if owner == "trunk":
+                routes = ROUTES + (
+                    "[trunks.carrier]\n"
+                    f'outbound_proxy = "sip:127.0.0.1:{peer.port}"\n'
+                    f'registrar = "sip:127.0.0.1:{peer.port}"\n'
+                    'transport = "tcp"\nuser = "bot"\npassword = "secret"\n'
+                )
+            else:
+                routes = ROUTES + (
+                    "[sip.registrations.pbx]\n"
+                    f'registrar = "sip:127.0.0.1:{peer.port};transport=tcp"\n'
+                    'user = "bot"\npassword = "secret"\n'
+                )
             # an idle timeout far below the refresh interval: it closes idle connections
             # others opened to us, not the one we keep to the registrar
             extra = 'transports = ["udp", "tcp"]\nidle_timeout_s = 0.2'
             async with stack(routes, sip_extra=extra) as s:
-                _, runner = leg_and_runner(s, "TCP")
+                leg, runner = leg_and_runner(s, "TCP")
+                if owner == "trunk":
+                    assert await wait_for(lambda: peer.methods("REGISTER")), peer.requests
+                    leg.originate("tel:+15551230000", "", "", trunk="carrier")
+                    assert await wait_for(lambda: peer.methods("ACK")), peer.requests
+                    assert peer.methods("INVITE") == [1]  # the REGISTER's connection
                 # the first REGISTER and its refreshes at half the granted time: one connection
                 assert await wait_for(lambda: len(peer.methods("REGISTER")) >= 3), peer.requests
                 assert peer.methods("REGISTER")[:3] == [1, 1, 1]
-                first = peer.requests[0][1]
+                registers = [r for _, r in peer.requests if r.method == "REGISTER"]
+                first = registers[0]
+                assert first.uri == f"sip:127.0.0.1:{peer.port}" + (
+                    "" if owner == "trunk" else ";transport=tcp"
+                )
                 assert (first.get("via") or "").startswith("SIP/2.0/TCP ")
                 assert ";transport=tcp" in (first.get("contact") or "")
                 peer.drop_connections()  # the registrar restarts: our flow to it is gone
                 assert await wait_for(lambda: 2 in peer.methods("REGISTER")), peer.requests
-                cseqs = [r.cseq().number for _, r in peer.requests if r.method == "REGISTER"]
+                registers = [r for _, r in peer.requests if r.method == "REGISTER"]
+                cseqs = [r.cseq().number for r in registers]
                 assert cseqs == sorted(set(cseqs))  # one registration: CSeq goes up
-                assert {r.call_id for _, r in peer.requests} == {first.call_id}
+                assert {r.call_id for r in registers} == {first.call_id}
                 assert runner.connections_opened == 2
         finally:
             peer.close()
@@ -179,7 +205,11 @@ def test_register_over_tcp_refreshes_on_its_connection_and_registers_again_after
     run(body())
 
 
-def test_register_over_tls_to_a_sips_registrar(tmp_path: Path) -> None:
+@pytest.mark.parametrize("owner", ["registration", "trunk"])
+def test_register_over_tls_to_a_sips_registrar(tmp_path: Path, owner: str) -> None:
+    """A ``[sip.registrations]`` ``sips:`` registrar, or a trunk's plain ``sip:`` one with
+    ``transport = "tls"`` (verified with the trunk's own CA; its call out shares the
+    connection: one handshake)."""
     daemon_certs = make_ca_and_leaf(tmp_path, "daemon")
     peer_certs = make_ca_and_leaf(tmp_path, "peer")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -188,25 +218,45 @@ def test_register_over_tls_to_a_sips_registrar(tmp_path: Path) -> None:
     async def body() -> None:
         peer = await Peer(context).start()
         try:
-            routes = ROUTES + (
-                "[sip.registrations.trunk]\n"
-                f'registrar = "sips:127.0.0.1:{peer.port}"\n'
-                'user = "bot"\npassword = "secret"\n'
-            )
             extra = (
                 'tls_listen = ["127.0.0.1:0"]\n'
                 f'tls_certificate_file = "{daemon_certs.cert_file}"\n'
                 f'tls_key_file = "{daemon_certs.key_file}"\n'
-                f'tls_ca_file = "{peer_certs.ca_file}"\n'
             )
+            if owner == "trunk":
+                registrar = f"sip:127.0.0.1:{peer.port}"
+                routes = ROUTES + (
+                    "[trunks.carrier]\n"
+                    f'outbound_proxy = "sip:127.0.0.1:{peer.port}"\n'
+                    f'registrar = "{registrar}"\n'
+                    f'transport = "tls"\ntls_ca_file = "{peer_certs.ca_file}"\n'
+                    'user = "bot"\npassword = "secret"\n'
+                )
+            else:
+                registrar = f"sips:127.0.0.1:{peer.port}"
+                routes = ROUTES + (
+                    "[sip.registrations.trunk]\n"
+                    f'registrar = "{registrar}"\n'
+                    'user = "bot"\npassword = "secret"\n'
+                )
+                extra += f'tls_ca_file = "{peer_certs.ca_file}"\n'
             async with stack(routes, sip_extra=extra) as s:
-                _, runner = leg_and_runner(s, "TLS")
+                leg, runner = leg_and_runner(s, "TLS")
+                if owner == "trunk":
+                    assert await wait_for(lambda: peer.methods("REGISTER")), peer.requests
+                    leg.originate("tel:+15551230000", "", "", trunk="carrier")
+                    assert await wait_for(lambda: peer.methods("ACK")), peer.requests
+                    assert peer.methods("INVITE") == [1]  # the REGISTER's connection
                 assert await wait_for(lambda: len(peer.methods("REGISTER")) >= 2), peer.requests
                 assert peer.methods("REGISTER")[:2] == [1, 1] and runner.tls_handshakes == 1
-                first = peer.requests[0][1]
-                assert first.uri == f"sips:127.0.0.1:{peer.port}"
+                first = next(r for _, r in peer.requests if r.method == "REGISTER")
+                assert first.uri == registrar
                 assert (first.get("via") or "").startswith("SIP/2.0/TLS ")
-                assert (first.get("contact") or "").startswith("<sips:")
+                contact = first.get("contact") or ""
+                if owner == "trunk":
+                    assert contact.startswith("<sip:") and ";transport=tls" in contact
+                else:
+                    assert contact.startswith("<sips:")
         finally:
             peer.close()
 

@@ -10,11 +10,18 @@ import pytest
 
 from bridge.engine import SendDatagram
 from bridge.sip.digest import authorization, choose_challenge
-from bridge.sip.events import CallOffered
-from bridge.sip.message import SipResponse, parse_message
+from bridge.sip.events import CallOffered, RegistrationStateChanged, SendStream
+from bridge.sip.message import SipRequest, SipResponse, build_response, parse_message
 from bridge.sip.settings import SipAuthUser, SipSettings, TrunkConfig
-from bridge.sip.trunks import TrunkError, TrunkLimiter, choose_trunk, inbound_trunk
-from bridge.sip.ua import SipUserAgent
+from bridge.sip.trunks import (
+    TrunkError,
+    TrunkLimiter,
+    choose_trunk,
+    inbound_trunk,
+    trunk_credentials,
+)
+from bridge.sip.ua import REREGISTER_AFTER_DROP_S, SipUserAgent
+from bridge.sip.uri import outbound_target
 
 from .test_sip_sdes import _sdes_offer
 from .test_sip_ua import A_URI as SIM_A_URI
@@ -282,3 +289,70 @@ def test_a_trunks_srtp_mode_applies_to_its_calls_over_tls(
         assert ua_b.take_refusals() == {"srtp_mismatch": 1}
     else:
         assert (calls, finals) == ([outcome], [])
+
+
+@pytest.mark.parametrize(
+    ("transport", "registrar", "hop"),
+    [
+        ("udp", "sip:r.example", ("r.example", 5060, "UDP")),
+        ("tcp", "sip:r.example", ("r.example", 5060, "TCP")),
+        ("tcp", "sip:r.example:5080;transport=tcp", ("r.example", 5080, "TCP")),
+        ("tls", "sip:r.example", ("r.example", 5061, "TLS")),
+        ("tls", "sips:r.example:5071", ("r.example", 5071, "TLS")),
+    ],
+)
+def test_a_trunks_registrar_is_reached_over_the_trunks_transport(
+    transport: str, registrar: str, hop: tuple[str, int, str]
+) -> None:
+    t = TrunkConfig("t", "sip:p.example", transport, registrar=registrar, user="u", password="p")
+    target = outbound_target(t.registrar_hop)
+    assert (target.host, target.port, target.transport) == hop
+    assert TrunkConfig("t", "sip:p.example", transport).registrar_hop == ""
+
+
+def test_a_trunks_tcp_register_answers_its_realm_on_its_connection_and_again_after_a_drop() -> None:
+    """What the leg does with a TCP trunk's registrar (``registrar_hop``, the connection
+    ``conn_id`` it shares with calls, ``trunk_credentials``): every REGISTER on that
+    connection, the 401 of the trunk's realm answered, another realm's not, and a
+    dropped connection registers again on it."""
+    t = TrunkConfig(
+        "t", "sip:p.example", "tcp", registrar="sip:192.0.2.8", user="u", password="pw",
+        realm="carrier",
+    )  # fmt: skip
+    ua = SipUserAgent(SipSettings(local_host="127.0.0.1", transport="TCP"), random.Random(1))
+    target = outbound_target(t.registrar_hop)
+    rid = ua.register(
+        (target.host, target.port), t.registrar, "sip:u@192.0.2.8", 0.0,
+        credentials=trunk_credentials(t), conn_id=9,
+    )  # fmt: skip
+
+    def sent() -> SipRequest:
+        (action,) = ua.actions_to_send()
+        assert isinstance(action, SendStream) and action.conn_id == 9
+        request = parse_message(action.data)
+        assert isinstance(request, SipRequest) and request.method == "REGISTER"
+        return request
+
+    def challenge(request: SipRequest, realm: str) -> bytes:
+        response = build_response(request, 401, "Unauthorized", "reg")
+        response.add("WWW-Authenticate", f'Digest realm="{realm}", nonce="n1", qop="auth"')
+        return response.to_bytes()
+
+    first = sent()
+    assert first.uri == "sip:192.0.2.8" and (first.get("via") or "").startswith("SIP/2.0/TCP ")
+    assert first.get("contact") == "<sip:callbridge@127.0.0.1:5060;transport=tcp>"
+    ua.receive_stream(9, challenge(first, "carrier"), ("192.0.2.8", 5060), 0.1)
+    second = sent()
+    assert 'username="u", realm="carrier"' in (second.get("authorization") or "")
+    ok = build_response(second, 200, "OK", "reg")
+    ok.add("Expires", "600")
+    ua.receive_stream(9, ok.to_bytes(), ("192.0.2.8", 5060), 0.2)
+    assert ua.events_received() == [RegistrationStateChanged(rid, True, 200, 600)]
+    ua.handle_timer(0.2)
+    ua.connection_failed(9, 1.0)
+    assert ua.events_received() == [RegistrationStateChanged(rid, False, 503)]
+    ua.handle_timer(1.0 + REREGISTER_AFTER_DROP_S)
+    again = sent()  # on the same conn_id: the shell opens the connection anew
+    ua.receive_stream(9, challenge(again, "elsewhere"), ("192.0.2.8", 5060), 2.5)
+    assert ua.actions_to_send() == []  # not the trunk's realm: not answered
+    assert ua.events_received() == [RegistrationStateChanged(rid, False, 401)]

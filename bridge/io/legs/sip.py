@@ -74,7 +74,7 @@ from bridge.sip.sdp import (
     parse_sdp,
 )
 from bridge.sip.settings import SipAuthUser, SipSecurity, SipSettings, TrunkConfig
-from bridge.sip.trunks import TrunkLimited, TrunkLimiter, choose_trunk
+from bridge.sip.trunks import TrunkLimited, TrunkLimiter, choose_trunk, trunk_credentials
 from bridge.sip.ua import SipUserAgent
 from bridge.sip.uri import OutboundTarget, TargetError, outbound_target, parse_uri
 
@@ -569,18 +569,30 @@ class SipLeg:
             runner.gate.limits = self.services.config.sip.limits
 
     def _register_all(self) -> None:
-        """Keep a binding at every ``[sip.registrations]`` registrar (refreshed by the
-        engine), over its transport: UDP, or the registrar's TCP or TLS connection
-        (``_UaRunner.connect``: shared with calls to it, opened again when it drops)."""
+        """Keep a binding at every ``[sip.registrations]`` registrar and every trunk's
+        (refreshed by the engine), over its transport (a trunk's: its ``transport``, on
+        ``registrar_hop``): UDP, or the registrar's TCP or TLS connection
+        (``_UaRunner.connect``: shared with calls to that peer, a trunk's TLS one made with
+        the trunk's TLS settings, opened again when it drops, and the engine registers
+        again on it)."""
         cfg = self.services.config
-        regs = [(reg, "") for reg in cfg.sip.registrations] + [
-            (SipRegistration(f"trunks.{t.name}", t.registrar, t.user, t.password), t.name)
+        regs: list[tuple[SipRegistration, str, str, DigestCredentials | None]] = [
+            (reg, reg.registrar, "", DigestCredentials(reg.user, reg.password))
+            for reg in cfg.sip.registrations
+        ]
+        regs += [
+            (
+                SipRegistration(f"trunks.{t.name}", t.registrar, t.user, t.password),
+                t.registrar_hop,
+                t.name,
+                trunk_credentials(t),
+            )
             for t in cfg.trunks
             if t.registrar
         ]
-        for reg, trunk in regs:
+        for reg, hop, trunk, credentials in regs:
             try:
-                target = outbound_target(reg.registrar)
+                target = outbound_target(hop)
             except TargetError:
                 target = None
             ua = next((r for r in self.runners if target and r.kind == target.transport), None)
@@ -594,12 +606,17 @@ class SipLeg:
                 reg.registrar,
                 f"sip:{reg.user}@{target.host}",
                 ua.loop.time(),
-                credentials=(reg.user, reg.password),
+                credentials=credentials,
                 expires_s=reg.expires_s,
                 conn_id=conn_id,
             )
             ua.pump()
-            log.info("sip.registering", registration=reg.name, registrar=reg.registrar)
+            log.info(
+                "sip.registering",
+                registration=reg.name,
+                registrar=reg.registrar,
+                transport=target.transport,
+            )
 
     def active_calls(self) -> int:
         return len(self.calls)
@@ -961,7 +978,7 @@ class SipLeg:
         credentials = (
             _credentials_for(cfg.sip.registrations, target)
             if chosen is None
-            else _trunk_credentials(chosen)
+            else trunk_credentials(chosen)
         )
         headers = (("Route", f"<{proxy};lr>"),) if target.via_proxy else ()
         trunk_name = chosen.name if chosen is not None else ""
@@ -1208,12 +1225,6 @@ def _answered_srtp(offered: tuple[SdesCrypto, ...], audio: NegotiatedAudio) -> S
 def _caller_id(trunk: TrunkConfig, host: str) -> str:
     """The From URI a trunk presents: its ``caller_id`` (or ``callbridge``) at its host."""
     return f"sip:{trunk.caller_id or 'callbridge'}@{host}"
-
-
-def _trunk_credentials(trunk: TrunkConfig) -> DigestCredentials | None:
-    if not (trunk.user and trunk.password):
-        return None
-    return DigestCredentials(trunk.user, trunk.password, trunk.realm or None)
 
 
 def _latching(mode: str) -> LatchingMode:
