@@ -462,7 +462,16 @@ _CATEGORIES = (
         "media (rtp, bridge, ticker, codecs)",
         ("bridge/rtp/", "bridge/media/", "bridge/io/ticker.py", "telcodec/"),
     ),
-    ("tts client", ("bridge/io/provider_ws.py", "bridge/providers/")),
+    (
+        "tts client",
+        (
+            "bridge/io/provider_ws.py",
+            "bridge/io/provider_pool.py",
+            "bridge/io/provider_turns.py",
+            "bridge/io/session_http.py",
+            "bridge/providers/",
+        ),
+    ),
     ("logs and metrics", ("bridge/logs.py", "bridge/metrics.py")),
 )
 

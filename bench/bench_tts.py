@@ -70,14 +70,8 @@ from bench.loadgen.procs import TALK_TEXT, TtsProcess
 from bridge.commands import Say
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
-from bridge.io.provider_ws import (
-    PromptCache,
-    ProviderPool,
-    Speaker,
-    _Connection,
-    _ProviderWebSocket,
-    engine_class,
-)
+from bridge.io.provider_pool import PromptCache, ProviderPool, Speaker, engine_class
+from bridge.io.provider_ws import Connection, _ProviderWebSocket
 from bridge.io.ttsd_server import start_tts_server
 from bridge.media.call import CallBridge
 from bridge.media.call_types import CallOptions, EndTurn, LegProfile, OpenTurn
@@ -401,7 +395,7 @@ async def replay_rep(recording: dict[str, object], feed: bool, check: bool) -> d
     pool = ProviderPool(settings, warm=n_conns, preempt=_NotDue(loop).run_if_due)
     sockets = []
     for _ in range(n_conns):
-        conn = _Connection(pool, pool.engine_cls(settings))
+        conn = Connection(pool, pool.engine_cls(settings))
         pool.connections.append(conn)
         protocol = ClientProtocol(parse_uri(url))
         request = protocol.connect()

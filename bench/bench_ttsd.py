@@ -40,7 +40,7 @@ from pathlib import Path
 from bench.common import write
 from bridge.engine import Event
 from bridge.io.embedded import KEY_ENV, PROTOCOL_PATHS
-from bridge.io.provider_ws import ProviderPool, Speaker
+from bridge.io.provider_pool import ProviderPool, Speaker
 from bridge.providers.base import (
     PCM_8K,
     AudioReceived,

@@ -464,7 +464,7 @@ def restart_demo(turns: int, wait_s: float = 2.0, reps: int = 3) -> None:
 
     from bench.loadgen.procs import TALK_TEXT
     from bridge.io.embedded import PROTOCOL_PATHS
-    from bridge.io.provider_ws import FLOW_HIGH_S, ProviderPool
+    from bridge.io.provider_pool import FLOW_HIGH_S, ProviderPool
     from bridge.io.ttsd_server import start_tts_server
     from bridge.providers.base import MULAW_8K, AudioReceived, ProviderSettings, TurnSettings
 

@@ -34,7 +34,8 @@ from bridge.control.app import AppLost, AppSession
 from bridge.control.flow import FlowRunner, fallback_runner
 from bridge.engine import CloseConnection, Event, SendText
 from bridge.io.gcpolicy import Canary
-from bridge.io.provider_ws import AgentSession, ProviderPool, Speaker
+from bridge.io.provider_pool import ProviderPool, Speaker
+from bridge.io.provider_turns import AgentSession
 from bridge.io.services import Services
 from bridge.io.ticker import InboundCallback
 from bridge.logs import get_logger

@@ -57,7 +57,7 @@ from bridge.io.legs.sip import SipLeg
 from bridge.io.legs.streams import MediaStreamsLeg
 from bridge.io.notify import Notifier
 from bridge.io.prompt_store import PromptStore
-from bridge.io.provider_ws import PromptCache, ProviderPool, render_prompt
+from bridge.io.provider_pool import PromptCache, ProviderPool, render_prompt
 from bridge.io.services import Runtime, Services
 from bridge.io.startup import EXIT_EMBEDDED, StartupError, listen_error
 from bridge.io.ticker import MediaTicker

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from bridge.config import Config
 from bridge.io.gcpolicy import ReleaseWatch
-from bridge.io.provider_ws import ProviderPool
+from bridge.io.provider_pool import ProviderPool
 from bridge.io.ticker import MediaTicker
 from bridge.metrics import Metrics
 from bridge.providers.prompts import PromptCache

@@ -10,7 +10,7 @@ parser (no queue, future or coroutine step per message); a text message is
 decoded as UTF-8 once, and invalid UTF-8 fails the connection with 1007.
 
 It also counts offsets in the byte stream for the underrun verdict
-(``_Connection.watch_dry`` in ``provider_ws``): the handshake response ends
+(``Connection.watch_dry`` in ``provider_ws``): the handshake response ends
 at its blank line, and each frame's length on the wire follows from its
 payload (a server's frames are unmasked).
 """
@@ -93,8 +93,8 @@ class ProviderWebSocket(asyncio.Protocol):
         self._parsed = 0
         """Where the last frame the parser gave us ends."""
         self.after_read: Callable[[], None] | None = None
-        """Called once a read's messages are all handed over (``_Connection._after_read``)."""
-        # Offsets in the byte stream read from the socket (``_Connection.watch_dry``):
+        """Called once a read's messages are all handed over (``Connection._after_read``)."""
+        # Offsets in the byte stream read from the socket (``Connection.watch_dry``):
         self.received = 0
         """Bytes read so far."""
         self.consumed = 0

@@ -8,7 +8,7 @@ session starts and stops the agent's voice session, streams the caller's
 audio, reports what was played, and carries the call's text turns while the
 agent is on (the agent answers each aloud; one at a time: a turn it cannot
 take fails to its sink instead of raising). Every method takes ``now``; the
-shell (``bridge.io.provider_ws.AgentSession``) passes the loop's time and
+shell (``bridge.io.provider_turns.AgentSession``) passes the loop's time and
 owns the socket.
 """
 

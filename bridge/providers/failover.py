@@ -6,7 +6,7 @@ the text it had so far), the prompt cache (``bridge.providers.prompts``), the
 fallback prompt and the first-audio deadline (``bridge.providers.first_audio``).
 It sees a pool only through ``Pool`` (open a turn, get a ``TurnHandle``) and
 time only through the ``clock`` and ``call_at`` it is given: tests drive it
-with fake pools and a fake clock; the shell (``bridge.io.provider_ws``) gives
+with fake pools and a fake clock; the shell (``bridge.io.provider_pool``) gives
 it the loop's.
 """
 

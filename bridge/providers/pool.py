@@ -1,6 +1,6 @@
 """Provider pools, the pure part: where a turn goes, when to reconnect, what to close.
 
-A pool holds connections to one provider (the shell's ``bridge.io.provider_ws``
+A pool holds connections to one provider (the shell's ``bridge.io.provider_pool``
 owns the sockets). What it decides needs no socket and no clock of its own:
 
 * ``Backoff``: capped exponential reconnect delays with full jitter;

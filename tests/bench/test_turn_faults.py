@@ -9,7 +9,7 @@ import os
 import pytest
 
 from bench.loadgen.turn_faults import TurnFaultProxy
-from bridge.io.provider_ws import ProviderPool, Speaker
+from bridge.io.provider_pool import ProviderPool, Speaker
 from bridge.io.ttsd_server import start_tts_server
 from bridge.providers.base import (
     MULAW_8K,

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from bridge.io import provider_ws
+from bridge.io import provider_pool
 
 from .harness import FACTOR, AppServer, TwilioCall, app_route, stack, tone_turn_ms
 
@@ -28,14 +28,14 @@ def test_a_long_turn_reaches_the_provider_in_sentences_and_is_heard_whole(
     protocol: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sent: list[tuple[float, str]] = []
-    send_text = provider_ws.Speaker.send_text
+    send_text = provider_pool.Speaker.send_text
 
-    def recording(self: provider_ws.Speaker, turn_id: str, text: str) -> None:
+    def recording(self: provider_pool.Speaker, turn_id: str, text: str) -> None:
         if turn_id == "long":
             sent.append((time.monotonic(), text))
         send_text(self, turn_id, text)
 
-    monkeypatch.setattr(provider_ws.Speaker, "send_text", recording)
+    monkeypatch.setattr(provider_pool.Speaker, "send_text", recording)
 
     async def body() -> None:
         async with AppServer() as app:

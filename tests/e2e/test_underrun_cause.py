@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from bridge.io.provider_ws import PromptCache, _Connection, _ProviderWebSocket
+from bridge.io.provider_pool import PromptCache
+from bridge.io.provider_ws import Connection, _ProviderWebSocket
 
 from .harness import FACTOR, Stack, TwilioCall, stack
 
@@ -31,7 +32,7 @@ HOLD_S = 0.5
 
 
 def _hold_after_first_word(
-    conn: _Connection, in_kernel: bool, hold_s: float, released: asyncio.Event
+    conn: Connection, in_kernel: bool, hold_s: float, released: asyncio.Event
 ) -> None:
     """From the turn's second audio message on, hold every message for ``hold_s``."""
     loop = asyncio.get_running_loop()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bridge.io.embedded import KEY_ENV, PROTOCOL_PATHS, EmbeddedTts
-from bridge.io.provider_ws import ProviderPool, Speaker
+from bridge.io.provider_pool import ProviderPool, Speaker
 from bridge.providers.base import (
     MULAW_8K,
     AudioReceived,

@@ -6,7 +6,7 @@ import asyncio
 
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
-from bridge.io.provider_ws import ProviderPool
+from bridge.io.provider_pool import ProviderPool
 from bridge.io.ttsd_server import start_tts_server
 from bridge.providers.base import (
     MULAW_8K,

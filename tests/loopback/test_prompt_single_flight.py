@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 from bridge.engine import Event, LocalProtocolError
 from bridge.io.embedded import PROTOCOL_PATHS
-from bridge.io.provider_ws import PromptCache, ProviderPool, Speaker
+from bridge.io.provider_pool import PromptCache, ProviderPool, Speaker
 from bridge.io.ttsd_server import TtsServer, start_tts_server
 from bridge.providers.base import (
     MULAW_8K,

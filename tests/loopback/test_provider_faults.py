@@ -25,8 +25,8 @@ import websockets
 from websockets.asyncio.server import ServerConnection, serve
 
 from bridge.engine import Event
-from bridge.io import provider_ws
-from bridge.io.provider_ws import Backoff, ProviderPool
+from bridge.io import session_http
+from bridge.io.provider_pool import Backoff, ProviderPool
 from bridge.providers.base import (
     MULAW_8K,
     ProviderFailed,
@@ -139,7 +139,7 @@ def test_a_connection_that_carried_a_turn_resets_the_backoff() -> None:
 def test_a_malformed_zwst_session_answer_fails_the_turn_and_the_pool_tries_again(
     answer: bytes | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(provider_ws, "SESSION_TIMEOUT_S", 0.5 * FACTOR)
+    monkeypatch.setattr(session_http, "SESSION_TIMEOUT_S", 0.5 * FACTOR)
     requests = 0
     held: list[asyncio.StreamWriter] = []
 

@@ -1,4 +1,4 @@
-"""Flow control and turn placement on provider connections (``_Connection``, ``ProviderPool``).
+"""Flow control and turn placement on provider connections (``Connection``, ``ProviderPool``).
 
 A connection is one FIFO: a turn's audio waits behind whatever the provider
 queued before it for the other turns on it. So a new turn goes to the
@@ -24,7 +24,8 @@ from typing import Any
 from provider_socket import FakeTransport, open_provider_socket
 
 from bridge.engine import Event
-from bridge.io.provider_ws import FLOW_HIGH_S, FLOW_PAUSE_MAX_S, ProviderPool, _Connection
+from bridge.io.provider_pool import FLOW_HIGH_S, FLOW_PAUSE_MAX_S, ProviderPool
+from bridge.io.provider_ws import Connection
 from bridge.providers.base import MULAW_8K, AudioReceived, ProviderSettings, TurnSettings
 
 URL = "ws://127.0.0.1:9/v1/kova"
@@ -82,9 +83,9 @@ class Rig:
         self.events: dict[str, list[Event]] = {}
         self.handles: dict[str, Any] = {}
 
-    def connect(self) -> tuple[_Connection, ReadingTransport]:
+    def connect(self) -> tuple[Connection, ReadingTransport]:
         pool = self.pool
-        conn = _Connection(pool, pool.engine_cls(pool.settings))
+        conn = Connection(pool, pool.engine_cls(pool.settings))
         pool.connections.append(conn)
         ws = open_provider_socket(conn._on_message, URL)
         transport = ReadingTransport()
@@ -97,7 +98,7 @@ class Rig:
         conn.pump()  # (lists it as idle, as the pool's own connections are)
         return conn, transport
 
-    def open(self, turn_id: str) -> _Connection:
+    def open(self, turn_id: str) -> Connection:
         """Open a turn on the pool; returns the connection it went to."""
         events = self.events.setdefault(turn_id, [])
         handle = self.pool.open_turn(turn_id, TURN, events.append)
@@ -106,7 +107,7 @@ class Rig:
         return handle.conn
 
     @staticmethod
-    def read(conn: _Connection, transport: ReadingTransport, max_bytes: int = 1 << 18) -> bool:
+    def read(conn: Connection, transport: ReadingTransport, max_bytes: int = 1 << 18) -> bool:
         """One read of what the provider sent, if the socket is reading; True if one happened."""
         if not transport.reading or not transport.kernel:
             return False
@@ -141,7 +142,7 @@ def run(body: Callable[[Rig], Awaitable[None]], **pool_kwargs: Any) -> None:
     asyncio.run(main())
 
 
-def start(conn: _Connection, transport: ReadingTransport, ctx: str) -> None:
+def start(conn: Connection, transport: ReadingTransport, ctx: str) -> None:
     transport.kernel.append(kova({"context_started": {}}, ctx))
     Rig.read(conn, transport)
 
@@ -175,7 +176,7 @@ def test_a_new_turn_goes_to_the_connection_with_the_fewest_turns_open() -> None:
 def test_a_ready_connection_is_preferred_to_one_still_handshaking() -> None:
     async def body(rig: Rig) -> None:
         ready, _ = rig.connect()
-        handshaking = _Connection(rig.pool, rig.pool.engine_cls(SETTINGS))
+        handshaking = Connection(rig.pool, rig.pool.engine_cls(SETTINGS))
         rig.pool.connections.insert(0, handshaking)  # first in the list, no turn on it
         assert rig.open("t1") is ready
         assert rig.open("t2") is ready  # one turn on it still beats waiting for a handshake
@@ -199,7 +200,7 @@ def test_turns_per_connection_opens_another_connection_when_every_one_holds_that
     run(body, turns_per_connection=2)
 
 
-def _cancel_opened(rig: Rig, before: list[_Connection]) -> list[_Connection]:
+def _cancel_opened(rig: Rig, before: list[Connection]) -> list[Connection]:
     """The connections the pool opened itself since ``before`` (their handshakes stopped)."""
     opened = [c for c in rig.pool.connections if c not in before]
     for conn in opened:
@@ -244,9 +245,9 @@ def test_a_turn_takes_a_connection_without_one_without_looking_at_the_others(
             assert rig.open(f"t{i}") is links[i][0]
         _cancel_opened(rig, [c for c, _ in links])  # (the spare)
         _end_turn(rig, "t17", links[17][1], "c1")
-        looked: list[_Connection] = []
-        real = _Connection.has_room
-        monkeypatch.setattr(_Connection, "has_room", lambda c: looked.append(c) or real(c))
+        looked: list[Connection] = []
+        real = Connection.has_room
+        monkeypatch.setattr(Connection, "has_room", lambda c: looked.append(c) or real(c))
         assert rig.open("next") is links[17][0]
         assert looked == []  # placed from the idle list: no scan of 50 connections
 
@@ -296,7 +297,7 @@ def test_without_turns_per_connection_a_connection_fills_to_the_protocol_limit()
 # --------------------------------------------------------------- flow control
 
 
-async def _two_turns_ahead(rig: Rig, seconds: tuple[float, float]) -> tuple[_Connection, Any]:
+async def _two_turns_ahead(rig: Rig, seconds: tuple[float, float]) -> tuple[Connection, Any]:
     conn, transport = rig.connect()
     rig.open("a")
     rig.open("b")

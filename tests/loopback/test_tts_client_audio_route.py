@@ -1,4 +1,4 @@
-"""A plain audio message goes from the engine to its turn (``_Connection._on_message``).
+"""A plain audio message goes from the engine to its turn (``Connection._on_message``).
 
 Every message goes through the engine's one receive contract and one pump;
 the connection hands a turn's audio and word timings to the turn's audio and
@@ -20,7 +20,8 @@ from typing import Any
 from provider_socket import open_provider_socket
 
 from bridge.engine import Event
-from bridge.io.provider_ws import PromptCache, ProviderPool, Speaker, _Connection
+from bridge.io.provider_pool import PromptCache, ProviderPool, Speaker
+from bridge.io.provider_ws import Connection
 from bridge.providers.base import (
     MULAW_8K,
     AudioReceived,
@@ -34,11 +35,11 @@ from bridge.providers.base import (
 URL = "ws://127.0.0.1:9/v1/kova"
 
 
-def kova_pool() -> tuple[ProviderPool, _Connection]:
+def kova_pool() -> tuple[ProviderPool, Connection]:
     """A pool with one ready Kova connection whose socket writes nowhere."""
     settings = ProviderSettings("p", "kova", URL, api_key="k", voice="v")
     pool = ProviderPool(settings)
-    conn = _Connection(pool, pool.engine_cls(settings))
+    conn = Connection(pool, pool.engine_cls(settings))
     pool.connections.append(conn)
     conn.ws = open_provider_socket(conn._on_message, URL)
     conn.early = None
@@ -65,7 +66,7 @@ def run(body: Callable[[], None]) -> None:
     asyncio.run(main())
 
 
-def count_pumps(conn: _Connection) -> list[int]:
+def count_pumps(conn: Connection) -> list[int]:
     pumps = [0]
     pump = conn.pump
 

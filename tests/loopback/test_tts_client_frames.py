@@ -22,7 +22,7 @@ from websockets.uri import parse_uri
 from websockets.utils import accept_key
 
 from bridge.engine import Action, Event
-from bridge.io.provider_ws import _Connection, _ProviderWebSocket
+from bridge.io.provider_ws import Connection, _ProviderWebSocket
 from bridge.providers.base import ConnectParams
 from bridge.providers.pool import Placement
 
@@ -144,13 +144,13 @@ def test_messages_sent_with_the_handshake_reach_the_engine_after_connection_made
         engine = RecordingEngine(f"ws://127.0.0.1:{port}/")
         pool = SimpleNamespace(
             preempt=lambda: None,
-            _connection_ended=lambda conn: None,
+            connection_ended=lambda conn: None,
             placement=Placement(None, 1),
             arm_idle_close=lambda: None,
             name="test",
             settings=SimpleNamespace(unix_socket=""),
         )
-        conn = _Connection(pool, engine)  # type: ignore[arg-type]
+        conn = Connection(pool, engine)  # type: ignore[arg-type]
         await asyncio.wait_for(conn.run(), 10)
         server.close()
         await server.wait_closed()

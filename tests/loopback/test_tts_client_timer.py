@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from bridge.engine import Action, Event
-from bridge.io.provider_ws import _Connection
+from bridge.io.provider_ws import Connection
 from bridge.providers.pool import Placement
 
 
@@ -61,7 +61,7 @@ def test_a_deadline_moving_later_keeps_one_timer_and_fires_once_when_due() -> No
 
         loop.call_at = counting_call_at  # type: ignore[method-assign,assignment]
         engine = DeadlineEngine()
-        conn = _Connection(
+        conn = Connection(
             SimpleNamespace(placement=Placement(None, 1), arm_idle_close=lambda: None), engine
         )  # type: ignore[arg-type]
         t0 = loop.time()

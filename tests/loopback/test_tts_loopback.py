@@ -16,7 +16,8 @@ import pytest
 
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
-from bridge.io.provider_ws import PromptCache, ProviderPool, Speaker, _Connection
+from bridge.io.provider_pool import PromptCache, ProviderPool, Speaker
+from bridge.io.provider_ws import Connection
 from bridge.io.ttsd_server import TtsServer, start_tts_server
 from bridge.providers.base import (
     MULAW_8K,
@@ -105,14 +106,14 @@ def test_plain_audio_messages_go_straight_to_the_turn(
     as ``AudioReceived`` and reach the turn, all of them and in order, through the
     connection's dispatch (``ProviderConnection.dispatch``)."""
     direct: list[int] = []
-    route = _Connection.dispatch
+    route = Connection.dispatch
 
-    def counted(conn: _Connection, event: Event, now: float) -> None:
+    def counted(conn: Connection, event: Event, now: float) -> None:
         if isinstance(event, AudioReceived):
             direct.append(len(event.audio))
         route(conn, event, now)
 
-    monkeypatch.setattr(_Connection, "dispatch", counted)
+    monkeypatch.setattr(Connection, "dispatch", counted)
 
     async def body(server: TtsServer) -> None:
         pool = ProviderPool(_settings(server, protocol))
@@ -341,7 +342,7 @@ def test_idle_connections_are_closed_down_to_a_spare(
             closed = [t for t in tasks if all(c.task is not t for c in pool.connections)]
             await asyncio.wait(closed, timeout=TIMEOUT_S / 2)  # their tasks finish
             assert all(t.done() for t in closed)
-            left = [name for name in cyclic_garbage() if name.endswith("._Connection")]
+            left = [name for name in cyclic_garbage() if name.endswith(".provider_ws.Connection")]
         finally:
             gc.enable()
         assert left == []
@@ -447,12 +448,12 @@ def test_zwst_slow_reader_is_closed_with_1008(monkeypatch: pytest.MonkeyPatch) -
     from websockets.frames import Close
     from websockets.uri import parse_uri
 
-    from bridge.io.provider_ws import _http_request
+    from bridge.io.session_http import http_request
     from bridge.providers.base import HttpRequest
 
     async def body(server: TtsServer) -> None:
         props = {"voice_id": "tone", "format": "pcm_s16le", "sample_rate": 24000}
-        status, raw = await _http_request(
+        status, raw = await http_request(
             HttpRequest(
                 "POST",
                 f"http://127.0.0.1:{server.port}/v1/sessions",

@@ -21,7 +21,7 @@ import pytest
 from bridge.engine import Event
 from bridge.io.embedded import PROTOCOL_PATHS
 from bridge.io.httpws import WsConnection
-from bridge.io.provider_ws import ProviderPool, Speaker
+from bridge.io.provider_pool import ProviderPool, Speaker
 from bridge.io.ttsd_server import SynthLimits, TtsServer, _Expired, _Workers, start_tts_server
 from bridge.providers.base import (
     MULAW_8K,

@@ -5,7 +5,7 @@ not read (in the kernel, or read and not yet handed over) counts as the
 daemon's underrun. The connection carries other turns too, so it remembers
 where those bytes end; once it has handed over everything before that point,
 the verdict is in: the turn's audio among them keeps it the daemon's, none
-makes it the provider's after all (``_Connection.watch_dry``). These drive a
+makes it the provider's after all (``Connection.watch_dry``). These drive a
 real ``ProviderPool``/``Speaker`` over a socket that reads what the test feeds
 it; the kernel's unread count is the test's number.
 """
@@ -21,7 +21,8 @@ from test_tts_client_audio_route import chunk, frame, kova_pool
 from websockets.frames import Frame, Opcode
 
 from bridge.engine import Event
-from bridge.io.provider_ws import Speaker, _ProviderWebSocket
+from bridge.io.provider_pool import Speaker
+from bridge.io.provider_ws import _ProviderWebSocket
 from bridge.providers.base import MULAW_8K, AudioFormat, AudioReceived, TurnSettings
 
 RCVBUF = 1 << 20  # SO_RCVBUF as the kernel reports it
