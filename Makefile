@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 CONFIG ?= config/callbridge.toml
 # Debian packages the tests use as real peers (PEERS), one binary of each (PEER_BINS, in step).
-PEERS := sip-tester baresip kamailio haproxy tshark sox espeak-ng iproute2 systemd
-PEER_BINS := sipp baresip kamailio haproxy tshark sox espeak-ng ip systemd-analyze
+PEERS := sip-tester baresip kamailio haproxy tshark sox espeak-ng iproute2 systemd iptables conntrack
+PEER_BINS := sipp baresip kamailio haproxy tshark sox espeak-ng ip systemd-analyze iptables conntrack
 # Debian packages the tests use for a file rather than a binary (PEER_FILE_PACKAGES), and
 # that file as NEED=PATH (PEER_FILES, in step; NEED is the name in @pytest.mark.needs).
 PEER_FILE_PACKAGES := kamailio-tls-modules
