@@ -418,9 +418,8 @@ def test_kamailio_as_the_trunk_register_inbound_and_outbound_with_digest(
     Kamailio's Record-Route), which hears the flow and gets its BYE through Kamailio.
 
     ``tls``: Kamailio's tls module listens too, with a certificate made for the test; the
-    trunk calls out with `transport = "tls"`, verified against that certificate's CA, and
-    the ACK and BYE follow the record-routed TLS side. The REGISTER and the call in stay
-    on UDP (a trunk's `registrar` registers over UDP only)."""
+    trunk registers and calls out with `transport = "tls"`, verified against that
+    certificate's CA, and the ACK and BYE follow the record-routed TLS side."""
     kamailio_certs = make_ca_and_leaf(tmp_path / "certs", "kamailio")
     daemon_certs = make_ca_and_leaf(tmp_path / "certs", "daemon")
 
@@ -442,7 +441,7 @@ def test_kamailio_as_the_trunk_register_inbound_and_outbound_with_digest(
             trunk = f"""
 [trunks.edge]
 outbound_proxy = "sip:127.0.0.1:{tls_port or port}"
-{out}registrar = "sip:127.0.0.1:{port}"
+{out}registrar = "sip:127.0.0.1:{tls_port or port}"
 user = "acct"
 password = "s3cret"
 caller_id = "+15550001111"
@@ -453,8 +452,10 @@ sources = ["127.0.0.1/32"]
                 routes = PEER_ROUTES + app_route(app.url) + trunk
                 async with stack(routes, rtp=_rtp_range(), sip_extra=sip_extra) as st:
                     leg = sip_leg(st.daemon)
-                    udp = next(r for r in leg.runners if r.kind == "UDP")
-                    registrations = list(udp.ua._registrations.values())
+                    # the trunk's registration lives with the runner of its transport
+                    registrations = [
+                        reg for r in leg.runners for reg in r.ua._registrations.values()
+                    ]
                     assert await wait_for(
                         lambda: bool(registrations) and all(r.registered for r in registrations),
                         10.0,
@@ -471,7 +472,9 @@ sources = ["127.0.0.1/32"]
                     assert done.returncode == 0, done.explain()
                     assert (done.successful_calls, done.failed_calls) == (1, 0), done.explain()
                     text = log.read_text(errors="replace")
-                    assert "trunk: REGISTER of sip:acct@127.0.0.1" in text, text[-3000:]
+                    assert (
+                        f"trunk: REGISTER of sip:acct@127.0.0.1 authorised over {transport}" in text
+                    ), text[-3000:]
                     assert "trunk: INVITE in to sip:callbridge@127.0.0.1" in text, text[-3000:]
                     assert (
                         "trunk: INVITE to +15551230000 authorised, from "
