@@ -43,9 +43,14 @@ class SendStream(Action):
 
 @dataclass(frozen=True, slots=True)
 class CloseStream(Action):
-    """Close stream connection ``conn_id`` (its framing is broken beyond repair)."""
+    """Close stream connection ``conn_id`` (its framing is broken beyond repair, or it
+    failed: ``flow_failed``)."""
 
     conn_id: int
+    flow_failed: bool = False
+    """No pong came to our keep-alive ping (RFC 5626 §4.4.1): the peer may be gone, so
+    drop the connection at once (nothing queued is worth waiting to flush) and report
+    it lost."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,15 @@ and returns the complete messages found so far.
 
 Rules:
 
-1. CRLFs between messages are keepalives (RFC 5626 §3.5.1) and are skipped.
+1. CRLFs between messages are keepalives (RFC 5626 §3.5.1, §4.4.1), never
+   garbage: a double CRLF is a *ping* (to be answered with a CRLF), a single
+   CRLF a *pong* (the answer to ours). They are counted, not returned as
+   messages; ``take_keepalives()`` hands the counts over. A ping split across
+   reads (``CRLF`` | ``CRLF``) counts as a pong, then a ping: its first half
+   could have been a pong as far as anyone can tell, and a peer that pings
+   wants the pong either way. ``expect_pong()`` forgets such a half (we just
+   sent a ping: the next lone CRLF is its pong, not the rest of theirs). Stray
+   CR or LF bytes between messages are skipped, as before.
 2. The buffer never grows beyond ``max_message_bytes``: a header section that
    has not ended by then, or a Content-Length that would exceed it, is a
    framing error.
@@ -46,12 +54,27 @@ class SipStreamFramer:
         self._buffer = bytearray()
         self._messages: list[bytes] = []
         self._error: SipParseError | None = None
+        self._pings = 0
+        self._pongs = 0
+        self._half_ping = False
+        """The last thing read was a lone CRLF at the end of the input: a CRLF next
+        completes a ping."""
         self._parser = self._parse()
         next(self._parser)
 
     @property
     def buffered_bytes(self) -> int:
         return len(self._buffer)
+
+    def take_keepalives(self) -> tuple[int, int]:
+        """The (pings, pongs) read since the last call (rule 1)."""
+        taken = (self._pings, self._pongs)
+        self._pings = self._pongs = 0
+        return taken
+
+    def expect_pong(self) -> None:
+        """We sent a ping: a CRLF read next is its pong, not the second half of a ping."""
+        self._half_ping = False
 
     def feed(self, data: bytes) -> list[bytes]:
         """Add ``data`` and return every message it completed, in order.
@@ -86,12 +109,29 @@ class SipStreamFramer:
             self._messages.append(head + body)
 
     def _skip_keepalives(self) -> _Parser:
+        buffer = self._buffer
         while True:
-            stripped = self._buffer.lstrip(b"\r\n")
-            del self._buffer[: len(self._buffer) - len(stripped)]
-            if self._buffer:
-                return
-            yield
+            if not buffer or buffer == b"\r":
+                yield  # nothing yet, or maybe the first half of a CRLF
+                continue
+            if buffer.startswith(b"\r\n"):
+                if self._half_ping:  # the second half of a ping split across reads
+                    self._half_ping = False
+                    self._pings += 1
+                    del buffer[:2]
+                elif buffer.startswith(b"\r\n\r\n"):
+                    self._pings += 1
+                    del buffer[:4]
+                else:  # CRLF, then a message, a lone CR or nothing: a pong
+                    self._pongs += 1
+                    del buffer[:2]
+                    self._half_ping = len(buffer) == 0 or buffer == b"\r"
+                continue
+            self._half_ping = False
+            if buffer[0] in b"\r\n":  # a stray CR or LF: skipped
+                del buffer[:1]
+                continue
+            return
 
     def _read_until(self, marker: bytes) -> Generator[None, None, bytes]:
         start = 0

@@ -163,6 +163,9 @@ class SipSettings:
     """Retry-After value of our 503 answers."""
     session_expires_s: int = 1800
     """Session interval we ask for / accept (RFC 4028); 0 disables session timers."""
+    keepalive_s: float = 120.0
+    """RFC 5626 §4.4.1 CRLF keep-alive on the stream connections we open: a ping every
+    ``keepalive_s`` times a jitter factor drawn in 0.8-1.0; 0 sends none."""
     min_se_s: int = 90
     """Smallest session interval we accept (Min-SE); smaller requests get 422."""
     register_expires_s: int = 3600
@@ -341,6 +344,17 @@ class SipConfig:
         30.0, "no RTP for this long (and not on hold) ends the call", lo=1, hi=3600
     )
     session_expires_s: int = setting(1800, "RFC 4028 session interval", lo=90, hi=86400)
+    keepalive_s: float = setting(
+        120.0,
+        "RFC 5626 CRLF keep-alive on the TCP and TLS connections the daemon opens (to peers, "
+        "trunks, registrars): a double-CRLF ping every `keepalive_s` times a random 0.8-1.0 "
+        "(120 s: one every 96-120 s, as RFC 5626 §4.4.1 recommends); no single-CRLF pong "
+        "within 10 s closes the connection, so it is opened again and its registrations "
+        "register again. `0`: no pings (for a peer that does not answer them). Pings from a "
+        "peer are answered on every connection whatever this is. A reload applies it from "
+        "each connection's next ping (from its reopening for one that had none)",
+        lo=0, hi=3600,
+    )  # fmt: skip
     auth_realm: str = setting("callbridge", "digest realm", key="auth.realm")
     auth_users: tuple[SipUserConfig, ...] = setting(
         (),

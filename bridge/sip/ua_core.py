@@ -43,6 +43,18 @@ owns the transport side of one listening socket:
    re-scheduled after everything that can arm an earlier timer: every
    transaction pump, and the TU's ``_schedule(call)`` calls. The few
    registrations stay outside the heap (``_tu_deadlines``).
+7. Keep-alive (RFC 5626 §4.4.1): on each stream connection the shell opened
+   itself (``flow_opened``: to a peer, trunk, registrar or a caller's Contact;
+   never a connection a peer opened to us, nor UDP) a double-CRLF ping goes out every
+   ``settings.keepalive_s`` times a jitter factor drawn in
+   ``KEEPALIVE_JITTER`` from the injected RNG, each interval drawn afresh.
+   A single-CRLF pong must come within ``PONG_TIMEOUT_S``; if none does the
+   flow has failed: ``CloseStream(conn_id, flow_failed=True)``, and the shell
+   drops the connection and reports it lost (``connection_failed``), so
+   registrations on it register again and the next request opens it anew.
+   A ping from the peer on any stream connection is answered with a pong
+   (one per read: two pongs back to back would read as a ping). The few
+   flows' deadlines stay outside the heap; their earliest is cached.
 
 Nothing here reads a clock or touches a socket: everything leaves as
 ``SendDatagram`` / ``SendStream`` / ``CloseStream`` actions.
@@ -88,12 +100,31 @@ __all__ = ["ClientEntry", "ServerEntry", "UaCore"]
 logger = logging.getLogger(__name__)
 
 MAGIC_COOKIE = "z9hG4bK"
+PING = b"\r\n\r\n"
+"""RFC 5626 §4.4.1 keep-alive ping: a double CRLF."""
+PONG = b"\r\n"
+"""Its answer: a single CRLF."""
+PONG_TIMEOUT_S = 10.0
+"""RFC 5626 §4.4.1: no pong this long after a ping and the flow has failed."""
+KEEPALIVE_JITTER = (0.8, 1.0)
+"""Each ping interval is ``keepalive_s`` times a factor drawn in this range (RFC 5626
+§4.4.1: between 80 and 100 % of the recommended 95-120 s)."""
 ERROR_RESPONSES_PER_S = 20.0
 """Stateless error answers allowed per source per second (burst of the same size)."""
 MAX_LINGERING_PER_SOURCE = 32
 """Answered side-effect-free non-INVITE transactions kept for Timer J per source host."""
 MAX_LINGERING = 4096
 """The same, over all sources (about 16 MiB at ~4 KiB a transaction)."""
+
+
+@dataclass(slots=True)
+class _Flow:
+    """Keep-alive state of one stream connection we opened (rule 7)."""
+
+    ping_at: float | None
+    """When the next ping goes out (None: none planned)."""
+    pong_due: float | None = None
+    """A ping is waiting for its pong until then."""
 
 
 class TimerHolder(Protocol):
@@ -151,6 +182,10 @@ class UaCore(Outbox):
         self._server_txs: dict[tuple[str, ...], ServerEntry] = {}
         self._client_txs: dict[tuple[str, str], ClientEntry] = {}
         self._framers: dict[int, SipStreamFramer] = {}
+        self._flows: dict[int, _Flow] = {}
+        """Stream connections we opened, by conn_id: their keep-alive (rule 7)."""
+        self._flows_next: float | None = None
+        """The earliest deadline in ``_flows`` (kept up to date as they change)."""
         self._lingering: Counter[str] = Counter()
         """Side-effect-free answered non-INVITE transactions kept, by source host."""
         self._lingering_total = 0
@@ -211,13 +246,71 @@ class UaCore(Outbox):
         except SipParseError:
             self.dropped_messages += 1
             del self._framers[conn_id]
+            self._forget_flow(conn_id)
             self._actions.append(CloseStream(conn_id))
             return
+        pings, pongs = framer.take_keepalives()
+        if pings:
+            self._actions.append(SendStream(conn_id, PONG))
+        if pongs:
+            flow = self._flows.get(conn_id)
+            if flow is not None and flow.pong_due is not None:
+                flow.pong_due = None
+                self._update_flows_next()
         for message in messages:
             self._receive_message(message, Peer(source, conn_id), now)
 
     def connection_lost(self, conn_id: int) -> None:
         self._framers.pop(conn_id, None)
+        self._forget_flow(conn_id)
+
+    # --- keep-alive (rule 7) -----------------------------------------------------------
+    def flow_opened(self, conn_id: int, now: float) -> None:
+        """The shell opened stream connection ``conn_id`` itself (to a peer, a trunk, a
+        registrar; again after it dropped): keep it alive with CRLF pings. Not for a
+        connection a peer opened to us, nor on UDP."""
+        if not self._reliable:
+            return
+        self._flows[conn_id] = _Flow(self._next_ping(now))
+        self._update_flows_next()
+
+    def _next_ping(self, now: float) -> float | None:
+        interval = self.settings.keepalive_s
+        if interval <= 0:
+            return None
+        return now + interval * self._rng.uniform(*KEEPALIVE_JITTER)
+
+    def _forget_flow(self, conn_id: int) -> None:
+        if self._flows.pop(conn_id, None) is not None:
+            self._update_flows_next()
+
+    def _update_flows_next(self) -> None:
+        # while a ping waits for its pong, its pong deadline is the flow's only one
+        deadlines = [
+            at
+            for f in self._flows.values()
+            if (at := f.ping_at if f.pong_due is None else f.pong_due) is not None
+        ]
+        self._flows_next = min(deadlines, default=None)
+
+    def _keepalive_timers(self, now: float) -> None:
+        """Send the pings due; a ping whose pong is overdue fails its flow."""
+        if self._flows_next is None or self._flows_next > now:
+            return
+        for conn_id, flow in list(self._flows.items()):
+            if flow.pong_due is not None:
+                if flow.pong_due <= now:  # no pong: the flow has failed
+                    del self._flows[conn_id]
+                    self._framers.pop(conn_id, None)
+                    self._actions.append(CloseStream(conn_id, flow_failed=True))
+                continue  # no new ping while one waits for its pong
+            if flow.ping_at is not None and flow.ping_at <= now:
+                self._actions.append(SendStream(conn_id, PING))
+                flow.ping_at = self._next_ping(now)
+                flow.pong_due = now + PONG_TIMEOUT_S
+                framer = self._framers.setdefault(conn_id, SipStreamFramer())
+                framer.expect_pong()
+        self._update_flows_next()
 
     def allows_source(self, host: str) -> bool:
         """Whether ``host`` may connect: inside the allowlist, or a trusted proxy (a
@@ -501,6 +594,9 @@ class UaCore(Outbox):
 
     def next_deadline(self) -> float | None:
         deadline = self._heap_top()
+        flows = self._flows_next
+        if flows is not None and (deadline is None or flows < deadline):
+            deadline = flows
         for tu in self._tu_deadlines():
             if deadline is None or tu < deadline:
                 deadline = tu
@@ -522,6 +618,7 @@ class UaCore(Outbox):
                 self._tu_fire(holder, now)
                 if self._is_live(holder):
                     self._schedule(holder)
+        self._keepalive_timers(now)
         self._tu_handle_timer(now)
 
     # --- hooks for the transaction user (implemented by SipUserAgent) ---------------------

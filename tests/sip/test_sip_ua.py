@@ -564,8 +564,9 @@ def test_tcp_stream_fed_one_byte_at_a_time() -> None:
     for i in range(len(data)):
         ua.receive_stream(7, data[i : i + 1], A_ADDR, 0.0)
     actions = ua.actions_to_send()
-    assert [type(a) for a in actions] == [SendStream, SendStream]
+    assert [type(a) for a in actions] == [SendStream, SendStream, SendStream]
     assert all(isinstance(a, SendStream) and a.conn_id == 7 for a in actions)
+    assert isinstance(actions[1], SendStream) and actions[1].data == b"\r\n"  # RFC 5626 pong
     assert ua.next_deadline() == 0.0  # Timer J is zero on TCP
     ua.receive_stream(
         8, b"OPTIONS sip:x SIP/2.0\r\nVia: SIP/2.0/TCP h;branch=z9hG4bK1\r\n\r\n", A_ADDR, 0.0

@@ -274,6 +274,8 @@ class _UaRunner:
             return
         for data in self.pending.pop(conn_id, []):
             writer.write(data)
+        self.ua.flow_opened(conn_id, self.loop.time())  # ours: kept alive with CRLF pings
+        self.pump()
         peer = writer.get_extra_info("peername")
         source = (peer[0], peer[1]) if peer else (addr[0], addr[1])
         await self._serve_stream(conn_id, reader, writer, source, gated=False)
@@ -331,7 +333,8 @@ class _UaRunner:
         finally:
             if gated:
                 self.gate.release(source[0])
-            self.writers.pop(conn_id, None)
+            if self.writers.get(conn_id) is writer:  # (not a connection opened again since)
+                del self.writers[conn_id]
             self.ua.connection_lost(conn_id)
             if conn_id in self.conn_peers:  # ours: its calls and registrations learn of it
                 self.ua.connection_failed(conn_id, self.loop.time())
@@ -388,7 +391,17 @@ class _UaRunner:
                     self.pending.setdefault(conn_id, []).append(action.data)
         elif isinstance(action, CloseStream):
             writer = self.writers.pop(action.conn_id, None)
-            if writer is not None:
+            if writer is None:
+                return
+            if action.flow_failed:  # no pong to our keep-alive: the peer may be gone
+                peer = self.conn_peers.get(action.conn_id)
+                log.info(
+                    "sip.keepalive_failed",
+                    host=peer[0] if peer else "",
+                    port=peer[1] if peer else 0,
+                )
+                writer.transport.abort()  # at once: queued bytes may never drain
+            else:
                 writer.close()
 
     def _send_to_name(self, data: bytes, host: str, port: int) -> None:
@@ -500,6 +513,7 @@ class SipLeg:
             invite_rate_per_s=cfg.invite_rate_per_source,
             max_calls=cfg.max_calls,
             session_expires_s=cfg.session_expires_s,
+            keepalive_s=cfg.keepalive_s,
             codecs=cfg.codecs,
             trunks=self.services.config.trunks,
         )
