@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from mypy_extensions import mypyc_attr
 
 __all__ = [
+    "REJECT_STATUS_DEFAULT",
+    "REJECT_STATUS_RANGE",
+    "Answer",
     "CallEnded",
     "CallEvent",
     "CallStarted",
@@ -25,6 +28,7 @@ __all__ = [
     "Hangup",
     "ProviderBacklog",
     "ProviderErrored",
+    "Reject",
     "Say",
     "SendDtmf",
     "SpeechStarted",
@@ -86,6 +90,29 @@ class Transfer(Command):
 @dataclass(frozen=True, slots=True)
 class SendDtmf(Command):
     digits: str
+
+
+REJECT_STATUS_DEFAULT = 486
+"""``reject`` without a status: 486 Busy Here (the caller's side may try voicemail or
+another number; 603 Decline says the callee refuses everywhere)."""
+REJECT_STATUS_RANGE = (400, 699)
+"""The final statuses ``reject`` may send: a 4xx, 5xx or 6xx."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer(Command):
+    """During early media (SIP 183): answer the call now (200 OK); the turn goes on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reject(Command):
+    """During early media (SIP 183): end the call with this final response.
+
+    ``reason``: the response's reason phrase ("" for the status's usual phrase).
+    """
+
+    status: int = REJECT_STATUS_DEFAULT
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

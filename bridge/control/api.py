@@ -433,6 +433,8 @@ def _str(pattern: str = "", description: str = "", **kw: Any) -> dict[str, Any]:
 def _field_schema(spec: FieldSpec) -> dict[str, Any]:
     if spec.kind == "bool":
         return {"type": "boolean"}
+    if spec.kind == "int":
+        return {"type": "integer", "minimum": spec.lo, "maximum": spec.hi}
     extra: dict[str, Any] = {"maxLength": spec.max_chars} if spec.max_chars else {}
     return _str(spec.pattern, spec.hint, **extra)
 

@@ -12,8 +12,9 @@ message, each with a ``type``:
   and ``error`` (``encode_error``) for a command that was malformed or that
   the call refused;
 * commands in (``decode_command``): ``say``, ``cancel``, ``hangup``,
-  ``transfer``, ``dtmf``, each mapped to the shared ``Command`` values of
-  ``bridge.commands``.
+  ``transfer``, ``dtmf``, ``answer``, ``reject``, each mapped to the shared
+  ``Command`` values of ``bridge.commands`` (``answer``/``reject`` end a SIP
+  call's early media; the call refuses them outside it: ``not_early_media``).
 
 ``bridge/control/app_schema.json`` is the protocol's JSON Schema and
 ``docs/app-protocol.md`` its description; ``decode_command`` accepts exactly
@@ -68,6 +69,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bridge.commands import (
+    REJECT_STATUS_DEFAULT,
+    REJECT_STATUS_RANGE,
+    Answer,
     CallEnded,
     CallEvent,
     CallStarted,
@@ -78,6 +82,7 @@ from bridge.commands import (
     Hangup,
     ProviderBacklog,
     ProviderErrored,
+    Reject,
     Say,
     SendDtmf,
     SpeechStarted,
@@ -110,7 +115,7 @@ MAX_TEXT_CHARS = 4096
 MAX_PENDING_EVENTS = 256
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
-COMMAND_TYPES = ("say", "cancel", "hangup", "transfer", "dtmf")
+COMMAND_TYPES = ("say", "cancel", "hangup", "transfer", "dtmf", "answer", "reject")
 EVENT_TYPES = (
     "call.started",
     "dtmf",
@@ -141,19 +146,28 @@ class AppError:
 
 @dataclass(frozen=True, slots=True)
 class FieldSpec:
-    """One field of a command: its JSON type and bounds (the HTTP API reuses them)."""
+    """One field of a command: its JSON type and bounds (the HTTP API reuses them).
+
+    ``int`` fields are JSON integers (not booleans, not ``486.0``) from ``lo`` to ``hi``.
+    """
 
     name: str
-    kind: Literal["str", "bool"]
+    kind: Literal["str", "bool", "int"]
     required: bool = False
     pattern: str = ""
     max_chars: int = 0
     hint: str = ""
+    lo: int = 0
+    hi: int = 0
 
     def check(self, value: object) -> str | None:
         """The problem with ``value``, or ``None``."""
         if self.kind == "bool":
             return None if isinstance(value, bool) else f"expected true or false, got {_jt(value)}"
+        if self.kind == "int":
+            if not isinstance(value, int) or isinstance(value, bool):
+                return f"expected an integer, got {_jt(value)}"
+            return None if self.lo <= value <= self.hi else f"must be {self.hint}"
         if not isinstance(value, str):
             return f"expected a string, got {_jt(value)}"
         if not _is_unicode(value):
@@ -168,6 +182,8 @@ class FieldSpec:
 _NAME = r"[A-Za-z0-9._:-]{1,64}"
 _NAME_HINT = "1-64 characters from A-Z a-z 0-9 . _ : -"
 _TURN_ID = FieldSpec("turn_id", "str", True, _NAME, hint=_NAME_HINT)
+_PRINTABLE = r"[ -~]{1,128}"
+_PRINTABLE_HINT = "1-128 printable ASCII characters"
 _ID = FieldSpec("id", "str", False, r"[^\x00-\x1f]{1,128}", hint="1-128 characters, no controls")
 
 COMMAND_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
@@ -182,11 +198,7 @@ COMMAND_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         FieldSpec("voice", "str", pattern=_NAME, hint=_NAME_HINT),
     ),
     "cancel": (_TURN_ID,),
-    "hangup": (
-        FieldSpec(
-            "reason", "str", pattern=r"[ -~]{1,128}", hint="1-128 printable ASCII characters"
-        ),
-    ),
+    "hangup": (FieldSpec("reason", "str", pattern=_PRINTABLE, hint=_PRINTABLE_HINT),),
     "transfer": (
         FieldSpec(
             "target",
@@ -198,6 +210,17 @@ COMMAND_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
     ),
     "dtmf": (
         FieldSpec("digits", "str", True, r"[0-9A-D*#]{1,32}", hint="1-32 of 0-9 * # A B C D"),
+    ),
+    "answer": (),
+    "reject": (
+        FieldSpec(
+            "status",
+            "int",
+            hint="a SIP final status from 400 to 699",
+            lo=REJECT_STATUS_RANGE[0],
+            hi=REJECT_STATUS_RANGE[1],
+        ),
+        FieldSpec("reason", "str", pattern=_PRINTABLE, hint=_PRINTABLE_HINT),
     ),
 }
 
@@ -216,6 +239,8 @@ _BUILDERS: dict[str, Callable[[dict[str, Any]], Command]] = {
     "hangup": lambda f: Hangup(f.get("reason", "app_hangup")),
     "transfer": lambda f: Transfer(f["target"]),
     "dtmf": lambda f: SendDtmf(f["digits"]),
+    "answer": lambda f: Answer(),
+    "reject": lambda f: Reject(f.get("status", REJECT_STATUS_DEFAULT), f.get("reason", "")),
 }
 
 
@@ -420,6 +445,8 @@ _REJECTED_TYPE = {
     "Hangup": "hangup",
     "Transfer": "transfer",
     "SendDtmf": "dtmf",
+    "Answer": "answer",
+    "Reject": "reject",
 }
 _REJECTED_FIELD = {
     "turn_closed": "turn_id",
@@ -429,6 +456,7 @@ _REJECTED_FIELD = {
     "empty_target": "target",
     "bad_digits": "digits",
     "unknown_provider": "provider",
+    "bad_status": "status",
 }
 
 

@@ -168,8 +168,9 @@ class RouteConfig:
         "off", "SIP calls: `greeting` answers `183 Session Progress` with SDP and plays the "
         "call's first turn (the greeting, or a flow's or app's first prompt) before answering "
         "200 when it has played (FreeSWITCH's `pre_answer`, Asterisk's `Progress()`); `only` "
-        "never answers: the announcement, then `early_media_status`. The 183 is sent again "
-        "every 60 s (docs/sip.md)",
+        "never answers: the announcement, then `early_media_status`. An app may decide "
+        "sooner with its `answer` or `reject` command (docs/app-protocol.md). The 183 is sent "
+        "again every 60 s (docs/sip.md)",
         choices=("off", "greeting", "only"),
     )  # fmt: skip
     early_media_max_s: float = setting(

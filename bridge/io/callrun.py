@@ -7,7 +7,8 @@ process-wide ``MediaTicker``, and carries out its actions:
 * provider actions (``OpenTurn`` ...) go to the route's ``Speaker`` (failover
   chain and prompt cache), and provider events come back to the bridge;
 * leg actions (``ClearLeg``, ``SendMark``, ``HangupLeg`` ...) go to the leg's
-  ``LegAdapter``;
+  ``LegAdapter``; a SIP call's early media ends with ``AnswerLeg`` or
+  ``RejectLeg`` (the bridge decides which, once), which go to ``on_early_media``;
 * voice-agent actions go to a dedicated ``AgentSession``;
 * the bridge's call events go to the turn source (an IVR ``FlowRunner``, or
   the application WebSocket), whose commands go back to the bridge.
@@ -43,6 +44,7 @@ from bridge.media.bargein import BargeInPolicy
 from bridge.media.call import CallBridge
 from bridge.media.call_types import (
     AgentPlayed,
+    AnswerLeg,
     CallOptions,
     CancelTurn,
     ClearLeg,
@@ -51,6 +53,7 @@ from bridge.media.call_types import (
     HangupLeg,
     LegProfile,
     OpenTurn,
+    RejectLeg,
     SendAgentAudio,
     SendLegDtmf,
     SendMark,
@@ -199,13 +202,14 @@ class CallRunner:
         "clock",
         "config",
         "end_reason",
+        "final_status",
         "finished",
         "idle",
         "lead_frames",
         "leg",
         "loop",
+        "on_early_media",
         "on_finished",
-        "on_first_turn_ended",
         "pacing",
         "pending_prompts",
         "pump_unfinished",
@@ -244,9 +248,9 @@ class CallRunner:
         self.started_info = started
         self.lead_frames = lead_frames
         self.on_finished = on_finished
-        self.on_first_turn_ended: Callable[[str], None] | None = None
-        """Called once, when the call's first turn finishes or is cut (a SIP leg in early
-        media answers, or ends the call, then)."""
+        self.on_early_media: Callable[[AnswerLeg | RejectLeg], None] | None = None
+        """A SIP leg in early media: sends the 200 or the final error the bridge decided
+        on (the app's ``answer``/``reject``, or the first turn's end, or the cap)."""
         runtime = services.runtime
         assert runtime is not None
         self.runtime = runtime  # this call keeps the providers it started with
@@ -286,6 +290,8 @@ class CallRunner:
         self.tail_pending = False
         self.finished = False
         self.end_reason = ""
+        self.final_status: int | None = None
+        """The final error response that ended an unanswered call (``RejectLeg``)."""
         self.ticker = services.ticker
         self.clock = services.ticker.add(
             call_id, self._on_frame, self._on_tick_error, ts0=random.getrandbits(32)
@@ -395,6 +401,15 @@ class CallRunner:
             self.end_reason = reason
             self._guard(self.bridge.hangup_received, reason)
             self.finish(reason)
+
+    def early_media(self, then: AnswerLeg | RejectLeg) -> None:
+        """The leg sent 183 with SDP: ``then`` ends it at the first turn's end, unless the
+        turn source answers or rejects first (``on_early_media`` carries it out)."""
+        self._guard(lambda now: self.bridge.early_media(then, now))
+
+    def early_media_expired(self) -> None:
+        """The leg's early media reached its cap: the route's rule ends it now."""
+        self._guard(self.bridge.early_media_expired)
 
     def hangup(self, reason: str) -> None:
         """End the call from our side (drain timeout, API, shutdown)."""
@@ -725,6 +740,15 @@ class CallRunner:
                 self.loop.call_later(HANGUP_TAIL_S, self._hangup_now, a.reason)
             else:
                 self._hangup_now(a.reason)
+        elif isinstance(a, AnswerLeg):
+            if self.on_early_media is not None:
+                self.on_early_media(a)
+        elif isinstance(a, RejectLeg):
+            if self.leg.kind == "sip":  # the phone plays what it holds, as for a hangup
+                self.tail_pending = True
+                self.loop.call_later(HANGUP_TAIL_S, self._reject_now, a)
+            else:
+                self._reject_now(a)
         elif isinstance(a, TransferLeg):
             self.leg.transfer(a.target)
         elif isinstance(a, SendLegDtmf):
@@ -753,16 +777,20 @@ class CallRunner:
             self.leg.hangup(reason)
             self.finish(reason)
 
+    def _reject_now(self, a: RejectLeg) -> None:
+        self.tail_pending = False
+        if not self.finished:
+            self.final_status = a.status
+            if self.on_early_media is not None:
+                self.on_early_media(a)
+            self.leg_ended("rejected")  # call.ended (rejected) to the app, then finish
+
     def _on_event(self, event: cmd.CallEvent, now: float) -> None:
         m = self.services.metrics
         if self.source is not None:
             self.source.handle_event(event, now)
         if self.app is not None:
             self.app.handle_event(event, now)
-        first_ended = self.on_first_turn_ended
-        if first_ended is not None and isinstance(event, (cmd.TurnFinished, cmd.TurnInterrupted)):
-            self.on_first_turn_ended = None
-            first_ended(event.turn_id)
         if isinstance(event, cmd.TurnInterrupted):
             if event.reason in ("speech", "dtmf"):
                 m.bargeins_total.labels(event.reason).inc()
@@ -908,5 +936,6 @@ class CallRunner:
             frames_sent=s.frames_sent,
             text_unsent_chars=s.text_chars_unsent,
             late_wakeups=clock.late_wakeups,
+            **({} if self.final_status is None else {"final_status": self.final_status}),
             cdr=True,
         )

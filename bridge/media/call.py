@@ -28,7 +28,10 @@ Inputs (every ``now`` is the loop's monotonic time; nothing here reads a clock):
 * ``provider_event(event, now)``: every event of ``bridge.providers.base`` (and
   Kletso's ``VoiceInterrupted``/``VoiceEnded``/``VoiceFailed``) for this call.
 * ``execute(command, now)``: ``Say``, ``Cancel``, ``Hangup``, ``Transfer``,
-  ``SendDtmf``, ``HandOver`` from the turn source.
+  ``SendDtmf``, ``HandOver``, ``Answer``, ``Reject`` from the turn source.
+* ``early_media(then, now)`` / ``early_media_expired(now)``: the leg is in
+  early media; the turn source's ``Answer``/``Reject`` ends it (``AnswerLeg`` /
+  ``RejectLeg``), else the first turn's end or the cap does (``then``), once.
 * ``barge_in(reason, now)``: stop the bot now (also run internally).
 * ``hangup_received(reason, now)`` / ``leg_ended(now)``: the call is over.
 * ``handle_timer(now)`` at ``next_deadline()`` (the agent's played-position
@@ -40,8 +43,8 @@ a tick belongs right after that tick's frame) and ``events_received()``.
 
 Actions (``bridge.media.call_types``): ``OpenTurn``, ``SendTurnText``,
 ``EndTurn``, ``CancelTurn`` for the Speaker; ``ClearLeg``, ``SendMark``,
-``HangupLeg``, ``TransferLeg``, ``SendLegDtmf`` for the leg; ``StartAgent``,
-``StopAgent``, ``SendAgentAudio``, ``AgentPlayed`` (send Kletso
+``HangupLeg``, ``TransferLeg``, ``SendLegDtmf``, ``AnswerLeg``, ``RejectLeg``
+for the leg; ``StartAgent``, ``StopAgent``, ``SendAgentAudio``, ``AgentPlayed`` (send Kletso
 ``voice.played`` now with this position) for the voice agent; ``ConnectApp``.
 
 Events (``bridge.commands``): ``DtmfHeard``, ``SpeechStarted``
@@ -155,6 +158,7 @@ from bridge.media.call_turns import (
 from bridge.media.call_types import (
     AgentEnded,
     AgentPlayed,
+    AnswerLeg,
     BargeInTiming,
     CallOptions,
     CallStats,
@@ -165,6 +169,7 @@ from bridge.media.call_types import (
     HangupLeg,
     LegProfile,
     OpenTurn,
+    RejectLeg,
     SendAgentAudio,
     SendLegDtmf,
     SendMark,
@@ -251,6 +256,7 @@ class CallBridge:
         "_agent",
         "_bad_inbound",
         "_barge_ins",
+        "_early_end",
         "_echo_frames",
         "_finished",
         "_hangup_reason",
@@ -337,6 +343,8 @@ class CallBridge:
         self._last_agent_turn: str | None = None
         self._ended = False
         self._hangup_reason: str | None = None
+        self._early_end: AnswerLeg | RejectLeg | None = None
+        """In early media: how it ends unless the turn source decides first."""
         keep = self._options.max_samples_kept
         self._ttfa_s: deque[float] = deque(maxlen=keep)
         self._added_s: deque[float] = deque(maxlen=keep)
@@ -606,6 +614,37 @@ class CallBridge:
         """The leg is gone (after our ``HangupLeg``, or the transport closed)."""
         self._end(self._hangup_reason or "leg_ended", now)
 
+    # ------------------------------------------------------------ early media
+
+    def early_media(self, then: AnswerLeg | RejectLeg, now: float) -> None:
+        """The leg is in early media (SIP 183 with SDP sent, no final response yet).
+
+        It ends once, by whichever comes first: the turn source's ``Answer`` or
+        ``Reject`` (``AnswerLeg``/``RejectLeg`` now), the end of the call's first turn
+        or ``early_media_expired`` (``then``: the route's rule). ``Answer`` and
+        ``Reject`` outside early media are rejected (``not_early_media``).
+        """
+        if not self._ended:
+            self._early_end = then
+
+    @property
+    def in_early_media(self) -> bool:
+        return self._early_end is not None
+
+    def early_media_expired(self, now: float) -> None:
+        """The leg's early media reached its cap: the route's rule ends it now."""
+        self._end_early_media(None)
+
+    def _end_early_media(self, decided: AnswerLeg | RejectLeg | None) -> None:
+        """End early media with ``decided`` (the turn source's) or the route's rule."""
+        action = decided or self._early_end
+        self._early_end = None
+        if action is None or self._ended:
+            return
+        if isinstance(action, RejectLeg):
+            self._hangup_reason = "rejected"
+        self._actions.append(action)
+
     # ------------------------------------------------------------ barge-in
 
     def barge_in(self, reason: str, now: float) -> list[str]:
@@ -699,6 +738,7 @@ class CallBridge:
                 self._cancel(turn_id, now)
             case cmd.Hangup(reason=reason):
                 self._hangup_reason = reason
+                self._early_end = None  # in early media the hangup decides (SIP: 480)
                 self._actions.append(HangupLeg(reason))
             case cmd.Transfer(target=target):
                 if target:
@@ -712,6 +752,19 @@ class CallBridge:
                     self._reject(command, "", "bad_digits")
             case cmd.HandOver():
                 self._hand_over(command)
+            case cmd.Answer():
+                if self._early_end is None:
+                    self._reject(command, "", "not_early_media")
+                else:
+                    self._end_early_media(AnswerLeg())
+            case cmd.Reject(status=status, reason=reason):
+                lo, hi = cmd.REJECT_STATUS_RANGE
+                if not lo <= status <= hi:
+                    self._reject(command, "", "bad_status")
+                elif self._early_end is None:
+                    self._reject(command, "", "not_early_media")
+                else:
+                    self._end_early_media(RejectLeg(status, reason))
             case _:
                 self._reject(command, "", "unknown_command")
         self._pump(now)
@@ -1279,6 +1332,8 @@ class CallBridge:
         self._turns.retire(turn)
         if turn.agent and self._sounding_agent_turn() is None:
             self._agent_played_at = None
+        if self._early_end is not None:
+            self._end_early_media(None)  # the first turn's end decides (the route's rule)
 
     def _register(self, turn: CallTurn) -> None:
         self._sending = None  # a reused turn id names this turn from now on

@@ -22,6 +22,7 @@ from bridge.providers.base import TurnSettings
 __all__ = [
     "AgentEnded",
     "AgentPlayed",
+    "AnswerLeg",
     "BargeInTiming",
     "CallOptions",
     "CallStats",
@@ -35,6 +36,7 @@ __all__ = [
     "LegKind",
     "LegProfile",
     "OpenTurn",
+    "RejectLeg",
     "SendAgentAudio",
     "SendLegDtmf",
     "SendMark",
@@ -200,6 +202,22 @@ class HangupLeg(Action):
     """End the caller leg (SIP BYE, WS close)."""
 
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerLeg(Action):
+    """End the leg's early media by answering it (SIP 200 OK with the 183's SDP)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RejectLeg(Action):
+    """End the leg's early media with a final response (SIP 4xx-6xx): the call is over.
+
+    ``reason``: the reason phrase ("" for the status's usual one).
+    """
+
+    status: int
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.commands import (
+    Answer,
     CallEnded,
     CallEvent,
     CallStarted,
@@ -24,6 +25,7 @@ from bridge.commands import (
     Hangup,
     ProviderBacklog,
     ProviderErrored,
+    Reject,
     Say,
     SendDtmf,
     SpeechStarted,
@@ -176,6 +178,12 @@ def test_decode_every_command() -> None:
     assert decode_command('{"type":"transfer","target":"tel:+1555"}') == Transfer("tel:+1555")
     assert decode_command('{"type":"dtmf","digits":"12#*AD"}') == SendDtmf("12#*AD")
     assert decode_command(b'{"type":"dtmf","digits":"1"}') == SendDtmf("1")
+    assert decode_command('{"type":"answer","id":"a"}') == Answer()
+    assert decode_command('{"type":"reject"}') == Reject(486, "")
+    assert decode_command('{"type":"reject","status":603}') == Reject(603)
+    assert decode_command('{"type":"reject","status":480,"reason":"Closed"}') == Reject(
+        480, "Closed"
+    )
 
 
 @pytest.mark.parametrize(
@@ -204,6 +212,16 @@ def test_decode_every_command() -> None:
         ('{"type":"hangup","reason":NaN}', "$", "NaN"),
         ('{"type":"say","turn_id":"t","text":"\\ud800"}', "text", "lone surrogate"),
         ('{"type":"hangup","id":""}', "id", "1-128"),
+        ('{"type":"answer","status":486}', "status", "unknown field for 'answer'"),
+        ('{"type":"reject","status":200}', "status", "from 400 to 699"),
+        ('{"type":"reject","status":700}', "status", "from 400 to 699"),
+        ('{"type":"reject","status":"486"}', "status", "expected an integer, got a string"),
+        ('{"type":"reject","status":486.0}', "status", "expected an integer, got a number"),
+        ('{"type":"reject","status":true}', "status", "expected an integer, got a boolean"),
+        ('{"type":"reject","status":null}', "status", "got null"),
+        ('{"type":"reject","reason":""}', "reason", "printable ASCII"),
+        ('{"type":"reject","reason":"a\\r\\nVia: x"}', "reason", "printable ASCII"),
+        ('{"type":"reject","code":486}', "code", "unknown field for 'reject'"),
     ],
 )
 def test_decode_refuses_naming_the_field(text: str, field: str, needle: str) -> None:
@@ -281,6 +299,18 @@ AGREEMENT_CASES: list[Any] = [
     {"type": "dtmf", "digits": "1" * 33},
     {"type": "dtmf", "digits": "abcd"},
     {"type": "dtmf", "digits": ["1"]},
+    {"type": "answer"},
+    {"type": "answer", "reason": "x"},
+    {"type": "reject"},
+    {"type": "reject", "status": 400},
+    {"type": "reject", "status": 699, "reason": "r" * 128},
+    {"type": "reject", "status": 399},
+    {"type": "reject", "status": 700},
+    {"type": "reject", "status": 486.0},
+    {"type": "reject", "status": False},
+    {"type": "reject", "status": "486"},
+    {"type": "reject", "reason": "r" * 129},
+    {"type": "reject", "target": "sip:a@b"},
     {"type": "call.started"},
     {"type": "Say", "turn_id": "t", "text": "x"},
     {},
@@ -302,13 +332,18 @@ def test_agreement_cases_cover_both_answers() -> None:
 
 
 _KEYS = ["type", "id", "turn_id", "text", "final", "interruptible", "replace", "cacheable",
-         "provider", "voice", "reason", "target", "digits", "other"]  # fmt: skip
+         "provider", "voice", "reason", "target", "digits", "status", "other"]  # fmt: skip
 _STRINGS = st.one_of(
     st.sampled_from([*COMMAND_TYPES, "", "t1", "sip:a@b", "tel:+1", "12#", "joe", "a b"]),
     st.text(alphabet="aZ09._:-#*ABD \n\x01é", max_size=70),
 )
 _VALUES: st.SearchStrategy[Any] = st.one_of(
-    _STRINGS, st.booleans(), st.integers(-2, 2), st.none(), st.just([])
+    _STRINGS,
+    st.booleans(),
+    st.integers(-2, 2),
+    st.sampled_from([399, 400, 486, 699, 700, 486.0]),
+    st.none(),
+    st.just([]),
 )
 
 
@@ -422,6 +457,19 @@ def test_call_rejections_become_error_messages() -> None:
     assert valid(msg, EVENT)
     assert msg["code"] == "command_rejected" and msg["field"] == "turn_id"
     assert msg["command"] == "cancel" and "no_such_turn" in msg["message"]
+
+
+def test_early_media_refusals_become_error_messages() -> None:
+    s = session()
+    s.connected(11.0)
+    s.actions_to_send()
+    s.handle_event(CommandRejected("Answer", "", "not_early_media"), 12.0)
+    s.handle_event(CommandRejected("Reject", "", "bad_status"), 12.1)
+    first, second = texts(s)
+    assert valid(first, EVENT) and valid(second, EVENT)
+    assert (first["code"], first["command"], first["field"]) == ("command_rejected", "answer", "$")
+    assert "not_early_media" in first["message"]
+    assert (second["command"], second["field"]) == ("reject", "status")
 
 
 def test_call_end_sends_call_ended_then_closes() -> None:

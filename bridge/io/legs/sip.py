@@ -31,7 +31,7 @@ import ssl
 from bridge import commands as cmd
 from bridge.config import ConnectionLimits, RouteConfig, SipRegistration, split_hostport
 from bridge.engine import LocalProtocolError, SendDatagram
-from bridge.io.callrun import HANGUP_TAIL_S, CallRunner
+from bridge.io.callrun import CallRunner
 from bridge.io.connlimits import ConnectionGate
 from bridge.io.dns import DnsCache, DnsError, is_ip_literal
 from bridge.io.legs.sip_call import _DatagramProtocol, _SipCall
@@ -39,7 +39,7 @@ from bridge.io.services import Services
 from bridge.io.sip_tls import HANDSHAKE_TIMEOUT_S, ClientContexts, server_context
 from bridge.io.startup import listen_error
 from bridge.logs import bind_call, get_logger, unbind_call
-from bridge.media.call_types import LegProfile
+from bridge.media.call_types import AnswerLeg, LegProfile, RejectLeg
 from bridge.rtp.ports import UNUSABLE_COOLDOWN_S, RtpPortAllocator
 from bridge.rtp.session import LatchingMode
 from bridge.rtp.srtp import SrtpContext
@@ -486,9 +486,9 @@ class SipLeg:
         """Outbound calls not answered yet: route, From, To and the next hop's host."""
         self.offered_keys: dict[str, tuple[SdesCrypto, ...]] = {}
         """Outbound calls not answered yet that offered SRTP: the keys they offered."""
-        self.early: dict[str, tuple[_UaRunner, RouteConfig, str]] = {}
-        """Inbound calls in early media (183 sent, not answered): their user agent, route
-        and SDP answer (the 200 repeats it)."""
+        self.early: dict[str, tuple[_UaRunner, str]] = {}
+        """Inbound calls in early media (183 sent, no final response): their user agent and
+        SDP answer (the 200 repeats it). Whether and when to answer is the bridge's call."""
         self.early_out: set[str] = set()
         """Outbound calls receiving the far end's early media (their RTP read on the
         ticker before a runner exists)."""
@@ -700,7 +700,9 @@ class SipLeg:
             self._outbound_progress(event)
         elif isinstance(event, EarlyMediaExpired):
             log.info("sip.early_media_expired", call_id=event.call_id)
-            self._early_media_done(event.call_id)
+            call = self.calls.get(event.call_id)
+            if call is not None and call.runner is not None:
+                call.runner.early_media_expired()
         elif isinstance(event, OutboundCallFailed):
             self.pending_routes.pop(event.call_id, None)
             self.offered_keys.pop(event.call_id, None)
@@ -825,7 +827,7 @@ class SipLeg:
             1,
             crypto=local if srtp else None,
         )
-        early = route.early_media != "off"  # 183 with SDP now, 200 after the first turn
+        early = route.early_media != "off"  # 183 with SDP now; 200 or an error decided later
         try:
             if early:
                 max_s = route.early_media_max_s
@@ -840,51 +842,52 @@ class SipLeg:
             return
         ua.pump()
         self.services.metrics.call_setup_seconds.labels("sip").observe(loop.time() - offered_at)
-        runner = self._run_call(call, route, event.from_uri, event.to_uri)
+        then: AnswerLeg | RejectLeg | None = None
         if early:
-            call_id = event.call_id
-            self.early[call_id] = (ua, route, answer)
-            runner.on_first_turn_ended = lambda _turn: self._early_media_done(call_id)
-            log.info("sip.early_media", call_id=call_id, mode=route.early_media)
+            self.early[event.call_id] = (ua, answer)
+            # the route's rule, unless the app answers or rejects first: the bridge decides
+            then = (
+                RejectLeg(route.early_media_status) if route.early_media == "only" else AnswerLeg()
+            )
+        self._run_call(call, route, event.from_uri, event.to_uri, early=then)
+        if early:
+            log.info("sip.early_media", call_id=event.call_id, mode=route.early_media)
 
-    def _early_media_done(self, call_id: str) -> None:
-        """An inbound call's first turn has played (or its early media reached the cap):
-        ``greeting`` answers with the 183's SDP; ``only`` ends the call with the route's
-        ``early_media_status`` once the phone has played the last frame."""
-        pending = self.early.pop(call_id, None)
-        call = self.calls.get(call_id)
-        if pending is None or call is None or call.ended:
+    def _early_media_end(self, call: _SipCall, action: AnswerLeg | RejectLeg) -> None:
+        """Carry out how the call's bridge ended its early media: ``AnswerLeg`` sends the
+        200 with the 183's SDP; ``RejectLeg`` the final error (the runner then finishes,
+        which releases the call)."""
+        pending = self.early.pop(call.call_id, None)
+        if pending is None or call.ended:
             return
-        ua, route, answer = pending
-        if route.early_media == "only":
-            status = route.early_media_status
-            ua.loop.call_later(HANGUP_TAIL_S, self._early_media_reject, ua, call, status)
+        ua, answer = pending
+        now = ua.loop.time()
+        if isinstance(action, RejectLeg):
+            call.ended = True
+            phrase = action.reason or _FINAL_PHRASES.get(action.status, "Unavailable")
+            with contextlib.suppress(LocalProtocolError):  # cancelled meanwhile
+                ua.ua.reject(call.call_id, action.status, phrase, now)
+            ua.pump()
+            log.info("sip.early_media_ended", call_id=call.call_id, status=action.status)
             return
         try:
-            ua.ua.answer(call_id, answer, ua.loop.time())
+            ua.ua.answer(call.call_id, answer, now)
         except LocalProtocolError:  # cancelled or rejected meanwhile
             return
         ua.pump()
-        call.rtp.set_direction("sendrecv", ua.loop.time())  # the RTP timeout from now
-        log.info("sip.early_media_answered", call_id=call_id)
-
-    def _early_media_reject(self, ua: _UaRunner, call: _SipCall, status: int) -> None:
-        if call.ended:
-            return
-        call.ended = True
-        with contextlib.suppress(LocalProtocolError):
-            phrase = _FINAL_PHRASES.get(status, "Unavailable")
-            ua.ua.reject(call.call_id, status, phrase, ua.loop.time())
-        ua.pump()
-        log.info("sip.early_media_ended", call_id=call.call_id, status=status)
-        if call.runner is not None:
-            call.runner.leg_ended("rejected")  # finishes the runner, which releases the call
-        else:
-            self._release(call)
+        call.rtp.set_direction("sendrecv", now)  # the RTP timeout from now
+        log.info("sip.early_media_answered", call_id=call.call_id)
 
     def _run_call(
-        self, call: _SipCall, route: RouteConfig, from_uri: str, to_uri: str
+        self,
+        call: _SipCall,
+        route: RouteConfig,
+        from_uri: str,
+        to_uri: str,
+        early: AnswerLeg | RejectLeg | None = None,
     ) -> CallRunner:
+        """Start the call's runner; ``early``: the call is in early media, which ``early``
+        ends at the first turn's end unless the turn source answers or rejects first."""
         bind_call(call.call_id)
         profile = LegProfile(kind="sip", codec=call.codec, heard_from="frames")  # type: ignore[arg-type]
         trunk = self.call_trunks.get(call.call_id)
@@ -905,6 +908,9 @@ class SipLeg:
             on_finished=lambda r: self._runner_finished(call),
         )
         call.runner = runner
+        if early is not None:
+            runner.on_early_media = lambda action: self._early_media_end(call, action)
+            runner.early_media(early)
         runner.start()
         unbind_call()
         return runner
@@ -1189,7 +1195,8 @@ _FINAL_PHRASES = {
     603: "Decline",
     604: "Does Not Exist Anywhere",
 }
-"""Reason phrases of the final responses an ``early_media = "only"`` call may end with."""
+"""Reason phrases of the final responses an early-media call may end with (``early_media =
+"only"``'s ``early_media_status``, the app's ``reject``); another status gets "Unavailable"."""
 
 
 def _uri_hostport(uri: str) -> tuple[str, int] | None:

@@ -73,6 +73,8 @@ class CallerSide(Protocol):
 
     def leg_ended(self, reason: str) -> None: ...
 
+    def early_media_expired(self) -> None: ...
+
 
 class Signalling(Protocol):
     """The user agent a SIP call's dialog lives in (the leg's ``_UaRunner``): a hang-up or
