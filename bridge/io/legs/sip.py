@@ -855,7 +855,12 @@ class SipLeg:
         self, call: _SipCall, route: RouteConfig, from_uri: str, to_uri: str
     ) -> CallRunner:
         bind_call(call.call_id)
-        profile = LegProfile(kind="sip", codec=call.codec, heard_from="frames")  # type: ignore[arg-type]
+        profile = LegProfile(
+            kind="sip",
+            codec=call.codec,  # type: ignore[arg-type]
+            sample_rate_hz=call.sample_rate_hz,  # G.722: 16 kHz
+            heard_from="frames",
+        )
         trunk = self.call_trunks.get(call.call_id)
         started = cmd.CallStarted(
             call_id=call.call_id,
