@@ -154,8 +154,11 @@ class G722Decoder:
         """Decode G.722 bytes: each byte is two samples (160 bytes: one 20 ms frame, 640 out)."""
         if not payload:
             return b""
-        pcm = [
-            frame.to_ndarray().astype("<i2", copy=False).tobytes()
-            for frame in self._context.decode(self._packet_type(payload))
-        ]
+        pcm = []
+        for frame in self._context.decode(self._packet_type(payload)):
+            # the plane may be padded past the samples; native order is s16le here
+            data = bytes(frame.planes[0])[: frame.samples * 2]
+            if _BIG_ENDIAN:  # pragma: no cover
+                data = np.frombuffer(data, dtype=np.int16).astype("<i2").tobytes()
+            pcm.append(data)
         return pcm[0] if len(pcm) == 1 else b"".join(pcm)
