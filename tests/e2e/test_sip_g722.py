@@ -68,3 +68,25 @@ def test_a_g711_caller_still_gets_g711_where_g722_is_preferred() -> None:
                 assert result.heard_wideband_pcm_s16le == b""
 
     run(body())
+
+
+def test_a_routes_prerendered_greeting_is_heard_on_a_g722_call() -> None:
+    """The route's greeting is rendered at start-up at 16 kHz too (``[sip] codecs`` prefers
+    G722), the format a G.722 call asks for."""
+    greeting = "Hello from the bridge."
+    route = f'[[routes]]\nmatch = "*"\nprovider = "main"\ngreeting = "{greeting}"\n'
+
+    async def body() -> None:
+        async with stack(route, sip_extra=WIDEBAND) as st:
+            opts = CallerOptions(
+                target=f"sip:demo@127.0.0.1:{st.sip_port}",
+                codecs=("G722",),
+                duration_s=2.5 * FACTOR,
+            )
+            result = await place_call(opts)
+            report = build_report(result.recording)
+            assert report.answered and result.codec == "G722"
+            speech_ms = report.speech_frames_received * 20
+            assert abs(speech_ms - tone_turn_ms(greeting)) <= 300
+
+    run(body())
