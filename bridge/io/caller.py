@@ -7,7 +7,11 @@ Two kinds of target, one shape:
 * ``sip:USER@HOST[:PORT]``: a SIP UAC over UDP. A ``SipUserAgent`` on one
   UDP socket and an ``RtpSession`` on another, both bound to the local address
   that routes to the target (127.0.0.1 for a loopback target; the target's
-  address family). The offer is PCMU/PCMA + telephone-event 101, ptime 20.
+  address family). The offer is PCMU/PCMA + telephone-event 101, ptime 20
+  (``--codecs``: another list, e.g. ``G722,PCMU`` to offer G.722 first; a
+  G.722 call sends its 8 kHz clips interpolated to 16 kHz and decodes what it
+  hears with its own G.722 codecs, the recording resampled to 8 kHz and also
+  kept at 16 kHz in ``CallResult.heard_wideband_pcm_s16le``).
 * ``ws://HOST:PORT/twilio``: the carrier side of a Twilio media stream, the
   sans-I/O ``TwilioCarrier`` (``bridge.streams.carrier``) over a websockets
   client: ``connected`` + ``start`` (``customParameters.route`` from
@@ -83,6 +87,7 @@ from bridge.sip.uri import Uri, parse_uri
 from bridge.streams.carrier import MULAW_SILENCE, TwilioCarrier
 from telcodec import g711
 from telcodec.dtmf import generate as dtmf_tones
+from telcodec.g722 import G722Decoder, G722Encoder
 from telcodec.resample import StreamResampler
 
 __all__ = ["CallerError", "CallerOptions", "SpeakClip", "Uplink", "place_call", "run_caller"]
@@ -94,6 +99,7 @@ SAMPLE_RATE_HZ = 8000
 FRAME_PCM_BYTES = 320
 SILENCE_PCM = bytes(FRAME_PCM_BYTES)
 CODECS = ("PCMU", "PCMA")
+KNOWN_CODECS = ("PCMU", "PCMA", "G722")
 TELEPHONE_EVENT_PT = 101
 DTMF_DIGITS = "0123456789*#ABCD"
 DTMF_DEFAULT_AT_S = 1.0
@@ -131,6 +137,8 @@ class CallerOptions:
     duration_s: float = 10.0
     route: str | None = None
     as_json: bool = False
+    codecs: tuple[str, ...] = CODECS
+    """SIP: the offer's codecs, in preference order (``G722`` too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +146,10 @@ class CallResult:
     recording: CallRecording
     heard_pcm_s16le: bytes
     """What the caller heard, 8 kHz mono, from the answer on."""
+    codec: str = ""
+    """SIP: the codec of the answer (``PCMU``, ``PCMA``, ``G722``)."""
+    heard_wideband_pcm_s16le: bytes = b""
+    """A G.722 call: what the caller heard at 16 kHz, as decoded."""
 
 
 # --- options --------------------------------------------------------------------------------
@@ -199,6 +211,11 @@ def options_from_args(args: argparse.Namespace) -> CallerOptions:
         raise CallerError("media streams: only the /twilio dialect is implemented in the caller")
     if not args.duration > 0:
         raise CallerError("--duration must be > 0")
+    codecs = tuple(c.strip().upper() for c in str(getattr(args, "codecs", "") or "").split(","))
+    codecs = tuple(c for c in codecs if c) or CODECS
+    unknown = [c for c in codecs if c not in KNOWN_CODECS]
+    if unknown:
+        raise CallerError(f"--codecs: unknown codec {unknown[0]!r} ({', '.join(KNOWN_CODECS)})")
     clips = []
     for spec in args.speak or ():
         path, at_s = _split_at(spec, SPEAK_DEFAULT_AT_S)
@@ -211,6 +228,7 @@ def options_from_args(args: argparse.Namespace) -> CallerOptions:
         duration_s=float(args.duration),
         route=getattr(args, "route", None),
         as_json=bool(args.json),
+        codecs=codecs,
     )
 
 
@@ -356,7 +374,9 @@ class _SipCaller:
         self.dtmf_sent: list[tuple[float, str]] = []
         self.dtmf_received: list[tuple[float, str]] = []
         self.heard = bytearray()
+        self.heard_wide = bytearray()
         self.errors: list[str] = []
+        self.wide: _G722Caller | None = None
 
     async def run(self) -> CallResult:
         port = self.uri.port or 5060
@@ -401,7 +421,7 @@ class _SipCaller:
         )  # fmt: skip
         self.ua = SipUserAgent(settings)
         offer = build_offer(
-            local_ip, rtp_port, random.getrandbits(31), 1, CODECS, TELEPHONE_EVENT_PT
+            local_ip, rtp_port, random.getrandbits(31), 1, self.opts.codecs, TELEPHONE_EVENT_PT
         )
         host = f"[{local_ip}]" if ":" in local_ip else local_ip
         self.started_at = now = self.loop.time()
@@ -434,7 +454,10 @@ class _SipCaller:
             slipped_frames=self._slipped_frames(),
             protocol_errors=tuple(self.errors),
         )
-        return CallResult(recording, bytes(self.heard))
+        if self.wide is not None:
+            self.heard += self.wide.to_8k.flush()
+        codec = self.audio.codec if self.audio is not None else ""
+        return CallResult(recording, bytes(self.heard), codec, bytes(self.heard_wide))
 
     def _slipped_frames(self) -> int:
         clock = self.clock
@@ -514,7 +537,7 @@ class _SipCaller:
     def _answered(self, sdp: str, now: float) -> None:
         self.answered_at = now
         try:
-            audio = negotiate(parse_sdp(sdp), CODECS) if sdp else None
+            audio = negotiate(parse_sdp(sdp), self.opts.codecs) if sdp else None
         except SdpError:
             audio = None
         if audio is None or audio.remote_addr is None:
@@ -522,6 +545,8 @@ class _SipCaller:
             self._hangup(now)
             return
         self.audio = audio
+        if audio.codec == "G722":
+            self.wide = _G722Caller()
         config = RtpSessionConfig(
             payload_types=frozenset({audio.payload_type}),
             telephone_event_pt=audio.telephone_event_pt,
@@ -562,7 +587,15 @@ class _SipCaller:
         if n in self.uplink.onset_frames:
             self.onsets.append(now)
         frame = rtp.pop_frame(now)
-        self.heard += self._decode(frame.payload) if isinstance(frame, RtpFrame) else SILENCE_PCM
+        wide = self.wide
+        if wide is not None:
+            pcm = wide.heard.decode(frame.payload) if isinstance(frame, RtpFrame) else b""
+            pcm = pcm or bytes(2 * FRAME_PCM_BYTES)
+            self.heard_wide += pcm
+            self.heard += wide.to_8k.process(pcm)
+        else:
+            heard = self._decode(frame.payload) if isinstance(frame, RtpFrame) else SILENCE_PCM
+            self.heard += heard
         deadline = rtp.next_deadline()
         if deadline is not None and deadline <= now:
             rtp.handle_timer(now)
@@ -571,12 +604,17 @@ class _SipCaller:
 
     def _encode(self, pcm: bytes | None) -> bytes:
         assert self.audio is not None
+        if self.wide is not None:
+            return self.wide.encode(pcm)
         if pcm is None:
             return silence_frame(self.audio.payload_type)
         return g711.ulaw_encode(pcm) if self.audio.codec == "PCMU" else g711.alaw_encode(pcm)
 
     def _decode(self, payload: bytes) -> bytes:
+        """A payload as it arrives (its level); a G.722 one at 16 kHz."""
         assert self.audio is not None
+        if self.wide is not None:
+            return self.wide.arrived.decode(payload)
         if self.audio.codec == "PCMU":
             return g711.ulaw_decode(payload)
         return g711.alaw_decode(payload)
@@ -615,6 +653,30 @@ class _SipCaller:
                         f"RTP comes from {event.addr[0]}:{event.addr[1]}, the SDP answer "
                         f"named {sdp_addr[0]}:{sdp_addr[1]} (we now send there)"
                     )
+
+
+class _G722Caller:
+    """A G.722 call's codecs: one encoder, one decoder per order of arrival (levels as
+    packets arrive, the recording in the jitter buffer's order), 16 kHz to 8 kHz."""
+
+    def __init__(self) -> None:
+        self.encoder = G722Encoder()
+        self.arrived = G722Decoder()
+        self.heard = G722Decoder()
+        self.to_8k = StreamResampler(16000, 8000)
+        self._last = 0.0
+
+    def encode(self, pcm: bytes | None) -> bytes:
+        """An 8 kHz frame (None: silence) to 16 kHz by linear interpolation, encoded."""
+        if pcm is None:
+            self._last = 0.0
+            return self.encoder.encode_silence()
+        x = np.frombuffer(pcm, dtype="<i2").astype(np.float64)
+        wide = np.empty(2 * len(x))
+        wide[1::2] = x
+        wide[0::2] = (np.concatenate(([self._last], x[:-1])) + x) / 2
+        self._last = float(x[-1])
+        return self.encoder.encode(np.round(wide).astype("<i2").tobytes())
 
 
 # --- media streams (Twilio) ---------------------------------------------------------------

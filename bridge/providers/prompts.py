@@ -68,6 +68,7 @@ from bridge.providers.base import (
 __all__ = [
     "FORMAT_VERSION",
     "MAGIC",
+    "PCM_16K",
     "Flight",
     "PromptCache",
     "PromptCounts",
@@ -450,12 +451,20 @@ def static_prompts(config: Config) -> list[StaticPrompt]:
     return list(out)
 
 
+PCM_16K = AudioFormat("pcm_s16le", 16000)
+"""A G.722 call's format (``bridge.io.legs.sip_call``)."""
+
+
 def prerender_formats(config: Config) -> list[AudioFormat]:
     """The formats calls ask prompts in: 8 kHz mu-law (every carrier dialect's default and
-    PCMU), and A-law as well where SIP prefers PCMA."""
+    PCMU), A-law as well where SIP prefers PCMA, and 16 kHz PCM where SIP or a trunk
+    prefers G.722 (a G.722 call is a 16 kHz linear leg)."""
     formats = [MULAW_8K]
     if config.sip.enabled and config.sip.codecs[:1] == ("PCMA",):
         formats.append(ALAW_8K)
+    preferred = [config.sip.codecs[:1], *(t.codecs[:1] for t in config.trunks)]
+    if config.sip.enabled and ("G722",) in preferred:
+        formats.append(PCM_16K)
     return formats
 
 
@@ -465,7 +474,7 @@ MAGIC = b"CBPROMPT"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct(">8sHHIII")  # magic, version, reserved, material, payload, crc32
 _AUDIO = b"A"
-_FORMATS = {f: f for f in (MULAW_8K, ALAW_8K, PCM_8K)}
+_FORMATS = {f: f for f in (MULAW_8K, ALAW_8K, PCM_8K, PCM_16K)}
 """The shared format objects (the call compares formats by identity first)."""
 _WORDS = b"W"
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 import struct
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -315,7 +316,9 @@ class DtmfSender:
 
 
 class InbandDtmf:
-    """In-band DTMF on G.711 frames: decode with telcodec.g711, detect with telcodec.dtmf.
+    """In-band DTMF on G.711 frames (decoded with telcodec.g711) or on frames already
+    linear (``"linear"``: s16le at ``sample_rate_hz``, a G.722 leg's decoded 16 kHz),
+    detected with telcodec.dtmf.
 
     For legs where telephone-event was not negotiated. Feed every inbound
     frame in order (a silence frame for a lost one); each call returns the
@@ -324,10 +327,19 @@ class InbandDtmf:
 
     __slots__ = ("_decode", "_detector")
 
-    def __init__(self, encoding: Literal["ulaw", "alaw"], sample_rate_hz: int = 8000) -> None:
-        self._decode = g711.ulaw_decode if encoding == "ulaw" else g711.alaw_decode
+    def __init__(
+        self, encoding: Literal["ulaw", "alaw", "linear"], sample_rate_hz: int = 8000
+    ) -> None:
+        self._decode: Callable[[bytes], bytes] | None = (
+            None
+            if encoding == "linear"
+            else g711.ulaw_decode
+            if encoding == "ulaw"
+            else g711.alaw_decode
+        )
         self._detector = DtmfDetector(sample_rate_hz)
 
     def process(self, frame: bytes) -> list[str]:
-        """Digits recognised in this G.711 frame."""
-        return self._detector.process(self._decode(frame))
+        """Digits recognised in this frame."""
+        decode = self._decode
+        return self._detector.process(frame if decode is None else decode(frame))

@@ -10,8 +10,8 @@ keeps the o= session id and version).
   the other attributes raw. Malformed input raises :class:`SdpError`
   (a ``ValueError``); the user agent turns it into ``400``/``488``.
 * ``negotiate(offer, codecs)`` picks the first audio ``m=`` line speaking
-  RTP/AVP with a codec from our preference list (PCMU=0 / PCMA=8, or a
-  dynamic payload type mapped to them) plus ``telephone-event`` at 8 kHz,
+  RTP/AVP with a codec from our preference list (PCMU=0 / PCMA=8 / G722=9,
+  or a dynamic payload type mapped to them) plus ``telephone-event`` at 8 kHz,
   keeping the offerer's payload type numbers. ``None`` means "no match": 488.
 * ``build_answer`` answers every ``m=`` line in order (RFC 3264 §6): the chosen
   one with our address, port and ``ptime:20``, the others with port 0. The
@@ -47,7 +47,10 @@ from typing import Final, Literal
 from bridge.sip.uri import ascii_digits
 
 __all__ = [
+    "PAYLOAD_TYPES",
     "SDES_SUITES",
+    "STATIC_PAYLOAD_TYPES",
+    "Codec",
     "Direction",
     "MediaDescription",
     "NegotiatedAudio",
@@ -65,13 +68,18 @@ __all__ = [
 ]
 
 Direction = Literal["sendrecv", "sendonly", "recvonly", "inactive"]
+Codec = Literal["PCMU", "PCMA", "G722"]
+"""The audio codecs we negotiate (RFC 3551 static payload types 0, 8 and 9)."""
 _DIRECTIONS: tuple[Direction, ...] = ("sendrecv", "sendonly", "recvonly", "inactive")
 MAX_SDP_LINES = 256
 """Most lines accepted in one SDP body."""
 MAX_MEDIA_LINES = 16
 """Most ``m=`` lines accepted in one SDP body."""
-STATIC_PAYLOAD_TYPES = {0: "PCMU", 8: "PCMA"}
+STATIC_PAYLOAD_TYPES: Final[dict[int, Codec]] = {0: "PCMU", 8: "PCMA", 9: "G722"}
+PAYLOAD_TYPES: Final[dict[Codec, int]] = {name: pt for pt, name in STATIC_PAYLOAD_TYPES.items()}
 CLOCK_RATE_HZ = 8000
+"""The RTP clock of all three, G.722 too: RFC 3551 §4.5.2 keeps its historical 8000
+(``G722/8000``) although it samples at 16 kHz, so a 20 ms frame is still 160 ticks."""
 PTIME_MS = 20
 
 
@@ -207,7 +215,7 @@ class NegotiatedAudio:
     """The outcome of offer/answer for the audio stream."""
 
     media_index: int
-    codec: Literal["PCMU", "PCMA"]
+    codec: Codec
     payload_type: int
     telephone_event_pt: int | None
     remote_addr: tuple[str, int] | None
@@ -382,7 +390,7 @@ def negotiate(sdp: SessionDescription, codecs: Sequence[str]) -> NegotiatedAudio
         held = connection in ("0.0.0.0", "::")
         return NegotiatedAudio(
             media_index=index,
-            codec="PCMU" if chosen[1] == "PCMU" else "PCMA",
+            codec=_CODEC_NAMES[chosen[1]],
             payload_type=chosen[0],
             telephone_event_pt=events[0] if events else None,
             remote_addr=None if held else (connection, media.port),
@@ -395,6 +403,7 @@ def negotiate(sdp: SessionDescription, codecs: Sequence[str]) -> NegotiatedAudio
 
 
 _PROFILES = ("RTP/AVP", "RTP/SAVP")
+_CODEC_NAMES: Final[dict[str, Codec]] = {name: name for name in PAYLOAD_TYPES}
 
 
 def srtp_refusal(audio: NegotiatedAudio, transport: str, srtp: str) -> str | None:
@@ -418,6 +427,8 @@ def _choose(
     offered: list[tuple[int, str, int]], codecs: Sequence[str]
 ) -> tuple[int, str, int] | None:
     for wanted in codecs:
+        if wanted.upper() not in _CODEC_NAMES:
+            continue  # not one we can speak
         for codec in offered:
             if codec[1] == wanted.upper() and codec[2] == CLOCK_RATE_HZ:
                 return codec
@@ -503,11 +514,10 @@ def build_offer(
     crypto: Sequence[SdesCrypto] = (),
     proto: str = "",
 ) -> str:
-    """An audio offer for an outbound call (static payload types 0/8); ``RTP/SAVP``
+    """An audio offer for an outbound call (static payload types 0/8/9); ``RTP/SAVP``
     with one ``a=crypto`` per key when ``crypto`` is given (``proto="RTP/AVP"`` with
     ``crypto``: best-effort SRTP, a peer without it answers plain RTP)."""
-    pts = {"PCMU": 0, "PCMA": 8}
-    codec_pts = [(pts[name], name) for name in codecs if name in pts]
+    codec_pts = [(PAYLOAD_TYPES[name], name) for name in codecs if name in PAYLOAD_TYPES]
     lines = _session_lines(address, session_id, version, "0 0")
     lines += _audio_lines(port, codec_pts, telephone_event_pt, direction, crypto, proto)
     return "\r\n".join(lines) + "\r\n"

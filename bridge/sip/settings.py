@@ -30,6 +30,7 @@ from bridge.sip.uri import outbound_target
 
 __all__ = [
     "CODECS",
+    "DEFAULT_CODECS",
     "SRTP_MODES",
     "SipAuthUser",
     "SipConfig",
@@ -182,7 +183,11 @@ class SipSettings:
 # ------------------------------------------------------------ [sip] in the config
 
 
-CODECS = ("PCMU", "PCMA")
+CODECS = ("PCMU", "PCMA", "G722")
+"""The codec names ``[sip] codecs`` and a trunk's ``codecs`` accept (``bridge.sip.sdp.Codec``)."""
+DEFAULT_CODECS = ("PCMU", "PCMA")
+"""G.711 only unless configured: G.722 is used when a config puts it in the list (first,
+to prefer it), so a deployment opts in to the wideband path and its higher CPU."""
 
 
 DEFAULT_RTP_PORTS = (20000, 20999)
@@ -318,7 +323,8 @@ class SipConfig:
         type_doc="`sip:` URI", check=_sip_target,
     )  # fmt: skip
     codecs: tuple[str, ...] = setting(
-        CODECS, "preference order; telephone-event is always offered", choices=CODECS,
+        DEFAULT_CODECS, "preference order (`G722` first: 16 kHz wideband with callers that "
+        "offer it, docs/sip.md); telephone-event is always offered", choices=CODECS,
         noun="codec",
     )  # fmt: skip
     allow: tuple[str, ...] = setting(
@@ -471,8 +477,9 @@ class TrunkConfig:
         "never for a carrier",
     )  # fmt: skip
     codecs: tuple[str, ...] = setting(
-        CODECS, "offer and answer preference on this trunk's calls", choices=CODECS, noun="codec"
-    )
+        DEFAULT_CODECS, "offer and answer preference on this trunk's calls", choices=CODECS,
+        noun="codec",
+    )  # fmt: skip
     max_calls: int = setting(
         0, "concurrent calls on the trunk (out and in); `0`: no limit. One more call out is "
         "refused (API 503, `trunk_busy`), one more in gets SIP 503",

@@ -64,7 +64,7 @@ from bridge.sip.events import (
 )
 from bridge.sip.message import SipRequest, SipResponse
 from bridge.sip.registration import FAILURE_RETRY_S, Registration
-from bridge.sip.sdp import SdpError, negotiate, parse_sdp
+from bridge.sip.sdp import PAYLOAD_TYPES, SdpError, negotiate, parse_sdp
 from bridge.sip.settings import SipSettings
 from bridge.sip.ua_core import ClientEntry, ServerEntry
 from bridge.sip.uas import ALLOWED_METHODS, UasAgent, challenge_values
@@ -295,7 +295,9 @@ class SipUserAgent(UasAgent):
         self._uac_session_timer(call, response, now)
         try:
             call.audio = (
-                negotiate(parse_sdp(call.remote_sdp), self.settings.codecs)
+                # the answer picks from our offer, which had a trunk's codecs (not
+                # always [sip]'s): ours first, then any codec we speak
+                negotiate(parse_sdp(call.remote_sdp), (*self.settings.codecs, *PAYLOAD_TYPES))
                 if call.remote_sdp
                 else None
             )

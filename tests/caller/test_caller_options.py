@@ -116,3 +116,13 @@ def test_run_caller_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     refused = build_parser().parse_args(["call", "ws://127.0.0.1:9/twilio", "--duration", "1"])
     assert run_caller(refused) == 1  # nothing listens on the discard port: not answered
     assert "answered:          no" in capsys.readouterr().out
+
+
+def test_codecs_option_offers_g722_first_and_refuses_unknown_names() -> None:
+    opts = options_from_args(build_parser().parse_args(["call", "sip:demo@127.0.0.1"]))
+    assert opts.codecs == ("PCMU", "PCMA")
+    args = build_parser().parse_args(["call", "sip:demo@127.0.0.1", "--codecs", "g722, PCMU"])
+    assert options_from_args(args).codecs == ("G722", "PCMU")
+    args = build_parser().parse_args(["call", "sip:demo@127.0.0.1", "--codecs", "G729"])
+    with pytest.raises(CallerError, match="unknown codec 'G729'"):
+        options_from_args(args)

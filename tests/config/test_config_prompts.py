@@ -9,7 +9,7 @@ import pytest
 
 from bridge.config import ConfigError, parse_config
 from bridge.providers.base import ALAW_8K, MULAW_8K
-from bridge.providers.prompts import StaticPrompt, prerender_formats, static_prompts
+from bridge.providers.prompts import PCM_16K, StaticPrompt, prerender_formats, static_prompts
 
 CONFIG = """
 [daemon]
@@ -94,3 +94,11 @@ def test_static_prompts_are_every_greeting_flow_say_and_fallback_once() -> None:
         StaticPrompt("a", "", "Sorry."),
     ]
     assert prerender_formats(cfg) == [MULAW_8K, ALAW_8K]  # SIP prefers PCMA here
+
+
+def test_prompts_are_prerendered_at_16khz_where_sip_or_a_trunk_prefers_g722() -> None:
+    base = CONFIG.format(cache_dir="", wait=0)
+    assert PCM_16K not in prerender_formats(parse_config(base, "c.toml"))
+    wide = base.replace('codecs = ["PCMA", "PCMU"]', 'codecs = ["G722", "PCMA", "PCMU"]')
+    assert wide != base
+    assert PCM_16K in prerender_formats(parse_config(wide, "c.toml"))

@@ -889,7 +889,12 @@ class SipLeg:
         """Start the call's runner; ``early``: the call is in early media, which ``early``
         ends at the first turn's end unless the turn source answers or rejects first."""
         bind_call(call.call_id)
-        profile = LegProfile(kind="sip", codec=call.codec, heard_from="frames")  # type: ignore[arg-type]
+        profile = LegProfile(
+            kind="sip",
+            codec=call.codec,  # type: ignore[arg-type]
+            sample_rate_hz=call.sample_rate_hz,  # G.722: 16 kHz
+            heard_from="frames",
+        )
         trunk = self.call_trunks.get(call.call_id)
         started = cmd.CallStarted(
             call_id=call.call_id,
