@@ -10,14 +10,17 @@ enter them; median over the repetitions of the mean over a batch; each
 repetition has fresh sessions, since libsrtp refuses a sequence number twice):
 
 * ``context``: ``bridge.rtp.srtp.SrtpContext.protect`` then ``.unprotect`` on
-  the receiving side's context: what the leg will call per packet;
+  the receiving side's context: what the SIP leg calls per packet
+  (``bridge/io/legs/sip_call.py``), libsrtp through its cffi binding on a
+  preallocated buffer;
 * ``pylibsrtp``: ``pylibsrtp.Session.protect`` / ``unprotect`` called
-  directly, the floor under our wrapper;
+  directly, for comparison (``SrtpContext`` wrapped these until issue 34);
 * each for ``AES_CM_128_HMAC_SHA1_80`` and ``_32``; ``protect`` and
   ``unprotect`` are also reported alone.
 
 Writes ``bench/results/srtp.json`` (``--out`` for another name) with the
-machine and commit it ran on.
+machine and commit it ran on, and whether ``bridge.rtp.srtp`` ran compiled
+(mypyc, ``bridge/native.py``) or as Python (``compiled`` in the settings).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import Callable
 
 import pylibsrtp
 
+import bridge.rtp.srtp as srtp_module
 from bench.common import write
 from bridge.rtp.packet import build_rtp
 from bridge.rtp.srtp import SrtpContext
@@ -143,7 +147,9 @@ def main() -> None:
         "repeats": repeats,
         "payload_bytes": len(PAYLOAD),
         "pylibsrtp": pylibsrtp.__version__,
+        "compiled": not (srtp_module.__file__ or "").endswith(".py"),
     }
+    print(f"bridge.rtp.srtp {'compiled' if settings['compiled'] else 'pure Python'}")
     print(f"wrote {write(args.out, summary, settings)}")
 
 
