@@ -16,7 +16,8 @@ which ones and what the answers mean:
   at the default port (5060, 5061 for TLS) over the default transport.
 - ``order_srv``: RFC 2782's order: lowest priority first; within a priority a
   weighted random draw (weight 0 records first in the running sum, so they are
-  chosen rarely), with an injected ``randint`` so tests choose the outcome.
+  chosen rarely; the rest by name, so the outcome depends on the draw only, not on
+  the order of the answer), with an injected ``randint`` so tests choose it.
 - ``TtlCache``: answers kept for their TTL (bounded), on the caller's clock.
 """
 
@@ -151,7 +152,9 @@ def order_srv(records: Sequence[SrvRecord], randint: Randint) -> list[SrvRecord]
     out: list[SrvRecord] = []
     for priority in sorted({r.priority for r in usable}):
         group = [r for r in usable if r.priority == priority]
-        group.sort(key=lambda r: r.weight != 0)  # weight 0 first (stable otherwise)
+        # weight 0 first; then by name and port, so that the draw alone decides (an
+        # answer's records come in any order)
+        group.sort(key=lambda r: (r.weight != 0, r.target, r.port))
         while group:
             total = sum(r.weight for r in group)
             pick = randint(0, total) if total > 0 else 0
