@@ -37,6 +37,7 @@ from bridge.sip.locate import (
     SrvRecord,
     TtlCache,
     choose_srv,
+    dns_server_address,
     expand,
     plan_lookup,
 )
@@ -152,16 +153,9 @@ def make_resolver(servers: Sequence[str] = ()) -> dns.asyncresolver.Resolver | N
     if not servers:
         return None
     resolver = dns.asyncresolver.Resolver(configure=False)
-    nameservers: list[str | dns.nameserver.Nameserver] = []
-    for server in servers:
-        host, port = server, 53
-        if server.startswith("["):
-            host, _, rest = server[1:].partition("]")
-            port = int(rest[1:]) if rest.startswith(":") else 53
-        elif server.count(":") == 1:
-            host, _, p = server.partition(":")
-            port = int(p)
-        nameservers.append(dns.nameserver.Do53Nameserver(host, port))
+    nameservers: list[str | dns.nameserver.Nameserver] = [
+        dns.nameserver.Do53Nameserver(*dns_server_address(server)) for server in servers
+    ]
     resolver.nameservers = nameservers
     return resolver
 

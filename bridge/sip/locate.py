@@ -24,6 +24,7 @@ which ones and what the answers mean:
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -35,6 +36,7 @@ __all__ = [
     "SrvRecord",
     "TtlCache",
     "choose_srv",
+    "dns_server_address",
     "expand",
     "order_srv",
     "plan_lookup",
@@ -93,6 +95,28 @@ class Located:
     transport: str
     name: str = ""
     """The SRV target or host name the address is of ("" for a numeric host)."""
+
+
+def dns_server_address(value: str) -> tuple[str, int]:
+    """``"ADDRESS"`` or ``"ADDRESS:PORT"`` (IPv6: ``"[ADDRESS]:PORT"``, or bare) as
+    (address, port), port 53 by default (``[sip] dns_servers``).
+
+    Raises:
+        ValueError: not an IP address, or a port outside 1-65535.
+    """
+    host, port = value.strip(), "53"
+    if host.startswith("["):
+        host, _, rest = host[1:].partition("]")
+        if rest:
+            if not rest.startswith(":"):
+                raise ValueError(f"not ADDRESS or ADDRESS:PORT: {value!r}")
+            port = rest[1:]
+    elif host.count(":") == 1:
+        host, _, port = host.partition(":")
+    ipaddress.ip_address(host)  # ValueError names the value
+    if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"not a port: {port!r} in {value!r}")
+    return host, int(port)
 
 
 def _is_numeric(host: str) -> bool:
