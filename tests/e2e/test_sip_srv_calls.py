@@ -11,7 +11,8 @@ from collections.abc import Awaitable
 from bridge.sip.message import SipRequest, build_response, parse_message
 
 from .dnsserver import dns_server
-from .harness import FACTOR, stack
+from .harness import FACTOR, free_port, stack
+from .test_sip_connections import Peer, wait_for
 
 ROUTES = """
 [[routes]]
@@ -132,5 +133,74 @@ def test_a_registrar_named_without_a_port_is_registered_at_its_srv_port() -> Non
         finally:
             assert peer.transport is not None
             peer.transport.close()
+
+    run(body())
+
+
+def test_a_503_from_the_first_srv_target_moves_the_call_to_the_next() -> None:
+    async def body() -> None:
+        first, second = await _peer(), await _peer()
+        zone = {
+            ("_sip._udp.service.test", "SRV"): [
+                f"10 0 {first.port} first.test.",
+                f"20 0 {second.port} second.test.",
+            ],
+            ("first.test", "A"): ["127.0.0.1"],
+            ("second.test", "A"): ["127.0.0.1"],
+        }
+        try:
+            async with dns_server(zone) as (_, dns_port):
+                sip_extra = f'dns_servers = ["127.0.0.1:{dns_port}"]'
+                async with stack(ROUTES, sip_extra=sip_extra) as s:
+                    status, answer = await _post(
+                        s.api_port, "/v1/calls", {"to": "sip:bob@service.test"}
+                    )
+                    assert status == 201, answer
+                    invite, addr = await first.next()
+                    assert first.transport is not None
+                    down = build_response(invite, 503, "Service Unavailable", "f1")
+                    first.transport.sendto(down.to_bytes(), addr)
+                    again, addr = await second.next()
+                    assert again.method == "INVITE" and again.call_id == invite.call_id
+                    assert again.cseq().number == 2
+                    assert second.transport is not None
+                    busy = build_response(again, 486, "Busy Here", "s1")
+                    second.transport.sendto(busy.to_bytes(), addr)
+                    ack, _ = await second.next()
+                    assert ack.method == "ACK"
+        finally:
+            for peer in (first, second):
+                assert peer.transport is not None
+                peer.transport.close()
+
+    run(body())
+
+
+def test_a_refused_connection_to_the_first_srv_target_moves_the_call_to_the_next() -> None:
+    async def body() -> None:
+        peer = await Peer().start()
+        closed = free_port()  # nothing listens there: the connection is refused
+        zone = {
+            ("_sip._tcp.service.test", "SRV"): [
+                f"10 0 {closed} first.test.",
+                f"20 0 {peer.port} second.test.",
+            ],
+            ("first.test", "A"): ["127.0.0.1"],
+            ("second.test", "A"): ["127.0.0.1"],
+        }
+        try:
+            async with dns_server(zone) as (_, dns_port):
+                sip_extra = f'dns_servers = ["127.0.0.1:{dns_port}"]\ntransports = ["udp", "tcp"]'
+                async with stack(ROUTES, sip_extra=sip_extra) as s:
+                    status, answer = await _post(
+                        s.api_port, "/v1/calls", {"to": "sip:bob@service.test;transport=tcp"}
+                    )
+                    assert status == 201, answer
+                    assert await wait_for(lambda: peer.methods("ACK")), peer.requests
+                    invites = [r for _, r in peer.requests if r.method == "INVITE"]
+                    assert len(invites) == 1 and invites[0].call_id == answer["call_id"]
+                    assert invites[0].cseq().number == 2  # the first went to the closed port
+        finally:
+            peer.close()
 
     run(body())

@@ -44,6 +44,7 @@ from bridge.media.call_types import AnswerLeg, LegProfile, RejectLeg
 from bridge.rtp.ports import UNUSABLE_COOLDOWN_S, RtpPortAllocator
 from bridge.rtp.session import LatchingMode
 from bridge.rtp.srtp import SrtpContext
+from bridge.sip.dialog import Peer
 from bridge.sip.digest import DigestCredentials
 from bridge.sip.errors import SipParseError
 from bridge.sip.events import (
@@ -58,6 +59,7 @@ from bridge.sip.events import (
     OutboundCallAnswered,
     OutboundCallFailed,
     OutboundCallProgress,
+    OutboundCallRetried,
     RegistrationStateChanged,
     SendStream,
     SrtpKeyChanged,
@@ -88,6 +90,9 @@ _URI_USER = re.compile(r"^sips?:([^@;>]+)@", re.IGNORECASE)
 MAX_BIND_ATTEMPTS = 8
 PORT_ZERO_ATTEMPTS = 20
 """A ``[sip] listen`` on port 0 whose later transport finds the port held: bound again."""
+MAX_NEXT_SERVERS = 3
+"""A call out tries at most this many servers after the first (RFC 3263 §4.3): each
+that times out costs Timer B (32 s)."""
 TIMER_RETRY_S = 0.1
 """After ``handle_timer`` raised, the engine's timer is tried again no sooner than this."""
 
@@ -237,6 +242,19 @@ class _UaRunner:
             self.peer_conns[key] = conn_id
             self.conn_peers[conn_id] = key
         self._open(conn_id, [])
+        return conn_id
+
+    def reserve(self, addr: tuple[str, int], server_name: str = "", trunk: str = "") -> int:
+        """The conn_id of a peer's connection (as ``connect``), without opening it: it is
+        opened when the engine first sends on it (a call's next server, RFC 3263)."""
+        tls = self.tls is not None
+        key = (addr[0], addr[1], (server_name or addr[0]) if tls else "", trunk if tls else "")
+        conn_id = self.peer_conns.get(key, 0)
+        if not conn_id:
+            conn_id = self.next_conn_id
+            self.next_conn_id += 1
+            self.peer_conns[key] = conn_id
+            self.conn_peers[conn_id] = key
         return conn_id
 
     def refer_target(self, call_id: str, target: str) -> str:
@@ -752,6 +770,17 @@ class SipLeg:
             call = self.calls.get(event.call_id)
             if call is not None and call.runner is not None:
                 call.runner.early_media_expired()
+        elif isinstance(event, OutboundCallRetried):
+            log.info(
+                "sip.outbound_next_server",
+                call_id=event.call_id,
+                status=event.status,
+                address=event.addr[0],
+                port=event.addr[1],
+            )
+            pending = self.pending_routes.get(event.call_id)
+            if pending is not None:  # the next hop the call's media is compared with
+                self.pending_routes[event.call_id] = (*pending[:3], event.addr[0])
         elif isinstance(event, OutboundCallFailed):
             self.pending_routes.pop(event.call_id, None)
             self.offered_keys.pop(event.call_id, None)
@@ -983,7 +1012,9 @@ class SipLeg:
 
         ``located``: where the next hop is (``locate_hop``: RFC 3263, SRV then A/AAAA; the
         API looks it up first, so its caller hears of a name that does not resolve): the
-        INVITE goes to the first place, over its transport; only the first is tried.
+        INVITE goes to the first place, over its transport, and to the next ones in turn
+        (at most ``MAX_NEXT_SERVERS`` more) when one answers 503, cannot be connected to,
+        or times out before the call rings (RFC 3263 §4.3).
         Without it a host name is resolved (A/AAAA, the URI's or the default port) as the
         INVITE leaves.
 
@@ -1062,6 +1093,16 @@ class SipLeg:
         headers = (("Route", f"<{proxy};lr>"),) if target.via_proxy else ()
         trunk_name = chosen.name if chosen is not None else ""
         conn_id = ua.connect(dest, target.host, trunk_name) if target.transport != "UDP" else None
+        alternates = [
+            Peer(
+                (place.address, place.port),
+                ua.reserve((place.address, place.port), target.host, trunk_name)
+                if ua.kind != "UDP"
+                else None,
+            )
+            for place in (located or ())[1 : 1 + MAX_NEXT_SERVERS]
+            if place.transport == ua.kind
+        ]
         call_id = ua.ua.invite(
             target.request_uri,
             from_uri,
@@ -1072,6 +1113,7 @@ class SipLeg:
             headers=headers,
             conn_id=conn_id,
             from_display=chosen.caller_name if chosen is not None else "",
+            alternates=alternates,
         )
         call.call_id, call.outbound = call_id, True
         self.calls[call_id] = call
