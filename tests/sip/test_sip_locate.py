@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from bridge.sip.locate import (
     Located,
     LookupPlan,
@@ -12,6 +14,7 @@ from bridge.sip.locate import (
     SrvRecord,
     TtlCache,
     choose_srv,
+    dns_server_address,
     expand,
     order_srv,
     plan_lookup,
@@ -126,3 +129,13 @@ def test_ttl_cache_expires_and_stays_bounded() -> None:
     assert len(cache) == 3
     assert cache.get("k1", 1.0) is None  # the one expiring soonest made room
     assert cache.get("k3", 1.0) == 3
+
+
+def test_dns_server_addresses() -> None:
+    assert dns_server_address("192.0.2.53") == ("192.0.2.53", 53)
+    assert dns_server_address("127.0.0.1:5353") == ("127.0.0.1", 5353)
+    assert dns_server_address("::1") == ("::1", 53)
+    assert dns_server_address("[::1]:5353") == ("::1", 5353)
+    for bad in ("ns.example.com", "127.0.0.1:0", "127.0.0.1:x", "[::1]5353", "1.2.3.4:70000"):
+        with pytest.raises(ValueError):
+            dns_server_address(bad)
