@@ -8,7 +8,6 @@ calls up in every leg, places outbound calls through the SIP leg, and runs
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Sequence
 from typing import Protocol
@@ -17,11 +16,11 @@ from bridge.commands import Say
 from bridge.config import ApiConfig, Config
 from bridge.control.api import CallInfo, DirectoryError, authorized, handle
 from bridge.io.callrun import CallRunner
-from bridge.io.dns import DnsError, is_ip_literal, resolve
+from bridge.io.dns import DnsError, is_ip_literal
 from bridge.io.httpws import HttpRequest, HttpResponse
-from bridge.io.legs.sip import _uri_hostport
+from bridge.sip.locate import Located
 from bridge.sip.trunks import TrunkError, TrunkLimited
-from bridge.sip.uri import TargetError
+from bridge.sip.uri import OutboundTarget, TargetError
 from bridge.streams.auth import TokenBook
 
 __all__ = ["ApiHost", "Directory", "api_handler", "metrics_refusal"]
@@ -49,12 +48,15 @@ class ApiHost(Protocol):
 class Directory:
     """The daemon's calls, as the API handlers see them."""
 
-    def __init__(self, daemon: ApiHost, resolved: dict[str, str | DnsError] | None = None) -> None:
+    def __init__(
+        self, daemon: ApiHost, resolved: dict[str, list[Located] | DnsError] | None = None
+    ) -> None:
         self.daemon = daemon
         self.resolved = resolved
-        """Host names of ``originate`` targets looked up (address or failure); None: not
-        yet, and a name to look up is left in ``lookup``."""
-        self.lookup: str | None = None
+        """Next hops of ``originate`` named by a host name, located (RFC 3263: the places
+        found, or the failure), by host; None: not yet, and the hop to locate is left in
+        ``lookup`` (with the transport it must use, None: any)."""
+        self.lookup: tuple[OutboundTarget, str | None] | None = None
 
     def _runners(self) -> dict[str, CallRunner]:
         out: dict[str, CallRunner] = {}
@@ -105,19 +107,20 @@ class Directory:
         sip = next((leg for leg in self.daemon.legs if leg.name == "sip"), None)
         if sip is None or self.daemon.draining:
             return DirectoryError(503, "unavailable", "the SIP leg is not available")
-        dest = _uri_hostport(to)
-        addresses: dict[str, str] = {}
-        # through a trunk the INVITE goes to the trunk's proxy, not to the target's host
-        if dest is not None and not trunk and not is_ip_literal(dest[0]):
-            found = None if self.resolved is None else self.resolved.get(dest[0])
-            if found is None:  # looked up by api_handler, which then asks again
-                self.lookup = dest[0]
-                return DirectoryError(503, "resolving", f"looking up {dest[0]!r}", "to")
+        # the next hop: the target's host, the outbound proxy, a trunk's proxy...
+        hop = sip.outbound_hop(to, trunk)  # type: ignore[attr-defined]
+        located: list[Located] | None = None
+        if hop is not None and not is_ip_literal(hop[0].host):
+            host = hop[0].host
+            found = None if self.resolved is None else self.resolved.get(host)
+            if found is None:  # located by api_handler, which then asks again
+                self.lookup = hop
+                return DirectoryError(503, "resolving", f"looking up {host!r}", "to")
             if isinstance(found, DnsError):
-                return DirectoryError(422, "cannot_resolve", str(found), "to")
-            addresses[dest[0]] = found
+                return DirectoryError(422, "cannot_resolve", str(found), "trunk" if trunk else "to")
+            located = found
         try:
-            return str(sip.originate(to, from_, route, addresses, trunk=trunk))  # type: ignore[attr-defined]
+            return str(sip.originate(to, from_, route, located, trunk=trunk))  # type: ignore[attr-defined]
         except TrunkLimited as e:
             busy = e.refusal.reason == "max_calls"
             status, code = (503, "trunk_busy") if busy else (429, "trunk_rate_limited")
@@ -173,14 +176,14 @@ async def api_handler(daemon: ApiHost, request: HttpRequest) -> HttpResponse | N
         daemon.config.api.token,
     )
     if directory.lookup is not None:  # an authorized, valid originate to a host name
-        host = directory.lookup
+        target, transport = directory.lookup
         sip = next((leg for leg in daemon.legs if leg.name == "sip"), None)
-        udp = next((r for r in getattr(sip, "runners", ()) if r.kind == "UDP"), None)
-        answer: str | DnsError
-        try:  # off the media path: the loop's resolver, with a timeout
-            answer = await resolve(host, udp.dns.family if udp is not None else socket.AF_INET)
+        answer: list[Located] | DnsError
+        try:  # off the media path: RFC 3263 (SRV, A/AAAA), with a timeout
+            answer = await sip.locate_hop(target, transport)  # type: ignore[union-attr]
         except DnsError as e:
             answer = e
+        host = target.host
         resp = handle(
             request.method,
             request.target,

@@ -220,6 +220,9 @@ class Call:
     call in from a trunk with ``user``/``password``); None: such a challenge fails."""
     last_ack: SipRequest | None = None
     session_retry_done: bool = False
+    alternates: list[Peer] = field(default_factory=list)
+    """A call out: the next servers to try, in order, if the current one fails before
+    any early dialog (RFC 3263 §4.3: 503, a failed connection, a timeout)."""
     # UAS 2xx retransmission (RFC 3261 §13.3.1.4)
     ok_response: SipResponse | None = None
     ok_retransmit_at: float | None = None

@@ -21,6 +21,7 @@ __all__ = [
     "OutboundCallAnswered",
     "OutboundCallFailed",
     "OutboundCallProgress",
+    "OutboundCallRetried",
     "RegistrationStateChanged",
     "SendStream",
     "SrtpKeyChanged",
@@ -173,6 +174,17 @@ class EarlyMediaExpired(Event):
     a final response: the application answers or rejects it now."""
 
     call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundCallRetried(Event):
+    """Our INVITE's server failed (``status``: 503 received or a failed connection, 408
+    a timeout) and the INVITE went again, as a new transaction, to the next server the
+    call was given (RFC 3263 §4.3): ``addr``."""
+
+    call_id: str
+    status: int
+    addr: tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)

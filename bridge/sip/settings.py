@@ -26,6 +26,7 @@ from bridge.settings import (
     setting,
     tname,
 )
+from bridge.sip.locate import dns_server_address
 from bridge.sip.uri import outbound_target
 
 __all__ = [
@@ -202,6 +203,15 @@ def _ip_address(value: str, at: Spot) -> str:
     return value
 
 
+def _dns_servers(value: tuple[str, ...], at: Spot) -> tuple[str, ...]:
+    for server in value:
+        try:
+            dns_server_address(server)
+        except ValueError as exc:
+            at.error(f"expected ADDRESS or ADDRESS:PORT: {exc}")
+    return value
+
+
 def _sip_target(value: str, at: Spot) -> str:
     if value:
         try:
@@ -326,6 +336,14 @@ class SipConfig:
         DEFAULT_CODECS, "preference order (`G722` first: 16 kHz wideband with callers that "
         "offer it, docs/sip.md); telephone-event is always offered", choices=CODECS,
         noun="codec",
+    )  # fmt: skip
+    dns_servers: tuple[str, ...] = setting(
+        (),
+        "DNS servers asked to locate a next hop named by a host name without a port (an "
+        "`originate` target, `outbound_proxy`, a trunk's proxy, a registrar): SRV, then "
+        "A/AAAA (RFC 3263, docs/sip.md). Empty: the system's (`/etc/resolv.conf`; a host's own "
+        "address also from `/etc/hosts`)",
+        type_doc='list of `"ADDRESS"` or `"ADDRESS:PORT"`', check=_dns_servers,
     )  # fmt: skip
     allow: tuple[str, ...] = setting(
         ("127.0.0.0/8", "::1/128"),

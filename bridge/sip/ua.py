@@ -50,7 +50,7 @@ on it register again on the same ``conn_id`` (the shell opens it anew).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from bridge.engine import LocalProtocolError
 from bridge.sip.dialog import Call, Dialog, DialogState, Peer
@@ -59,6 +59,7 @@ from bridge.sip.events import (
     OutboundCallAnswered,
     OutboundCallFailed,
     OutboundCallProgress,
+    OutboundCallRetried,
     RegistrationStateChanged,
     TransferProgress,
 )
@@ -99,6 +100,7 @@ class SipUserAgent(UasAgent):
         headers: tuple[tuple[str, str], ...] = (),
         conn_id: int | None = None,
         from_display: str = "",
+        alternates: Sequence[Peer] = (),
     ) -> str:
         """Place an outbound call; returns its call id (the SIP Call-ID).
 
@@ -114,6 +116,10 @@ class SipUserAgent(UasAgent):
             conn_id: the stream connection to send on (an outbound TCP call; the
                 dialog keeps using it), None for a datagram.
             from_display: the display name in From (a trunk's caller name), quoted.
+            alternates: the next servers to try, in order (RFC 3263 §4.3), when the
+                destination answers 503, its connection fails, or the INVITE times out,
+                before any early dialog: the INVITE goes again (CSeq+1, a new branch,
+                the same Call-ID and From tag) and ``OutboundCallRetried`` says where.
         """
         call_id = f"{self._token()}@{self.settings.local_host}"
         request = SipRequest(method="INVITE", uri=to_uri)
@@ -136,6 +142,7 @@ class SipUserAgent(UasAgent):
         peer = Peer(destination, conn_id)
         dialog = Dialog(call_id, request.from_(), request.to(), to_uri, [], 1, None, peer, False)
         call = Call(call_id, dialog, True, request, local_sdp=offer_sdp)
+        call.alternates = list(alternates)
         if credentials is not None:
             call.credentials = _as_credentials(credentials)
             call.digest = DigestClient(call.credentials)
@@ -152,6 +159,8 @@ class SipUserAgent(UasAgent):
         registrar cannot be reached), and a REGISTER waiting on it is abandoned."""
         for call in list(self._calls.values()):
             if call.is_outbound and not call.answered and call.dialog.peer.conn_id == conn_id:
+                if self._try_next_server(call, 503, now):
+                    continue
                 self._calls.pop(call.call_id, None)
                 self._events.append(OutboundCallFailed(call.call_id, 503, "Service Unavailable"))
         for registration in self._registrations.values():
@@ -258,8 +267,24 @@ class SipUserAgent(UasAgent):
                 self._retry_invite(call, now, int(min_se))
             else:
                 self._fail_outbound(call, response)
+        elif response.status == 503 and self._try_next_server(call, 503, now):
+            return
         else:
             self._fail_outbound(call, response)
+
+    def _try_next_server(self, call: Call, status: int, now: float) -> bool:
+        """RFC 3263 §4.3: the INVITE again, to the call's next server, when the current
+        one failed (``status``) before an early dialog; False: none left (or too late)."""
+        if not call.alternates or call.dialog.remote_tag or call.answered:
+            return False
+        if call.cancel_requested:
+            return False
+        call.dialog.peer = call.alternates.pop(0)
+        if call.credentials is not None:  # the next server's challenges, not this one's
+            call.digest = DigestClient(call.credentials)
+        self._events.append(OutboundCallRetried(call.call_id, status, call.dialog.peer.addr))
+        self._retry_invite(call, now, None)
+        return True
 
     def _on_invite_provisional(self, call: Call, response: SipResponse, now: float) -> None:
         if response.status > 100 and response.to().tag and not call.dialog.remote_tag:
@@ -385,6 +410,8 @@ class SipUserAgent(UasAgent):
         self._dialog_auth.pop(entry.key, None)
         call = self._calls.get(entry.ref)
         if entry.kind == "invite" and call is not None and entry.tx.request is call.invite:
+            if self._try_next_server(call, 408, now):
+                return
             self._calls.pop(call.call_id, None)
             self._events.append(OutboundCallFailed(call.call_id, 408, "Request Timeout"))
         elif entry.kind == "reinvite" and call is not None:

@@ -430,6 +430,13 @@ class OutboundTarget:
     """``UDP``, ``TCP`` or ``TLS`` (``sips:`` or ``;transport=tls``: port 5061 by default)."""
     via_proxy: bool = False
     """The next hop is the outbound proxy: put it in a Route header (``;lr``)."""
+    named_port: int | None = None
+    """The next hop URI's own port; None: it names none (``port`` is the default, and
+    RFC 3263 server location may find another by SRV: ``bridge.sip.locate``)."""
+    scheme: str = "sip"
+    """The next hop URI's scheme (``sips``: TLS only, SRV ``_sips._tcp``)."""
+    named_transport: str | None = None
+    """The next hop URI's ``transport`` parameter (upper case); None: it names none."""
 
 
 def e164(number: str) -> str:
@@ -497,6 +504,14 @@ def outbound_target(
         raise TargetError(f"no host to send the call to in {str(hop)!r}")
     transport = _transport_of(hop)
     default_port = 5061 if transport == "TLS" else 5060
+    named = hop.param("transport")
     return OutboundTarget(
-        request_uri, hop.host, hop.port or default_port, transport, via_proxy=hop_uri is not None
+        request_uri,
+        hop.host,
+        hop.port or default_port,
+        transport,
+        via_proxy=hop_uri is not None,
+        named_port=hop.port or None,
+        scheme=hop.scheme.lower(),
+        named_transport=named.upper() if named else None,
     )

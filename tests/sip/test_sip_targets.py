@@ -30,11 +30,16 @@ def test_tel_target_becomes_a_sip_uri_at_the_gateway() -> None:
         5070,
         "UDP",
         via_proxy=True,
+        named_port=5070,
     )
     # no proxy: the registrar's host takes the number, and is the next hop
     target = outbound_target("tel:+15551230000", None, "sip:pbx.example.com;transport=tcp")
     assert target == OutboundTarget(
-        "sip:+15551230000@pbx.example.com;user=phone", "pbx.example.com", 5060, "TCP"
+        "sip:+15551230000@pbx.example.com;user=phone",
+        "pbx.example.com",
+        5060,
+        "TCP",
+        named_transport="TCP",
     )
     with pytest.raises(TargetError, match="outbound_proxy or a registration"):
         outbound_target("tel:+15551230000")
@@ -42,9 +47,22 @@ def test_tel_target_becomes_a_sip_uri_at_the_gateway() -> None:
         outbound_target("tel:5551230000;phone-context=example.com", PROXY)
 
 
+def test_targets_say_what_the_hop_uri_named_for_server_location() -> None:
+    # RFC 3263: no port named lets SRV choose one; the scheme and transport= narrow it
+    target = outbound_target("sips:bob@example.com")
+    assert (target.port, target.named_port, target.scheme, target.named_transport) == (
+        5061,
+        None,
+        "sips",
+        None,
+    )
+    target = outbound_target("sip:bob@example.com:5099;transport=tcp")
+    assert (target.named_port, target.scheme, target.named_transport) == (5099, "sip", "TCP")
+
+
 def test_sip_targets_keep_their_uri_and_say_their_transport() -> None:
     assert outbound_target("<sip:bob@192.0.2.1:5080>") == OutboundTarget(
-        "sip:bob@192.0.2.1:5080", "192.0.2.1", 5080, "UDP"
+        "sip:bob@192.0.2.1:5080", "192.0.2.1", 5080, "UDP", named_port=5080
     )
     assert outbound_target("sip:bob@192.0.2.1;transport=TCP").transport == "TCP"
     via_proxy = outbound_target("sip:bob@192.0.2.1", PROXY)

@@ -27,13 +27,14 @@ import re
 import secrets
 import socket
 import ssl
+from collections.abc import Sequence
 
 from bridge import commands as cmd
 from bridge.config import ConnectionLimits, RouteConfig, SipRegistration, split_hostport
 from bridge.engine import LocalProtocolError, SendDatagram
 from bridge.io.callrun import CallRunner
 from bridge.io.connlimits import ConnectionGate
-from bridge.io.dns import DnsCache, DnsError, is_ip_literal
+from bridge.io.dns import DnsCache, DnsError, SipLocator, is_ip_literal, make_resolver
 from bridge.io.legs.sip_call import _DatagramProtocol, _SipCall
 from bridge.io.services import Services
 from bridge.io.sip_tls import HANDSHAKE_TIMEOUT_S, ClientContexts, server_context
@@ -43,6 +44,7 @@ from bridge.media.call_types import AnswerLeg, LegProfile, RejectLeg
 from bridge.rtp.ports import UNUSABLE_COOLDOWN_S, RtpPortAllocator
 from bridge.rtp.session import LatchingMode
 from bridge.rtp.srtp import SrtpContext
+from bridge.sip.dialog import Peer
 from bridge.sip.digest import DigestCredentials
 from bridge.sip.errors import SipParseError
 from bridge.sip.events import (
@@ -57,11 +59,13 @@ from bridge.sip.events import (
     OutboundCallAnswered,
     OutboundCallFailed,
     OutboundCallProgress,
+    OutboundCallRetried,
     RegistrationStateChanged,
     SendStream,
     SrtpKeyChanged,
     TransferProgress,
 )
+from bridge.sip.locate import Located, plan_lookup
 from bridge.sip.sdp import (
     SDES_SUITES,
     NegotiatedAudio,
@@ -86,6 +90,9 @@ _URI_USER = re.compile(r"^sips?:([^@;>]+)@", re.IGNORECASE)
 MAX_BIND_ATTEMPTS = 8
 PORT_ZERO_ATTEMPTS = 20
 """A ``[sip] listen`` on port 0 whose later transport finds the port held: bound again."""
+MAX_NEXT_SERVERS = 3
+"""A call out tries at most this many servers after the first (RFC 3263 §4.3): each
+that times out costs Timer B (32 s)."""
 TIMER_RETRY_S = 0.1
 """After ``handle_timer`` raised, the engine's timer is tried again no sooner than this."""
 
@@ -235,6 +242,19 @@ class _UaRunner:
             self.peer_conns[key] = conn_id
             self.conn_peers[conn_id] = key
         self._open(conn_id, [])
+        return conn_id
+
+    def reserve(self, addr: tuple[str, int], server_name: str = "", trunk: str = "") -> int:
+        """The conn_id of a peer's connection (as ``connect``), without opening it: it is
+        opened when the engine first sends on it (a call's next server, RFC 3263)."""
+        tls = self.tls is not None
+        key = (addr[0], addr[1], (server_name or addr[0]) if tls else "", trunk if tls else "")
+        conn_id = self.peer_conns.get(key, 0)
+        if not conn_id:
+            conn_id = self.next_conn_id
+            self.next_conn_id += 1
+            self.peer_conns[key] = conn_id
+            self.conn_peers[conn_id] = key
         return conn_id
 
     def refer_target(self, call_id: str, target: str) -> str:
@@ -496,6 +516,9 @@ class SipLeg:
         """The calls through a ``[trunks]`` entry (out, and in from its sources)."""
         self.trunk_limits: dict[str, TrunkLimiter] = {}
         """Each trunk's concurrent calls and call-out rate (``bridge.sip.trunks``)."""
+        self.dns_servers = cfg.dns_servers
+        self.locator = SipLocator(make_resolver(cfg.dns_servers))
+        """RFC 3263 server location of next hops (``bridge.io.dns``): ``[sip] dns_servers``."""
 
     def _settings(self, host: str, port: int, transport: str) -> SipSettings:
         cfg = self.services.config.sip
@@ -590,8 +613,8 @@ class SipLeg:
         the trunk's TLS settings, opened again when it drops, and the engine registers
         again on it)."""
         cfg = self.services.config
-        regs: list[tuple[SipRegistration, str, str, DigestCredentials | None]] = [
-            (reg, reg.registrar, "", DigestCredentials(reg.user, reg.password))
+        regs: list[tuple[SipRegistration, str, str, DigestCredentials | None, str | None]] = [
+            (reg, reg.registrar, "", DigestCredentials(reg.user, reg.password), None)
             for reg in cfg.sip.registrations
         ]
         regs += [
@@ -600,37 +623,81 @@ class SipLeg:
                 t.registrar_hop,
                 t.name,
                 trunk_credentials(t),
+                t.transport.upper(),
             )
             for t in cfg.trunks
             if t.registrar
         ]
-        for reg, hop, trunk, credentials in regs:
+        for reg, hop, trunk, credentials, fixed in regs:
             try:
                 target = outbound_target(hop)
             except TargetError:
-                target = None
-            ua = next((r for r in self.runners if target and r.kind == target.transport), None)
-            if ua is None or target is None:
                 log.error("sip.register_impossible", registration=reg.name)
                 continue
-            dest = (target.host, target.port)
-            conn_id = ua.connect(dest, target.host, trunk) if ua.kind != "UDP" else None
-            ua.ua.register(
-                dest,
-                reg.registrar,
-                f"sip:{reg.user}@{target.host}",
-                ua.loop.time(),
-                credentials=credentials,
-                expires_s=reg.expires_s,
-                conn_id=conn_id,
+            transport = fixed or target.named_transport
+            plan = plan_lookup(
+                target.host, target.named_port, target.scheme, transport, self.transports()
             )
-            ua.pump()
-            log.info(
-                "sip.registering",
-                registration=reg.name,
-                registrar=reg.registrar,
-                transport=target.transport,
-            )
+            if plan.srv:  # a registrar named without a port: RFC 3263 first
+                self.services.spawn(
+                    self._locate_and_register(reg, target, trunk, credentials, transport)
+                )
+            else:
+                self._register_at(reg, target, trunk, credentials)
+
+    async def _locate_and_register(
+        self,
+        reg: SipRegistration,
+        target: OutboundTarget,
+        trunk: str,
+        credentials: DigestCredentials | None,
+        transport: str | None,
+    ) -> None:
+        try:
+            located = await self.locate_hop(target, transport)
+        except DnsError as e:
+            log.error("sip.register_impossible", registration=reg.name, error=str(e))
+            return
+        self._register_at(reg, target, trunk, credentials, located[0])
+
+    def _register_at(
+        self,
+        reg: SipRegistration,
+        target: OutboundTarget,
+        trunk: str,
+        credentials: DigestCredentials | None,
+        located: Located | None = None,
+    ) -> None:
+        """REGISTER at ``target`` (at ``located`` when RFC 3263 found where it is: only the
+        first place found is used, and kept for the refreshes)."""
+        if located is not None:
+            target = dataclasses.replace(target, transport=located.transport)
+        ua = next((r for r in self.runners if r.kind == target.transport), None)
+        if ua is None:
+            log.error("sip.register_impossible", registration=reg.name)
+            return
+        dest = (target.host, target.port)
+        if located is not None:
+            dest = (located.address, located.port)
+        conn_id = ua.connect(dest, target.host, trunk) if ua.kind != "UDP" else None
+        ua.ua.register(
+            dest,
+            reg.registrar,
+            f"sip:{reg.user}@{target.host}",
+            ua.loop.time(),
+            credentials=credentials,
+            expires_s=reg.expires_s,
+            conn_id=conn_id,
+        )
+        ua.pump()
+        log.info(
+            "sip.registering",
+            registration=reg.name,
+            registrar=reg.registrar,
+            transport=target.transport,
+            address=dest[0],
+            port=dest[1],
+        )
 
     def active_calls(self) -> int:
         return len(self.calls)
@@ -703,6 +770,17 @@ class SipLeg:
             call = self.calls.get(event.call_id)
             if call is not None and call.runner is not None:
                 call.runner.early_media_expired()
+        elif isinstance(event, OutboundCallRetried):
+            log.info(
+                "sip.outbound_next_server",
+                call_id=event.call_id,
+                status=event.status,
+                address=event.addr[0],
+                port=event.addr[1],
+            )
+            pending = self.pending_routes.get(event.call_id)
+            if pending is not None:  # the next hop the call's media is compared with
+                self.pending_routes[event.call_id] = (*pending[:3], event.addr[0])
         elif isinstance(event, OutboundCallFailed):
             self.pending_routes.pop(event.call_id, None)
             self.offered_keys.pop(event.call_id, None)
@@ -927,7 +1005,7 @@ class SipLeg:
         to_uri: str,
         from_uri: str,
         route_key: str,
-        resolved: dict[str, str] | None = None,
+        located: Sequence[Located] | None = None,
         trunk: str = "",
     ) -> str:
         """Place a call to ``to_uri`` (``sip:`` or ``tel:+E164``); returns its Call-ID
@@ -937,9 +1015,13 @@ class SipLeg:
         or the first registrar's host. Credentials for a 401/407: the registration
         whose registrar host is the next hop's or the Request-URI's.
 
-        A host name in ``to_uri`` is sent to at its address in ``resolved`` (the
-        API looks it up first, so its caller hears of a name that does not
-        resolve); without one the name is resolved as the INVITE leaves.
+        ``located``: where the next hop is (``locate_hop``: RFC 3263, SRV then A/AAAA; the
+        API looks it up first, so its caller hears of a name that does not resolve): the
+        INVITE goes to the first place, over its transport, and to the next ones in turn
+        (at most ``MAX_NEXT_SERVERS`` more) when one answers 503, cannot be connected to,
+        or times out before the call rings (RFC 3263 §4.3).
+        Without it a host name is resolved (A/AAAA, the URI's or the default port) as the
+        INVITE leaves.
 
         ``trunk`` names a ``[trunks]`` entry (a ``tel:`` target without one takes the only
         trunk): its proxy, transport, credentials, caller ID (``from_uri`` empty), codecs,
@@ -952,16 +1034,24 @@ class SipLeg:
             ValueError: no route, no transport of that kind, or no RTP port.
         """
         cfg = self.services.call_config()
-        chosen = choose_trunk(cfg.trunks, trunk, to_uri)
+        chosen, proxy, target = self._outbound(to_uri, trunk)
         if chosen is not None:
-            proxy, security, codecs = chosen.next_hop, chosen.security, chosen.codecs
-            target = outbound_target(to_uri, proxy, proxy)
+            security, codecs = chosen.security, chosen.codecs
             from_uri = from_uri or _caller_id(chosen, target.host)
         else:
-            registrar = cfg.sip.registrations[0].registrar if cfg.sip.registrations else None
-            proxy, security, codecs = cfg.sip.outbound_proxy, cfg.sip.security, cfg.sip.codecs
-            target = outbound_target(to_uri, proxy or None, proxy or registrar)
+            security, codecs = cfg.sip.security, cfg.sip.codecs
             from_uri = from_uri or "sip:callbridge@localhost"
+        if located:  # RFC 3263: the first place found (its transport may be SRV's choice)
+            first = located[0]
+            target = dataclasses.replace(target, transport=first.transport)
+            log.info(
+                "sip.next_hop_located",
+                host=target.host,
+                address=first.address,
+                port=first.port,
+                transport=first.transport,
+                others=len(located) - 1,
+            )
         route = cfg.route_for(route_key or _route_key(target.request_uri))
         if route is None:
             raise ValueError("no route matches")
@@ -977,8 +1067,8 @@ class SipLeg:
                 f"no {target.transport} transport to call out on (sip.listen, sip.tls_listen)"
             )
         dest = (target.host, target.port)
-        if resolved and dest[0] in resolved:
-            dest = (resolved[dest[0]], dest[1])
+        if located:
+            dest = (located[0].address, located[0].port)
         if limiter is not None and (refusal := limiter.admit(ua.loop.time())) is not None:
             raise TrunkLimited(refusal)
         host = ua.ua.settings.local_host
@@ -1008,6 +1098,16 @@ class SipLeg:
         headers = (("Route", f"<{proxy};lr>"),) if target.via_proxy else ()
         trunk_name = chosen.name if chosen is not None else ""
         conn_id = ua.connect(dest, target.host, trunk_name) if target.transport != "UDP" else None
+        alternates = [
+            Peer(
+                (place.address, place.port),
+                ua.reserve((place.address, place.port), target.host, trunk_name)
+                if ua.kind != "UDP"
+                else None,
+            )
+            for place in (located or ())[1 : 1 + MAX_NEXT_SERVERS]
+            if place.transport == ua.kind
+        ]
         call_id = ua.ua.invite(
             target.request_uri,
             from_uri,
@@ -1018,6 +1118,7 @@ class SipLeg:
             headers=headers,
             conn_id=conn_id,
             from_display=chosen.caller_name if chosen is not None else "",
+            alternates=alternates,
         )
         call.call_id, call.outbound = call_id, True
         self.calls[call_id] = call
@@ -1029,6 +1130,62 @@ class SipLeg:
             self.offered_keys[call_id] = keys
         ua.pump()
         return call_id
+
+    def _outbound(
+        self, to_uri: str, trunk: str
+    ) -> tuple[TrunkConfig | None, str | None, OutboundTarget]:
+        """The trunk a call to ``to_uri`` goes through (None: ``[sip]``'s settings), its
+        outbound proxy, and the target (its next hop).
+
+        Raises:
+            TargetError: as ``outbound_target``; ``TrunkError`` for the trunk's name.
+        """
+        cfg = self.services.call_config()
+        chosen = choose_trunk(cfg.trunks, trunk, to_uri)
+        if chosen is not None:
+            proxy: str | None = chosen.next_hop
+            return chosen, proxy, outbound_target(to_uri, proxy, proxy)
+        registrar = cfg.sip.registrations[0].registrar if cfg.sip.registrations else None
+        proxy = cfg.sip.outbound_proxy or None
+        return None, proxy, outbound_target(to_uri, proxy, proxy or registrar)
+
+    def outbound_hop(
+        self, to_uri: str, trunk: str = ""
+    ) -> tuple[OutboundTarget, str | None] | None:
+        """The next hop ``originate(to_uri, trunk=trunk)`` sends to, and the transport it
+        must use (a trunk's; the URI's ``transport``; None: any, as SRV finds); None
+        when the call cannot be placed (``originate`` then says why)."""
+        try:
+            chosen, _, target = self._outbound(to_uri, trunk)
+        except ValueError:
+            return None
+        if chosen is not None:
+            return target, chosen.transport.upper()
+        return target, target.named_transport
+
+    def transports(self) -> tuple[str, ...]:
+        """The transports this node can send on (``UDP``, ``TCP``, ``TLS``)."""
+        return tuple(dict.fromkeys(r.kind for r in self.runners))
+
+    def _current_locator(self) -> SipLocator:
+        servers = self.services.config.sip.dns_servers
+        if servers != self.dns_servers:  # a reload changed them
+            self.dns_servers = servers
+            self.locator = SipLocator(make_resolver(servers))
+        if self.runners:
+            self.locator.family = self.runners[0].dns.family
+        return self.locator
+
+    async def locate_hop(self, target: OutboundTarget, transport: str | None) -> list[Located]:
+        """Where ``target``'s next hop is, best first (RFC 3263: ``SipLocator``): SRV for a
+        host name without a port, then A/AAAA.
+
+        Raises:
+            DnsError: nothing found, or no answer in time (naming the host).
+        """
+        return await self._current_locator().locate(
+            target.host, target.named_port, target.scheme, transport, self.transports()
+        )
 
     def pending_calls(self, now: float) -> list[tuple[str, str, str, str, float]]:
         """Outbound calls not answered yet, for the API: (call id, From, To, state, seconds
