@@ -925,7 +925,7 @@ class Baresip:
             w.setnchannels(1)
             w.setsampwidth(2)
             w.setframerate(8000)
-            w.writeframes(b"\\0\\0" * 8000 * 30)
+            w.writeframes(b"\0\0" * 8000 * 30)
         rtp_lo = free_udp_port(odd=False) // 2 * 2
         values = {
             "sip_port": self.sip_port,
