@@ -64,6 +64,7 @@ __all__ = [
     "RTP_CLOCK_RATE_HZ",
     "RTP_FRAME_TICKS",
     "SAMPLE_RATE_HZ",
+    "SILENCE_PRIMING_FRAMES",
     "OpusDecoder",
     "OpusEncoder",
     "available",
@@ -87,6 +88,9 @@ COMPLEXITY: Final = 5
 """libopus complexity 0-10 (FFmpeg's ``compression_level``): 5 costs about two thirds of
 the default 10 per frame for speech that sounds the same on a phone call (WebRTC uses 5
 on mobile); ``bench/bench_opus.py`` measures it."""
+SILENCE_PRIMING_FRAMES: Final = 5
+"""Frames of a silent stretch encoded through the encoder before ``encode_silence``
+repeats the last packet (see its docstring)."""
 _TIME_BASE: Final = Fraction(1, SAMPLE_RATE_HZ)
 _BIG_ENDIAN: Final = sys.byteorder == "big"
 _CUTOFF_HZ: Final = {8000: "4000", 12000: "6000"}
@@ -131,7 +135,7 @@ class OpusEncoder:
             a few percent.
     """
 
-    __slots__ = ("_context", "_frame_type", "_pts")
+    __slots__ = ("_context", "_frame_type", "_pts", "_silence", "_silent_frames")
 
     def __init__(
         self,
@@ -159,6 +163,10 @@ class OpusEncoder:
         self._context = context
         self._frame_type = AudioFrame
         self._pts = 0
+        self._silent_frames = 0
+        """``encode_silence`` calls since the last ``encode``."""
+        self._silence = b""
+        """The last silence packet encoded."""
 
     def encode(self, pcm_s16le: bytes) -> bytes:
         """Encode one 20 ms frame (640 bytes) into one packet (its size varies).
@@ -178,13 +186,29 @@ class OpusEncoder:
         frame.sample_rate = SAMPLE_RATE_HZ
         frame.pts = self._pts
         self._pts += FRAME_SAMPLES
+        self._silent_frames = 0
         packets = self._context.encode(frame)
         # libopus at 20 ms frames: one packet per frame, no look-ahead held back
         return bytes(packets[0]) if len(packets) == 1 else b"".join(bytes(p) for p in packets)
 
     def encode_silence(self) -> bytes:
-        """One 20 ms packet of silence, through the stream's state (between turns)."""
-        return self.encode(bytes(FRAME_BYTES))
+        """One 20 ms packet of silence (comfort silence between turns).
+
+        The first ``SILENCE_PRIMING_FRAMES`` of a silent stretch go through the
+        encoder, so its state (and the far decoder's) settles on silence after
+        the turn's tail; from then on the last of them is sent again instead of
+        encoding zeros (an encode costs tens of µs, ``bench/bench_opus.py``;
+        libopus's packet for settled digital silence is the same few bytes
+        each time). The encoder's state then stays at settled silence, which is
+        what the far decoder has too, so the next turn starts as it would have.
+        """
+        silent = self._silent_frames
+        if silent >= SILENCE_PRIMING_FRAMES:
+            return self._silence
+        packet = self.encode(bytes(FRAME_BYTES))
+        self._silent_frames = silent + 1
+        self._silence = packet
+        return packet
 
 
 class OpusDecoder:

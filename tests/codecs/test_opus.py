@@ -148,3 +148,21 @@ def test_encode_wants_one_whole_frame() -> None:
 def test_fec_option_still_encodes() -> None:
     out = _decode(list(_packets(_tone(1000, 30), opus.OpusEncoder(fec=True))))
     assert abs(_peak_hz(out[opus.FRAME_SAMPLES * 10 :]) - 1000) < 30
+
+
+def test_a_silent_stretch_is_primed_through_the_encoder_then_repeated() -> None:
+    encoder, decoder = opus.OpusEncoder(), opus.OpusDecoder()
+    speech = _packets(_tone(440, 10), encoder)
+    silence = [encoder.encode_silence() for _ in range(20)]
+    # the first frames after the turn go through the encoder: its tail decays
+    assert len(set(silence[: opus.SILENCE_PRIMING_FRAMES])) > 1
+    assert all(
+        p is silence[opus.SILENCE_PRIMING_FRAMES - 1]
+        for p in silence[opus.SILENCE_PRIMING_FRAMES :]
+    )
+    after = _packets(_tone(440, 20), encoder)  # encode() starts a new stretch
+    assert encoder.encode_silence() is not silence[-1]
+    out = [decoder.decode(p) for p in speech + silence + after]
+    assert _rms(np.frombuffer(b"".join(out[15:30]), dtype="<i2")) < 10  # silence decoded
+    resumed = np.frombuffer(b"".join(out[35:]), dtype="<i2")
+    assert abs(_peak_hz(resumed) - 440) < 30 and _rms(resumed) > 0.5 * _rms(_tone(440, 15))
