@@ -162,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--duration", type=float, default=10.0, help="seconds before hanging up")
     k.add_argument("--json", action="store_true", help="print the report as JSON")
     k.add_argument(
-        "--codecs", default="", help="SIP: the offer's codecs, e.g. G722,PCMU (default PCMU,PCMA)"
+        "--codecs",
+        default="",
+        help="SIP: the offer's codecs, e.g. OPUS,G722,PCMU (default PCMU,PCMA)",
     )
     k.add_argument("--route", help="media streams: customParameters.route of the start message")
     k.set_defaults(func=_cmd_call)

@@ -11,7 +11,10 @@ Two kinds of target, one shape:
   (``--codecs``: another list, e.g. ``G722,PCMU`` to offer G.722 first; a
   G.722 call sends its 8 kHz clips interpolated to 16 kHz and decodes what it
   hears with its own G.722 codecs, the recording resampled to 8 kHz and also
-  kept at 16 kHz in ``CallResult.heard_wideband_pcm_s16le``).
+  kept at 16 kHz in ``CallResult.heard_wideband_pcm_s16le``; ``OPUS`` offers
+  Opus at payload type 111, ``opus/48000/2``, with telephone-event/48000 beside
+  it, and an Opus call does the same with its own Opus codecs, its RTP clock
+  and DTMF at 48 kHz).
 * ``ws://HOST:PORT/twilio``: the carrier side of a Twilio media stream, the
   sans-I/O ``TwilioCarrier`` (``bridge.streams.carrier``) over a websockets
   client: ``connected`` + ``start`` (``customParameters.route`` from
@@ -88,6 +91,7 @@ from bridge.streams.carrier import MULAW_SILENCE, TwilioCarrier
 from telcodec import g711
 from telcodec.dtmf import generate as dtmf_tones
 from telcodec.g722 import G722Decoder, G722Encoder
+from telcodec.opus import OpusDecoder, OpusEncoder
 from telcodec.resample import StreamResampler
 
 __all__ = ["CallerError", "CallerOptions", "SpeakClip", "Uplink", "place_call", "run_caller"]
@@ -99,7 +103,7 @@ SAMPLE_RATE_HZ = 8000
 FRAME_PCM_BYTES = 320
 SILENCE_PCM = bytes(FRAME_PCM_BYTES)
 CODECS = ("PCMU", "PCMA")
-KNOWN_CODECS = ("PCMU", "PCMA", "G722")
+KNOWN_CODECS = ("PCMU", "PCMA", "G722", "OPUS")
 TELEPHONE_EVENT_PT = 101
 DTMF_DIGITS = "0123456789*#ABCD"
 DTMF_DEFAULT_AT_S = 1.0
@@ -138,7 +142,7 @@ class CallerOptions:
     route: str | None = None
     as_json: bool = False
     codecs: tuple[str, ...] = CODECS
-    """SIP: the offer's codecs, in preference order (``G722`` too)."""
+    """SIP: the offer's codecs, in preference order (``G722``, ``OPUS`` too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +151,9 @@ class CallResult:
     heard_pcm_s16le: bytes
     """What the caller heard, 8 kHz mono, from the answer on."""
     codec: str = ""
-    """SIP: the codec of the answer (``PCMU``, ``PCMA``, ``G722``)."""
+    """SIP: the codec of the answer (``PCMU``, ``PCMA``, ``G722``, ``OPUS``)."""
     heard_wideband_pcm_s16le: bytes = b""
-    """A G.722 call: what the caller heard at 16 kHz, as decoded."""
+    """A G.722 or Opus call: what the caller heard at 16 kHz, as decoded."""
 
 
 # --- options --------------------------------------------------------------------------------
@@ -547,9 +551,14 @@ class _SipCaller:
         self.audio = audio
         if audio.codec == "G722":
             self.wide = _G722Caller()
+        elif audio.codec == "OPUS":
+            self.wide = _G722Caller(opus=True)
+        self.dtmf_sender = DtmfSender(samples_per_frame=audio.samples_per_frame)
         config = RtpSessionConfig(
             payload_types=frozenset({audio.payload_type}),
             telephone_event_pt=audio.telephone_event_pt,
+            clock_rate_hz=audio.clock_rate_hz,  # Opus: 48 kHz, 960 per frame
+            samples_per_frame=audio.samples_per_frame,
             latch=True,
         )
         self.rtp = RtpSession(config, audio.remote_addr, now)
@@ -656,13 +665,14 @@ class _SipCaller:
 
 
 class _G722Caller:
-    """A G.722 call's codecs: one encoder, one decoder per order of arrival (levels as
-    packets arrive, the recording in the jitter buffer's order), 16 kHz to 8 kHz."""
+    """A G.722 (or, ``opus``, an Opus) call's codecs: one encoder, one decoder per order
+    of arrival (levels as packets arrive, the recording in the jitter buffer's order),
+    16 kHz to 8 kHz."""
 
-    def __init__(self) -> None:
-        self.encoder = G722Encoder()
-        self.arrived = G722Decoder()
-        self.heard = G722Decoder()
+    def __init__(self, opus: bool = False) -> None:
+        self.encoder: G722Encoder | OpusEncoder = OpusEncoder() if opus else G722Encoder()
+        self.arrived: G722Decoder | OpusDecoder = OpusDecoder() if opus else G722Decoder()
+        self.heard: G722Decoder | OpusDecoder = OpusDecoder() if opus else G722Decoder()
         self.to_8k = StreamResampler(16000, 8000)
         self._last = 0.0
 

@@ -452,18 +452,18 @@ def static_prompts(config: Config) -> list[StaticPrompt]:
 
 
 PCM_16K = AudioFormat("pcm_s16le", 16000)
-"""A G.722 call's format (``bridge.io.legs.sip_call``)."""
+"""A G.722 or Opus call's format (``bridge.io.legs.sip_call``)."""
 
 
 def prerender_formats(config: Config) -> list[AudioFormat]:
     """The formats calls ask prompts in: 8 kHz mu-law (every carrier dialect's default and
     PCMU), A-law as well where SIP prefers PCMA, and 16 kHz PCM where SIP or a trunk
-    prefers G.722 (a G.722 call is a 16 kHz linear leg)."""
+    prefers G.722 or Opus (a call in either is a 16 kHz linear leg)."""
     formats = [MULAW_8K]
     if config.sip.enabled and config.sip.codecs[:1] == ("PCMA",):
         formats.append(ALAW_8K)
     preferred = [config.sip.codecs[:1], *(t.codecs[:1] for t in config.trunks)]
-    if config.sip.enabled and ("G722",) in preferred:
+    if config.sip.enabled and (("G722",) in preferred or ("OPUS",) in preferred):
         formats.append(PCM_16K)
     return formats
 

@@ -11,8 +11,13 @@ keeps the o= session id and version).
   (a ``ValueError``); the user agent turns it into ``400``/``488``.
 * ``negotiate(offer, codecs)`` picks the first audio ``m=`` line speaking
   RTP/AVP with a codec from our preference list (PCMU=0 / PCMA=8 / G722=9,
-  or a dynamic payload type mapped to them) plus ``telephone-event`` at 8 kHz,
-  keeping the offerer's payload type numbers. ``None`` means "no match": 488.
+  or a dynamic payload type mapped to them; Opus at whatever dynamic payload
+  type the peer maps ``opus/48000/2`` to, RFC 7587) plus ``telephone-event``
+  at the chosen codec's RTP clock (8 kHz, or 48 kHz for Opus: RFC 4733 §2.1
+  wants the audio's clock), keeping the offerer's payload type numbers.
+  ``None`` means "no match": 488. Opus's ``a=fmtp`` is read into
+  ``OpusParams`` (``maxplaybackrate``, ``stereo``, ``sprop-stereo``,
+  ``useinbandfec``; the rest is ignored).
 * ``build_answer`` answers every ``m=`` line in order (RFC 3264 §6): the chosen
   one with our address, port and ``ptime:20``, the others with port 0. The
   answered direction follows §6.1: sendonly -> recvonly, recvonly -> sendonly,
@@ -47,6 +52,11 @@ from typing import Final, Literal
 from bridge.sip.uri import ascii_digits
 
 __all__ = [
+    "CLOCK_RATES_HZ",
+    "CODECS",
+    "OPUS_EVENT_PT",
+    "OPUS_FMTP",
+    "OPUS_PT",
     "PAYLOAD_TYPES",
     "SDES_SUITES",
     "STATIC_PAYLOAD_TYPES",
@@ -54,6 +64,7 @@ __all__ = [
     "Direction",
     "MediaDescription",
     "NegotiatedAudio",
+    "OpusParams",
     "Origin",
     "SdesCrypto",
     "SdpError",
@@ -68,18 +79,40 @@ __all__ = [
 ]
 
 Direction = Literal["sendrecv", "sendonly", "recvonly", "inactive"]
-Codec = Literal["PCMU", "PCMA", "G722"]
-"""The audio codecs we negotiate (RFC 3551 static payload types 0, 8 and 9)."""
+Codec = Literal["PCMU", "PCMA", "G722", "OPUS"]
+"""The audio codecs we negotiate (RFC 3551 static payload types 0, 8 and 9; Opus dynamic)."""
+CODECS: Final[tuple[Codec, ...]] = ("PCMU", "PCMA", "G722", "OPUS")
+"""Every codec we speak."""
 _DIRECTIONS: tuple[Direction, ...] = ("sendrecv", "sendonly", "recvonly", "inactive")
 MAX_SDP_LINES = 256
 """Most lines accepted in one SDP body."""
 MAX_MEDIA_LINES = 16
 """Most ``m=`` lines accepted in one SDP body."""
 STATIC_PAYLOAD_TYPES: Final[dict[int, Codec]] = {0: "PCMU", 8: "PCMA", 9: "G722"}
-PAYLOAD_TYPES: Final[dict[Codec, int]] = {name: pt for pt, name in STATIC_PAYLOAD_TYPES.items()}
+OPUS_PT: Final = 111
+"""The dynamic payload type we offer Opus at (the common choice: WebRTC's); in an
+answer we keep whatever the offerer mapped ``opus/48000/2`` to."""
+OPUS_EVENT_PT: Final = 110
+"""The payload type we offer ``telephone-event/48000`` at, beside Opus."""
+OPUS_FMTP: Final = "maxplaybackrate=16000;sprop-maxcapturerate=16000"
+"""Our Opus ``a=fmtp`` (RFC 7587 §6.1): we decode and capture at 16 kHz (the leg's
+rate), so the sender may spend no bits above 8 kHz. Mono is the default (no
+``stereo``); no ``useinbandfec=1``, since FFmpeg's libopus decoder does not use FEC."""
+PAYLOAD_TYPES: Final[dict[Codec, int]] = {
+    **{name: pt for pt, name in STATIC_PAYLOAD_TYPES.items()},
+    "OPUS": OPUS_PT,
+}
+"""The payload type of each codec in our offers."""
 CLOCK_RATE_HZ = 8000
-"""The RTP clock of all three, G.722 too: RFC 3551 §4.5.2 keeps its historical 8000
+"""The RTP clock of G.711 and G.722 too: RFC 3551 §4.5.2 keeps G.722's historical 8000
 (``G722/8000``) although it samples at 16 kHz, so a 20 ms frame is still 160 ticks."""
+CLOCK_RATES_HZ: Final[dict[Codec, int]] = {
+    "PCMU": CLOCK_RATE_HZ,
+    "PCMA": CLOCK_RATE_HZ,
+    "G722": CLOCK_RATE_HZ,
+    "OPUS": 48000,
+}
+"""Each codec's RTP clock: Opus's is always 48 kHz (RFC 7587 §4.1), 960 ticks per 20 ms."""
 PTIME_MS = 20
 
 
@@ -211,6 +244,36 @@ class SessionDescription:
 
 
 @dataclass(frozen=True, slots=True)
+class OpusParams:
+    """The peer's Opus ``a=fmtp`` parameters we use (RFC 7587 §6.1; others are ignored)."""
+
+    max_playback_rate_hz: int = 48000
+    """``maxplaybackrate``: the most the peer will play (below 16000 we code narrower)."""
+    stereo: bool = False
+    """``stereo=1``: the peer prefers to receive stereo (we send mono anyway, always allowed)."""
+    sprop_stereo: bool = False
+    """``sprop-stereo=1``: the peer may send stereo (decoded to mono here)."""
+    use_inband_fec: bool = False
+    """``useinbandfec=1``: the peer's decoder uses in-band FEC, so our encoder adds it."""
+
+    @classmethod
+    def parse(cls, params: str) -> OpusParams:
+        """From an ``a=fmtp`` value; bad or unknown parameters are ignored, never raised."""
+        values: dict[str, str] = {}
+        for item in params.split(";"):
+            name, eq, value = item.strip().partition("=")
+            if eq:
+                values[name.strip().lower()] = value.strip()
+        rate = values.get("maxplaybackrate", "")
+        return cls(
+            max_playback_rate_hz=int(rate) if ascii_digits(rate) and 0 < len(rate) <= 6 else 48000,
+            stereo=values.get("stereo") == "1",
+            sprop_stereo=values.get("sprop-stereo") == "1",
+            use_inband_fec=values.get("useinbandfec") == "1",
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class NegotiatedAudio:
     """The outcome of offer/answer for the audio stream."""
 
@@ -226,6 +289,15 @@ class NegotiatedAudio:
     """``RTP/AVP`` or ``RTP/SAVP`` (SRTP, RFC 3711)."""
     crypto: tuple[SdesCrypto, ...] = ()
     """The stream's usable ``a=crypto`` attributes (RFC 4568), in the offered order."""
+    clock_rate_hz: int = CLOCK_RATE_HZ
+    """The codec's RTP clock (and telephone-event's): 8000, or 48000 for Opus."""
+    opus: OpusParams | None = None
+    """Opus only: the peer's ``a=fmtp`` parameters."""
+
+    @property
+    def samples_per_frame(self) -> int:
+        """RTP timestamp units per 20 ms frame: 160, or 960 for Opus."""
+        return self.clock_rate_hz // 50
 
     @property
     def remote_on_hold(self) -> bool:
@@ -383,14 +455,22 @@ def negotiate(sdp: SessionDescription, codecs: Sequence[str]) -> NegotiatedAudio
         chosen = _choose(offered, codecs)
         if chosen is None:
             continue
-        events = [pt for pt, enc, rate in offered if enc == "TELEPHONE-EVENT" and rate == 8000]
+        codec = _CODEC_NAMES[chosen[1]]
+        clock_hz = CLOCK_RATES_HZ[codec]
+        # RFC 4733 §2.1: the events' clock is the audio's (an Opus call with only
+        # telephone-event/8000 on offer gets none, and in-band DTMF detection)
+        events = [pt for pt, enc, rate in offered if enc == "TELEPHONE-EVENT" and rate == clock_hz]
         connection = media.connection or sdp.connection
         if connection is None:
             continue
         held = connection in ("0.0.0.0", "::")
+        opus = None
+        if codec == "OPUS":
+            fmtp = [params for pt, params in media.fmtp if pt == chosen[0]]
+            opus = OpusParams.parse(fmtp[0]) if fmtp else OpusParams()
         return NegotiatedAudio(
             media_index=index,
-            codec=_CODEC_NAMES[chosen[1]],
+            codec=codec,
             payload_type=chosen[0],
             telephone_event_pt=events[0] if events else None,
             remote_addr=None if held else (connection, media.port),
@@ -398,12 +478,14 @@ def negotiate(sdp: SessionDescription, codecs: Sequence[str]) -> NegotiatedAudio
             ptime_ms=media.ptime_ms or PTIME_MS,
             proto=media.proto,
             crypto=media.crypto,
+            clock_rate_hz=clock_hz,
+            opus=opus,
         )
     return None
 
 
 _PROFILES = ("RTP/AVP", "RTP/SAVP")
-_CODEC_NAMES: Final[dict[str, Codec]] = {name: name for name in PAYLOAD_TYPES}
+_CODEC_NAMES: Final[dict[str, Codec]] = {name: name for name in CODECS}
 
 
 def srtp_refusal(audio: NegotiatedAudio, transport: str, srtp: str) -> str | None:
@@ -429,8 +511,9 @@ def _choose(
     for wanted in codecs:
         if wanted.upper() not in _CODEC_NAMES:
             continue  # not one we can speak
+        name = _CODEC_NAMES[wanted.upper()]
         for codec in offered:
-            if codec[1] == wanted.upper() and codec[2] == CLOCK_RATE_HZ:
+            if codec[1] == name and codec[2] == CLOCK_RATES_HZ[name]:
                 return codec
     return None
 
@@ -459,19 +542,24 @@ def _session_lines(address: str, session_id: int, version: int, timing: str) -> 
 
 def _audio_lines(
     port: int,
-    codec_pts: Sequence[tuple[int, str]],
-    event_pt: int | None,
+    codec_pts: Sequence[tuple[int, Codec]],
+    events: Sequence[tuple[int, int]],
     direction: Direction,
     crypto: Sequence[SdesCrypto] = (),
     proto: str = "",
 ) -> list[str]:
-    formats = [str(pt) for pt, _ in codec_pts] + ([str(event_pt)] if event_pt is not None else [])
+    """``events``: (payload type, clock rate) of each telephone-event."""
+    formats = [str(pt) for pt, _ in codec_pts] + [str(pt) for pt, _ in events]
     proto = proto or ("RTP/SAVP" if crypto else "RTP/AVP")
     lines = [f"m=audio {port} {proto} {' '.join(formats)}"]
     lines += [f"a={c.to_attribute()}" for c in crypto]
-    lines += [f"a=rtpmap:{pt} {name}/{CLOCK_RATE_HZ}" for pt, name in codec_pts]
-    if event_pt is not None:
-        lines += [f"a=rtpmap:{event_pt} telephone-event/8000", f"a=fmtp:{event_pt} 0-16"]
+    for pt, name in codec_pts:
+        if name == "OPUS":  # RFC 7587 §7: always opus/48000/2, mono or not
+            lines += [f"a=rtpmap:{pt} opus/48000/2", f"a=fmtp:{pt} {OPUS_FMTP}"]
+        else:
+            lines.append(f"a=rtpmap:{pt} {name}/{CLOCK_RATE_HZ}")
+    for pt, rate in events:
+        lines += [f"a=rtpmap:{pt} telephone-event/{rate}", f"a=fmtp:{pt} 0-16"]
     lines += [f"a=ptime:{PTIME_MS}", f"a={direction}"]
     return lines
 
@@ -495,9 +583,9 @@ def build_answer(
         if index == audio.media_index:
             codec = [(audio.payload_type, audio.codec)]
             keys = (crypto,) if crypto else ()
-            lines += _audio_lines(
-                port, codec, audio.telephone_event_pt, direction, keys, audio.proto
-            )
+            te = audio.telephone_event_pt
+            events = [(te, audio.clock_rate_hz)] if te is not None else []
+            lines += _audio_lines(port, codec, events, direction, keys, audio.proto)
         else:
             lines.append(f"m={media.media} 0 {media.proto} {' '.join(media.formats)}")
     return "\r\n".join(lines) + "\r\n"
@@ -514,10 +602,17 @@ def build_offer(
     crypto: Sequence[SdesCrypto] = (),
     proto: str = "",
 ) -> str:
-    """An audio offer for an outbound call (static payload types 0/8/9); ``RTP/SAVP``
-    with one ``a=crypto`` per key when ``crypto`` is given (``proto="RTP/AVP"`` with
-    ``crypto``: best-effort SRTP, a peer without it answers plain RTP)."""
-    codec_pts = [(PAYLOAD_TYPES[name], name) for name in codecs if name in PAYLOAD_TYPES]
+    """An audio offer for an outbound call (static payload types 0/8/9, Opus at 111);
+    ``RTP/SAVP`` with one ``a=crypto`` per key when ``crypto`` is given
+    (``proto="RTP/AVP"`` with ``crypto``: best-effort SRTP, a peer without it answers
+    plain RTP). telephone-event is offered at each clock the codecs use, as common
+    implementations do: ``/8000`` at ``telephone_event_pt`` beside G.711 or G.722,
+    ``/48000`` at ``OPUS_EVENT_PT`` beside Opus."""
+    codec_pts = [(PAYLOAD_TYPES[n], n) for n in (_CODEC_NAMES.get(c) for c in codecs) if n]
+    events: list[tuple[int, int]] = []
+    if telephone_event_pt is not None:
+        rates = sorted({CLOCK_RATES_HZ[name] for _, name in codec_pts})
+        events = [(telephone_event_pt if r == CLOCK_RATE_HZ else OPUS_EVENT_PT, r) for r in rates]
     lines = _session_lines(address, session_id, version, "0 0")
-    lines += _audio_lines(port, codec_pts, telephone_event_pt, direction, crypto, proto)
+    lines += _audio_lines(port, codec_pts, events, direction, crypto, proto)
     return "\r\n".join(lines) + "\r\n"

@@ -184,11 +184,11 @@ class SipSettings:
 # ------------------------------------------------------------ [sip] in the config
 
 
-CODECS = ("PCMU", "PCMA", "G722")
+CODECS = ("PCMU", "PCMA", "G722", "OPUS")
 """The codec names ``[sip] codecs`` and a trunk's ``codecs`` accept (``bridge.sip.sdp.Codec``)."""
 DEFAULT_CODECS = ("PCMU", "PCMA")
-"""G.711 only unless configured: G.722 is used when a config puts it in the list (first,
-to prefer it), so a deployment opts in to the wideband path and its higher CPU."""
+"""G.711 only unless configured: G.722 or Opus is used when a config puts it in the list
+(first, to prefer it), so a deployment opts in to the wideband path and its higher CPU."""
 
 
 DEFAULT_RTP_PORTS = (20000, 20999)
@@ -333,8 +333,9 @@ class SipConfig:
         type_doc="`sip:` URI", check=_sip_target,
     )  # fmt: skip
     codecs: tuple[str, ...] = setting(
-        DEFAULT_CODECS, "preference order (`G722` first: 16 kHz wideband with callers that "
-        "offer it, docs/sip.md); telephone-event is always offered", choices=CODECS,
+        DEFAULT_CODECS, "preference order (`OPUS` or `G722` first: 16 kHz wideband with "
+        "callers that offer it, docs/sip.md); telephone-event is always offered",
+        choices=CODECS,
         noun="codec",
     )  # fmt: skip
     dns_servers: tuple[str, ...] = setting(

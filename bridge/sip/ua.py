@@ -65,7 +65,7 @@ from bridge.sip.events import (
 )
 from bridge.sip.message import SipRequest, SipResponse
 from bridge.sip.registration import FAILURE_RETRY_S, Registration
-from bridge.sip.sdp import PAYLOAD_TYPES, SdpError, negotiate, parse_sdp
+from bridge.sip.sdp import CODECS, SdpError, negotiate, parse_sdp
 from bridge.sip.settings import SipSettings
 from bridge.sip.ua_core import ClientEntry, ServerEntry
 from bridge.sip.uas import ALLOWED_METHODS, UasAgent, challenge_values
@@ -322,7 +322,7 @@ class SipUserAgent(UasAgent):
             call.audio = (
                 # the answer picks from our offer, which had a trunk's codecs (not
                 # always [sip]'s): ours first, then any codec we speak
-                negotiate(parse_sdp(call.remote_sdp), (*self.settings.codecs, *PAYLOAD_TYPES))
+                negotiate(parse_sdp(call.remote_sdp), (*self.settings.codecs, *CODECS))
                 if call.remote_sdp
                 else None
             )

@@ -123,6 +123,8 @@ def test_codecs_option_offers_g722_first_and_refuses_unknown_names() -> None:
     assert opts.codecs == ("PCMU", "PCMA")
     args = build_parser().parse_args(["call", "sip:demo@127.0.0.1", "--codecs", "g722, PCMU"])
     assert options_from_args(args).codecs == ("G722", "PCMU")
+    args = build_parser().parse_args(["call", "sip:demo@127.0.0.1", "--codecs", "opus,PCMU"])
+    assert options_from_args(args).codecs == ("OPUS", "PCMU")
     args = build_parser().parse_args(["call", "sip:demo@127.0.0.1", "--codecs", "G729"])
     with pytest.raises(CallerError, match="unknown codec 'G729'"):
         options_from_args(args)

@@ -102,3 +102,12 @@ def test_prompts_are_prerendered_at_16khz_where_sip_or_a_trunk_prefers_g722() ->
     wide = base.replace('codecs = ["PCMA", "PCMU"]', 'codecs = ["G722", "PCMA", "PCMU"]')
     assert wide != base
     assert PCM_16K in prerender_formats(parse_config(wide, "c.toml"))
+
+
+def test_prompts_are_prerendered_at_16khz_where_sip_prefers_opus() -> None:
+    base = CONFIG.format(cache_dir="", wait=0)
+    opus = base.replace('codecs = ["PCMA", "PCMU"]', 'codecs = ["OPUS", "PCMA", "PCMU"]')
+    assert opus != base
+    assert PCM_16K in prerender_formats(parse_config(opus, "c.toml"))
+    later = base.replace('codecs = ["PCMA", "PCMU"]', 'codecs = ["PCMA", "OPUS"]')
+    assert PCM_16K not in prerender_formats(parse_config(later, "c.toml"))  # not preferred

@@ -23,6 +23,14 @@ arrives (the barge-in path); the in-order playout path takes that decode by
 sequence number (``bench/bench_g722.py``: a second decoder fed in the jitter
 buffer's order cost 10 µs more per call per 20 ms, for a better decode of a
 reordered packet only).
+An Opus call (``OpusMedia``, RFC 7587) is the same kind of 16 kHz linear
+leg: its encoder makes one variable-size packet per 20 ms frame, its decoder
+turns each packet back into one 20 ms frame of 16 kHz s16le (libopus decodes
+at 48 kHz and the decoder resamples), decoded once on arrival the same way.
+Its RTP clock is 48 kHz: the session stamps 960 per frame, and
+telephone-event runs on that clock too. A lost Opus packet is silence to the
+engine (no PLC through PyAV); a packet that does not decode to one 20 ms
+frame (a peer ignoring ``ptime:20``) is not played.
 This module is compiled with mypyc (``bridge/native.py``): it runs 50 times
 a second for every call, and the signalling half, which runs once per SIP
 message, stays interpreted.
@@ -59,11 +67,13 @@ from bridge.sip.sdp import NegotiatedAudio
 from bridge.sip.ua import SipUserAgent
 from telcodec.g722 import FRAME_BYTES as G722_PCM_FRAME_BYTES
 from telcodec.g722 import G722Decoder, G722Encoder
+from telcodec.opus import OpusDecoder, OpusEncoder
 
 __all__ = [
     "SO_TIMESTAMPNS",
     "CallerSide",
     "G722Media",
+    "OpusMedia",
     "Signalling",
     "_DatagramProtocol",
     "_SipCall",
@@ -112,14 +122,15 @@ G722_HELD_DECODES = 64
 
 
 class G722Media:
-    """The G.722 codecs of one call: each keeps one direction's ADPCM state."""
+    """The wideband codecs of one call (G.722 here, Opus in ``OpusMedia``): each keeps
+    one direction's state."""
 
     __slots__ = ("decoded", "decoder", "encoder")
 
     def __init__(self) -> None:
-        self.encoder = G722Encoder()
+        self.encoder: G722Encoder | OpusEncoder = G722Encoder()
         """Our frames and comfort silence, in the order sent."""
-        self.decoder = G722Decoder()
+        self.decoder: G722Decoder | OpusDecoder = G722Decoder()
         """The caller's payloads, in arrival order."""
         self.decoded: dict[int, bytes] = {}
         """Sequence number -> decoded frame, until the jitter buffer plays it."""
@@ -138,6 +149,18 @@ class G722Media:
         or decoded now if it was not seen arriving."""
         pcm = self.decoded.pop(sequence_number, None)
         return self.decoder.decode(payload) if pcm is None else pcm
+
+
+class OpusMedia(G722Media):
+    """An Opus call's codecs (``telcodec.opus``, 16 kHz): the encoder follows the peer's
+    ``maxplaybackrate`` and ``useinbandfec`` (``bridge.sip.sdp.OpusParams``)."""
+
+    __slots__ = ()
+
+    def __init__(self, max_playback_rate_hz: int = 48000, fec: bool = False) -> None:
+        self.encoder = OpusEncoder(max_playback_rate_hz=max_playback_rate_hz, fec=fec)
+        self.decoder = OpusDecoder()
+        self.decoded = {}
 
 
 class _DatagramProtocol(asyncio.DatagramProtocol):
@@ -185,6 +208,7 @@ class _SipCall:
         "loop",
         "outbound",
         "outbox",
+        "payload_bytes",
         "port_key",
         "pt",
         "rtcp_transport",
@@ -217,7 +241,9 @@ class _SipCall:
         self.caller_silence = self.silence
         """What the runner hears for a frame that did not arrive (the leg's format)."""
         self.wide: G722Media | None = None
-        """A G.722 call's codecs (None: G.711, stateless)."""
+        """A G.722 or Opus call's codecs (None: G.711, stateless)."""
+        self.payload_bytes = 160
+        """The size of a caller's 20 ms payload (G.711, G.722); 0: any (Opus varies)."""
         self.dtmf = DtmfSender()
         self.dtmf_active = False
         """Digits queued on ``dtmf``: ticks ask it for a packet only then."""
@@ -273,6 +299,8 @@ class _SipCall:
             RtpSessionConfig(
                 payload_types=frozenset({audio.payload_type}),
                 telephone_event_pt=audio.telephone_event_pt,
+                clock_rate_hz=audio.clock_rate_hz,  # Opus: 48 kHz, 960 per frame
+                samples_per_frame=audio.samples_per_frame,
                 latch=True,
                 latch_host=policy.latch_host,
                 learn_window_s=policy.learn_window_s,
@@ -293,13 +321,25 @@ class _SipCall:
             self.wide = G722Media()
             self.caller_silence = bytes(G722_PCM_FRAME_BYTES)
             encoding, rate_hz = "linear", 16000
+        elif audio.codec == "OPUS":
+            params = audio.opus
+            self.wide = (
+                OpusMedia(params.max_playback_rate_hz, params.use_inband_fec)
+                if params is not None
+                else OpusMedia()
+            )
+            self.caller_silence = bytes(G722_PCM_FRAME_BYTES)  # 20 ms at 16 kHz too
+            self.payload_bytes = 0
+            encoding, rate_hz = "linear", 16000
+        # telephone-event on the codec's clock (Opus: 960 per 20 ms)
+        self.dtmf = DtmfSender(samples_per_frame=audio.samples_per_frame)
         # no telephone-event negotiated: listen for in-band tones instead
         no_events = audio.telephone_event_pt is None
         self.inband = InbandDtmf(encoding, rate_hz) if no_events else None
 
     @property
     def codec(self) -> str:
-        """The leg's codec to the call engine: G.722 calls are 16 kHz s16le to it."""
+        """The leg's codec to the call engine: G.722 and Opus calls are 16 kHz s16le to it."""
         audio = self.audio
         if audio is None or audio.codec == "PCMU":
             return "mulaw"
@@ -307,8 +347,10 @@ class _SipCall:
 
     @property
     def sample_rate_hz(self) -> int:
-        """The leg's rate to the call engine (16 kHz for G.722, whose RTP clock is 8 kHz)."""
-        return 16000 if self.audio is not None and self.audio.codec == "G722" else 8000
+        """The leg's rate to the call engine: 16 kHz for G.722 (whose RTP clock is 8 kHz)
+        and Opus (whose RTP clock is 48 kHz)."""
+        audio = self.audio
+        return 16000 if audio is not None and audio.codec in ("G722", "OPUS") else 8000
 
     def bind_sockets(self, host: str) -> tuple[socket.socket, socket.socket]:
         """Bind the RTP/RTCP port pair now (raises OSError if either is taken)."""
@@ -528,21 +570,30 @@ class _SipCall:
             return
         # barge-in hears each frame as it arrives; the jitter buffer's order is for playout
         wide = self.wide
+        fixed = self.payload_bytes
         if arrived:
             self.heard_audio = True
             for frame in arrived:
-                if len(frame.payload) == 160:  # 20 ms of G.711 or of G.722
+                size = len(frame.payload)
+                if size == fixed:  # 20 ms of G.711 or of G.722
                     if wide is None:
                         runner.caller_speech(frame.payload)
                     else:
                         runner.caller_speech(wide.arrived(frame.sequence_number, frame.payload))
+                elif not fixed and size and wide is not None:  # Opus: any size
+                    pcm = wide.arrived(frame.sequence_number, frame.payload)
+                    if len(pcm) == G722_PCM_FRAME_BYTES:
+                        runner.caller_speech(pcm)
         if inbound is None or isinstance(inbound, FrameLost):
             if not arrived and self.heard_audio:  # the caller stopped: the detector hears silence
                 runner.caller_speech(self.caller_silence)
             runner.caller_playout(self.caller_silence)
-        elif len(payload := inbound.payload) == 160:
+        elif (size := len(payload := inbound.payload)) == fixed or (not fixed and size):
             if wide is not None:
                 payload = wide.played(inbound.sequence_number, payload)
+                if len(payload) != G722_PCM_FRAME_BYTES:  # Opus: not one 20 ms frame
+                    runner.caller_playout(self.caller_silence)
+                    return
             runner.caller_playout(payload)
             if self.inband is not None:
                 for digit in self.inband.process(payload):
