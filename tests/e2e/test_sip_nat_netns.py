@@ -24,6 +24,8 @@ import json
 import os
 import random
 import re
+import socket
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -190,6 +192,15 @@ def in_range(addr: tuple[str, int] | None, host: str, ports: tuple[int, int]) ->
     return addr is not None and addr[0] == host and ports[0] <= addr[1] <= ports[1]
 
 
+def inject(source: tuple[str, int], dest: tuple[str, int], count: int) -> None:
+    """``count`` PCMU packets of one stream (its own SSRC) from ``source`` to ``dest``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(source)
+        for seq in range(count):
+            header = struct.pack("!BBHII", 0x80, 0, 7000 + seq, 160 * seq, 0x1DEC0DE)
+            sock.sendto(header + b"\xff" * 160, dest)
+
+
 def test_a_caller_behind_snat_in_a_netns_is_latched_and_followed_across_a_rebind(
     netns: Netns,
 ) -> None:
@@ -197,7 +208,8 @@ def test_a_caller_behind_snat_in_a_netns_is_latched_and_followed_across_a_rebind
     from the NAT's outside address and a port of the first range. The daemon answers at
     the source (rport), latches onto the mapping of the caller's RTP and the caller hears
     the greeting; after the NAT moves the flow to a port of the second range, the daemon
-    follows it (one rebind) and the caller hears the greeting again, then hangs up."""
+    follows it (one rebind) and the caller hears the greeting again, then hangs up. RTP
+    injected from a third address in between is dropped and moves nothing."""
 
     async def main() -> None:
         sip_extra = f'latching = "learn"\nallow = ["{netns.public_ip}/32"]'
@@ -229,6 +241,15 @@ def test_a_caller_behind_snat_in_a_netns_is_latched_and_followed_across_a_rebind
                 await caller.send("mark 10")
                 heard = await caller.event("heard")
                 assert heard["sources"] == [daemon_rtp], heard
+                # audio injected from a third address (neither the SDP's nor the NAT's) is
+                # dropped, and the latched mapping stays
+                before = call.rtp.counters().dropped_wrong_source
+                inject(("127.0.0.1", 0), (netns.host_ip, int(daemon_rtp[1])), 25)
+                assert await wait_for(
+                    lambda: call.rtp.counters().dropped_wrong_source >= before + 25, 10.0
+                ), call.rtp.counters()
+                assert call.rtp.remote_addr == first
+                assert call.rtp.counters().source_rebinds == 0
                 # the NAT rebinds: new mappings come from the second range, the old are gone
                 netns.snat(REBOUND_PORTS, replace=True)
                 netns.run("conntrack", "-D", "-p", "udp")
