@@ -475,7 +475,11 @@ sources = ["127.0.0.1/32"]
                     assert (
                         f"trunk: REGISTER of sip:acct@127.0.0.1 authorised over {transport}" in text
                     ), text[-3000:]
-                    assert "trunk: INVITE in to sip:callbridge@127.0.0.1" in text, text[-3000:]
+                    # the call in goes to the registered binding: over TLS on the tls edge
+                    binding = r"sip:callbridge@127\.0\.0\.1:\d+"
+                    if transport == "tls":
+                        binding += ";transport=tls"
+                    assert re.search(rf"trunk: INVITE in to {binding}\n", text), text[-3000:]
                     assert (
                         "trunk: INVITE to +15551230000 authorised, from "
                         f"sip:+15550001111@127.0.0.1 over {transport}" in text
