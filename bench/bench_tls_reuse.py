@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -191,10 +192,14 @@ max_calls = 100000
                 statuses[status] = statuses.get(status, 0) + 1
 
         gap = 1.0 / args.rate
+        tenth = max(1, args.invites // 10)
+        marks: list[float] = []  # the daemon's CPU seconds at each tenth of the calls placed
         for i in range(args.invites):
             delay = t0 + i * gap - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if i % tenth == 0:
+                marks.append(d.cpu_s())
             tasks.append(asyncio.create_task(one(i)))
         await asyncio.gather(*tasks)
         placed_s = time.monotonic() - t0
@@ -229,6 +234,11 @@ max_calls = 100000
         "daemon_cpu_s": round(cpu_s, 2),
         "daemon_cpu_pct": round(100 * cpu_s / (t1 - t0), 1),
         "daemon_cpu_us_per_invite": round(1e6 * cpu_s / max(1, peer.invites), 1),
+        # per tenth of the run (CPU clock ticks of 10 ms: coarse for a short run); a cost
+        # that grows with the calls placed shows here
+        "daemon_cpu_us_per_invite_by_tenth": [
+            round(1e6 * (b - a) / tenth, 1) for a, b in itertools.pairwise(marks)
+        ],
         "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
     }
 
