@@ -142,6 +142,8 @@ def config_text(
     max_loop_lag_ms: float = 0,
     daemon_extra: str = "",
     provider_extra: str = "",
+    sip_extra: str = "",
+    extra: str = "",
 ) -> str:
     """The daemon's config for a benchmark.
 
@@ -149,7 +151,9 @@ def config_text(
     pacing fails, and a neighbour on the shared machine would otherwise make
     the daemon shed the very calls a step needs (503, overloaded).
     ``daemon_extra``: more ``[daemon]`` lines (TOML), for diagnostics;
-    ``provider_extra``: more lines for the provider (e.g. ``flow_control_ahead_s``).
+    ``provider_extra``: more lines for the provider (e.g. ``flow_control_ahead_s``);
+    ``sip_extra``: more ``[sip]`` lines (a TLS listener); ``extra``: tables appended at the
+    end (``[trunks.NAME]``).
     """
     fmt = 'encoding = "pcm"\nsample_rate = 24000\n' if pcm24k else ""
     return f"""
@@ -168,7 +172,7 @@ rtp_ports = "{rtp_ports}"
 max_calls = 5000
 invite_rate_per_source = 100000
 rtp_timeout_s = 60
-
+{sip_extra}
 [media_streams]
 listen = "127.0.0.1:{ms_port}"
 lead_ms = {lead_ms}
@@ -201,7 +205,7 @@ flow = "talk"
 match = "*"
 provider = "fast"
 greeting = "hello and welcome to the latency benchmark"
-"""
+{extra}"""
 
 
 @dataclass
@@ -213,6 +217,8 @@ class DaemonUnderTest:
     sip_port: int
     ms_port: int
     api_port: int
+    tls_port: int = 0
+    """The SIP TLS listener's port (``tls``: certificate and key given), else 0."""
 
     @classmethod
     def start(
@@ -227,8 +233,20 @@ class DaemonUnderTest:
         daemon_extra: str = "",
         provider_extra: str = "",
         src: Path | None = None,
+        tls: tuple[Path, Path] | None = None,
+        sip_extra: str = "",
+        extra: str = "",
     ) -> DaemonUnderTest:
+        """``tls``: (certificate, key) files: a SIP TLS listener on a free port (``tls_port``);
+        ``sip_extra`` / ``extra``: as ``config_text``'s."""
         sip, ms, api = free_port(socket.SOCK_DGRAM), free_port(), free_port()
+        tls_port = 0
+        if tls is not None:
+            tls_port = free_port()
+            sip_extra = (
+                f'tls_listen = ["127.0.0.1:{tls_port}"]\n'
+                f'tls_certificate_file = "{tls[0]}"\ntls_key_file = "{tls[1]}"\n{sip_extra}'
+            )
         cfg = workdir / "callbridge.toml"
         cfg.write_text(
             config_text(
@@ -240,6 +258,8 @@ class DaemonUnderTest:
                 lead_ms=lead_ms,
                 daemon_extra=daemon_extra,
                 provider_extra=provider_extra,
+                sip_extra=sip_extra,
+                extra=extra,
             )
         )
         proc = subprocess.Popen(
@@ -250,7 +270,7 @@ class DaemonUnderTest:
             stderr=open(workdir / "daemon.log", "wb"),  # noqa: SIM115 - the child owns it
             env={**os.environ, **source_tree_env(src), **(env or {})},
         )
-        d = cls(proc, workdir, sip, ms, api)
+        d = cls(proc, workdir, sip, ms, api, tls_port)
         deadline = time.monotonic() + 30
         while True:
             if proc.poll() is not None or time.monotonic() > deadline:

@@ -21,6 +21,13 @@ offered to its SIP port (e.g. by baresip) is answered at once with SDP that
 names a fresh RTP socket, and that call's packets are measured the same way
 (``bench/bench_pacing.py`` uses this for the baresip baseline).
 
+With ``tls`` (an ``ssl.SSLContext``) the calls' SIP goes over one TLS
+connection to the daemon's TLS listener (``sips:`` URIs, in the same ``epoll``
+loop); with ``srtp`` too, each call offers an SDES key (``RTP/SAVP``) and its
+media both ways is SRTP through ``bridge.rtp.srtp.SrtpContext``: what the
+daemon sends is unprotected (verified) before it is recorded, and a packet that
+fails counts as a stray. SDES keys are refused by the daemon over UDP and TCP.
+
 Everything runs in one ``epoll`` loop with no asyncio: timing is
 ``time.monotonic()``; kernel timestamps (CLOCK_REALTIME) are moved onto
 CLOCK_MONOTONIC with an offset measured at start-up.
@@ -30,19 +37,23 @@ from __future__ import annotations
 
 import contextlib
 import random
+import secrets
 import select
 import socket
+import ssl
 import struct
 import time
 from array import array
 from dataclasses import dataclass, field
 
 from bridge.engine import SendDatagram
+from bridge.rtp.srtp import SdesCrypto, SrtpContext
 from bridge.sip.events import (
     CallEnded,
     CallOffered,
     OutboundCallAnswered,
     OutboundCallFailed,
+    SendStream,
 )
 from bridge.sip.sdp import build_answer, build_offer, negotiate, parse_sdp
 from bridge.sip.settings import SipSettings
@@ -92,21 +103,51 @@ class RtpCall:
     rtp_ts: array[int] = field(default_factory=lambda: array("Q"))
     marker: array[int] = field(default_factory=lambda: array("B"))
     strays: int = 0
-    """PCMU packets from another source than the daemon's answer named (not recorded)."""
+    """PCMU packets from another source than the daemon's answer named, or SRTP packets
+    that failed to verify (not recorded)."""
+    key: SdesCrypto | None = None
+    """Our SDES key (``srtp``), offered with the INVITE."""
+    srtp: SrtpContext | None = None
+    """Set when the daemon answered with its key: media both ways is SRTP."""
 
 
 class RtpLoad:
     """Places ``n`` calls at the daemon's SIP port and runs their media."""
 
-    def __init__(self, daemon_sip: tuple[str, int], route: str = "talk") -> None:
+    STREAM_ID = 1
+    """The engine's conn_id of the TLS connection (``tls``): the only one."""
+
+    def __init__(
+        self,
+        daemon_sip: tuple[str, int],
+        route: str = "talk",
+        *,
+        tls: ssl.SSLContext | None = None,
+        srtp: bool = False,
+    ) -> None:
+        """``daemon_sip``: the daemon's UDP SIP address, or its TLS listener's with ``tls``;
+        ``srtp`` (needs ``tls``): offer SDES keys, and run every answered call's media as SRTP."""
+        if srtp and tls is None:
+            raise ValueError("SRTP needs tls: the daemon takes SDES keys over TLS only")
         self.daemon = daemon_sip
         self.route = route
-        self.sip = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sip.bind(("127.0.0.1", 0))
-        self.sip.setblocking(False)
+        self.srtp = srtp
+        self.stream: ssl.SSLSocket | None = None
+        self.sip: socket.socket
+        if tls is not None:
+            raw = socket.create_connection(daemon_sip, timeout=10)
+            self.stream = tls.wrap_socket(raw, server_hostname=daemon_sip[0])
+            self.stream.setblocking(False)
+            self.sip = self.stream
+            transport = "TLS"
+        else:
+            self.sip = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self.sip.bind(("127.0.0.1", 0))
+            self.sip.setblocking(False)
+            transport = "UDP"
         port = self.sip.getsockname()[1]
         self.ua = SipUserAgent(
-            SipSettings(local_host="127.0.0.1", local_port=port, transport="UDP")
+            SipSettings(local_host="127.0.0.1", local_port=port, transport=transport)
         )
         self.ep = select.epoll()
         self.ep.register(self.sip.fileno(), select.EPOLLIN)
@@ -139,6 +180,18 @@ class RtpLoad:
         for action in self.ua.actions_to_send():
             if isinstance(action, SendDatagram):
                 self.sip.sendto(action.data, action.addr)
+            elif isinstance(action, SendStream) and self.stream is not None:
+                self._stream_send(action.data)
+
+    def _stream_send(self, data: bytes) -> None:
+        """All of ``data`` on the TLS connection (non-blocking: wait while it is full)."""
+        assert self.stream is not None
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self.stream.send(view) :]
+            except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+                select.select([], [self.stream], [], 0.05)
 
     def _pump(self) -> None:
         self._flush()
@@ -147,6 +200,8 @@ class RtpLoad:
                 call = self.by_call_id.get(event.call_id)
                 audio = negotiate(parse_sdp(event.answer_sdp), ("PCMU",))
                 if call is not None and audio is not None:
+                    if call.key is not None and audio.crypto:
+                        call.srtp = SrtpContext(call.key, audio.crypto[0])
                     call.remote = audio.remote_addr
                     call.answered_at = time.monotonic()
             elif isinstance(event, OutboundCallFailed):
@@ -202,16 +257,27 @@ class RtpLoad:
         """Invite ``n`` more calls at ``rate_per_s``, running media for those answered."""
         gap_s = 1.0 / rate_per_s
         next_at = time.monotonic()
+        scheme = "sips" if self.stream is not None else "sip"
         for _ in range(n):
             self.run_until(next_at)
             call = self._new_call()
-            offer = build_offer("127.0.0.1", call.port, random.getrandbits(31), 1, ("PCMU",))
+            if self.srtp:
+                call.key = SdesCrypto.generate(1, secrets.token_bytes)
+            offer = build_offer(
+                "127.0.0.1",
+                call.port,
+                random.getrandbits(31),
+                1,
+                ("PCMU",),
+                crypto=[call.key] if call.key is not None else (),
+            )
             call.call_id = self.ua.invite(
-                f"sip:{self.route}@{self.daemon[0]}:{self.daemon[1]}",
-                "sip:load@127.0.0.1",
+                f"{scheme}:{self.route}@{self.daemon[0]}:{self.daemon[1]}",
+                f"{scheme}:load@127.0.0.1",
                 offer,
                 self.daemon,
                 time.monotonic(),
+                conn_id=self.STREAM_ID if self.stream is not None else None,
             )
             self._register(call)
             self._pump()
@@ -279,12 +345,30 @@ class RtpLoad:
                 self._pump()
 
     def _read_sip(self) -> None:
+        if self.stream is not None:
+            self._read_stream()
+            return
         while True:
             try:
                 data, addr = self.sip.recvfrom(65536)
             except BlockingIOError:
                 return
             self.ua.receive_datagram(data, (addr[0], addr[1]), time.monotonic())
+            self._pump()
+
+    def _read_stream(self) -> None:
+        assert self.stream is not None
+        source = self.daemon
+        while True:
+            try:
+                data = self.stream.recv(65536)
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+                return
+            if not data:  # the daemon closed it: nothing more arrives
+                self.ep.unregister(self.stream.fileno())
+                self.ua.connection_lost(self.STREAM_ID)
+                return
+            self.ua.receive_stream(self.STREAM_ID, data, source, time.monotonic())
             self._pump()
 
     def _read_rtp(self, call: RtpCall) -> None:
@@ -294,6 +378,17 @@ class RtpLoad:
                 data, anc, _, source = sock.recvmsg(512, 64)
             except BlockingIOError:
                 return
+            if call.srtp is not None:
+                # every packet, recorded or not: the receiver's rollover counter follows
+                # the sequence numbers only if it sees them (a first packet read after
+                # the sender's wrap would be verified with the wrong counter, and so
+                # would every packet after it)
+                try:
+                    data = call.srtp.unprotect(data)
+                except ValueError:  # not this call's keys (or replayed)
+                    if rec:
+                        call.strays += 1
+                    continue
             if not rec or len(data) < 12:
                 continue
             _b0, b1, _seq, ts, _ssrc = _HDR.unpack_from(data)
@@ -319,7 +414,9 @@ class RtpLoad:
             if call.remote is not None and not call.ended:
                 call.seq = (call.seq + 1) & 0xFFFF
                 call.ts = (call.ts + 160) & 0xFFFFFFFF
-                header = _HDR.pack(0x80, 0, call.seq, call.ts, call.ssrc)
+                packet = _HDR.pack(0x80, 0, call.seq, call.ts, call.ssrc) + payload
+                if call.srtp is not None:
+                    packet = call.srtp.protect(packet)
                 with contextlib.suppress(OSError):
-                    call.sock.sendto(header + payload, call.remote)
+                    call.sock.sendto(packet, call.remote)
             self._read_rtp(call)  # not waited on: see the module docstring

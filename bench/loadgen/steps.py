@@ -20,6 +20,7 @@ import asyncio
 import collections
 import os
 import re
+import ssl
 import subprocess
 import time
 from collections.abc import Iterable
@@ -201,7 +202,7 @@ def _finish_step(
     answered: int,
     per_call: list[tuple[np.ndarray, np.ndarray]],
     cpu: tuple[float, float, float],
-    others: dict[str, float],
+    others: dict[str, Any],
     call_ids: set[str] | None,
 ) -> dict[str, Any]:
     used_s, wall_s, _ = cpu
@@ -223,9 +224,16 @@ def sip_step(
     measure_s: float,
     warm_s: float = 2.0,
     profile: Path | None = None,
+    *,
+    tls: ssl.SSLContext | None = None,
+    srtp: bool = False,
 ) -> dict[str, Any]:
+    """``tls``: the calls' SIP over TLS to the daemon's TLS listener; ``srtp`` too: every
+    call offers an SDES key and its media is SRTP both ways (``srtp_calls`` counts the
+    calls answered with a key)."""
     settled = _settle(d)
-    load = RtpLoad(("127.0.0.1", d.sip_port), route="talk")
+    target = ("127.0.0.1", d.tls_port if tls is not None else d.sip_port)
+    load = RtpLoad(target, route="talk", tls=tls, srtp=srtp)
     load.place(n, rate_per_s=150)
     answered = load.wait_answered(20)
     load.run_for(warm_s)
@@ -240,6 +248,7 @@ def sip_step(
     per = [rtp_deviations_ns(c.arrival_ns, c.rtp_ts, c.marker) for c in load.calls]
     ids = {c.call_id for c in load.calls}
     strays = sum(c.strays for c in load.calls)
+    srtp_calls = sum(1 for c in load.calls if c.srtp is not None)
     load.hangup_all(settle_s=1.5)
     load.close()
     if spy is not None:
@@ -249,6 +258,8 @@ def sip_step(
         "ttsd_cpu_pct": round(100 * (s1 - s0) / (t1 - t0), 1),
         "rss_mb_at_end": round(d.rss_bytes() / 1e6, 1),
         "stray_packets": strays,
+        "signalling": "tls" if tls is not None else "udp",
+        "srtp_calls": srtp_calls,
         **_core0(k0, k1, c1 - c0, t1 - t0),
         **settled,
     }
