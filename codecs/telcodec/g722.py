@@ -33,14 +33,9 @@ Rules:
 
 from __future__ import annotations
 
-import sys
-from fractions import Fraction
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final
 
-import numpy as np
-
-if TYPE_CHECKING:
-    from av.audio.codeccontext import AudioCodecContext
+from telcodec import _av
 
 __all__ = [
     "FRAME_BYTES",
@@ -53,46 +48,21 @@ __all__ = [
     "available",
 ]
 
-SAMPLE_RATE_HZ: Final = 16000
+SAMPLE_RATE_HZ: Final = _av.SAMPLE_RATE_HZ
 """The audio's sample rate."""
 RTP_CLOCK_RATE_HZ: Final = 8000
 """The RTP clock rate of payload type 9 (RFC 3551 §4.5.2): half the sample rate."""
-FRAME_SAMPLES: Final = 320
+FRAME_SAMPLES: Final = _av.FRAME_SAMPLES
 """Samples in one 20 ms frame at 16 kHz."""
 FRAME_BYTES: Final = FRAME_SAMPLES * 2
 """Bytes of one 20 ms frame of s16le."""
 PAYLOAD_BYTES: Final = FRAME_SAMPLES // 2
 """Bytes of one 20 ms G.722 frame (64 kbit/s)."""
-_TIME_BASE: Final = Fraction(1, SAMPLE_RATE_HZ)
-_BIG_ENDIAN: Final = sys.byteorder == "big"
 
 
 def available() -> bool:
     """Whether PyAV, and its G.722 codec, can be loaded here."""
-    try:
-        import av
-
-        av.codec.Codec("g722", "w")
-        av.codec.Codec("g722", "r")
-    except Exception:  # ImportError, or an FFmpeg build without the codec
-        return False
-    return True
-
-
-def _context(mode: Literal["r", "w"]) -> AudioCodecContext:
-    try:
-        from av import CodecContext
-        from av.audio.codeccontext import AudioCodecContext
-    except ImportError as exc:  # pragma: no cover - av comes with aiortc
-        raise RuntimeError("G.722 needs PyAV (the av package, installed with aiortc)") from exc
-    context = CodecContext.create("g722", mode)
-    assert isinstance(context, AudioCodecContext)
-    context.format = "s16"
-    context.layout = "mono"
-    context.sample_rate = SAMPLE_RATE_HZ
-    if mode == "w":
-        context.time_base = _TIME_BASE
-    return context
+    return _av.available("g722")
 
 
 class G722Encoder:
@@ -103,7 +73,7 @@ class G722Encoder:
     def __init__(self) -> None:
         from av import AudioFrame
 
-        self._context = _context("w")
+        self._context = _av.context("g722", "w", SAMPLE_RATE_HZ, "G.722")
         self._frame_type = AudioFrame
         self._pts = 0
 
@@ -117,17 +87,9 @@ class G722Encoder:
         if size % FRAME_BYTES:
             raise ValueError(f"G.722 encodes whole 20 ms frames of {FRAME_BYTES} bytes, got {size}")
         out = []
-        samples = np.frombuffer(pcm_s16le, dtype="<i2")
-        if _BIG_ENDIAN:  # pragma: no cover - the frame wants native order
-            samples = samples.astype(np.int16)
+        samples = _av.samples(pcm_s16le)
         for start in range(0, size // 2, FRAME_SAMPLES):
-            frame = self._frame_type.from_ndarray(
-                samples[start : start + FRAME_SAMPLES].reshape(1, FRAME_SAMPLES),
-                format="s16",
-                layout="mono",
-            )
-            frame.sample_rate = SAMPLE_RATE_HZ
-            frame.pts = self._pts
+            frame = _av.frame(self._frame_type, samples[start : start + FRAME_SAMPLES], self._pts)
             self._pts += FRAME_SAMPLES
             for packet in self._context.encode(frame):
                 out.append(bytes(packet))
@@ -147,18 +109,12 @@ class G722Decoder:
     def __init__(self) -> None:
         from av import Packet
 
-        self._context = _context("r")
+        self._context = _av.context("g722", "r", SAMPLE_RATE_HZ, "G.722")
         self._packet_type = Packet
 
     def decode(self, payload: bytes) -> bytes:
         """Decode G.722 bytes: each byte is two samples (160 bytes: one 20 ms frame, 640 out)."""
         if not payload:
             return b""
-        pcm = []
-        for frame in self._context.decode(self._packet_type(payload)):
-            # the plane may be padded past the samples; native order is s16le here
-            data = bytes(frame.planes[0])[: frame.samples * 2]
-            if _BIG_ENDIAN:  # pragma: no cover
-                data = np.frombuffer(data, dtype=np.int16).astype("<i2").tobytes()
-            pcm.append(data)
+        pcm = [_av.pcm(frame) for frame in self._context.decode(self._packet_type(payload))]
         return pcm[0] if len(pcm) == 1 else b"".join(pcm)

@@ -46,14 +46,9 @@ Rules:
 
 from __future__ import annotations
 
-import sys
-from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final
 
-import numpy as np
-
-if TYPE_CHECKING:
-    from av.audio.codeccontext import AudioCodecContext
+from telcodec import _av
 
 __all__ = [
     "BIT_RATE",
@@ -70,7 +65,7 @@ __all__ = [
     "available",
 ]
 
-SAMPLE_RATE_HZ: Final = 16000
+SAMPLE_RATE_HZ: Final = _av.SAMPLE_RATE_HZ
 """The audio's sample rate on this module's side."""
 RTP_CLOCK_RATE_HZ: Final = 48000
 """Opus's RTP clock (RFC 7587 §4.1), whatever the audio's rate."""
@@ -78,7 +73,7 @@ RTP_FRAME_TICKS: Final = 960
 """RTP timestamp units of one 20 ms packet."""
 DECODER_RATE_HZ: Final = 48000
 """What FFmpeg's libopus decoder produces (resampled to ``SAMPLE_RATE_HZ`` here)."""
-FRAME_SAMPLES: Final = 320
+FRAME_SAMPLES: Final = _av.FRAME_SAMPLES
 """Samples in one 20 ms frame at 16 kHz."""
 FRAME_BYTES: Final = FRAME_SAMPLES * 2
 """Bytes of one 20 ms frame of s16le."""
@@ -91,36 +86,13 @@ on mobile); ``bench/bench_opus.py`` measures it."""
 SILENCE_PRIMING_FRAMES: Final = 5
 """Frames of a silent stretch encoded through the encoder before ``encode_silence``
 repeats the last packet (see its docstring)."""
-_TIME_BASE: Final = Fraction(1, SAMPLE_RATE_HZ)
-_BIG_ENDIAN: Final = sys.byteorder == "big"
 _CUTOFF_HZ: Final = {8000: "4000", 12000: "6000"}
 """A peer's ``maxplaybackrate`` below ours -> the encoder's audio bandwidth (FFmpeg ``cutoff``)."""
 
 
 def available() -> bool:
     """Whether PyAV, and its libopus encoder and decoder, can be loaded here."""
-    try:
-        import av
-
-        av.codec.Codec("libopus", "w")
-        av.codec.Codec("libopus", "r")
-    except Exception:  # ImportError, or an FFmpeg build without libopus
-        return False
-    return True
-
-
-def _context(mode: Literal["r", "w"], rate_hz: int) -> AudioCodecContext:
-    try:
-        from av import CodecContext
-        from av.audio.codeccontext import AudioCodecContext
-    except ImportError as exc:  # pragma: no cover - av comes with aiortc
-        raise RuntimeError("Opus needs PyAV (the av package, installed with aiortc)") from exc
-    context = CodecContext.create("libopus", mode)
-    assert isinstance(context, AudioCodecContext)
-    context.format = "s16"
-    context.layout = "mono"
-    context.sample_rate = rate_hz
-    return context
+    return _av.available("libopus")
 
 
 class OpusEncoder:
@@ -146,8 +118,7 @@ class OpusEncoder:
     ) -> None:
         from av import AudioFrame
 
-        context = _context("w", SAMPLE_RATE_HZ)
-        context.time_base = _TIME_BASE
+        context = _av.context("libopus", "w", SAMPLE_RATE_HZ, "Opus")
         context.bit_rate = bit_rate
         options = {
             "application": "voip",
@@ -177,14 +148,7 @@ class OpusEncoder:
         size = len(pcm_s16le)
         if size != FRAME_BYTES:
             raise ValueError(f"Opus encodes one 20 ms frame of {FRAME_BYTES} bytes, got {size}")
-        samples = np.frombuffer(pcm_s16le, dtype="<i2")
-        if _BIG_ENDIAN:  # pragma: no cover - the frame wants native order
-            samples = samples.astype(np.int16)
-        frame = self._frame_type.from_ndarray(
-            samples.reshape(1, FRAME_SAMPLES), format="s16", layout="mono"
-        )
-        frame.sample_rate = SAMPLE_RATE_HZ
-        frame.pts = self._pts
+        frame = _av.frame(self._frame_type, _av.samples(pcm_s16le), self._pts)
         self._pts += FRAME_SAMPLES
         self._silent_frames = 0
         packets = self._context.encode(frame)
@@ -219,7 +183,7 @@ class OpusDecoder:
     def __init__(self) -> None:
         from av import AudioResampler, Packet
 
-        self._context = _context("r", DECODER_RATE_HZ)
+        self._context = _av.context("libopus", "r", DECODER_RATE_HZ, "Opus")
         self._resampler: Any = AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE_HZ)
         self._packet_type = Packet
         self._pending = b""
@@ -236,14 +200,8 @@ class OpusDecoder:
         except Exception:  # av.error.InvalidDataError and kin: a corrupt packet
             self.decode_errors += 1
             return b""
-        pcm = []
-        for frame in frames:
-            for out in self._resampler.resample(frame):
-                # the plane may be padded past the samples; native order is s16le here
-                pcm.append(bytes(out.planes[0])[: out.samples * 2])
+        pcm = [_av.pcm(out) for frame in frames for out in self._resampler.resample(frame)]
         data = pcm[0] if len(pcm) == 1 else b"".join(pcm)
-        if _BIG_ENDIAN:  # pragma: no cover
-            data = np.frombuffer(data, dtype=np.int16).astype("<i2").tobytes()
         pending = self._pending
         if pending:
             data = pending + data
