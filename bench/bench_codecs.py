@@ -19,7 +19,6 @@ from the edges.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 import soxr
 
-from bench.common import machine
+from bench.common import machine, print_us_per_frame, time_per_call_us, write_report
 from telcodec import dtmf, g711
 from telcodec.transcode import FromTelephony, ToTelephony
 
@@ -51,17 +50,6 @@ def tone_pcm(freq_hz: float, rate_hz: int, seconds: float, amplitude: float) -> 
 
 def chunks(data: bytes, size: int) -> list[bytes]:
     return [data[i : i + size] for i in range(0, len(data) - size + 1, size)]
-
-
-def time_per_call_us(fn: Callable[[], object], calls: int, repeats: int) -> float:
-    """Median over ``repeats`` of the mean wall time of one ``fn()``, in microseconds."""
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(samples)
 
 
 def time_stream_us(
@@ -231,9 +219,7 @@ def main() -> None:
         "calls_per_core_at_24k_resample_frame_ulaw": 1e6 / (FRAMES_PER_S * main_path_us),
         "alias_suppression": alias,
     }
-    print(f"{'operation':34s} {'us / 20 ms frame':>16s}")
-    for name, us in timings.items():
-        print(f"{name:34s} {us:16.2f}")
+    print_us_per_frame(timings, 34)
     print(
         f"\noutbound 24k->8k mu-law alone would allow "
         f"{report['calls_per_core_at_24k_resample_frame_ulaw']:.0f} calls per core"
@@ -246,9 +232,7 @@ def main() -> None:
     print("  sweep (dB down; None = output exactly zero):")
     for row in alias["sweep_4k2_to_11k8"]:
         print(f"    {row}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

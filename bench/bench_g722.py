@@ -15,32 +15,17 @@ decode are timed beside it for scale.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import av
 import numpy as np
 
-from bench.common import machine
+from bench.common import machine, print_us_per_frame, time_per_call_us, write_report
 from telcodec import g711, g722
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMES_PER_S = 50
-
-
-def time_per_call_us(fn: Callable[[], object], calls: int, repeats: int) -> float:
-    """Median over ``repeats`` of the mean wall time of one ``fn()``, in microseconds."""
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(samples)
 
 
 def speechlike_16k(frames: int) -> list[bytes]:
@@ -100,16 +85,12 @@ def main() -> None:
         "us_per_20ms_frame": timings,
         "share_of_a_core_at_500_calls": 500 * FRAMES_PER_S * per_tick / 1e6,
     }
-    print(f"{'operation':26s} {'us / 20 ms frame':>16s}")
-    for name, us in timings.items():
-        print(f"{name:26s} {us:16.2f}")
+    print_us_per_frame(timings, 26)
     print(
         f"\nG.722 codec work of one SIP call: {per_tick:.1f} us per 20 ms, "
         f"{report['share_of_a_core_at_500_calls']:.0%} of a core at 500 calls"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ scale; G.722 (``bench_g722``) beside it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,8 @@ from typing import Any
 import av
 import numpy as np
 
-from bench.bench_g722 import speechlike_16k, time_per_call_us
-from bench.common import machine
+from bench.bench_g722 import speechlike_16k
+from bench.common import machine, print_us_per_frame, time_per_call_us, write_report
 from telcodec import g722, opus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,17 +94,13 @@ def main() -> None:
         "us_per_20ms_frame": timings,
         "share_of_a_core_at_500_calls": 500 * FRAMES_PER_S * per_tick / 1e6,
     }
-    print(f"{'operation':38s} {'us / 20 ms frame':>16s}")
-    for name, us in timings.items():
-        print(f"{name:38s} {us:16.2f}")
+    print_us_per_frame(timings, 38)
     print(
         f"\nOpus codec work of one SIP call: {per_tick:.1f} us per 20 ms, "
         f"{report['share_of_a_core_at_500_calls']:.0%} of a core at 500 calls; "
         f"{report['mean_payload_bytes']:.0f} bytes a packet; load {load_before:.1f}"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

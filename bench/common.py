@@ -7,6 +7,8 @@ import os
 import platform
 import statistics
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,31 @@ def cpu_model() -> str:
     except OSError:
         pass
     return "unknown"
+
+
+def time_per_call_us(fn: Callable[[], object], calls: int, repeats: int) -> float:
+    """Median over ``repeats`` of the mean wall time of one ``fn()``, in microseconds."""
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def print_us_per_frame(timings: dict[str, float], width: int) -> None:
+    """The codec benchmarks' table: one operation a line, µs per 20 ms frame."""
+    print(f"{'operation':{width}s} {'us / 20 ms frame':>16s}")
+    for name, us in timings.items():
+        print(f"{name:{width}s} {us:16.2f}")
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """``report`` as JSON at ``path`` (its directory made), and where it went."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {path}")
 
 
 def pct(values: list[float], q: float) -> float:
