@@ -9,16 +9,16 @@ Time is always a number the test writes: tick ``n`` of a call is at
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from bridge.commands import CallEvent, Say
+from bridge.commands import CallEvent, Say, TurnInterrupted
 from bridge.engine import Action, Event
 from bridge.media.bargein import BargeInPolicy
 from bridge.media.call import CallBridge
-from bridge.media.call_types import CallOptions, LegProfile
+from bridge.media.call_types import CallOptions, LegProfile, OpenTurn
 from bridge.providers.base import MULAW_8K, AudioFormat, AudioReceived, TurnDone
 from telcodec import g711
 
@@ -32,6 +32,10 @@ TWILIO = LegProfile(
     can_clear=True,
     mark_interval_ms=200,
 )
+SIP_16K = LegProfile(kind="sip", codec="pcm_s16le", sample_rate_hz=16000, heard_from="frames")
+"""What ``bridge.io.legs.sip`` builds for a call that negotiated a wideband codec (G.722,
+Opus): ``_SipCall`` encodes and decodes around a 16 kHz linear leg."""
+PCM_16K = AudioFormat("pcm_s16le", 16000)
 PCM_24K = AudioFormat("pcm_s16le", 24000)
 ULAW_SILENCE_FRAME = b"\xff" * 160
 
@@ -134,3 +138,66 @@ class Harness:
 
 def of_type(items: list[object] | list[Action] | list[CallEvent], kind: type[T]) -> list[T]:
     return [item for item in items if isinstance(item, kind)]
+
+
+class StreamEncoder(Protocol):
+    """A wideband codec's encoder (``telcodec.g722``, ``telcodec.opus``)."""
+
+    def encode(self, pcm_s16le: bytes) -> bytes: ...
+
+    def encode_silence(self) -> bytes: ...
+
+
+class StreamDecoder(Protocol):
+    """A wideband codec's decoder."""
+
+    def decode(self, payload: bytes) -> bytes: ...
+
+
+def tone_turn_through_codec(
+    encoder: StreamEncoder, decoder: StreamDecoder, tone_s: float, ticks: int
+) -> tuple[list[bytes], bytes]:
+    """A turn on a 16 kHz leg (``SIP_16K``) whose provider, asked for 16 kHz PCM, sends a 6
+    kHz tone ``tone_s`` long (only a 16 kHz leg carries it: a provider at 8 kHz could not
+    send it); ticks 1 to ``ticks - 1`` encoded (a frame, or comfort silence) and decoded
+    as ``_SipCall`` would. The payloads, and the audio decoded from them."""
+    h = Harness(SIP_16K)
+    h.say("t1")
+    actions, _ = h.take()
+    assert isinstance(actions[0], OpenTurn)
+    assert actions[0].settings.audio_format == PCM_16K
+    h.audio("t1", tone_s16le(6000.0, tone_s, 16000, peak=0.3), 0.0, PCM_16K)
+    h.done("t1", now=0.0)
+    payloads = []
+    heard = b""
+    for n in range(1, ticks):
+        frame = h.tick(n)
+        payload = encoder.encode_silence() if frame is None else encoder.encode(frame)
+        payloads.append(payload)
+        heard += decoder.decode(payload)
+    return payloads, heard
+
+
+def peak_hz(pcm_s16le: bytes, start: int, stop: int, rate_hz: int = 16000) -> float:
+    """The strongest frequency of samples ``start:stop`` (Hann window)."""
+    pcm = np.frombuffer(pcm_s16le, dtype="<i2").astype(np.float64)[start:stop]
+    spectrum = np.abs(np.fft.rfft(pcm * np.hanning(len(pcm))))
+    return float(np.fft.rfftfreq(len(pcm), 1 / rate_hz)[spectrum.argmax()])
+
+
+def ticks_until_caller_barges_in(caller_side: StreamEncoder, ours: StreamDecoder) -> int:
+    """A 16 kHz leg playing a silent turn while the caller speaks, each of the caller's 20
+    ms encoded by ``caller_side`` (the phone's) and decoded by ``ours`` (the leg's): the
+    tick the turn was interrupted at, for speech."""
+    h = Harness(SIP_16K)
+    h.say("t1")
+    h.audio("t1", bytes(640) * 50, now=0.0, audio_format=PCM_16K)
+    voice = voiced_s16le(1.0, rate_hz=16000)
+    n = 0
+    for n in range(1, 50):
+        assert h.tick(n) == bytes(640)
+        h.caller(ours.decode(caller_side.encode(voice[(n - 1) * 640 : n * 640])), at(n) + 0.005)
+        if of_type(h.events, TurnInterrupted):
+            break
+    assert of_type(h.events, TurnInterrupted)[0].reason == "speech"
+    return n

@@ -5,12 +5,16 @@ after decoding (issue 34)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from call_harness import Harness, at, of_type, tone_s16le, voiced_s16le
+from call_harness import (
+    SIP_16K,
+    Harness,
+    peak_hz,
+    ticks_until_caller_barges_in,
+    tone_s16le,
+    tone_turn_through_codec,
+)
 
-from bridge.commands import TurnInterrupted
-from bridge.media.call_types import LegProfile, OpenTurn
 from bridge.providers.base import AudioFormat
 from bridge.rtp.dtmf import InbandDtmf
 from telcodec import g722
@@ -18,33 +22,18 @@ from telcodec.dtmf import generate as dtmf_tones
 
 pytestmark = pytest.mark.skipif(not g722.available(), reason="PyAV with G.722 not installed")
 
-G722_LEG = LegProfile(kind="sip", codec="pcm_s16le", sample_rate_hz=16000, heard_from="frames")
-"""What ``bridge.io.legs.sip`` builds for a call that negotiated G.722."""
-
 
 def test_the_provider_is_asked_for_16khz_and_frames_encode_to_g722_payloads() -> None:
-    h = Harness(G722_LEG)
-    h.say("t1")
-    actions, _ = h.take()
-    assert isinstance(actions[0], OpenTurn)
-    assert actions[0].settings.audio_format == AudioFormat("pcm_s16le", 16000)
-    # a 6 kHz tone: only a 16 kHz leg carries it (a provider at 8 kHz could not send it)
-    h.audio("t1", tone_s16le(6000.0, 0.2, 16000, peak=0.3), 0.0, AudioFormat("pcm_s16le", 16000))
-    h.done("t1", now=0.0)
-    encoder, decoder = g722.G722Encoder(), g722.G722Decoder()
-    heard = b""
-    for n in range(1, 12):
-        frame = h.tick(n)
-        payload = encoder.encode_silence() if frame is None else encoder.encode(frame)
-        assert len(payload) == 160  # one RTP packet, 160 ticks of the 8 kHz RTP clock
-        heard += decoder.decode(payload)
-    pcm = np.frombuffer(heard, dtype="<i2").astype(np.float64)[1600:3200]
-    spectrum = np.abs(np.fft.rfft(pcm * np.hanning(len(pcm))))
-    assert np.fft.rfftfreq(len(pcm), 1 / 16000)[spectrum.argmax()] == pytest.approx(6000, abs=20)
+    payloads, heard = tone_turn_through_codec(
+        g722.G722Encoder(), g722.G722Decoder(), tone_s=0.2, ticks=12
+    )
+    # one RTP packet each, 160 ticks of the 8 kHz RTP clock
+    assert [len(p) for p in payloads] == [160] * 11
+    assert peak_hz(heard, 1600, 3200) == pytest.approx(6000, abs=20)
 
 
 def test_the_provider_at_another_rate_is_resampled_to_16khz() -> None:
-    h = Harness(G722_LEG)
+    h = Harness(SIP_16K)
     h.say("t1")
     h.audio("t1", tone_s16le(1000.0, 0.2, 24000), 0.0, AudioFormat("pcm_s16le", 24000))
     h.done("t1", now=0.0)
@@ -53,19 +42,8 @@ def test_the_provider_at_another_rate_is_resampled_to_16khz() -> None:
 
 
 def test_caller_speech_decoded_from_g722_barges_in() -> None:
-    h = Harness(G722_LEG)
-    h.say("t1")
-    h.audio("t1", bytes(640) * 50, now=0.0, audio_format=AudioFormat("pcm_s16le", 16000))
-    voice = voiced_s16le(1.0, rate_hz=16000)
-    caller_side, ours = g722.G722Encoder(), g722.G722Decoder()  # the phone's, and the leg's
-    n = 0
-    for n in range(1, 50):
-        assert h.tick(n) == bytes(640)
-        payload = caller_side.encode(voice[(n - 1) * 640 : n * 640])
-        h.caller(ours.decode(payload), at(n) + 0.005)
-        if of_type(h.events, TurnInterrupted):
-            break
-    assert of_type(h.events, TurnInterrupted)[0].reason == "speech"
+    # the phone's encoder, and the leg's decoder
+    n = ticks_until_caller_barges_in(g722.G722Encoder(), g722.G722Decoder())
     assert n < 20  # within a few hundred ms of speech, as on G.711
 
 
