@@ -13,6 +13,8 @@ import itertools
 import socket
 import struct
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
@@ -60,27 +62,31 @@ async def _opus_call(peer: socket.socket, events: bool = True) -> _SipCall:
     return call
 
 
+@asynccontextmanager
+async def _opus_leg(events: bool = True) -> AsyncIterator[tuple[socket.socket, _SipCall]]:
+    """A peer's UDP socket on loopback and an Opus call sending to it, closed after."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+        peer.bind(("127.0.0.1", 0))
+        call = await _opus_call(peer, events)
+        yield peer, call
+        call.close()
+
+
 def test_the_leg_is_16khz_linear_to_the_engine() -> None:
     async def main() -> None:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
-            peer.bind(("127.0.0.1", 0))
-            call = await _opus_call(peer)
+        async with _opus_leg() as (_, call):
             assert (call.codec, call.sample_rate_hz) == ("pcm_s16le", 16000)
             assert isinstance(call.wide, OpusMedia) and call.payload_bytes == 0
             assert call.inband is None  # telephone-event/48000 negotiated
-            call.close()
-            no_events = await _opus_call(peer, events=False)
+        async with _opus_leg(events=False) as (_, no_events):
             assert no_events.inband is not None  # listens in-band on the decoded 16 kHz
-            no_events.close()
 
     asyncio.run(main())
 
 
 def test_frames_out_are_opus_packets_stamped_960_apart() -> None:
     async def main() -> None:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
-            peer.bind(("127.0.0.1", 0))
-            call = await _opus_call(peer)
+        async with _opus_leg() as (_, call):
             frames = _tone_frames(6)
             now = time.monotonic()
             for n, frame in enumerate(frames):
@@ -97,16 +103,13 @@ def test_frames_out_are_opus_packets_stamped_960_apart() -> None:
             assert all(len(f) == opus.FRAME_BYTES for f in pcm)
             assert _rms(pcm[4]) > 2000
             assert len({len(p) for p in packets}) > 1  # variable sizes
-            call.close()
 
     asyncio.run(main())
 
 
 def test_caller_packets_of_any_size_are_decoded_once_and_a_lost_one_is_silence() -> None:
     async def main() -> None:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
-            peer.bind(("127.0.0.1", 0))
-            call = await _opus_call(peer)
+        async with _opus_leg() as (peer, call):
             runner: Any = call.runner
             encoder = opus.OpusEncoder()
             payloads = [encoder.encode(f) for f in _tone_frames(12)]
@@ -123,17 +126,14 @@ def test_caller_packets_of_any_size_are_decoded_once_and_a_lost_one_is_silence()
             assert _rms(runner.heard[-1]) > 2000  # decoding went on after the loss
             assert any(f == bytes(opus.FRAME_BYTES) for f in runner.frames)  # FrameLost
             assert _rms(runner.frames[-1]) > 2000
-            call.close()
 
     asyncio.run(main())
 
 
 def test_dtmf_both_ways_on_the_48khz_clock() -> None:
     async def main() -> None:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
-            peer.bind(("127.0.0.1", 0))
+        async with _opus_leg() as (peer, call):
             peer.settimeout(1.0)
-            call = await _opus_call(peer)
             runner: Any = call.runner
             base = time.monotonic()
             # the caller presses 7 for 100 ms: durations in 48 kHz units (RFC 4733)
@@ -162,7 +162,6 @@ def test_dtmf_both_ways_on_the_48khz_clock() -> None:
                     durations.append(struct.unpack_from("!H", data, 14)[0])
             assert durations and durations[0] == 960
             assert all(d % 960 == 0 for d in durations)
-            call.close()
 
     asyncio.run(main())
 
