@@ -1,6 +1,7 @@
 """Soak: 10 000 mixed calls with barge-ins, DTMF and provider failures; then back to baseline?
 
-    python -m bench.bench_soak [--calls N] [--concurrency C] [--seed S]     (make soak)
+    python -m bench.bench_soak [--calls N] [--checkpoints K] [--concurrency C] [--seed S]
+                                                                          (make soak)
 
 The daemon (``bench/loadgen/soak_daemon.py``: ``callbridge serve`` plus a
 task that writes its SIP transactions, RTP ports, calls and tasks to a file
@@ -54,6 +55,17 @@ their baseline; RSS within ``--rss-tolerance-mib`` of it (the heap keeps its
 high-water mark: bench_memory.py); no warning or error line in the daemon's
 log that the injected faults do not explain (the list of every such event,
 matched or not, is in the result). Figures go to ``bench/results/soak.json``.
+
+``--checkpoints K`` cuts the measured calls in K equal parts; after each the
+soak waits for the daemon to be idle the same way (no call up, so the idle
+thaw and ``malloc_trim`` have run; SIP transactions expired) and records its
+RSS (``rss_by_calls_mib``: ``[calls done, RSS]``, the baseline first), that
+RSS by kind of mapping (``/proc/PID/smaps``: glibc's main heap, anonymous
+mappings, files) and the heap as the daemon sees it at idle (``heap_by_calls``: Python's allocated
+blocks, frozen objects, glibc's in-use and free bytes; see
+``loadgen/soak_daemon.py``). A warm-up plateau grows in the first part and
+stays flat after; a per-call leak grows in every part. Provider kills and
+mid-turn faults run only while calls do; the wall time counts the calls only.
 """
 
 from __future__ import annotations
@@ -61,6 +73,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -330,6 +343,9 @@ class SoakDaemon:
     def rss_bytes(self) -> int:
         return int(Path(f"/proc/{self.proc.pid}/statm").read_text().split()[1]) * PAGE_BYTES
 
+    def rss_by_mapping(self) -> dict[str, float]:
+        return rss_by_mapping(Path(f"/proc/{self.proc.pid}/smaps").read_text())
+
     def fd_count(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
@@ -352,6 +368,31 @@ class SoakDaemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def rss_by_mapping(smaps: str) -> dict[str, float]:
+    """A process's RSS (MiB) by the kind of mapping it is in, from ``/proc/PID/smaps``:
+    ``heap`` (glibc's main arena, ``[heap]``), ``anon`` (anonymous mappings: Python's
+    object arenas, glibc's thread arenas and large ``mmap`` chunks, thread stacks),
+    ``file`` (shared libraries, compiled modules and other mapped files) and ``other``
+    (``[stack]``, ``[vdso]``...)."""
+    out = {"heap": 0, "anon": 0, "file": 0, "other": 0}
+    kind = "other"
+    for line in smaps.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        if not fields[0].endswith(":") and "-" in fields[0] and len(fields) >= 5:
+            path = " ".join(fields[5:])
+            kind = (
+                "heap" if path == "[heap]"
+                else "anon" if not path
+                else "other" if path.startswith("[")
+                else "file"
+            )  # fmt: skip
+        elif fields[0] == "Rss:":
+            out[kind] += int(fields[1])
+    return {k: round(kib / 1024, 2) for k, kib in out.items()}
 
 
 def speech_pcm(seconds: float) -> bytes:
@@ -443,7 +484,56 @@ def idle_state(d: SoakDaemon) -> dict[str, Any]:
         "sip_transactions": s.get("sip_transactions"),
         "rtp_ports_allocated": s.get("rtp_ports_allocated"),
         "calls": s["calls"],
+        "heap": s.get("heap"),
+        "rss_by_mapping_mib": d.rss_by_mapping(),
+        "load": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def part_sizes(calls: int, parts: int) -> list[int]:
+    """``calls`` cut in ``parts`` equal parts (the first ones a call longer when ``parts``
+    does not divide ``calls``); no empty part."""
+    if calls < 0 or parts < 1:
+        raise ValueError(f"{calls} calls in {parts} parts")
+    parts = min(parts, calls) or 1
+    q, r = divmod(calls, parts)
+    return [q + (1 if i < r else 0) for i in range(parts)]
+
+
+def growth_by_part(rss_by_calls: list[list[float]]) -> list[dict[str, float]]:
+    """Each part's RSS growth from the checkpoint before it: ``rss_by_calls`` is
+    ``[calls done, RSS MiB]`` from the baseline (0 calls) on; per part the calls it
+    placed, the MiB it added and the KB (1000 bytes) per call that makes."""
+    out = []
+    for (c0, r0), (c1, r1) in itertools.pairwise(rss_by_calls):
+        calls = int(c1 - c0)
+        mib = r1 - r0
+        out.append(
+            {
+                "calls": calls,
+                "rss_growth_mib": round(mib, 2),
+                "kb_per_call": round(mib * 2**20 / 1000 / calls, 2) if calls else 0.0,
+            }
+        )
+    return out
+
+
+def plateau(rss_by_calls: list[list[float]], flat_mib: float = 2.0) -> bool | None:
+    """Whether RSS stopped growing after the first part: from the first checkpoint to the
+    last it moved by at most ``flat_mib`` (``None``: fewer than two parts, nothing to tell)."""
+    if len(rss_by_calls) < 3:
+        return None
+    later = [r for _, r in rss_by_calls[1:]]
+    return max(later) - later[0] <= flat_mib
+
+
+def merge_calls(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """``run_calls``' results of the parts, added up."""
+    out: dict[str, Counter[str]] = {"placed": Counter(), "ok": Counter(), "failed": Counter()}
+    for part in parts:
+        for key, counts in out.items():
+            counts.update(part.get(key, {}))
+    return {key: dict(counts) for key, counts in out.items()}
 
 
 def unexplained(
@@ -556,6 +646,12 @@ def main() -> int:
         help=f"comma-separated, from {','.join(FAULT_KINDS)}",
     )
     ap.add_argument("--rss-tolerance-mib", type=float, default=16.0)
+    ap.add_argument(
+        "--checkpoints",
+        type=int,
+        default=1,
+        help="cut the calls in K parts; RSS and heap at idle after each",
+    )
     args = ap.parse_args()
     kinds = tuple(k.strip() for k in args.turn_fault_kinds.split(",") if k.strip())
     signal.signal(signal.SIGTERM, _interrupted)
@@ -588,25 +684,47 @@ def soak(args: argparse.Namespace, kinds: tuple[str, ...]) -> int:
         log_mark = len(d.log_events())
         kills: list[float] = []
 
-        async def measured() -> dict[str, Any]:
+        async def measured(n: int) -> dict[str, Any]:
             injector = asyncio.ensure_future(
                 fault_injector(flaky, args.fault_every_s, args.fault_down_s, kills)
             )
             try:
-                return await run_calls(d, args.calls, args.concurrency, rng)
+                return await run_calls(d, n, args.concurrency, rng)
             finally:
                 injector.cancel()
 
-        peers.proxy.armed = True
-        t0 = time.monotonic()
-        calls = asyncio.run(measured())
-        wall_s = time.monotonic() - t0
-        peers.proxy.armed = False
-        if flaky.proc is None or flaky.proc.poll() is not None:
-            flaky.start()
+        sizes = part_sizes(args.calls, args.checkpoints)
+        rss_by_calls: list[list[float]] = [[0, base["rss_mib"]]]
+        heap_by_calls: list[list[Any]] = [[0, base["heap"]]]
+        parts: list[dict[str, Any]] = []
+        wall_s = 0.0
+        peak_rss = 0.0
+        done = 0
+        end = base
+        for i, n in enumerate(sizes):
+            peers.proxy.armed = True
+            t0 = time.monotonic()
+            part = asyncio.run(measured(n))
+            part_s = time.monotonic() - t0
+            wall_s += part_s
+            peers.proxy.armed = False
+            if flaky.proc is None or flaky.proc.poll() is not None:
+                flaky.start()
+            parts.append(part)
+            done += n
+            print(f"part {i + 1}/{len(sizes)}: {n} calls in {part_s:.0f} s: {part}", flush=True)
+            peak_rss = max(peak_rss, round(d.rss_bytes() / 2**20, 2))
+            end = idle_state(d)
+            rss_by_calls.append([done, end["rss_mib"]])
+            heap_by_calls.append([done, end["heap"]])
+            print(
+                f"checkpoint {done} calls: RSS {end['rss_mib']} MiB "
+                f"({end['rss_mib'] - base['rss_mib']:+.2f}), heap {end['heap']}, "
+                f"load {end['load']}",
+                flush=True,
+            )
+        calls = merge_calls(parts)
         print(f"{args.calls} calls in {wall_s:.0f} s: {calls}", flush=True)
-        peak_rss = round(d.rss_bytes() / 2**20, 2)
-        end = idle_state(d)
         print(f"end: {end}", flush=True)
         events = d.log_events()[log_mark:]
         explained, other = unexplained(events, frozenset(token for _, token in peers.proxy.faulted))
@@ -646,6 +764,10 @@ def soak(args: argparse.Namespace, kinds: tuple[str, ...]) -> int:
         "end": end,
         "rss_peak_after_calls_mib": peak_rss,
         "rss_growth_mib": round(end["rss_mib"] - base["rss_mib"], 2),
+        "rss_by_calls_mib": rss_by_calls,
+        "rss_growth_by_part": growth_by_part(rss_by_calls),
+        "rss_plateau_after_first_part": plateau(rss_by_calls),
+        "heap_by_calls": heap_by_calls,
         "flaky_provider_log_events": dict(fault_effects),
         "cdrs": cdrs,
         "log_warnings_explained_by_faults": dict(explained),

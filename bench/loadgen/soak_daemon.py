@@ -9,11 +9,22 @@ dialogs held by the user agents, RTP port pairs allocated, calls per leg,
 asyncio tasks, and the ports it bound (listeners on port 0). The file
 appears once the daemon is ready. RSS and descriptors are read from
 ``/proc`` by the soak.
+
+While no call is up it also writes the heap as the process sees it (``heap``):
+Python's allocated blocks (``sys.getallocatedblocks``), the objects the idle
+thaw froze (``gc.get_freeze_count``: the collector's view of what lives on)
+and glibc's ``mallinfo2`` (bytes the C heap holds in use and free, over all
+its arenas), so RSS left over at idle can be told apart: live objects, or free
+C heap that ``malloc_trim`` did not give back. Not read with calls up (walks
+the allocator's free lists).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
+import gc
 import json
 import os
 import sys
@@ -23,6 +34,49 @@ from typing import Any
 from bridge.config import Config, load_config
 from bridge.io.daemon import Daemon
 from bridge.logs import configure
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                     "uordblks", "fordblks", "keepcost")
+    ]  # fmt: skip
+
+
+def _mallinfo2() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        fn = ctypes.CDLL(name).mallinfo2 if name else None
+    except (OSError, AttributeError):
+        return None  # not glibc, or glibc before 2.33
+    if fn is not None:
+        fn.restype = _Mallinfo2
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def heap() -> dict[str, Any]:
+    """The heap from inside: Python's blocks and frozen objects, glibc's in-use and free
+    bytes (``None`` without ``mallinfo2``)."""
+    out: dict[str, Any] = {
+        "py_allocated_blocks": sys.getallocatedblocks(),
+        "gc_frozen_objects": gc.get_freeze_count(),
+        "gc_tracked_objects": len(gc.get_objects()),
+        "malloc": None,
+    }
+    if _MALLINFO2 is not None:
+        mi = _MALLINFO2()
+        out["malloc"] = {
+            "in_use_bytes": int(mi.uordblks) + int(mi.hblkhd),  # brk/arena heaps + mmapped
+            "free_bytes": int(mi.fordblks),  # free inside the heaps, not given back
+            "heap_bytes": int(mi.arena),  # the heaps' size (sbrk and thread arenas)
+            "mmapped_bytes": int(mi.hblkhd),
+            "top_releasable_bytes": int(mi.keepcost),
+        }
+    return out
 
 
 def state(daemon: Daemon) -> dict[str, Any]:
@@ -35,6 +89,8 @@ def state(daemon: Daemon) -> dict[str, Any]:
             runners = getattr(leg, "runners", [])
             out["sip_transactions"] = sum(r.ua._holder_count() for r in runners)
             out["rtp_ports_allocated"] = leg.ports.allocated_count  # type: ignore[attr-defined]
+    if not sum(out["calls"].values()):
+        out["heap"] = heap()
     return out
 
 
