@@ -18,6 +18,16 @@ repetition has fresh sessions, since libsrtp refuses a sequence number twice):
 * each for ``AES_CM_128_HMAC_SHA1_80`` and ``_32``; ``protect`` and
   ``unprotect`` are also reported alone.
 
+``--round-robin`` (diagnosis of the daemon's cost, issue 34) measures instead
+many sessions in turn, as the daemon's ticker calls them: N call legs (1,
+150, 500: ``--sessions``), each a sender and a receiver ``SrtpContext``; a
+round protects one 172-byte packet on every leg then unprotects it on the
+leg's receiver, leg after leg, and between rounds (``--pressure-mb``, 0 and
+4) a few MB of memory are read, one byte per cache line, as the rest of the
+daemon's tick would evict libsrtp's and OpenSSL's state and code. Only the
+SRTP calls are timed (CPU time per round, the cost of the two clock reads
+subtracted). Written as ``srtp_round_robin`` (``--out``).
+
 Writes ``bench/results/srtp.json`` (``--out`` for another name) with the
 machine and commit it ran on, and whether ``bridge.rtp.srtp`` ran compiled
 (mypyc, ``bridge/native.py``) or as Python (``compiled`` in the settings).
@@ -26,10 +36,12 @@ machine and commit it ran on, and whether ``bridge.rtp.srtp`` ran compiled
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pylibsrtp
 
@@ -117,11 +129,163 @@ def measure(
     }
 
 
+def _identity(packet: bytes) -> bytes:
+    return packet
+
+
+def round_robin(
+    suite: str,
+    sessions: int,
+    evict_kb: int,
+    rounds: int,
+    seed: int,
+    srtp: bool = True,
+    batched: str = "none",
+) -> tuple[float, float]:
+    """µs per leg of a round: ``sessions`` legs served in turn, each reading
+    ``evict_kb`` KB then protecting one packet, reading ``evict_kb`` KB again then
+    unprotecting it (``srtp`` False: the same loop with the SRTP calls left out).
+
+    ``batched`` "tx": every leg's first read, then the protects back to back, then
+    each leg's second read and unprotect in turn (a ticker protecting its outbox in one
+    pass before sending it); "both": the unprotects gathered in one pass too; "none":
+    each leg's two reads and two calls in turn.
+
+    Returns the CPU time of the whole loop per leg (mean) and the time of the SRTP calls
+    alone per leg (``perf_counter_ns`` around each call, or each pass when batched;
+    median over the rounds of the round's mean: a preempted round does not count)."""
+    legs = [keys(suite, seed * 10_000 + i) for i in range(sessions)]
+    if srtp:
+        pairs = [(SrtpContext(a, b).protect, SrtpContext(b, a).unprotect) for a, b in legs]
+    else:
+        pairs = [(_identity, _identity) for _ in legs]
+    batch = packets(rounds + 1)
+    # one buffer per leg and direction, as each call's own objects (jitter buffer, encoder
+    # state, queues) are touched between two of its packets
+    chunk = evict_kb * 1024
+    pool = bytearray(max(1, chunk * 2 * min(sessions, 64)))
+    views = [memoryview(pool)[i * chunk : (i + 1) * chunk] for i in range(2 * min(sessions, 64))]
+    work = [
+        (views[(2 * i) % len(views)], views[(2 * i + 1) % len(views)], p)
+        for i, p in enumerate(pairs)
+    ]
+    cpu = time.process_time_ns
+    wall = time.perf_counter_ns
+    spent = 0
+    per_round: list[float] = []
+    touched = 0
+    for r in range(rounds + 1):
+        packet = batch[r]
+        start = cpu()
+        timed = 0
+        if batched == "none":
+            for before_tx, before_rx, (protect, unprotect) in work:
+                touched += sum(before_tx[::64])  # one byte per cache line
+                t0 = wall()
+                out = protect(packet)
+                t1 = wall()
+                touched += sum(before_rx[::64])
+                t2 = wall()
+                unprotect(out)
+                timed += wall() - t2 + t1 - t0
+        else:
+            for before_tx, _, _ in work:
+                touched += sum(before_tx[::64])
+            t0 = wall()
+            sent = [protect(packet) for _, _, (protect, _) in work]
+            timed += wall() - t0
+            if batched == "both":
+                for _, before_rx, _ in work:
+                    touched += sum(before_rx[::64])
+                t0 = wall()
+                for (_, _, (_, unprotect)), out in zip(work, sent, strict=True):
+                    unprotect(out)
+                timed += wall() - t0
+            else:
+                for (_, before_rx, (_, unprotect)), out in zip(work, sent, strict=True):
+                    touched += sum(before_rx[::64])
+                    t0 = wall()
+                    unprotect(out)
+                    timed += wall() - t0
+        if r:  # round 0 warms up
+            spent += cpu() - start
+            per_round.append(timed / sessions)
+    if touched:
+        raise SystemExit("eviction buffer not zero")
+    return spent / (rounds * sessions) / 1000, statistics.median(per_round) / 1000
+
+
+def main_round_robin(args: argparse.Namespace) -> None:
+    sessions = [int(x) for x in args.sessions.split(",")]
+    evictions = [int(x) for x in args.evict_kb.split(",")]
+    packets_per_cell = 20_000 if args.quick else 60_000
+    repeats = 3 if args.quick else 5
+    suite = SDES_SUITES[0]
+    cells: list[dict[str, Any]] = []
+    print(f"{suite}, protect + unprotect of a 172-byte packet, legs served in turn,")
+    print(f"SRTP calls batched: {args.batched}; µs per leg, median of {repeats} runs;")
+    print("cpu: CPU time of the loop with SRTP minus the same loop without;")
+    print("timed: the SRTP calls timed alone, minus the same timing of no-op calls")
+    print(f"{'legs':>6s} {'evict KB':>9s} {'loop cpu':>9s} {'cpu µs':>8s} {'timed µs':>9s}")
+    for evict in evictions:
+        for n in sessions:
+            rounds = max(20, packets_per_cell // n)
+            with_srtp, without = [], []
+            for seed in range(1, repeats + 1):  # alternated, so drift weighs on both
+                with_srtp.append(round_robin(suite, n, evict, rounds, seed, True, args.batched))
+                without.append(round_robin(suite, n, evict, rounds, seed, False, args.batched))
+            cpu_with = statistics.median(x[0] for x in with_srtp)
+            cpu_without = statistics.median(x[0] for x in without)
+            timed = statistics.median(x[1] for x in with_srtp) - statistics.median(
+                x[1] for x in without
+            )
+            cells.append(
+                {
+                    "sessions": n,
+                    "evict_kb": evict,
+                    "batched": args.batched,
+                    "loop_cpu_with_srtp_us": round(cpu_with, 3),
+                    "loop_cpu_without_us": round(cpu_without, 3),
+                    "srtp_cpu_us": round(cpu_with - cpu_without, 3),
+                    "srtp_timed_us": round(timed, 3),
+                }
+            )
+            print(f"{n:6d} {evict:9d} {cpu_with:9.3f} {cpu_with - cpu_without:8.3f} {timed:9.3f}")
+    settings = {
+        "quick": args.quick,
+        "suite": suite,
+        "batched": args.batched,
+        "repeats": repeats,
+        "packets_per_cell": packets_per_cell,
+        "pylibsrtp": pylibsrtp.__version__,
+        "compiled": not (srtp_module.__file__ or "").endswith(".py"),
+        "load_before": os.getloadavg()[0],
+    }
+    out = args.out if args.out != "srtp" else f"srtp_round_robin_{args.batched}"
+    print(f"wrote {write(out, {'cells': cells}, settings)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer packets and repetitions")
     parser.add_argument("--out", default="srtp")
+    parser.add_argument(
+        "--round-robin", action="store_true", help="many legs served in turn (see above)"
+    )
+    parser.add_argument("--sessions", default="1,150,500", help="legs, comma-separated")
+    parser.add_argument(
+        "--batched",
+        choices=("none", "tx", "both"),
+        default="none",
+        help="round robin: SRTP calls gathered in one pass (tx: protects only)",
+    )
+    parser.add_argument(
+        "--evict-kb", default="0,64,512", help="KB read before each protect and unprotect"
+    )
     args = parser.parse_args()
+    if args.round_robin:
+        main_round_robin(args)
+        return
     count = 5_000 if args.quick else 50_000
     repeats = 3 if args.quick else 9
     figures: dict[str, dict[str, dict[str, float]]] = {}

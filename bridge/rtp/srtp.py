@@ -24,21 +24,38 @@ rule 7).
 
 Each direction is one libsrtp session (``srtp_t``) called through
 pylibsrtp's cffi binding (``pylibsrtp._binding``: ``ffi``, ``lib``) rather
-than through ``pylibsrtp.Session``: a packet is one copy into the session's
-preallocated buffer, one ``srtp_protect``/``srtp_unprotect`` call and one
-slice out (``Session`` adds a type check, an ``int *`` allocated per packet,
-two method calls and an error helper: about a third of the time, 2.6 against
-1.7 µs per protect + unprotect, ``bench/bench_srtp.py``). The
-session is created with the policy ``pylibsrtp.Policy`` would set (the
+than through ``pylibsrtp.Session``: a packet is one copy into a preallocated
+buffer, one ``srtp_protect``/``srtp_unprotect`` call and one slice out
+(``Session`` adds a type check, an ``int *`` allocated per packet, two method
+calls and an error helper: about a third of the time, 2.6 against 1.7 µs per
+protect + unprotect, ``bench/bench_srtp.py``). The session is created with
+the policy ``pylibsrtp.Policy`` would set (the
 suite's profile for RTP and RTCP, the master key and salt, any SSRC) and
 freed by ``srtp_dealloc`` when its pointer is collected (``ffi.gc``); the
 tests check the ciphertext against ``pylibsrtp.Session``'s. Errors are
 pylibsrtp's: the same message table, raised as ``ValueError``.
+
+The buffer and the length that libsrtp reads and writes are one pair per
+thread, shared by every context made on that thread (``_scratch``), not a pair
+per direction of each context. In the daemon a context's state is cold by the time its next
+packet comes (20 ms and every other call's work later) and most of what
+libsrtp costs there is waiting for memory (``bench/bench_srtp.py
+--round-robin``: 1.7 µs per protect + unprotect when hot, 5-6 µs with 150-500
+legs whose state was evicted to DRAM between packets, the stalls on the first
+loads of libsrtp's and OpenSSL's per-session structures); a buffer shared by
+all contexts is always warm, and each packet touches four fewer cold objects
+(the buffer, its Python view, the length and its cdata): 0.5-0.7 µs less per
+protect + unprotect in that bench with 150-500 legs evicted to DRAM, the same
+when all is hot). Per thread
+because cffi releases the GIL during the libsrtp call: two threads must not
+share the buffer, so a context is used on the thread that made it (the
+daemon's are made and used on the event loop's).
 """
 
 from __future__ import annotations
 
 import importlib
+import threading
 from typing import Any, Final
 
 import pylibsrtp
@@ -72,25 +89,35 @@ _RTP_MAX: Final = _BUFFER - (16 + 128)
 _RTCP_MAX: Final = _BUFFER - (4 + 16 + 128)
 """The longest RTCP packet protected: room for SRTP_MAX_SRTCP_TRAILER_LEN (index + tag + MKI)."""
 
+_SCRATCH: Final = threading.local()
+"""Each thread's ``(buffer, its Python view, int *)`` as ``.pair`` (``_scratch``)."""
+
+
+def _scratch() -> tuple[Any, Any, Any]:
+    """This thread's buffer (``char[_BUFFER]``), a Python buffer over it (slices in and
+    out) and the ``int *`` libsrtp reads and writes the length through (cdata: Any);
+    made for the thread's first context, shared by all its contexts."""
+    try:
+        pair: tuple[Any, Any, Any] = _SCRATCH.pair
+    except AttributeError:
+        buf = _ffi.new("char[]", _BUFFER)
+        pair = (buf, _ffi.buffer(buf), _ffi.new("int *"))
+        _SCRATCH.pair = pair
+    return pair
+
 
 class SrtpContext:
     """Protect outbound and unprotect inbound RTP/RTCP of one call leg."""
 
-    __slots__ = ("_rx", "_rx_buf", "_rx_bytes", "_rx_len", "_tx", "_tx_buf", "_tx_bytes", "_tx_len")
+    __slots__ = ("_rx", "_scratch", "_tx")
 
     def __init__(self, local: SdesCrypto, remote: SdesCrypto) -> None:
         """``local`` protects what we send, ``remote`` unprotects what arrives (the
         two attributes of one offer/answer: the same suite, two keys)."""
-        # cdata (Any): each session's srtp_t, its buffer, the buffer as a Python buffer
-        # (slices in and out) and the int * libsrtp reads and writes the length through
+        # cdata (Any): each direction's srtp_t
         self._tx: Any = _session(local, pylibsrtp.Policy.SSRC_ANY_OUTBOUND)
-        self._tx_buf: Any = _ffi.new("char[]", _BUFFER)
-        self._tx_bytes: Any = _ffi.buffer(self._tx_buf)
-        self._tx_len: Any = _ffi.new("int *")
         self._rx: Any = _session(remote, pylibsrtp.Policy.SSRC_ANY_INBOUND)
-        self._rx_buf: Any = _ffi.new("char[]", _BUFFER)
-        self._rx_bytes: Any = _ffi.buffer(self._rx_buf)
-        self._rx_len: Any = _ffi.new("int *")
+        self._scratch = _scratch()  # the buffer of the thread that makes the context
 
     def rekey_remote(self, remote: SdesCrypto) -> None:
         """The peer's re-offer brought a new key (RFC 4568 §7.1.4): unprotect with it
@@ -107,11 +134,10 @@ class SrtpContext:
         n = len(rtp)
         if n > _RTP_MAX:
             raise ValueError("SRTP protect failed: packet is too long")
-        length = self._tx_len
+        buf, out, length = self._scratch
         length[0] = n
-        out = self._tx_bytes
         out[0:n] = rtp
-        status = _srtp_protect(self._tx, self._tx_buf, length)
+        status = _srtp_protect(self._tx, buf, length)
         if status:
             raise ValueError(f"SRTP protect failed: {_error(status)}")
         result: bytes = out[0 : length[0]]
@@ -126,11 +152,10 @@ class SrtpContext:
         n = len(rtcp)
         if n > _RTCP_MAX:
             raise ValueError("SRTCP protect failed: packet is too long")
-        length = self._tx_len
+        buf, out, length = self._scratch
         length[0] = n
-        out = self._tx_bytes
         out[0:n] = rtcp
-        status = _srtp_protect_rtcp(self._tx, self._tx_buf, length)
+        status = _srtp_protect_rtcp(self._tx, buf, length)
         if status:
             raise ValueError(f"SRTCP protect failed: {_error(status)}")
         result: bytes = out[0 : length[0]]
@@ -145,11 +170,10 @@ class SrtpContext:
         n = len(srtp)
         if n > _BUFFER:
             raise ValueError("SRTP unprotect failed: packet is too long")
-        length = self._rx_len
+        buf, out, length = self._scratch
         length[0] = n
-        out = self._rx_bytes
         out[0:n] = srtp
-        status = _srtp_unprotect(self._rx, self._rx_buf, length)
+        status = _srtp_unprotect(self._rx, buf, length)
         if status:
             raise ValueError(f"SRTP unprotect failed: {_error(status)}")
         result: bytes = out[0 : length[0]]
@@ -164,11 +188,10 @@ class SrtpContext:
         n = len(srtcp)
         if n > _BUFFER:
             raise ValueError("SRTCP unprotect failed: packet is too long")
-        length = self._rx_len
+        buf, out, length = self._scratch
         length[0] = n
-        out = self._rx_bytes
         out[0:n] = srtcp
-        status = _srtp_unprotect_rtcp(self._rx, self._rx_buf, length)
+        status = _srtp_unprotect_rtcp(self._rx, buf, length)
         if status:
             raise ValueError(f"SRTCP unprotect failed: {_error(status)}")
         result: bytes = out[0 : length[0]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import random
+import threading
 from typing import Any
 
 import pylibsrtp
@@ -222,6 +223,35 @@ class _GcSpy:
             return destructor(pointer)
 
         return self._ffi.gc(cdata, counting)
+
+
+def test_threads_have_their_own_buffer() -> None:
+    """Every context made on a thread goes through one buffer (``_scratch``); cffi releases
+    the GIL during the libsrtp call, so another thread's contexts must use another."""
+    seen: dict[str, object] = {}
+    results: dict[str, bool] = {}
+
+    def run(name: str, seed: int) -> None:
+        ours, theirs = suite_key(seed, SDES_SUITES[0]), suite_key(seed + 1, SDES_SUITES[0])
+        sender, receiver = SrtpContext(ours, theirs), SrtpContext(theirs, ours)
+        ref_tx = reference(ours, pylibsrtp.Policy.SSRC_ANY_OUTBOUND)
+        ok = True
+        for seq in range(3000):
+            packet = g711(seq, seed)
+            protected = sender.protect(packet)
+            ok = ok and protected == ref_tx.protect(packet)
+            ok = ok and receiver.unprotect(protected) == packet
+        assert sender._scratch is receiver._scratch
+        seen[name] = sender._scratch[0]
+        results[name] = ok
+
+    threads = [threading.Thread(target=run, args=(f"t{i}", 100 + 10 * i)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {"t0": True, "t1": True}
+    assert seen["t0"] is not seen["t1"]
 
 
 def test_sessions_are_freed(monkeypatch: pytest.MonkeyPatch) -> None:
