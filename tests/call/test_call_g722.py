@@ -20,8 +20,6 @@ from bridge.rtp.dtmf import InbandDtmf
 from telcodec import g722
 from telcodec.dtmf import generate as dtmf_tones
 
-pytestmark = pytest.mark.skipif(not g722.available(), reason="PyAV with G.722 not installed")
-
 
 def test_the_provider_is_asked_for_16khz_and_frames_encode_to_g722_payloads() -> None:
     payloads, heard = tone_turn_through_codec(

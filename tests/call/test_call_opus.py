@@ -9,8 +9,6 @@ from call_harness import peak_hz, ticks_until_caller_barges_in, tone_turn_throug
 
 from telcodec import opus
 
-pytestmark = pytest.mark.skipif(not opus.available(), reason="PyAV with libopus not installed")
-
 
 def test_the_provider_is_asked_for_16khz_and_frames_encode_to_opus_packets() -> None:
     payloads, heard = tone_turn_through_codec(

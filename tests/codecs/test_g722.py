@@ -9,8 +9,6 @@ import pytest
 from telcodec import g722
 from telcodec.resample import StreamResampler
 
-pytestmark = pytest.mark.skipif(not g722.available(), reason="PyAV with G.722 not installed")
-
 DELAY_SAMPLES = 22
 """The codec's delay, end to end (QMF analysis and synthesis)."""
 

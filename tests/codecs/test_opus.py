@@ -8,8 +8,6 @@ import pytest
 
 from telcodec import opus
 
-pytestmark = pytest.mark.skipif(not opus.available(), reason="PyAV with libopus not installed")
-
 
 def _tone(hz: float, frames: int, amplitude: float = 8000.0) -> npt.NDArray[np.int16]:
     t = np.arange(frames * opus.FRAME_SAMPLES) / opus.SAMPLE_RATE_HZ

@@ -4,12 +4,9 @@ arrives, and the playout path given that decode by sequence number (issue 34).""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from bridge.io.legs.sip_call import G722_HELD_DECODES, G722Media
 from telcodec import g722
-
-pytestmark = pytest.mark.skipif(not g722.available(), reason="PyAV with G.722 not installed")
 
 
 def _payloads(count: int) -> list[bytes]:

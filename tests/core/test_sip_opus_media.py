@@ -18,7 +18,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
-import pytest
 
 from bridge.io.legs.sip_call import G722_HELD_DECODES, OpusMedia, _SipCall
 from bridge.io.ticker import MediaTicker
@@ -26,8 +25,6 @@ from bridge.sip.sdp import NegotiatedAudio, OpusParams
 from telcodec import opus
 
 from .test_sip_rtp_read import _free_port, _Runner, _services, _tick
-
-pytestmark = pytest.mark.skipif(not opus.available(), reason="PyAV with libopus not installed")
 
 _HDR = struct.Struct("!BBHII")
 OPUS_PT, EVENT_PT = 107, 105

@@ -6,13 +6,7 @@ is ttsd's deterministic tone engine; the calls are ``wideband``'s, shared with G
 
 from __future__ import annotations
 
-import pytest
-
-from telcodec import opus
-
 from .wideband import g711_caller_gets_pcmu, greeting_call, prerendered_greeting_is_heard, run
-
-pytestmark = pytest.mark.skipif(not opus.available(), reason="PyAV with libopus not installed")
 
 
 def test_an_opus_call_is_answered_in_opus_and_hears_the_greeting() -> None:
