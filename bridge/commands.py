@@ -85,6 +85,8 @@ class Transfer(Command):
     """Blind transfer (SIP REFER) or a new outbound leg to ``target``."""
 
     target: str
+    trunk: str = ""
+    """The ``[trunks]`` entry a ``tel:`` target goes through ("": the call's own trunk)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -462,6 +462,8 @@ def _check_config(values: dict[str, Any], at: Spot) -> None:
             if s.voice_agent and s.voice_agent not in providers:
                 at.error(f"unknown provider {s.voice_agent!r}",
                          f"flows.{f.name}.steps.{s.name}.voice_agent")  # fmt: skip
+            if s.trunk and s.trunk not in {t.name for t in values["trunks"]}:
+                at.error(f"unknown trunk {s.trunk!r}", f"flows.{f.name}.steps.{s.name}.trunk")
     seen: dict[str, int] = {}  # each match and the first route giving it
     for i, r in enumerate(values["routes"]):
         p = f"routes[{i}]"

@@ -207,6 +207,7 @@ COMMAND_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
             r"(sips?|tel):[!-~]{1,250}",
             hint="a sip:, sips: or tel: URI (printable ASCII, no spaces, at most 254 characters)",
         ),
+        FieldSpec("trunk", "str", pattern=_NAME, hint=_NAME_HINT),
     ),
     "dtmf": (
         FieldSpec("digits", "str", True, r"[0-9A-D*#]{1,32}", hint="1-32 of 0-9 * # A B C D"),
@@ -237,7 +238,7 @@ _BUILDERS: dict[str, Callable[[dict[str, Any]], Command]] = {
     ),
     "cancel": lambda f: Cancel(f["turn_id"]),
     "hangup": lambda f: Hangup(f.get("reason", "app_hangup")),
-    "transfer": lambda f: Transfer(f["target"]),
+    "transfer": lambda f: Transfer(f["target"], f.get("trunk", "")),
     "dtmf": lambda f: SendDtmf(f["digits"]),
     "answer": lambda f: Answer(),
     "reject": lambda f: Reject(f.get("status", REJECT_STATUS_DEFAULT), f.get("reason", "")),

@@ -349,7 +349,7 @@ class FlowRunner:
         if target:
             self._enter(target, now)
         elif step.transfer:
-            self._commands.append(Transfer(step.transfer))
+            self._commands.append(Transfer(step.transfer, step.trunk))
             self._end("transfer", now)
         elif step.hangup:
             self._commands.append(Hangup(HANGUP_REASON))

@@ -69,6 +69,10 @@ class FlowStep:
     )  # fmt: skip
     next: str = setting("", "where to go after `say`", type_doc="step name")
     transfer: str = setting("", "blind transfer", type_doc="`sip:`/`tel:` URI", check=_transfer_uri)
+    trunk: str = setting(
+        "", "the `[trunks]` entry a `tel:` `transfer` goes through (`\"\"`: the call's own trunk, "
+        "if it came in or went out on one)", type_doc="trunk name",
+    )  # fmt: skip
     hangup: bool = setting(False, "hang up after `say`")
     app: str = setting(
         "", "hand the call to an application", type_doc="`ws(s)://` URL", check=check_ws_url
@@ -86,6 +90,8 @@ def _check_step(values: dict[str, Any], at: Spot) -> None:
     step = FlowStep(**values)
     if step.branch and not step.gathers:
         at.error("a branch needs a gather in the same step", "branch")
+    if step.trunk and not step.transfer:
+        at.error("a trunk needs a transfer in the same step", "trunk")
     ends = step.hangup or step.transfer or step.app or step.voice_agent
     if not (ends or step.next or step.branch):
         at.reader.err(

@@ -143,7 +143,7 @@ class LegAdapter(Protocol):
 
     def hangup(self, reason: str) -> None: ...
 
-    def transfer(self, target: str) -> None: ...
+    def transfer(self, target: str, trunk: str = "") -> None: ...
 
     def send_dtmf(self, digits: str) -> None: ...
 
@@ -266,6 +266,7 @@ class CallRunner:
             now,
             options=CallOptions(
                 default_voice=route.voice,
+                trunks=frozenset(t.name for t in self.config.trunks),
                 **text_pacing(self.config, route),
             ),
         )
@@ -750,7 +751,7 @@ class CallRunner:
             else:
                 self._reject_now(a)
         elif isinstance(a, TransferLeg):
-            self.leg.transfer(a.target)
+            self.leg.transfer(a.target, a.trunk)
         elif isinstance(a, SendLegDtmf):
             self.leg.send_dtmf(a.digits)
         elif isinstance(a, StartAgent):

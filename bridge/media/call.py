@@ -740,11 +740,13 @@ class CallBridge:
                 self._hangup_reason = reason
                 self._early_end = None  # in early media the hangup decides (SIP: 480)
                 self._actions.append(HangupLeg(reason))
-            case cmd.Transfer(target=target):
-                if target:
-                    self._actions.append(TransferLeg(target))
-                else:
+            case cmd.Transfer(target=target, trunk=trunk):
+                if not target:
                     self._reject(command, "", "empty_target")
+                elif trunk and trunk not in self._options.trunks:
+                    self._reject(command, "", "unknown_trunk")
+                else:
+                    self._actions.append(TransferLeg(target, trunk))
             case cmd.SendDtmf(digits=digits):
                 if digits and all(d in DTMF_DIGITS for d in digits.upper()):
                     self._actions.append(SendLegDtmf(digits.upper()))

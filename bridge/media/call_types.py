@@ -142,6 +142,8 @@ class CallOptions:
     cache_prompts: bool = True
     """Cacheable turns are spoken whole, to be cached (not paced). ``False`` (the daemon's
     prompt cache holds nothing): they are turns like any other."""
+    trunks: frozenset[str] = frozenset()
+    """The ``[trunks]`` names a ``Transfer`` may give (another is refused: ``unknown_trunk``)."""
     max_undecoded_ms: int = 20_000
     """Provider audio one turn may hold untranscoded (by duration); beyond it the oldest
     is transcoded at arrival. 0 transcodes everything at arrival (no look-ahead)."""
@@ -225,6 +227,8 @@ class TransferLeg(Action):
     """Blind transfer (SIP REFER) or a new outbound leg to ``target``."""
 
     target: str
+    trunk: str = ""
+    """The ``[trunks]`` entry a ``tel:`` target goes through ("": the call's own trunk)."""
 
 
 @dataclass(frozen=True, slots=True)

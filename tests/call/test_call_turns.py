@@ -28,6 +28,7 @@ from bridge.commands import (
     TurnInterrupted,
 )
 from bridge.media.call_types import (
+    CallOptions,
     CancelTurn,
     ConnectApp,
     EndTurn,
@@ -260,6 +261,19 @@ def test_leg_commands_and_rejections() -> None:
         ("Transfer", "empty_target"),
         ("Say", "turn_closed"),
         ("Say", "empty_turn_id"),
+    ]
+
+
+def test_a_transfer_through_a_trunk_needs_a_configured_trunk() -> None:
+    """``Transfer.trunk`` must name one of ``CallOptions.trunks`` (the config's); the
+    leg gets it with the target."""
+    h = Harness(options=CallOptions(trunks=frozenset({"carrier"})))
+    h.call.execute(Transfer("tel:+15551234567", "carrier"), 0.0)
+    h.call.execute(Transfer("tel:+15551234567", "ghost"), 0.0)
+    actions, events = h.take()
+    assert actions == [TransferLeg("tel:+15551234567", "carrier")]
+    assert [(e.command, e.reason) for e in of_type(events, CommandRejected)] == [
+        ("Transfer", "unknown_trunk")
     ]
 
 

@@ -68,6 +68,8 @@ EXPECTED_BROKEN = [
     "flows.bad.start: unknown step 'nowhere'",
     "flows.bad.steps.a.branch: a branch needs a gather",
     "flows.bad.steps.b.transfer: expected a sip: or tel: URI",
+    "flows.bad.steps.c.trunk: unknown trunk 'nosuch'",
+    "flows.bad.steps.d.trunk: a trunk needs a transfer in the same step",
 ]
 
 

@@ -176,6 +176,9 @@ def test_decode_every_command() -> None:
     assert decode_command('{"type":"hangup"}') == Hangup("app_hangup")
     assert decode_command('{"type":"hangup","reason":"done"}') == Hangup("done")
     assert decode_command('{"type":"transfer","target":"tel:+1555"}') == Transfer("tel:+1555")
+    assert decode_command('{"type":"transfer","target":"tel:+1555","trunk":"carrier"}') == (
+        Transfer("tel:+1555", "carrier")
+    )
     assert decode_command('{"type":"dtmf","digits":"12#*AD"}') == SendDtmf("12#*AD")
     assert decode_command(b'{"type":"dtmf","digits":"1"}') == SendDtmf("1")
     assert decode_command('{"type":"answer","id":"a"}') == Answer()
@@ -205,6 +208,7 @@ def test_decode_every_command() -> None:
         ('{"type":"cancel","turn_id":"t","turn_id":"u"}', "turn_id", "duplicate key"),
         ('{"type":"transfer","target":"http://x"}', "target", "sip:"),
         ('{"type":"transfer","target":"sip:a b"}', "target", "sip:"),
+        ('{"type":"transfer","target":"tel:+1555","trunk":"a b"}', "trunk", "1-64"),
         ('{"type":"dtmf","digits":"12x"}', "digits", "0-9"),
         ('{"type":"dtmf","digits":"1\\n"}', "digits", "0-9"),
         ('{"type":"dtmf","digits":""}', "digits", "0-9"),

@@ -322,6 +322,54 @@ codecs = ["PCMA"]
     asyncio.run(asyncio.wait_for(main(), 60 * FACTOR))
 
 
+def test_a_transfer_names_a_trunk_for_a_call_that_is_not_on_one() -> None:
+    """A call out to a plain sip: peer (no trunk): a transfer naming the trunk (a flow
+    step's or the app's ``trunk``) puts a tel: target at the trunk's host; without one
+    the tel: target goes as it is."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        _, peer = await loop.create_datagram_endpoint(UdpPeer, local_addr=("127.0.0.1", 0))
+        assert peer.transport is not None
+        async with AppServer() as app:
+            trunk = """
+[trunks.carrier]
+outbound_proxy = "sip:sbc.carrier.test:5099"
+"""
+            async with stack(app_route(app.url) + trunk) as st:
+                leg = sip_leg(st.daemon)
+                call_id = leg.originate(f"sip:desk@127.0.0.1:{peer.port}", "", "")
+                invite, addr = await peer.next()
+                assert invite.method == "INVITE"
+                ok = build_response(invite, 200, "OK", "d1")
+                ok.add("Contact", f"<sip:desk@127.0.0.1:{peer.port}>")
+                ok.add("Content-Type", "application/sdp")
+                ok.body = (
+                    b"v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+                    b"m=audio 9 RTP/AVP 0\r\n"
+                )
+                peer.transport.sendto(ok.to_bytes(), addr)
+                ack, _ = await peer.next()
+                assert ack.method == "ACK"
+                await app.wait_for("call.started")
+                call = leg.calls[call_id]
+                call.transfer("tel:+1-555-999-8888", "carrier")
+                refer, _ = await peer.next()
+                assert refer.method == "REFER"
+                via_trunk = "<sip:+15559998888@sbc.carrier.test:5099;user=phone>"
+                assert refer.get("refer-to") == via_trunk
+                peer.transport.sendto(build_response(refer, 202, "Accepted").to_bytes(), addr)
+                call.transfer("tel:+15559998888")
+                again, _ = await peer.next()
+                while again.get("cseq") == refer.get("cseq"):  # the first one, sent again
+                    again, _ = await peer.next()
+                assert again.method == "REFER"
+                assert again.get("refer-to") == "<tel:+15559998888>"
+        peer.transport.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60 * FACTOR))
+
+
 # ------------------------------------------------------------- Kamailio as the trunk
 
 KAMAILIO_TRUNK_CFG = Path(__file__).resolve().parent / "scenarios" / "kamailio_trunk.cfg"

@@ -257,8 +257,8 @@ class _UaRunner:
             self.conn_peers[conn_id] = key
         return conn_id
 
-    def refer_target(self, call_id: str, target: str) -> str:
-        return self.leg.refer_target(call_id, target)
+    def refer_target(self, call_id: str, target: str, trunk: str = "") -> str:
+        return self.leg.refer_target(call_id, target, trunk)
 
     def _open(self, conn_id: int, queued: list[bytes]) -> None:
         """(Re)open the peer's connection ``conn_id`` with ``queued`` to send on it."""
@@ -1305,15 +1305,20 @@ class SipLeg:
         self._release(call)
         call.drop_cycles()
 
-    def refer_target(self, call_id: str, target: str) -> str:
-        """The Refer-To of a transfer: on a trunk's call a ``tel:+E164`` target becomes
+    def refer_target(self, call_id: str, target: str, trunk: str = "") -> str:
+        """The Refer-To of a transfer: through the trunk named ``trunk`` (a flow step's or
+        the app's ``trunk``) or else the call's own, a ``tel:+E164`` target becomes
         ``sip:+NUMBER@PROXY-HOST;user=phone``, as a call out through the trunk would (the
         carrier places it); anything else as it is."""
-        trunk = self.call_trunks.get(call_id)
-        if trunk is None or not target.lower().startswith("tel:"):
+        chosen = (
+            next((t for t in self.services.call_config().trunks if t.name == trunk), None)
+            if trunk
+            else self.call_trunks.get(call_id)
+        )
+        if chosen is None or not target.lower().startswith("tel:"):
             return target
         try:
-            return outbound_target(target, trunk.next_hop, trunk.next_hop).request_uri
+            return outbound_target(target, chosen.next_hop, chosen.next_hop).request_uri
         except TargetError:
             return target
 

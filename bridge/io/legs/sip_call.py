@@ -112,8 +112,8 @@ class Signalling(Protocol):
 
     def pump(self) -> None: ...
 
-    def refer_target(self, call_id: str, target: str) -> str:
-        """A transfer's Refer-To (a trunk's call: ``tel:`` at the trunk's host)."""
+    def refer_target(self, call_id: str, target: str, trunk: str = "") -> str:
+        """A transfer's Refer-To (``tel:`` at the host of ``trunk`` or the call's trunk)."""
         ...
 
 
@@ -612,8 +612,8 @@ class _SipCall:
                 self.ua.ua.hangup(self.call_id, self.loop.time())
             self.ua.pump()
 
-    def transfer(self, target: str) -> None:
-        target = self.ua.refer_target(self.call_id, target)  # a trunk's tel: rewritten
+    def transfer(self, target: str, trunk: str = "") -> None:
+        target = self.ua.refer_target(self.call_id, target, trunk)  # a trunk's tel: rewritten
         self.ua.ua.refer(self.call_id, target, self.loop.time())
         self.ua.pump()
 

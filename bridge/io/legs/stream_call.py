@@ -101,7 +101,7 @@ class StreamLeg:
         self.stream.engine.hangup(self.stream.now())
         self.stream.pump()
 
-    def transfer(self, target: str) -> None:
+    def transfer(self, target: str, trunk: str = "") -> None:
         log.warning("streams.transfer_unsupported", dialect=self.kind, target=target)
 
     def send_dtmf(self, digits: str) -> None:
