@@ -19,6 +19,8 @@ exactly these)::
     GET  /v1/calls/{call_id}        200 CallInfo
     POST /v1/calls/{call_id}/say    202 {"call_id", "turn_id"}
     POST /v1/calls/{call_id}/hangup 202 {"call_id"}
+    POST /v1/calls/{call_id}/{answer,reject,transfer,dtmf}
+                                    202 {"call_id"}  (the application protocol's commands)
     POST /v1/stream-tokens          201 {"token", "expires_in_s"}  (a media stream's
                                         single-use token, for the carrier's call id)
     GET  /openapi.json              200 the OpenAPI document (no token needed)
@@ -31,7 +33,9 @@ parse 400; a body that is not an object, has unknown fields or a bad field
 422 naming the field. Every error body is
 ``{"error": {"code", "message", "field"?}}``. The directory's own refusals
 (no such call 404, call over 409, no capacity 503, ...) come back as
-``DirectoryError`` values and are passed through with their status.
+``DirectoryError`` values and are passed through with their status; a
+command the call refuses (``answer`` outside early media, a ``transfer`` naming
+no configured trunk) is 409 or 422 with the call's reason as ``error.code``.
 
 Rules that keep this module honest:
 
@@ -49,28 +53,40 @@ import json
 import math
 import re
 import secrets
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from bridge import __version__
-from bridge.commands import Say
-from bridge.control.app import COMMAND_FIELDS, FieldSpec
+from bridge.commands import Command, Say
+from bridge.control.app import COMMAND_BUILDERS, COMMAND_FIELDS, FieldSpec
 
 __all__ = [
+    "API_COMMANDS",
     "MAX_BODY_BYTES",
+    "REFUSALS",
     "ROUTES",
     "ApiResponse",
     "CallDirectory",
     "CallInfo",
     "DirectoryError",
     "authorized",
+    "call_path",
     "handle",
     "openapi",
 ]
 
 MAX_BODY_BYTES = 64 * 1024
-CALL_ID_RE = r"[A-Za-z0-9._:-]{1,128}"
+_CALLID_WORD = r"[A-Za-z0-9.!%*_+`'~()<>:\\\"/\[\]?{}-]{1,256}"
+CALL_ID_RE = rf"{_CALLID_WORD}(?:@{_CALLID_WORD})?"
+"""A call id in a path: a SIP Call-ID (RFC 3261 ``callid = word ["@" word]``, each word
+at most 256 characters) or a media stream's (``STREAM_CALL_ID_RE``). A client
+percent-encodes what a path segment cannot hold (``/``, ``?``, ``%``...); ``@`` and
+``:`` may go as they are."""
+STREAM_CALL_ID_RE = r"[A-Za-z0-9._:-]{1,128}"
+"""A media stream's call id as the API and a stream token take it (the leg cuts the
+carrier's id to this)."""
 _URI = r"(sips?|tel):[!-~]{1,250}"
 _URI_HINT = "a sip:, sips: or tel: URI (printable ASCII, no spaces, at most 254 characters)"
 
@@ -144,6 +160,12 @@ class CallDirectory(Protocol):
 
     def hangup(self, call_id: str, reason: str) -> DirectoryError | None:
         """``CallBridge.execute(Hangup(reason))`` on the call."""
+        ...
+
+    def command(self, call_id: str, command: Command) -> DirectoryError | None:
+        """``CallBridge.execute(command)`` on the call (``Answer``, ``Reject``,
+        ``Transfer``, ``SendDtmf``); the call's refusal (its ``CommandRejected``) comes
+        back as a ``DirectoryError`` (``REFUSALS``)."""
         ...
 
     def mint_stream_token(self, call_id: str) -> tuple[str, float] | DirectoryError:
@@ -245,7 +267,7 @@ _SAY_FIELDS = tuple(
 _HANGUP_FIELDS = COMMAND_FIELDS["hangup"]
 _STREAM_TOKEN_FIELDS = (
     FieldSpec(
-        "call_id", "str", True, CALL_ID_RE,
+        "call_id", "str", True, STREAM_CALL_ID_RE,
         hint="the call id the carrier sends in start (1-128 of A-Z a-z 0-9 . _ : -)",
     ),
 )  # fmt: skip
@@ -275,7 +297,7 @@ def _originate(req: _Request) -> ApiResponse:
     )
     if isinstance(result, DirectoryError):
         return _from_directory(result)
-    url = f"/v1/calls/{result}"
+    url = f"/v1/calls/{call_path(result)}"
     return _json(201, {"call_id": result, "url": url}, ("Location", url))
 
 
@@ -308,6 +330,38 @@ def _hangup(req: _Request) -> ApiResponse:
     return _json(202, {"call_id": call_id})
 
 
+REFUSALS: dict[str, tuple[int, str]] = {
+    "not_early_media": (409, "$"),
+    "call_ended": (409, "$"),
+    "unknown_trunk": (422, "trunk"),
+    "empty_target": (422, "target"),
+    "bad_digits": (422, "digits"),
+    "bad_status": (422, "status"),
+}
+"""A call's ``CommandRejected`` reason -> (status, field) of the API's error."""
+
+
+def _command(kind: str) -> _Handler:
+    """The handler of ``POST /v1/calls/{call_id}/<kind>``: the application protocol's
+    command of that name (its fields, rules and refusals)."""
+    fields = COMMAND_FIELDS[kind]
+    required = any(f.required for f in fields)
+
+    def handler(req: _Request) -> ApiResponse:
+        call_id = req.params["call_id"]
+        body = _body(req, fields, required=required)
+        err = req.directory.command(call_id, COMMAND_BUILDERS[kind](body))
+        if err is not None:
+            return _from_directory(err)
+        return _json(202, {"call_id": call_id})
+
+    return handler
+
+
+API_COMMANDS = ("answer", "reject", "transfer", "dtmf")
+"""The application protocol's commands that have a path of their own on a call."""
+
+
 def _stream_token(req: _Request) -> ApiResponse:
     body = _body(req, _STREAM_TOKEN_FIELDS, required=True)
     result = req.directory.mint_stream_token(body["call_id"])
@@ -332,12 +386,18 @@ ROUTES: tuple[tuple[str, dict[str, _Handler]], ...] = (
     ("/v1/calls/{call_id}", {"GET": _get_call}),
     ("/v1/calls/{call_id}/say", {"POST": _say}),
     ("/v1/calls/{call_id}/hangup", {"POST": _hangup}),
+    *((f"/v1/calls/{{call_id}}/{kind}", {"POST": _command(kind)}) for kind in API_COMMANDS),
     ("/v1/stream-tokens", {"POST": _stream_token}),
     ("/openapi.json", {"GET": _openapi}),
 )
 """(path template, {method: handler}); ``openapi()`` documents exactly these."""
 
 PUBLIC = frozenset({"/openapi.json"})
+
+
+def call_path(call_id: str) -> str:
+    """``call_id`` as a path segment of ``/v1/calls/{call_id}`` (percent-encoded)."""
+    return urllib.parse.quote(call_id, safe="@:")
 
 
 def _compile(template: str) -> re.Pattern[str]:
@@ -352,8 +412,9 @@ _COMPILED = tuple((template, _compile(template), methods) for template, methods 
 def _route(path: str) -> tuple[str, dict[str, str], dict[str, _Handler]] | None:
     for template, rx, methods in _COMPILED:
         m = rx.fullmatch(path)
-        if m is not None:
-            return template, m.groupdict(), methods
+        if m is not None:  # a segment is percent-decoded (a Call-ID may hold / or ?)
+            params = {k: urllib.parse.unquote(v) for k, v in m.groupdict().items()}
+            return template, params, methods
     return None
 
 
@@ -491,6 +552,11 @@ def _schemas() -> dict[str, Any]:
         "SayResponse": _closed({"call_id": _str(CALL_ID_RE), "turn_id": _str()}),
         "HangupRequest": _object(_HANGUP_FIELDS, "reason defaults to api_hangup"),
         "HangupResponse": _closed({"call_id": _str(CALL_ID_RE)}),
+        **{
+            f"{kind.capitalize()}Request": _object(COMMAND_FIELDS[kind], _COMMAND_TEXT[kind][1])
+            for kind in API_COMMANDS
+        },
+        "CommandResponse": _closed({"call_id": _str(CALL_ID_RE)}),
         "StreamTokenRequest": _object(
             _STREAM_TOKEN_FIELDS, "the carrier's call id the token is bound to"
         ),
@@ -523,6 +589,24 @@ _ERROR_TEXT = {
     429: "the trunk's calls_per_second is reached (Retry-After: seconds to wait)",
     503: "no capacity or SIP not enabled",
 }
+
+_COMMAND_TEXT = {
+    "answer": (
+        "Answer a SIP call in early media (200 OK after the 183)",
+        "no fields; 409 not_early_media when the call is not in early media",
+    ),
+    "reject": (
+        "Refuse a SIP call in early media with a final status",
+        "status: 400-699 (486 by default); reason: the status line's text",
+    ),
+    "transfer": (
+        "Blind transfer of the caller (SIP REFER)",
+        "target: a sip:, sips: or tel: URI; trunk: the [trunks] entry a tel: target goes "
+        "through (default: the call's own trunk); 422 unknown_trunk for another name",
+    ),
+    "dtmf": ("Send DTMF digits on the call", "digits: 1-32 of 0-9 * # A B C D"),
+}
+"""Each API command's (summary, request description) in the OpenAPI document."""
 
 _CALL_ID_PARAM = {
     "name": "call_id",
@@ -580,6 +664,21 @@ def _paths() -> dict[str, Any]:
                 "requestBody": _body_spec("HangupRequest", False),
                 "responses": _responses(202, "HangupResponse", *body_errors, 404, 409),
             },
+        },
+        **{
+            f"/v1/calls/{{call_id}}/{kind}": {
+                "parameters": [_CALL_ID_PARAM],
+                "post": {
+                    "operationId": f"{kind}Call",
+                    "summary": _COMMAND_TEXT[kind][0],
+                    "requestBody": _body_spec(
+                        f"{kind.capitalize()}Request",
+                        any(f.required for f in COMMAND_FIELDS[kind]),
+                    ),
+                    "responses": _responses(202, "CommandResponse", *body_errors, 404, 409),
+                },
+            }
+            for kind in API_COMMANDS
         },
         "/v1/stream-tokens": {
             "post": {

@@ -95,6 +95,7 @@ from bridge.commands import (
 from bridge.engine import CloseConnection, Event, LocalProtocolError, Outbox, SendText
 
 __all__ = [
+    "COMMAND_BUILDERS",
     "COMMAND_FIELDS",
     "COMMAND_TYPES",
     "EVENT_TYPES",
@@ -225,7 +226,7 @@ COMMAND_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
     ),
 }
 
-_BUILDERS: dict[str, Callable[[dict[str, Any]], Command]] = {
+COMMAND_BUILDERS: dict[str, Callable[[dict[str, Any]], Command]] = {
     "say": lambda f: Say(
         f["turn_id"],
         f["text"],
@@ -283,7 +284,7 @@ def decode_command(text: str | bytes) -> Command | AppError:
         ok_id = command_id if e.field != "id" else None
         ok_type = ctype if ctype in COMMAND_TYPES else None
         return AppError(e.field, e.message, ok_id, ok_type)
-    return _BUILDERS[ctype](obj)
+    return COMMAND_BUILDERS[ctype](obj)
 
 
 def _parse(text: str | bytes) -> dict[str, Any]:

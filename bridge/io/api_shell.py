@@ -12,9 +12,9 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from bridge.commands import Say
+from bridge.commands import Command, Say
 from bridge.config import ApiConfig, Config
-from bridge.control.api import CallInfo, DirectoryError, authorized, handle
+from bridge.control.api import REFUSALS, CallInfo, DirectoryError, authorized, handle
 from bridge.io.callrun import CallRunner
 from bridge.io.dns import DnsError, is_ip_literal
 from bridge.io.httpws import HttpRequest, HttpResponse
@@ -152,6 +152,18 @@ class Directory:
             return DirectoryError(404, "not_found", f"no call {call_id!r}")
         r.hangup(reason)
         return None
+
+    def command(self, call_id: str, command: Command) -> DirectoryError | None:
+        r = self._runners().get(call_id)
+        if r is None:
+            return DirectoryError(404, "not_found", f"no call {call_id!r}")
+        if r.finished:
+            return DirectoryError(409, "ending", "the call is ending")
+        reason = r.api_command(command)
+        if not reason:
+            return None
+        status, field = REFUSALS.get(reason, (409, "$"))
+        return DirectoryError(status, reason, f"the call refused it: {reason}", field)
 
     def mint_stream_token(self, call_id: str) -> tuple[str, float] | DirectoryError:
         leg = next((leg for leg in self.daemon.legs if leg.name == "media_streams"), None)

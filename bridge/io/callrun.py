@@ -420,6 +420,26 @@ class CallRunner:
     def say(self, command: cmd.Say) -> None:
         self._guard(self._execute, command)
 
+    def api_command(self, command: cmd.Command) -> str:
+        """A command from the HTTP API, carried out now: "" when the call took it, else
+        the reason it refused it (its ``CommandRejected``, answered to the API's caller,
+        not sent to the application as an error about a command it did not send)."""
+        refused: list[str] = []
+
+        def run(now: float) -> None:
+            self.bridge.execute(command, now)
+            for action in self.bridge.actions_to_send():
+                self._do(action)
+            name = type(command).__name__
+            for event in self.bridge.events_received():
+                if isinstance(event, cmd.CommandRejected) and event.command == name:
+                    refused.append(event.reason)
+                else:
+                    self._on_event(event, now)
+
+        self._guard(run)
+        return refused[0] if refused else ""
+
     def knows_provider(self, name: str | None) -> bool:
         """Whether a ``Say`` may name ``name`` (``None``: the route's own providers)."""
         return not name or name in self.runtime.pools

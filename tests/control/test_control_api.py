@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Sequence
@@ -12,13 +13,15 @@ from typing import Any
 import pytest
 from control_jsonschema import errors
 
-from bridge.commands import Say
+from bridge.commands import Answer, Command, Reject, Say, SendDtmf, Transfer
 from bridge.control.api import (
     MAX_BODY_BYTES,
+    REFUSALS,
     ROUTES,
     ApiResponse,
     CallInfo,
     DirectoryError,
+    call_path,
     handle,
     openapi,
 )
@@ -44,6 +47,9 @@ class FakeDirectory:
     originated: list[tuple[str, str, str]] = field(default_factory=list)
     full: bool = False
     trunks: list[str] = field(default_factory=list)
+    commands: list[tuple[str, Command]] = field(default_factory=list)
+    early: set[str] = field(default_factory=lambda: {"c-1"})
+    """Calls in early media (``answer`` and ``reject`` are refused on the others)."""
 
     def list_calls(self) -> Sequence[CallInfo]:
         return list(self.calls.values())
@@ -84,6 +90,22 @@ class FakeDirectory:
         if err is None:
             self.hung_up.append((call_id, reason))
         return err
+
+    def command(self, call_id: str, command: Command) -> DirectoryError | None:
+        """As the daemon's: the call's refusal reason through ``REFUSALS``."""
+        err = self._check(call_id)
+        if err is not None:
+            return err
+        reason = ""
+        if isinstance(command, Answer | Reject) and call_id not in self.early:
+            reason = "not_early_media"
+        elif isinstance(command, Transfer) and command.trunk not in ("", "carrier"):
+            reason = "unknown_trunk"
+        if reason:
+            status, field = REFUSALS[reason]
+            return DirectoryError(status, reason, f"the call refused it: {reason}", field)
+        self.commands.append((call_id, command))
+        return None
 
 
 def call(
@@ -131,6 +153,24 @@ def test_list_and_get_calls() -> None:
     assert_error(resp, body, 404, "call_id")
     resp, body = call("GET", "/v1/calls/bad%20id")
     assert_error(resp, body, 404, "call_id")
+
+
+def test_a_sip_call_id_is_a_path_segment_percent_encoded_where_it_must_be() -> None:
+    """SIP Call-IDs hold ``@`` (nearly all) and may hold ``/`` or ``?`` (RFC 3261
+    ``word``): ``call_path`` encodes what a segment cannot hold and the router decodes it,
+    so every call is reachable; what is not a Call-ID is 404 naming the field."""
+    odd = 'a/b?c%"<x>@[::1]'
+    d = FakeDirectory()
+    for call_id in ("3848276298220188511@127.0.0.1", odd):
+        d.calls[call_id] = dataclasses.replace(ALICE, call_id=call_id)
+        path = f"/v1/calls/{call_path(call_id)}"
+        resp, body = call("GET", path, headers=AUTH, directory=d)
+        assert resp.status == 200 and body["call_id"] == call_id
+        assert call("POST", f"{path}/hangup", None, headers=AUTH, directory=d)[0].status == 202
+    assert call_path(odd) == "a%2Fb%3Fc%25%22%3Cx%3E@%5B::1%5D"
+    assert [c for c, _ in d.hung_up] == ["3848276298220188511@127.0.0.1", odd]
+    for bad in ("a%20b", "x@y@z", "a" * 257):
+        assert_error(*call("GET", f"/v1/calls/{bad}", headers=AUTH, directory=d), 404, "call_id")
 
 
 def test_originate() -> None:
@@ -218,6 +258,39 @@ def test_hangup_with_and_without_body() -> None:
     assert_error(*call("POST", "/v1/calls/c-1/hangup", {"reason": ""}), 422, "reason")
 
 
+def test_the_app_protocols_call_commands_have_paths() -> None:
+    """answer, reject, transfer and dtmf: the application protocol's fields and rules;
+    the call's refusals come back as 409 or 422 with its reason as the code."""
+    d = FakeDirectory()
+    assert call("POST", "/v1/calls/c-1/answer", None, headers=AUTH, directory=d)[0].status == 202
+    assert call("POST", "/v1/calls/c-1/reject", {"status": 480}, directory=d)[0].status == 202
+    assert call("POST", "/v1/calls/c-1/reject", None, headers=AUTH, directory=d)[0].status == 202
+    body = {"target": "tel:+15551234567", "trunk": "carrier"}
+    assert call("POST", "/v1/calls/c-2/transfer", body, directory=d)[0].status == 202
+    assert call("POST", "/v1/calls/c-2/dtmf", {"digits": "1#"}, directory=d)[0].status == 202
+    assert d.commands == [
+        ("c-1", Answer()),
+        ("c-1", Reject(480, "")),
+        ("c-1", Reject(486, "")),
+        ("c-2", Transfer("tel:+15551234567", "carrier")),
+        ("c-2", SendDtmf("1#")),
+    ]
+    resp, err = call("POST", "/v1/calls/c-2/answer", None, headers=AUTH, directory=d)
+    assert resp.status == 409 and err["error"]["code"] == "not_early_media"
+    resp, err = call("POST", "/v1/calls/c-2/transfer", {**body, "trunk": "ghost"}, directory=d)
+    assert resp.status == 422 and err["error"] == {
+        "code": "unknown_trunk",
+        "message": "the call refused it: unknown_trunk",
+        "field": "trunk",
+    }
+    assert_error(*call("POST", "/v1/calls/c-1/reject", {"status": 200}, directory=d), 422, "status")
+    assert_error(*call("POST", "/v1/calls/c-1/transfer", {}, directory=d), 422, "target")
+    assert_error(*call("POST", "/v1/calls/c-1/dtmf", {"digits": "x"}, directory=d), 422, "digits")
+    assert_error(*call("POST", "/v1/calls/c-1/answer", {"status": 1}, directory=d), 422, "status")
+    assert_error(*call("POST", "/v1/calls/c-3/answer", None, headers=AUTH), 404)
+    assert len(d.commands) == 5
+
+
 def test_media_type_and_size() -> None:
     path = "/v1/calls/c-1/say"
     assert_error(*call("POST", path, {"text": "x"}, headers=AUTH), 415)
@@ -273,6 +346,10 @@ VALID_BODIES = {
     ("/v1/calls", "post"): {"to": "sip:carol@127.0.0.1"},
     ("/v1/calls/{call_id}/say", "post"): {"text": "Hello"},
     ("/v1/calls/{call_id}/hangup", "post"): {"reason": "done"},
+    ("/v1/calls/{call_id}/answer", "post"): {},
+    ("/v1/calls/{call_id}/reject", "post"): {"status": 603},
+    ("/v1/calls/{call_id}/transfer", "post"): {"target": "tel:+15551234567"},
+    ("/v1/calls/{call_id}/dtmf", "post"): {"digits": "12#"},
     ("/v1/stream-tokens", "post"): {"call_id": "v3:telnyx-call"},
 }
 
@@ -302,7 +379,7 @@ def check_response(op: dict[str, Any], resp: ApiResponse) -> None:
 def test_document_is_openapi_31_with_unique_operation_ids() -> None:
     assert DOC["openapi"] == "3.1.0"
     ids = [op["operationId"] for _, _, op in operations()]
-    assert len(ids) == len(set(ids)) == 7
+    assert len(ids) == len(set(ids)) == 11
 
 
 def test_document_and_routes_agree_both_ways() -> None:

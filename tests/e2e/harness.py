@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -124,6 +125,24 @@ class Stack:
     def api_port(self) -> int:
         assert self.daemon.api is not None
         return self.daemon.api.port
+
+
+async def api_post(
+    port: int, path: str, body: dict[str, object] | None = None
+) -> tuple[int, dict[str, object]]:
+    """One HTTP/1.1 POST to the daemon's API on loopback, without blocking the loop the
+    daemon runs on: (status, JSON body). ``body`` None sends no body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    data = b"" if body is None else json.dumps(body).encode()
+    kind = "" if body is None else "Content-Type: application/json\r\n"
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\n{kind}Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    raw = await asyncio.wait_for(reader.read(), 30 * FACTOR)
+    writer.close()
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(rest)
 
 
 def bound_sip_port(daemon: Daemon) -> int:

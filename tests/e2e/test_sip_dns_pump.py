@@ -11,7 +11,6 @@ re-armed: the retransmission arrives.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable
 
 import pytest
@@ -19,7 +18,7 @@ import pytest
 from bridge.io.dns import DnsCache, DnsError, is_ip_literal
 from bridge.io.legs.sip import SipLeg, _UaRunner
 
-from .harness import FACTOR, Stack, stack
+from .harness import FACTOR, Stack, api_post, stack
 
 GREETING_ROUTE = """
 [[routes]]
@@ -51,20 +50,6 @@ async def _next(sink: _Sink) -> bytes:
     return await asyncio.wait_for(sink.got.get(), 10 * FACTOR)
 
 
-async def _post(port: int, path: str, body: dict[str, str]) -> tuple[int, dict[str, object]]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    data = json.dumps(body).encode()
-    writer.write(
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\n\r\n".encode()
-        + data
-    )
-    raw = await asyncio.wait_for(reader.read(), 30 * FACTOR)
-    writer.close()
-    head, _, rest = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(rest)
-
-
 def _udp_runner(s: Stack) -> _UaRunner:
     leg = next(leg for leg in s.daemon.legs if isinstance(leg, SipLeg))
     return next(r for r in leg.runners if r.kind == "UDP")
@@ -73,7 +58,7 @@ def _udp_runner(s: Stack) -> _UaRunner:
 def test_originate_to_a_name_that_does_not_resolve_is_refused_naming_it() -> None:
     async def body() -> None:
         async with stack(GREETING_ROUTE) as s:
-            status, answer = await _post(
+            status, answer = await api_post(
                 s.api_port, "/v1/calls", {"to": "sip:bob@no-such-host.invalid:5060"}
             )
             assert status == 422, answer
@@ -92,7 +77,7 @@ def test_originate_to_a_name_sends_the_invite_to_its_address() -> None:
         sink, transport, port = await _sink()
         try:
             async with stack(GREETING_ROUTE) as s:
-                status, answer = await _post(
+                status, answer = await api_post(
                     s.api_port, "/v1/calls", {"to": f"sip:bob@localhost:{port}"}
                 )
                 assert status == 201, answer

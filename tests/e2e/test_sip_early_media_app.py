@@ -20,7 +20,7 @@ import structlog
 from bridge.control.report import build_report
 from bridge.io.caller import CallerOptions, CallResult, place_call
 
-from .harness import FACTOR, AppServer, app_route, stack, tone_turn_ms
+from .harness import FACTOR, AppServer, api_post, app_route, stack, tone_turn_ms
 
 GREETING = " ".join(f"word{i}" for i in range(20)) + "."
 """About 4 s of tone audio: long enough to be playing when the app decides."""
@@ -93,6 +93,40 @@ def test_app_reject_ends_the_early_call_with_its_status_and_no_200() -> None:
         assert [e["reason"] for e in app.of("turn.interrupted")] == ["call_ended"]
         (cdr,) = [e for e in logs if e["event"] == "call.ended" and e.get("cdr")]
         assert (cdr["reason"], cdr["final_status"]) == ("rejected", 480)
+
+    run(body())
+
+
+def test_the_http_api_answers_an_early_call_and_refuses_a_second_answer() -> None:
+    """``POST /v1/calls/{id}/answer`` decides the early media as the app's ``answer``
+    would: the 200 goes while the greeting plays; a second answer is 409 not_early_media,
+    and a transfer naming no configured trunk 422 unknown_trunk."""
+
+    async def body() -> None:
+        async with AppServer() as app:
+            app.on_started = [{"type": "say", "turn_id": "g", "text": GREETING}]
+            async with stack(app_route(app.url, EARLY_APP)) as st:
+                leg = next(leg for leg in st.daemon.legs if leg.name == "sip")
+                caller = await _call(st.sip_port, 6.0 * FACTOR)
+                started = await app.wait_for("call.started")
+                await app.wait_for("turn.started")
+                assert leg.early
+                path = f"/v1/calls/{started['call_id']}"
+                assert await api_post(st.api_port, f"{path}/answer") == (
+                    202,
+                    {"call_id": started["call_id"]},
+                )
+                status, err = await api_post(st.api_port, f"{path}/answer")
+                assert status == 409 and err["error"]["code"] == "not_early_media"  # type: ignore[index]
+                status, err = await api_post(
+                    st.api_port, f"{path}/transfer", {"target": "tel:+15551234567", "trunk": "x"}
+                )
+                assert status == 422 and err["error"]["field"] == "trunk"  # type: ignore[index]
+                result = await caller
+        assert not app.of("error")  # the API's refusals are the API caller's, not the app's
+        report = build_report(result.recording)
+        assert report.answered and report.speech_frames_received > 0
+        assert report.ended_by == "local-hangup"
 
     run(body())
 

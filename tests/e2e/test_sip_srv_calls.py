@@ -5,13 +5,12 @@ record names, never 5060. Nothing asks the system's resolver or leaves the machi
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable
 
 from bridge.sip.message import SipRequest, build_response, parse_message
 
 from .dnsserver import dns_server
-from .harness import FACTOR, free_port, stack
+from .harness import FACTOR, api_post, free_port, stack
 from .test_sip_connections import Peer, wait_for
 
 ROUTES = """
@@ -57,20 +56,6 @@ async def _peer() -> UdpPeer:
     return peer
 
 
-async def _post(port: int, path: str, body: dict[str, str]) -> tuple[int, dict[str, object]]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    data = json.dumps(body).encode()
-    writer.write(
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\n\r\n".encode()
-        + data
-    )
-    raw = await asyncio.wait_for(reader.read(), 30 * FACTOR)
-    writer.close()
-    head, _, rest = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(rest)
-
-
 def _zone(service: str, peer_port: int) -> dict[tuple[str, str], list[str]]:
     # the peer at priority 10; a port nothing listens on at priority 20 (never chosen)
     return {
@@ -90,7 +75,7 @@ def test_originate_to_a_name_reaches_the_peer_its_srv_record_names() -> None:
             async with dns_server(_zone("service.test", peer.port)) as (dns, dns_port):
                 sip_extra = f'dns_servers = ["127.0.0.1:{dns_port}"]'
                 async with stack(ROUTES, sip_extra=sip_extra) as s:
-                    status, answer = await _post(
+                    status, answer = await api_post(
                         s.api_port, "/v1/calls", {"to": "sip:bob@service.test"}
                     )
                     assert status == 201, answer
@@ -152,7 +137,7 @@ def test_a_503_from_the_first_srv_target_moves_the_call_to_the_next() -> None:
             async with dns_server(zone) as (_, dns_port):
                 sip_extra = f'dns_servers = ["127.0.0.1:{dns_port}"]'
                 async with stack(ROUTES, sip_extra=sip_extra) as s:
-                    status, answer = await _post(
+                    status, answer = await api_post(
                         s.api_port, "/v1/calls", {"to": "sip:bob@service.test"}
                     )
                     assert status == 201, answer
@@ -192,7 +177,7 @@ def test_a_refused_connection_to_the_first_srv_target_moves_the_call_to_the_next
             async with dns_server(zone) as (_, dns_port):
                 sip_extra = f'dns_servers = ["127.0.0.1:{dns_port}"]\ntransports = ["udp", "tcp"]'
                 async with stack(ROUTES, sip_extra=sip_extra) as s:
-                    status, answer = await _post(
+                    status, answer = await api_post(
                         s.api_port, "/v1/calls", {"to": "sip:bob@service.test;transport=tcp"}
                     )
                     assert status == 201, answer

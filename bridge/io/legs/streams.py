@@ -165,7 +165,7 @@ class MediaStreamsLeg:
         """``call_id``, or ``call_id-2``, ``-3``... if a call runs under it (a carrier
         reusing an id: a retried or forked stream). The suffix keeps the id one path
         segment, so ``/v1/calls/{call_id}`` reaches every call (a ``/`` did not)."""
-        # the carrier's id, cut to what the API's paths take (CALL_ID_RE)
+        # the carrier's id, cut to what the API and stream tokens take (STREAM_CALL_ID_RE)
         call_id = _UNSAFE_ID_CHARS.sub("_", call_id)[:120] or os.urandom(8).hex()
         unique, n = call_id, 1
         while unique in self.calls:
