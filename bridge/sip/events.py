@@ -22,6 +22,7 @@ __all__ = [
     "OutboundCallFailed",
     "OutboundCallProgress",
     "OutboundCallRetried",
+    "RegistrationRetried",
     "RegistrationStateChanged",
     "SendStream",
     "SrtpKeyChanged",
@@ -174,6 +175,17 @@ class EarlyMediaExpired(Event):
     a final response: the application answers or rejects it now."""
 
     call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationRetried(Event):
+    """A REGISTER failed at its server (``status``: 503, or 408 for a timeout or a
+    connection that could not be opened) before its binding was up, and went at once to
+    the registrar's next server (RFC 3263 §4.3): ``addr``."""
+
+    registration_id: str
+    status: int
+    addr: tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)

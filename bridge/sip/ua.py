@@ -60,11 +60,12 @@ from bridge.sip.events import (
     OutboundCallFailed,
     OutboundCallProgress,
     OutboundCallRetried,
+    RegistrationRetried,
     RegistrationStateChanged,
     TransferProgress,
 )
 from bridge.sip.message import SipRequest, SipResponse
-from bridge.sip.registration import FAILURE_RETRY_S, Registration
+from bridge.sip.registration import FAILURE_RETRY_S, NEXT_SERVER_STATUSES, Registration
 from bridge.sip.sdp import CODECS, SdpError, negotiate, parse_sdp
 from bridge.sip.settings import SipSettings
 from bridge.sip.ua_core import ClientEntry, ServerEntry
@@ -176,6 +177,8 @@ class SipUserAgent(UasAgent):
                     RegistrationStateChanged(registration.registration_id, False, 503)
                 )
             elif registration.refresh_at is None or registration.refresh_at > now + FAILURE_RETRY_S:
+                if self._register_next_server(registration, 503, now):
+                    continue
                 registration.schedule_retry(now)
                 self._events.append(
                     RegistrationStateChanged(registration.registration_id, False, 503)
@@ -420,6 +423,8 @@ class SipUserAgent(UasAgent):
             registration = self._registrations[entry.ref]
             if _stale(entry, registration):
                 return
+            if self._register_next_server(registration, 408, now):
+                return
             registration.schedule_retry(now)
             self._events.append(RegistrationStateChanged(entry.ref, False, 408))
 
@@ -437,9 +442,12 @@ class SipUserAgent(UasAgent):
         credentials: tuple[str, str] | DigestCredentials | None = None,
         expires_s: int | None = None,
         conn_id: int | None = None,
+        alternates: Sequence[Peer] = (),
     ) -> str:
         """Register ``aor`` with our Contact; returns the registration id. ``conn_id``:
-        the stream connection to the registrar (TCP, TLS), kept for every refresh."""
+        the stream connection to the registrar (TCP, TLS), kept for every refresh.
+        ``alternates``: the registrar's other servers (RFC 3263), tried in turn when one
+        fails (``RegistrationRetried``; ``bridge.sip.registration``)."""
         registration_id = self._token()
         registration = Registration(
             registration_id=registration_id,
@@ -452,6 +460,8 @@ class SipUserAgent(UasAgent):
             expires_s=expires_s or self.settings.register_expires_s,
             digest=DigestClient(_as_credentials(credentials)) if credentials else None,
         )
+        if alternates:
+            registration.servers = (registration.peer, *alternates)
         self._registrations[registration_id] = registration
         self._send_register(registration, now)
         return registration_id
@@ -498,8 +508,34 @@ class SipUserAgent(UasAgent):
             return
         if registration.digest is not None:
             registration.digest.reset()
+        if self._register_next_server(registration, response.status, now):
+            return
         registration.schedule_retry(now)
         self._events.append(RegistrationStateChanged(entry.ref, False, response.status))
+
+    def _register_next_server(self, registration: Registration, status: int, now: float) -> bool:
+        """RFC 3263 §4.3: after a failure (``status`` 503, or 408 for a timeout) the
+        REGISTER goes at once to the registrar's next server, whether the binding was up
+        (a refresh that failed) or not; False: no next one (the caller retries later, from
+        the first). Not for a removal (``Expires: 0``): that binding is where it was."""
+        if status not in NEXT_SERVER_STATUSES or registration.expires_s == 0:
+            return False
+        was_registered = registration.registered
+        if not registration.next_server():
+            return False
+        registration.registered = False
+        registration.refresh_at = None
+        if registration.digest is not None:
+            registration.digest.reset()  # the next server's challenge, not this one's
+        if was_registered:
+            self._events.append(
+                RegistrationStateChanged(registration.registration_id, False, status)
+            )
+        self._events.append(
+            RegistrationRetried(registration.registration_id, status, registration.peer.addr)
+        )
+        self._send_register(registration, now)
+        return True
 
     # --- timers ---------------------------------------------------------------------------
     def _tu_deadlines(self) -> list[float]:

@@ -122,6 +122,48 @@ def test_a_registrar_named_without_a_port_is_registered_at_its_srv_port() -> Non
     run(body())
 
 
+def test_a_503_from_the_first_srv_registrar_moves_the_register_to_the_next() -> None:
+    """A registrar with two SRV targets: the first answers 503, and the REGISTER goes at
+    once to the second (same Call-ID, next CSeq), which keeps the binding."""
+
+    async def body() -> None:
+        first, second = await _peer(), await _peer()
+        zone = {
+            ("_sip._udp.registrar.test", "SRV"): [
+                f"10 0 {first.port} first.test.",
+                f"20 0 {second.port} second.test.",
+            ],
+            ("first.test", "A"): ["127.0.0.1"],
+            ("second.test", "A"): ["127.0.0.1"],
+        }
+        try:
+            async with dns_server(zone) as (_, dns_port):
+                sip_extra = f'dns_servers = ["127.0.0.1:{dns_port}"]'
+                routes = ROUTES + (
+                    '[sip.registrations.pbx]\nregistrar = "sip:registrar.test"\n'
+                    'user = "bot"\npassword = "secret"\n'
+                )
+                async with stack(routes, sip_extra=sip_extra):
+                    register, addr = await first.next()
+                    assert register.method == "REGISTER"
+                    assert first.transport is not None
+                    down = build_response(register, 503, "Service Unavailable", "f1")
+                    first.transport.sendto(down.to_bytes(), addr)
+                    again, addr = await second.next()
+                    assert again.method == "REGISTER" and again.call_id == register.call_id
+                    assert again.cseq().number == register.cseq().number + 1
+                    assert second.transport is not None
+                    ok = build_response(again, 200, "OK", "s1")
+                    ok.add("Contact", (again.get("contact") or "") + ";expires=300")
+                    second.transport.sendto(ok.to_bytes(), addr)
+        finally:
+            for peer in (first, second):
+                assert peer.transport is not None
+                peer.transport.close()
+
+    run(body())
+
+
 def test_a_503_from_the_first_srv_target_moves_the_call_to_the_next() -> None:
     async def body() -> None:
         first, second = await _peer(), await _peer()

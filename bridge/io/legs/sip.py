@@ -60,6 +60,7 @@ from bridge.sip.events import (
     OutboundCallFailed,
     OutboundCallProgress,
     OutboundCallRetried,
+    RegistrationRetried,
     RegistrationStateChanged,
     SendStream,
     SrtpKeyChanged,
@@ -658,7 +659,7 @@ class SipLeg:
         except DnsError as e:
             log.error("sip.register_impossible", registration=reg.name, error=str(e))
             return
-        self._register_at(reg, target, trunk, credentials, located[0])
+        self._register_at(reg, target, trunk, credentials, located)
 
     def _register_at(
         self,
@@ -666,20 +667,31 @@ class SipLeg:
         target: OutboundTarget,
         trunk: str,
         credentials: DigestCredentials | None,
-        located: Located | None = None,
+        located: Sequence[Located] = (),
     ) -> None:
-        """REGISTER at ``target`` (at ``located`` when RFC 3263 found where it is: only the
-        first place found is used, and kept for the refreshes)."""
-        if located is not None:
-            target = dataclasses.replace(target, transport=located.transport)
+        """REGISTER at ``target`` (at the places RFC 3263 found, ``located``: the first,
+        then the next ones of its transport in turn, at most ``MAX_NEXT_SERVERS`` more,
+        when one fails: ``bridge.sip.registration``)."""
+        if located:
+            target = dataclasses.replace(target, transport=located[0].transport)
         ua = next((r for r in self.runners if r.kind == target.transport), None)
         if ua is None:
             log.error("sip.register_impossible", registration=reg.name)
             return
         dest = (target.host, target.port)
-        if located is not None:
-            dest = (located.address, located.port)
+        if located:
+            dest = (located[0].address, located[0].port)
         conn_id = ua.connect(dest, target.host, trunk) if ua.kind != "UDP" else None
+        alternates = [
+            Peer(
+                (place.address, place.port),
+                ua.reserve((place.address, place.port), target.host, trunk)
+                if ua.kind != "UDP"
+                else None,
+            )
+            for place in located[1 : 1 + MAX_NEXT_SERVERS]
+            if place.transport == ua.kind
+        ]
         ua.ua.register(
             dest,
             reg.registrar,
@@ -688,6 +700,7 @@ class SipLeg:
             credentials=credentials,
             expires_s=reg.expires_s,
             conn_id=conn_id,
+            alternates=alternates,
         )
         ua.pump()
         log.info(
@@ -770,6 +783,13 @@ class SipLeg:
             call = self.calls.get(event.call_id)
             if call is not None and call.runner is not None:
                 call.runner.early_media_expired()
+        elif isinstance(event, RegistrationRetried):
+            log.info(
+                "sip.registrar_next_server",
+                status=event.status,
+                address=event.addr[0],
+                port=event.addr[1],
+            )
         elif isinstance(event, OutboundCallRetried):
             log.info(
                 "sip.outbound_next_server",
