@@ -462,7 +462,12 @@ def main() -> None:
     parser.add_argument("--cache-sim", action="store_true", help="with --callgrind: cache misses")
     parser.add_argument("--no-write", action="store_true", help="do not write chain.json")
     parser.add_argument("--name", default="chain", help="results file name (bench/results)")
+    parser.add_argument(
+        "--quick", action="store_true", help="make bench-quick: 100 calls, 3 reps, chain_quick"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.calls, args.reps, args.name = "100", 3, "chain_quick"
     counts = [int(c) for c in args.calls.split(",")]
     if args.callgrind:
         for n in counts:
