@@ -148,7 +148,7 @@ class SipUserAgent(UasAgent):
             call.credentials = _as_credentials(credentials)
             call.digest = DigestClient(call.credentials)
         self._calls[call_id] = call
-        self._start_client(request, peer, "invite", call_id, now)
+        self._start_client(request, peer, "invite", call_id, now).credentials = call.credentials
         return call_id
 
     def connection_failed(self, conn_id: int, now: float) -> None:
@@ -246,7 +246,8 @@ class SipUserAgent(UasAgent):
             request.set("Min-SE", str(session_expires))
         call.invite = request
         call.dialog.local_cseq = number
-        self._start_client(request, call.dialog.peer, "invite", call.call_id, now)
+        entry = self._start_client(request, call.dialog.peer, "invite", call.call_id, now)
+        entry.credentials = call.credentials
 
     def _on_invite_response(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
         call = self._calls.get(entry.ref)
@@ -312,7 +313,9 @@ class SipUserAgent(UasAgent):
         self, call: Call, entry: ClientEntry, response: SipResponse, now: float
     ) -> None:
         if call.answered:
-            if call.last_ack is not None:  # a retransmitted 2xx: the ACK was lost
+            if response.to().tag != call.dialog.remote_tag:  # another fork answered too
+                self._ack_and_bye_stray(entry, response, now)
+            elif call.last_ack is not None:  # a retransmitted 2xx: the ACK was lost
                 self._send(call.last_ack, call.dialog.next_hop())
             return
         call.dialog = Dialog.from_response(call.invite, response, call.dialog.peer)
@@ -346,12 +349,14 @@ class SipUserAgent(UasAgent):
         self._send(ack, call.dialog.next_hop())
 
     def _ack_and_bye_stray(self, entry: ClientEntry, response: SipResponse, now: float) -> None:
-        """A 2xx for an INVITE we no longer want (hung up, or a forked answer)."""
+        """A 2xx for an INVITE we no longer want (hung up, or a forked answer): ACK it and
+        end that dialog with a BYE, which answers a challenge with the call's credentials
+        (kept on the INVITE's transaction: the call may be gone)."""
         dialog = Dialog.from_response(entry.tx.request, response, entry.peer)
         call = Call(dialog.call_id, dialog, True, entry.tx.request)
+        call.credentials = entry.credentials
         self._send_ack(call, entry.tx.request)
-        bye = dialog.build_request("BYE")
-        self._start_client(bye, dialog.next_hop(), "bye", dialog.call_id, now)
+        self._send_in_dialog(call, "BYE", now)
 
     def _uac_session_timer(self, call: Call, response: SipResponse, now: float) -> None:
         value = response.get("session-expires")

@@ -72,6 +72,7 @@ from typing import Protocol
 
 from bridge.engine import Outbox, SendDatagram
 from bridge.sip.dialog import Peer
+from bridge.sip.digest import DigestCredentials
 from bridge.sip.errors import SipParseError
 from bridge.sip.events import CloseStream, SendStream
 from bridge.sip.framer import SipStreamFramer
@@ -157,6 +158,9 @@ class ClientEntry:
     key: tuple[str, str] = ("", "")
     """(top Via branch, method): the key in ``UaCore._client_txs``."""
     timer_at: float | None = None
+    credentials: DigestCredentials | None = None
+    """An INVITE's: its call's credentials, for the BYE of a 2xx that comes after the
+    call is gone (``SipUserAgent._ack_and_bye_stray``)."""
 
 
 def server_key(request: SipRequest) -> tuple[str, ...]:

@@ -384,3 +384,48 @@ def test_no_password_or_digest_response_reaches_a_log_or_an_event(
     seen = caplog.text + repr(far.events) + repr(far.ua._calls) + repr(far.ua._dialog_auth)
     for secret in (PASSWORD, *responses):
         assert secret not in seen
+
+
+@pytest.mark.parametrize("status", [401, 407])
+def test_a_second_forks_2xx_is_acked_and_its_bye_answers_a_challenge(status: int) -> None:
+    """A forking proxy: two phones answer the one INVITE (200s with two To tags). The
+    call is the first one's; the second's 200 is ACKed and that dialog ended by a BYE
+    (RFC 3261 §13.2.2.4), which answers a challenge with the call's credentials. A
+    retransmitted 200 of the first is only ACKed again."""
+    ua = SipUserAgent(SETTINGS, random.Random(12))
+    call_id = ua.invite(TARGET, FROM, OFFER, FAR, 0.0, credentials=CREDENTIALS)
+
+    def sent() -> list[SipRequest]:
+        out = []
+        for action in ua.actions_to_send():
+            assert isinstance(action, SendDatagram)
+            message = parse_message(action.data)
+            assert isinstance(message, SipRequest)
+            out.append(message)
+        return out
+
+    def answered(tag: str) -> bytes:
+        ok = build_response(invite, 200, "OK", to_tag=tag)
+        ok.add("Contact", f"<sip:{tag}@{FAR[0]}:{FAR[1]}>")
+        ok.add("Content-Type", "application/sdp")
+        ok.body = build_offer("127.0.0.1", 40000, 2, 1).encode()
+        return ok.to_bytes()
+
+    (invite,) = sent()
+    ua.receive_datagram(answered("first"), FAR, 0.1)
+    (ack,) = sent()
+    assert ack.method == "ACK" and ack.to().tag == "first"
+    ua.receive_datagram(answered("first"), FAR, 0.2)  # retransmitted: the same ACK again
+    assert [(r.method, r.to().tag) for r in sent()] == [("ACK", "first")]
+    ua.receive_datagram(answered("second"), FAR, 0.3)
+    ack2, bye = sent()
+    assert (ack2.method, ack2.to().tag) == ("ACK", "second")
+    assert (bye.method, bye.to().tag, bye.call_id) == ("BYE", "second", call_id)
+    assert answer_of(bye, status) is None
+    verifier = verifier_for("MD5")
+    ua.receive_datagram(challenge(bye, status, verifier, 0.4).to_bytes(), FAR, 0.4)
+    (retry,) = sent()
+    check_retry(bye, retry, status, "MD5")
+    assert verifier.verify(answer_of(retry, status), "BYE", 0.4) is AuthResult.OK
+    assert ua.active_calls == 1  # the first phone's call goes on
+    assert [type(e).__name__ for e in ua.events_received()] == ["OutboundCallAnswered"]
