@@ -5,7 +5,8 @@ record names, never 5060. Nothing asks the system's resolver or leaves the machi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
 
 from bridge.sip.message import SipRequest, build_response, parse_message
 
@@ -68,6 +69,33 @@ def _zone(service: str, peer_port: int) -> dict[tuple[str, str], list[str]]:
     }
 
 
+REGISTRATION = (
+    '[sip.registrations.pbx]\nregistrar = "sip:registrar.test"\nuser = "bot"\npassword = "secret"\n'
+)
+
+
+@asynccontextmanager
+async def _two_servers(service: str) -> AsyncIterator[tuple[UdpPeer, UdpPeer, str]]:
+    """Two UDP peers as ``service``'s SRV targets (the first at the lower priority) on a
+    DNS server of the test's: (first, second, the ``[sip]`` line that names it)."""
+    first, second = await _peer(), await _peer()
+    zone = {
+        (f"_sip._udp.{service}", "SRV"): [
+            f"10 0 {first.port} first.test.",
+            f"20 0 {second.port} second.test.",
+        ],
+        ("first.test", "A"): ["127.0.0.1"],
+        ("second.test", "A"): ["127.0.0.1"],
+    }
+    try:
+        async with dns_server(zone) as (_, dns_port):
+            yield first, second, f'dns_servers = ["127.0.0.1:{dns_port}"]'
+    finally:
+        for peer in (first, second):
+            assert peer.transport is not None
+            peer.transport.close()
+
+
 def test_originate_to_a_name_reaches_the_peer_its_srv_record_names() -> None:
     async def body() -> None:
         peer = await _peer()
@@ -101,11 +129,7 @@ def test_a_registrar_named_without_a_port_is_registered_at_its_srv_port() -> Non
         try:
             async with dns_server(_zone("registrar.test", peer.port)) as (dns, dns_port):
                 sip_extra = f'dns_servers = ["127.0.0.1:{dns_port}"]'
-                routes = ROUTES + (
-                    '[sip.registrations.pbx]\nregistrar = "sip:registrar.test"\n'
-                    'user = "bot"\npassword = "secret"\n'
-                )
-                async with stack(routes, sip_extra=sip_extra):
+                async with stack(ROUTES + REGISTRATION, sip_extra=sip_extra):
                     register, addr = await peer.next()
                     assert register.method == "REGISTER"
                     assert register.uri == "sip:registrar.test"
@@ -127,78 +151,46 @@ def test_a_503_from_the_first_srv_registrar_moves_the_register_to_the_next() -> 
     once to the second (same Call-ID, next CSeq), which keeps the binding."""
 
     async def body() -> None:
-        first, second = await _peer(), await _peer()
-        zone = {
-            ("_sip._udp.registrar.test", "SRV"): [
-                f"10 0 {first.port} first.test.",
-                f"20 0 {second.port} second.test.",
-            ],
-            ("first.test", "A"): ["127.0.0.1"],
-            ("second.test", "A"): ["127.0.0.1"],
-        }
-        try:
-            async with dns_server(zone) as (_, dns_port):
-                sip_extra = f'dns_servers = ["127.0.0.1:{dns_port}"]'
-                routes = ROUTES + (
-                    '[sip.registrations.pbx]\nregistrar = "sip:registrar.test"\n'
-                    'user = "bot"\npassword = "secret"\n'
-                )
-                async with stack(routes, sip_extra=sip_extra):
-                    register, addr = await first.next()
-                    assert register.method == "REGISTER"
-                    assert first.transport is not None
-                    down = build_response(register, 503, "Service Unavailable", "f1")
-                    first.transport.sendto(down.to_bytes(), addr)
-                    again, addr = await second.next()
-                    assert again.method == "REGISTER" and again.call_id == register.call_id
-                    assert again.cseq().number == register.cseq().number + 1
-                    assert second.transport is not None
-                    ok = build_response(again, 200, "OK", "s1")
-                    ok.add("Contact", (again.get("contact") or "") + ";expires=300")
-                    second.transport.sendto(ok.to_bytes(), addr)
-        finally:
-            for peer in (first, second):
-                assert peer.transport is not None
-                peer.transport.close()
+        async with (
+            _two_servers("registrar.test") as (first, second, sip_extra),
+            stack(ROUTES + REGISTRATION, sip_extra=sip_extra),
+        ):
+            register, addr = await first.next()
+            assert register.method == "REGISTER"
+            assert first.transport is not None
+            down = build_response(register, 503, "Service Unavailable", "f1")
+            first.transport.sendto(down.to_bytes(), addr)
+            again, addr = await second.next()
+            assert again.method == "REGISTER" and again.call_id == register.call_id
+            assert again.cseq().number == register.cseq().number + 1
+            assert second.transport is not None
+            ok = build_response(again, 200, "OK", "s1")
+            ok.add("Contact", (again.get("contact") or "") + ";expires=300")
+            second.transport.sendto(ok.to_bytes(), addr)
 
     run(body())
 
 
 def test_a_503_from_the_first_srv_target_moves_the_call_to_the_next() -> None:
     async def body() -> None:
-        first, second = await _peer(), await _peer()
-        zone = {
-            ("_sip._udp.service.test", "SRV"): [
-                f"10 0 {first.port} first.test.",
-                f"20 0 {second.port} second.test.",
-            ],
-            ("first.test", "A"): ["127.0.0.1"],
-            ("second.test", "A"): ["127.0.0.1"],
-        }
-        try:
-            async with dns_server(zone) as (_, dns_port):
-                sip_extra = f'dns_servers = ["127.0.0.1:{dns_port}"]'
-                async with stack(ROUTES, sip_extra=sip_extra) as s:
-                    status, answer = await api_post(
-                        s.api_port, "/v1/calls", {"to": "sip:bob@service.test"}
-                    )
-                    assert status == 201, answer
-                    invite, addr = await first.next()
-                    assert first.transport is not None
-                    down = build_response(invite, 503, "Service Unavailable", "f1")
-                    first.transport.sendto(down.to_bytes(), addr)
-                    again, addr = await second.next()
-                    assert again.method == "INVITE" and again.call_id == invite.call_id
-                    assert again.cseq().number == 2
-                    assert second.transport is not None
-                    busy = build_response(again, 486, "Busy Here", "s1")
-                    second.transport.sendto(busy.to_bytes(), addr)
-                    ack, _ = await second.next()
-                    assert ack.method == "ACK"
-        finally:
-            for peer in (first, second):
-                assert peer.transport is not None
-                peer.transport.close()
+        async with (
+            _two_servers("service.test") as (first, second, sip_extra),
+            stack(ROUTES, sip_extra=sip_extra) as s,
+        ):
+            status, answer = await api_post(s.api_port, "/v1/calls", {"to": "sip:bob@service.test"})
+            assert status == 201, answer
+            invite, addr = await first.next()
+            assert first.transport is not None
+            down = build_response(invite, 503, "Service Unavailable", "f1")
+            first.transport.sendto(down.to_bytes(), addr)
+            again, addr = await second.next()
+            assert again.method == "INVITE" and again.call_id == invite.call_id
+            assert again.cseq().number == 2
+            assert second.transport is not None
+            busy = build_response(again, 486, "Busy Here", "s1")
+            second.transport.sendto(busy.to_bytes(), addr)
+            ack, _ = await second.next()
+            assert ack.method == "ACK"
 
     run(body())
 

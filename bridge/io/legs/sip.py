@@ -682,16 +682,7 @@ class SipLeg:
         if located:
             dest = (located[0].address, located[0].port)
         conn_id = ua.connect(dest, target.host, trunk) if ua.kind != "UDP" else None
-        alternates = [
-            Peer(
-                (place.address, place.port),
-                ua.reserve((place.address, place.port), target.host, trunk)
-                if ua.kind != "UDP"
-                else None,
-            )
-            for place in located[1 : 1 + MAX_NEXT_SERVERS]
-            if place.transport == ua.kind
-        ]
+        alternates = _next_servers(ua, located, target.host, trunk)
         ua.ua.register(
             dest,
             reg.registrar,
@@ -1118,16 +1109,7 @@ class SipLeg:
         headers = (("Route", f"<{proxy};lr>"),) if target.via_proxy else ()
         trunk_name = chosen.name if chosen is not None else ""
         conn_id = ua.connect(dest, target.host, trunk_name) if target.transport != "UDP" else None
-        alternates = [
-            Peer(
-                (place.address, place.port),
-                ua.reserve((place.address, place.port), target.host, trunk_name)
-                if ua.kind != "UDP"
-                else None,
-            )
-            for place in (located or ())[1 : 1 + MAX_NEXT_SERVERS]
-            if place.transport == ua.kind
-        ]
+        alternates = _next_servers(ua, located or (), target.host, trunk_name)
         call_id = ua.ua.invite(
             target.request_uri,
             from_uri,
@@ -1437,6 +1419,20 @@ def _caller_id(trunk: TrunkConfig, host: str) -> str:
 
 def _latching(mode: str) -> LatchingMode:
     return "learn" if mode == "learn" else "strict"
+
+
+def _next_servers(ua: _UaRunner, located: Sequence[Located], host: str, trunk: str) -> list[Peer]:
+    """The places after the first that RFC 3263 found (``located``), of ``ua``'s
+    transport, at most ``MAX_NEXT_SERVERS``: where a request goes next when one fails (a
+    stream transport's connection reserved for each, opened only if it is used)."""
+    return [
+        Peer(
+            (place.address, place.port),
+            ua.reserve((place.address, place.port), host, trunk) if ua.kind != "UDP" else None,
+        )
+        for place in located[1 : 1 + MAX_NEXT_SERVERS]
+        if place.transport == ua.kind
+    ]
 
 
 def _credentials_for(
