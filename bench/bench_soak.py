@@ -652,7 +652,14 @@ def main() -> int:
         default=1,
         help="cut the calls in K parts; RSS and heap at idle after each",
     )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="make bench-quick: 300 calls after 50 warm-up ones, to soak_quick.json",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.calls, args.warmup = min(args.calls, 300), min(args.warmup, 50)
     kinds = tuple(k.strip() for k in args.turn_fault_kinds.split(",") if k.strip())
     signal.signal(signal.SIGTERM, _interrupted)
     try:
@@ -775,7 +782,7 @@ def soak(args: argparse.Namespace, kinds: tuple[str, ...]) -> int:
         "checks": checks,
     }
     settings = {k: v for k, v in vars(args).items()}
-    path = write("soak", figures, settings)
+    path = write("soak_quick" if args.quick else "soak", figures, settings)
     print(json.dumps(figures, indent=1))
     print(f"written to {path}")
     failed = [k for k, ok in checks.items() if not ok]

@@ -210,7 +210,13 @@ def main() -> None:
     ap.add_argument("--max-ttfa-s", type=float, default=1.0)
     ap.add_argument("--nice", type=int, default=0)
     ap.add_argument("--out", default="")
+    ap.add_argument(
+        "--quick", action="store_true", help="make bench-quick: concurrency 1, 2, 4 only"
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.concurrency = [1, 2, 4]
+        args.out = args.out or f"ttsd_w{args.workers}_quick"
     figures = asyncio.run(run(args))
     settings = {
         "workers": args.workers,

@@ -237,7 +237,13 @@ def main() -> None:
     ap.add_argument("--read-bytes", type=int, default=65_536)
     ap.add_argument("--daemon-busy", type=float, default=0.74, help="core fraction at 500 calls")
     ap.add_argument("--out", default="ws_parse")
+    ap.add_argument(
+        "--quick", action="store_true", help="make bench-quick: 3 reps, to ws_parse_quick"
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.reps = min(args.reps, 3)
+        args.out = "ws_parse_quick" if args.out == "ws_parse" else args.out
     asyncio.run(run(args))
 
 

@@ -54,3 +54,24 @@ def test_bench_modules_are_imported_through_the_package() -> None:
                 if n.split(".")[0] in LOCAL
             ]
     assert bare == [], "import these as bench.<module>"
+
+
+def test_every_benchmark_takes_quick() -> None:
+    """``make bench-quick`` (``run_all --quick``) passes ``--quick`` to every
+    ``bench_*.py``: one without the option ended the run's figures with a usage error
+    (``bench_chain`` and ``bench_soak`` did)."""
+    without = []
+    for p in sorted(BENCH.glob("bench_*.py")):
+        tree = ast.parse(p.read_text(), str(p))
+        options = {
+            node.args[0].value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        }
+        if "--quick" not in options:
+            without.append(p.name)
+    assert without == []
