@@ -133,12 +133,19 @@ class Directory:
             status = 503 if unavailable and not isinstance(e, TargetError) else 422
             return DirectoryError(status, "cannot_originate", str(e), field)
 
-    def say(self, call_id: str, say: Say) -> DirectoryError | None:
+    def _live(self, call_id: str) -> CallRunner | DirectoryError:
+        """The call's runner, or 404 (no such call) / 409 (it is ending)."""
         r = self._runners().get(call_id)
         if r is None:
             return DirectoryError(404, "not_found", f"no call {call_id!r}")
         if r.finished:
             return DirectoryError(409, "ending", "the call is ending")
+        return r
+
+    def say(self, call_id: str, say: Say) -> DirectoryError | None:
+        r = self._live(call_id)
+        if isinstance(r, DirectoryError):
+            return r
         if not r.knows_provider(say.provider):
             return DirectoryError(
                 422, "invalid_field", f"no provider {say.provider!r} on this node", "provider"
@@ -154,11 +161,9 @@ class Directory:
         return None
 
     def command(self, call_id: str, command: Command) -> DirectoryError | None:
-        r = self._runners().get(call_id)
-        if r is None:
-            return DirectoryError(404, "not_found", f"no call {call_id!r}")
-        if r.finished:
-            return DirectoryError(409, "ending", "the call is ending")
+        r = self._live(call_id)
+        if isinstance(r, DirectoryError):
+            return r
         reason = r.api_command(command)
         if not reason:
             return None
