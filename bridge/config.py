@@ -457,12 +457,13 @@ def _check_config(values: dict[str, Any], at: Spot) -> None:
     """What one section says of another: names of providers and flows, routes."""
     providers = {p.name for p in values["providers"]}
     flows = {f.name for f in values["flows"]}
+    trunks = {t.name for t in values["trunks"]}
     for f in values["flows"]:
         for s in f.steps:
             if s.voice_agent and s.voice_agent not in providers:
                 at.error(f"unknown provider {s.voice_agent!r}",
                          f"flows.{f.name}.steps.{s.name}.voice_agent")  # fmt: skip
-            if s.trunk and s.trunk not in {t.name for t in values["trunks"]}:
+            if s.trunk and s.trunk not in trunks:
                 at.error(f"unknown trunk {s.trunk!r}", f"flows.{f.name}.steps.{s.name}.trunk")
     seen: dict[str, int] = {}  # each match and the first route giving it
     for i, r in enumerate(values["routes"]):

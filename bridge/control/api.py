@@ -345,7 +345,7 @@ def _command(kind: str) -> _Handler:
     """The handler of ``POST /v1/calls/{call_id}/<kind>``: the application protocol's
     command of that name (its fields, rules and refusals)."""
     fields = COMMAND_FIELDS[kind]
-    required = any(f.required for f in fields)
+    required = _body_required(kind)
 
     def handler(req: _Request) -> ApiResponse:
         call_id = req.params["call_id"]
@@ -358,8 +358,31 @@ def _command(kind: str) -> _Handler:
     return handler
 
 
-API_COMMANDS = ("answer", "reject", "transfer", "dtmf")
+_COMMAND_TEXT = {
+    "answer": (
+        "Answer a SIP call in early media (200 OK after the 183)",
+        "no fields; 409 not_early_media when the call is not in early media",
+    ),
+    "reject": (
+        "Refuse a SIP call in early media with a final status",
+        "status: 400-699 (486 by default); reason: the status line's text",
+    ),
+    "transfer": (
+        "Blind transfer of the caller (SIP REFER)",
+        "target: a sip:, sips: or tel: URI; trunk: the [trunks] entry a tel: target goes "
+        "through (default: the call's own trunk); 422 unknown_trunk for another name",
+    ),
+    "dtmf": ("Send DTMF digits on the call", "digits: 1-32 of 0-9 * # A B C D"),
+}
+"""Each API command's (summary, request description) in the OpenAPI document."""
+
+API_COMMANDS = tuple(_COMMAND_TEXT)
 """The application protocol's commands that have a path of their own on a call."""
+
+
+def _body_required(kind: str) -> bool:
+    """Whether the application command ``kind`` has a required field (then a body)."""
+    return any(f.required for f in COMMAND_FIELDS[kind])
 
 
 def _stream_token(req: _Request) -> ApiResponse:
@@ -590,24 +613,6 @@ _ERROR_TEXT = {
     503: "no capacity or SIP not enabled",
 }
 
-_COMMAND_TEXT = {
-    "answer": (
-        "Answer a SIP call in early media (200 OK after the 183)",
-        "no fields; 409 not_early_media when the call is not in early media",
-    ),
-    "reject": (
-        "Refuse a SIP call in early media with a final status",
-        "status: 400-699 (486 by default); reason: the status line's text",
-    ),
-    "transfer": (
-        "Blind transfer of the caller (SIP REFER)",
-        "target: a sip:, sips: or tel: URI; trunk: the [trunks] entry a tel: target goes "
-        "through (default: the call's own trunk); 422 unknown_trunk for another name",
-    ),
-    "dtmf": ("Send DTMF digits on the call", "digits: 1-32 of 0-9 * # A B C D"),
-}
-"""Each API command's (summary, request description) in the OpenAPI document."""
-
 _CALL_ID_PARAM = {
     "name": "call_id",
     "in": "path",
@@ -671,10 +676,7 @@ def _paths() -> dict[str, Any]:
                 "post": {
                     "operationId": f"{kind}Call",
                     "summary": _COMMAND_TEXT[kind][0],
-                    "requestBody": _body_spec(
-                        f"{kind.capitalize()}Request",
-                        any(f.required for f in COMMAND_FIELDS[kind]),
-                    ),
+                    "requestBody": _body_spec(f"{kind.capitalize()}Request", _body_required(kind)),
                     "responses": _responses(202, "CommandResponse", *body_errors, 404, 409),
                 },
             }

@@ -179,8 +179,8 @@ class EarlyMediaExpired(Event):
 
 @dataclass(frozen=True, slots=True)
 class RegistrationRetried(Event):
-    """A REGISTER failed at its server (``status``: 503, or 408 for a timeout or a
-    connection that could not be opened) before its binding was up, and went at once to
+    """A REGISTER failed at its server (``status``: 503 received or a connection that
+    could not be opened, 408 a timeout), a first one or a refresh, and went at once to
     the registrar's next server (RFC 3263 §4.3): ``addr``."""
 
     registration_id: str

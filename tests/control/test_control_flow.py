@@ -171,24 +171,9 @@ def test_3_transfers_after_a_non_interruptible_prompt() -> None:
 
 def test_a_transfer_step_names_its_trunk() -> None:
     """A step's ``trunk`` goes with its Transfer (the leg puts a tel: target at that
-    trunk's host); without one the Transfer names none (the call's own trunk)."""
-    cfg = parse_config(
-        """
-[providers.p]
-protocol = "kova"
-url = "ws://127.0.0.1:1/v1/ws/kova"
-[[routes]]
-match = "*"
-provider = "p"
-flow = "f"
-[trunks.carrier]
-outbound_proxy = "sip:sbc.carrier.example"
-[flows.f.steps.out]
-transfer = "tel:+15551234567"
-trunk = "carrier"
-"""
-    )
-    runner = FlowRunner(cfg.flow("f"), "", 0.0)
+    trunk's host; the config checks the name, ``tests/config``)."""
+    step = FlowStep(name="out", transfer="tel:+15551234567", trunk="carrier")
+    runner = FlowRunner(FlowConfig("f", "out", (step,)), "", 0.0)
     runner.start(0.0)
     assert runner.commands_to_send() == [Transfer("tel:+15551234567", "carrier")]
     assert runner.done

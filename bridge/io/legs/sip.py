@@ -1312,16 +1312,16 @@ class SipLeg:
         the app's ``trunk``) or else the call's own, a ``tel:+E164`` target becomes
         ``sip:+NUMBER@PROXY-HOST;user=phone``, as a call out through the trunk would (the
         carrier places it); anything else as it is."""
-        chosen = (
-            next((t for t in self.services.call_config().trunks if t.name == trunk), None)
-            if trunk
-            else self.call_trunks.get(call_id)
-        )
-        if chosen is None or not target.lower().startswith("tel:"):
-            return target
         try:
+            chosen = (
+                choose_trunk(self.services.call_config().trunks, trunk, "")
+                if trunk
+                else self.call_trunks.get(call_id)
+            )
+            if chosen is None or not target.lower().startswith("tel:"):
+                return target
             return outbound_target(target, chosen.next_hop, chosen.next_hop).request_uri
-        except TargetError:
+        except TargetError:  # (TrunkError: the named trunk went with a reload)
             return target
 
     def _trunk_limiter(self, trunk: TrunkConfig) -> TrunkLimiter:
