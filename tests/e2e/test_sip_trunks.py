@@ -25,7 +25,7 @@ from bridge.control.report import build_report
 from bridge.io.caller import CallerOptions, place_call
 from bridge.io.legs.sip import SipLeg
 from bridge.sip.digest import AuthResult, DigestVerifier
-from bridge.sip.message import build_response
+from bridge.sip.message import SipRequest, build_response
 from bridge.sip.sdp import parse_sdp
 from bridge.sip.trunks import TrunkError, TrunkLimited
 
@@ -59,6 +59,18 @@ def post(port: int, body: dict[str, str]) -> tuple[int, dict[str, object], dict[
             return resp.status, json.loads(resp.read()), dict(resp.headers)
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read()), dict(e.headers)
+
+
+def answer_with_sdp(
+    peer: UdpPeer, invite: SipRequest, addr: tuple[str, int], tag: str, user: str, media: bytes
+) -> None:
+    """The peer's 200 to ``invite``: Contact ``user`` at its port, an SDP with ``media``."""
+    assert peer.transport is not None
+    ok = build_response(invite, 200, "OK", tag)
+    ok.add("Contact", f"<sip:{user}@127.0.0.1:{peer.port}>")
+    ok.add("Content-Type", "application/sdp")
+    ok.body = b"v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n" + media
+    peer.transport.sendto(ok.to_bytes(), addr)
 
 
 async def wait_released(leg: SipLeg, call_id: str) -> None:
@@ -298,14 +310,10 @@ codecs = ["PCMA"]
                 leg = sip_leg(st.daemon)
                 call_id = leg.originate("tel:+15551230000", "", "")
                 invite, addr = await carrier.next()
-                ok = build_response(invite, 200, "OK", "c1")
-                ok.add("Contact", f"<sip:carrier@127.0.0.1:{carrier.port}>")
-                ok.add("Content-Type", "application/sdp")
-                ok.body = (
-                    b"v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
-                    b"m=audio 9 RTP/AVP 8 101\r\na=rtpmap:101 telephone-event/8000\r\n"
-                )
-                carrier.transport.sendto(ok.to_bytes(), addr)
+                answer_with_sdp(
+                    carrier, invite, addr, "c1", "carrier",
+                    b"m=audio 9 RTP/AVP 8 101\r\na=rtpmap:101 telephone-event/8000\r\n",
+                )  # fmt: skip
                 ack, _ = await carrier.next()
                 assert ack.method == "ACK"
                 started = await app.wait_for("call.started")
@@ -341,14 +349,7 @@ outbound_proxy = "sip:sbc.carrier.test:5099"
                 call_id = leg.originate(f"sip:desk@127.0.0.1:{peer.port}", "", "")
                 invite, addr = await peer.next()
                 assert invite.method == "INVITE"
-                ok = build_response(invite, 200, "OK", "d1")
-                ok.add("Contact", f"<sip:desk@127.0.0.1:{peer.port}>")
-                ok.add("Content-Type", "application/sdp")
-                ok.body = (
-                    b"v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
-                    b"m=audio 9 RTP/AVP 0\r\n"
-                )
-                peer.transport.sendto(ok.to_bytes(), addr)
+                answer_with_sdp(peer, invite, addr, "d1", "desk", b"m=audio 9 RTP/AVP 0\r\n")
                 ack, _ = await peer.next()
                 assert ack.method == "ACK"
                 await app.wait_for("call.started")
