@@ -1,7 +1,7 @@
 """The shipped IVR at real call rates: the demo config, the embedded Piper voice, SIP callers.
 
 Usage: python -m bench.bench_ivr [--quick] [--calls 500] [--rate 25] [--hold-s 30]
-                                 [--cores split,one] [--cache warm,cold] [--out NAME]
+                                 [--cores split,one] [--cache warm,cold] [--stalls] [--out NAME]
 
 What is measured (issue 31): ``callbridge serve`` with ``config/callbridge.toml`` as shipped
 (the embedded Piper voice as a supervised child, a route greeting, the demo flow's menu that
@@ -28,13 +28,19 @@ every call's RTP (p50/p99/max departure deviation from the 20 ms grid, kernel ar
 the daemon's CPU. Pacing is given over the whole window (``pacing``: the ramp at
 ``--rate`` included, as the goal counts it) and over the packets that arrived after the last
 call was answered (``pacing_steady``), so that call set-up is told apart from the calls' own
-turns. Goal: 0 provider errors, 0 broken prompts, pacing p99 <= 2 ms and max <= 10 ms, in
-every placement, warm and cold.
+turns. With ``--stalls`` the daemon's core is watched for host stalls over the run
+(``hostspeed.watch``: a ``SCHED_FIFO`` thread on that core sleeping 1 ms at a time, which no
+process in the guest can delay, only the hypervisor), and every episode of packets over
+``EXCURSION_MS`` (``excursions``) says which stall, if any, ended within ``STALL_REACH_MS``
+before it: a late frame after the core itself did not run is the host's, one without is the
+daemon's to explain. Goal: 0 provider errors, 0 broken prompts, pacing p99 <= 2 ms and
+max <= 10 ms, in every placement, warm and cold.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import re
 import subprocess
@@ -46,6 +52,14 @@ from typing import Any
 
 from bench.common import write
 from bench.loadgen.analysis import pacing_summary, rtp_deviations_ns
+from bench.loadgen.hostspeed import (
+    STALL_MS,
+    STALL_REACH_MS,
+    chance_pct,
+    episodes_of,
+    stalls_before,
+    watch_into,
+)
 from bench.loadgen.procs import (
     DAEMON_CORE,
     LOADGEN_CORE,
@@ -59,6 +73,8 @@ from bench.loadgen.procs import (
 from bench.loadgen.rtp import RtpLoad
 
 DEMO = ROOT / "config" / "callbridge.toml"
+EXCURSION_MS = 10.0
+"""The goal's bound on any one packet's deviation from the grid."""
 
 
 def demo_config(sip: int, ms: int, api: int, cache_dir: Path, rate: float) -> str:
@@ -145,10 +161,46 @@ class Daemon:
         terminate(self.proc, 15)
 
 
+def excursions(
+    per: list[tuple[Any, Any]], stalls: list[tuple[float, float]], t0_ns: int
+) -> list[dict[str, Any]]:
+    """Episodes of packets deviating over ``EXCURSION_MS`` (``episodes_of``): when (ms after
+    ``t0_ns``), how many packets, the largest deviation, and the longest host stall that
+    ended within ``STALL_REACH_MS`` before the episode began (None: none did)."""
+    late: list[tuple[int, float]] = []
+    for a, dev in per:
+        over = abs(dev) > EXCURSION_MS * 1e6
+        late.extend(zip(a[over].tolist(), (abs(dev[over]) / 1e6).tolist(), strict=True))
+    late.sort()
+    episodes = episodes_of([t for t, _ in late])
+    causes = stalls_before([first for first, _ in episodes], stalls)
+    out = []
+    i = 0
+    for (first, n), cause in zip(episodes, causes, strict=True):
+        worst = max(ms for _, ms in late[i : i + n])  # episodes_of groups in time order
+        i += n
+        out.append(
+            {
+                "at_ms": (first - t0_ns) // 1_000_000,
+                "packets": n,
+                "max_ms": round(worst, 2),
+                "stall_before_ms": cause,
+            }
+        )
+    return out
+
+
 def run_once(
-    calls: int, rate: float, hold_s: float, cores: str, cache_dir: Path, workdir: Path
+    calls: int,
+    rate: float,
+    hold_s: float,
+    cores: str,
+    cache_dir: Path,
+    workdir: Path,
+    watch_stalls: bool = False,
 ) -> dict[str, Any]:
     d = Daemon(workdir, cache_dir, rate)
+    stall_proc = stall_end = None
     try:
         ready_s = d.wait_ready(300)
         kids = d.children()
@@ -156,6 +208,12 @@ def run_once(
         for pid in kids:
             os.sched_setaffinity(pid, target)
         load = RtpLoad(("127.0.0.1", d.sip), route="demo")
+        if watch_stalls:  # the ramp, up to 30 s for the last answer, the hold
+            ctx = multiprocessing.get_context("fork")
+            stall_end, child_end = ctx.Pipe(duplex=False)
+            watch_s = calls / rate + hold_s + 10
+            stall_proc = ctx.Process(target=watch_into, args=(watch_s, DAEMON_CORE, child_end))
+            stall_proc.start()
         load.recording = True
         c0, t0 = d.cpu_s(), time.monotonic()
         k0 = sum(d.cpu_s(k) for k in kids)
@@ -171,6 +229,19 @@ def run_once(
         load.hangup_all(settle_s=2.0)
         load.close()
         time.sleep(1.0)
+        host: dict[str, Any] = {}
+        if stall_proc is not None and stall_end is not None:
+            stalls = stall_end.recv()
+            stall_proc.join(10)
+            if stalls is not None:
+                t0_ns = int(t0 * 1e9)
+                seen = [(end, ms) for end, ms in stalls if end >= t0]
+                host = {
+                    "stalls": len(seen),
+                    "longest_stall_ms": max((ms for _, ms in seen), default=0.0),
+                    "stall_chance_pct": round(chance_pct(seen, t1 - t0), 1),
+                    "excursions": excursions(per, seen, t0_ns),
+                }
         events = d.log_counts(("turn.finished", "turn.interrupted", "provider.error"))
         turns = {
             "finished": events["turn.finished"],
@@ -197,6 +268,7 @@ def run_once(
             "daemon_cpu_pct": round(100 * (c1 - c0) / (t1 - t0), 1),
             "tts_child_cpu_pct": round(100 * (k1 - k0) / (t1 - t0), 1),
             "cache_files": sum(1 for p in cache_dir.rglob("*") if p.is_file()),
+            **({"host_stalls": host} if host else {}),
         }
     finally:
         d.stop()
@@ -210,6 +282,7 @@ def main() -> int:
     ap.add_argument("--hold-s", type=float, default=30.0)
     ap.add_argument("--cores", default="split,one")
     ap.add_argument("--cache", default="cold,warm")
+    ap.add_argument("--stalls", action="store_true", help="watch the daemon's core's host stalls")
     ap.add_argument("--out", default="ivr")
     a = ap.parse_args()
     if a.quick:
@@ -228,7 +301,7 @@ def main() -> int:
                     for p in cache_dir.rglob("*"):
                         if p.is_file():
                             p.unlink()
-                r = run_once(a.calls, a.rate, a.hold_s, cores, cache_dir, workdir)
+                r = run_once(a.calls, a.rate, a.hold_s, cores, cache_dir, workdir, a.stalls)
                 r["cache"] = cache
                 pac, ste = r["pacing"], r["pacing_steady"]
                 print(
@@ -241,6 +314,24 @@ def main() -> int:
                     f"ready in {r['ready_s']} s",
                     flush=True,
                 )
+                host = r.get("host_stalls")
+                if host:
+                    print(
+                        f"      host stalls over {STALL_MS} ms: {host['stalls']} (longest "
+                        f"{host['longest_stall_ms']} ms; a stall ends within {STALL_REACH_MS:g} ms "
+                        f"before a random moment {host['stall_chance_pct']} % of the time)",
+                        flush=True,
+                    )
+                    for e in host["excursions"]:
+                        cause = e["stall_before_ms"]
+                        print(
+                            f"      t={e['at_ms']} ms: {e['packets']} packets over {EXCURSION_MS:g}"
+                            f" ms (max {e['max_ms']}), "
+                            + (f"after a {cause} ms stall" if cause else "no stall before it"),
+                            flush=True,
+                        )
+                elif a.stalls:
+                    print("      host stalls: not watched (SCHED_FIFO needs CAP_SYS_NICE)")
                 runs.append(r)
     settings = {"calls": a.calls, "rate": a.rate, "hold_s": a.hold_s, "config": str(DEMO)}
     path = write(a.out, {"runs": runs}, settings)

@@ -29,59 +29,21 @@ import argparse
 import multiprocessing
 import shutil
 import tempfile
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
 
 from bench.loadgen.analysis import rtp_deviations_ns
-from bench.loadgen.hostspeed import STALL_MS, watch
+from bench.loadgen.hostspeed import (
+    STALL_MS,
+    STALL_REACH_MS,
+    chance_pct,
+    episodes_of,
+    stalls_before,
+    watch_into,
+)
 from bench.loadgen.procs import DAEMON_CORE, DaemonUnderTest, TtsProcess, pin_self
 from bench.loadgen.rtp import RtpLoad
-
-STALL_REACH_MS = 30.0
-"""A stall ending this long before a late packet's arrival is taken as its cause: the
-frame due in it, and the ones after it in the same wake-up, leave late."""
-
-
-def _watch_into(seconds: float, out: Connection) -> None:
-    try:
-        out.send(watch(seconds, STALL_MS / 1e3, DAEMON_CORE))
-    except PermissionError:
-        out.send(None)
-    out.close()
-
-
-def episodes_of(late_ns: list[int], gap_ms: float = 50.0) -> list[tuple[int, int]]:
-    """Late packets grouped into episodes (a gap over ``gap_ms`` starts one):
-    (first packet's time in ns, packets in it)."""
-    out: list[tuple[int, int]] = []
-    last = None
-    for t in sorted(late_ns):
-        if last is None or t - last > gap_ms * 1e6:
-            out.append((t, 1))
-        else:
-            out[-1] = (out[-1][0], out[-1][1] + 1)
-        last = t
-    return out
-
-
-def chance_pct(stalls: list[tuple[float, float]], seconds: float) -> float:
-    """The share of random moments a stall ended within ``STALL_REACH_MS`` before."""
-    return min(100.0, 100 * len(stalls) / seconds * STALL_REACH_MS / 1e3)
-
-
-def stalls_before(
-    excursion_ns: list[int], stalls: list[tuple[float, float]], reach_ms: float = STALL_REACH_MS
-) -> list[float | None]:
-    """For each excursion (monotonic ns), the longest stall (ms) that ended within
-    ``reach_ms`` before it or overlaps it; None if there was none."""
-    found: list[float | None] = []
-    for t_ns in excursion_ns:
-        t = t_ns / 1e9
-        near = [ms for end, ms in stalls if t - reach_ms / 1e3 <= end <= t + ms / 1e3]
-        found.append(max(near) if near else None)
-    return found
 
 
 def main() -> None:
@@ -112,7 +74,9 @@ def main() -> None:
             if args.stalls:
                 ctx = multiprocessing.get_context("fork")
                 stall_end, child_end = ctx.Pipe(duplex=False)
-                stall_proc = ctx.Process(target=_watch_into, args=(args.seconds + 1, child_end))
+                stall_proc = ctx.Process(
+                    target=watch_into, args=(args.seconds + 1, DAEMON_CORE, child_end)
+                )
                 stall_proc.start()
             load.recording = True
             load.run_for(args.seconds)

@@ -44,6 +44,7 @@ import socket
 import statistics
 import sys
 import time
+from multiprocessing.connection import Connection
 from typing import Any
 
 MESSAGE_BYTES = 309  # a Twilio media message of 160 G.711 bytes, framed
@@ -182,6 +183,53 @@ def watch(seconds: float, threshold_s: float, core: int | None) -> list[tuple[fl
             stalls.append((round(t1, 4), round((t1 - t0) * 1e3, 2)))
         if t1 > end:
             return stalls
+
+
+STALL_REACH_MS = 30.0
+"""A stall ending this long before a late packet's arrival is taken as its cause: the
+frame due in it, and the ones after it in the same wake-up, leave late."""
+
+
+def watch_into(seconds: float, core: int | None, out: Connection) -> None:
+    """``core``'s stalls over ``seconds`` (``watch``), sent through ``out``; None without
+    the right to real-time priority. Run it in a child process."""
+    try:
+        out.send(watch(seconds, STALL_MS / 1e3, core))
+    except PermissionError:
+        out.send(None)
+    out.close()
+
+
+def episodes_of(late_ns: list[int], gap_ms: float = 50.0) -> list[tuple[int, int]]:
+    """Late packets grouped into episodes (a gap over ``gap_ms`` starts one):
+    (first packet's time in ns, packets in it)."""
+    out: list[tuple[int, int]] = []
+    last = None
+    for t in sorted(late_ns):
+        if last is None or t - last > gap_ms * 1e6:
+            out.append((t, 1))
+        else:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        last = t
+    return out
+
+
+def chance_pct(stalls: list[tuple[float, float]], seconds: float) -> float:
+    """The share of random moments a stall ended within ``STALL_REACH_MS`` before."""
+    return min(100.0, 100 * len(stalls) / seconds * STALL_REACH_MS / 1e3)
+
+
+def stalls_before(
+    excursion_ns: list[int], stalls: list[tuple[float, float]], reach_ms: float = STALL_REACH_MS
+) -> list[float | None]:
+    """For each excursion (monotonic ns), the longest stall (ms) that ended within
+    ``reach_ms`` before it or overlaps it; None if there was none."""
+    found: list[float | None] = []
+    for t_ns in excursion_ns:
+        t = t_ns / 1e9
+        near = [ms for end, ms in stalls if t - reach_ms / 1e3 <= end <= t + ms / 1e3]
+        found.append(max(near) if near else None)
+    return found
 
 
 def _stalls(seconds: float, core: int | None) -> dict[str, float | None]:
