@@ -60,8 +60,6 @@ from collections.abc import Callable, Mapping
 from typing import Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from twilio.request_validator import RequestValidator
 
 __all__ = [
@@ -173,6 +171,10 @@ def telnyx_webhook_valid(
         return False
     if abs(now - int(timestamp)) > tolerance_s:
         return False
+    # here, not at the top: ``cryptography`` is about 6 MB resident, and only this check needs it
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     try:
         key = Ed25519PublicKey.from_public_bytes(base64.b64decode(public_key_b64, validate=True))
         signature = base64.b64decode(signature_b64, validate=True)

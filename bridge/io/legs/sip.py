@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import importlib
 import ipaddress
 import os
 import re
@@ -28,9 +29,16 @@ import secrets
 import socket
 import ssl
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from bridge import commands as cmd
-from bridge.config import ConnectionLimits, RouteConfig, SipRegistration, split_hostport
+from bridge.config import (
+    Config,
+    ConnectionLimits,
+    RouteConfig,
+    SipRegistration,
+    split_hostport,
+)
 from bridge.engine import LocalProtocolError, SendDatagram
 from bridge.io.callrun import CallRunner
 from bridge.io.connlimits import ConnectionGate
@@ -43,7 +51,6 @@ from bridge.logs import bind_call, get_logger, unbind_call
 from bridge.media.call_types import AnswerLeg, LegProfile, RejectLeg
 from bridge.rtp.ports import UNUSABLE_COOLDOWN_S, RtpPortAllocator
 from bridge.rtp.session import LatchingMode
-from bridge.rtp.srtp import SrtpContext
 from bridge.sip.dialog import Peer
 from bridge.sip.digest import DigestCredentials
 from bridge.sip.errors import SipParseError
@@ -84,6 +91,9 @@ from bridge.sip.ua import SipUserAgent
 from bridge.sip.uri import OutboundTarget, TargetError, outbound_target, parse_uri
 
 __all__ = ["SipLeg"]
+
+if TYPE_CHECKING:
+    from bridge.rtp.srtp import SrtpContext
 
 log = get_logger("callbridge.sip")
 
@@ -543,6 +553,7 @@ class SipLeg:
         )
 
     async def start(self) -> None:
+        load_srtp(self.services.config)
         cfg = self.services.config.sip
         bound: list[str] = []
         for listen in cfg.listen:
@@ -601,6 +612,7 @@ class SipLeg:
         """After a reload (``daemon.config`` is the new one): ``allow``, the digest users,
         the INVITE rate limit, ``max_calls``... and the TCP connection limits, from the
         next request or connection on. Addresses and transports cannot change here."""
+        load_srtp(self.services.config)
         for runner in self.runners:
             s = runner.ua.settings
             runner.ua.apply_settings(self._settings(s.local_host, s.local_port, runner.kind))
@@ -899,7 +911,7 @@ class SipLeg:
         if audio.crypto and srtp_mode != "off" and ua.kind == "TLS":
             local = choose_crypto(audio.crypto, secrets.token_bytes)
             remote = next((c for c in audio.crypto if local and c.tag == local.tag), None)
-        srtp = SrtpContext(local, remote) if local and remote else None
+        srtp = _srtp_context(local, remote) if local and remote else None
         call.start_media(audio, event.source[0], _latching(cfg.sip.latching), srtp)
         self.calls[event.call_id] = call
         if trunk is not None and limiter is not None:
@@ -1402,13 +1414,34 @@ def _offered_keys(security: SipSecurity) -> tuple[SdesCrypto, ...]:
     )
 
 
+def srtp_configured(cfg: Config) -> bool:
+    """Whether any call may be keyed: ``sip.srtp`` or a trunk's ``srtp`` other than off."""
+    return cfg.sip.security.srtp != "off" or any(t.srtp != "off" for t in cfg.trunks)
+
+
+def load_srtp(cfg: Config) -> None:
+    """libsrtp (``bridge.rtp.srtp``: pylibsrtp and its OpenSSL, about 5 MB resident) is
+    loaded when SRTP is configured, at start and at a reload that turns it on, never
+    on a call's path (an import takes milliseconds the media clock does not have); a
+    daemon without SRTP never loads it (``_srtp_context`` cannot be reached there:
+    keys are agreed only where ``srtp`` is not off)."""
+    if srtp_configured(cfg):
+        importlib.import_module("bridge.rtp.srtp")
+
+
+def _srtp_context(local: SdesCrypto, remote: SdesCrypto) -> SrtpContext:
+    from bridge.rtp.srtp import SrtpContext  # loaded by load_srtp: a dict lookup here
+
+    return SrtpContext(local, remote)
+
+
 def _answered_srtp(offered: tuple[SdesCrypto, ...], audio: NegotiatedAudio) -> SrtpContext | None:
     """The SRTP keys of an answered outbound call: the answer's key for one we offered
     (same tag and suite), or None (not offered, or not answered)."""
     for theirs in audio.crypto:
         for ours in offered:
             if (ours.tag, ours.suite) == (theirs.tag, theirs.suite):
-                return SrtpContext(ours, theirs)
+                return _srtp_context(ours, theirs)
     return None
 
 

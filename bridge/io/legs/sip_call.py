@@ -43,7 +43,7 @@ import contextlib
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from bridge.engine import SendDatagram
 from bridge.io.rtpsock import SCM_TIMESTAMPNS, recv_stamped
@@ -62,12 +62,14 @@ from bridge.rtp.session import (
     latch_policy,
     silence_frame,
 )
-from bridge.rtp.srtp import SrtpContext
 from bridge.sip.sdp import NegotiatedAudio
 from bridge.sip.ua import SipUserAgent
 from telcodec.g722 import FRAME_BYTES as G722_PCM_FRAME_BYTES
 from telcodec.g722 import G722Decoder, G722Encoder
 from telcodec.opus import OpusDecoder, OpusEncoder
+
+if TYPE_CHECKING:
+    from bridge.rtp.srtp import SrtpContext  # loaded only where SRTP is configured
 
 __all__ = [
     "SO_TIMESTAMPNS",
