@@ -165,25 +165,33 @@ def excursions(
     per: list[tuple[Any, Any]], stalls: list[tuple[float, float]], t0_ns: int
 ) -> list[dict[str, Any]]:
     """Episodes of packets deviating over ``EXCURSION_MS`` (``episodes_of``): when (ms after
-    ``t0_ns``), how many packets, the largest deviation, and the longest host stall that
-    ended within ``STALL_REACH_MS`` before the episode began (None: none did)."""
-    late: list[tuple[int, float]] = []
-    for a, dev in per:
+    ``t0_ns``) and for how long, how many packets on how many calls (of those sending
+    then), the largest deviation, and the longest host stall that ended within
+    ``STALL_REACH_MS`` before the episode began (None: none did). Every call late at once
+    is one late wake-up of the media clock; a few calls late for long is their grid."""
+    late: list[tuple[int, float, int]] = []
+    for call, (a, dev) in enumerate(per):
         over = abs(dev) > EXCURSION_MS * 1e6
-        late.extend(zip(a[over].tolist(), (abs(dev[over]) / 1e6).tolist(), strict=True))
+        ms = (abs(dev[over]) / 1e6).tolist()
+        late.extend((t, m, call) for t, m in zip(a[over].tolist(), ms, strict=True))
     late.sort()
-    episodes = episodes_of([t for t, _ in late])
+    episodes = episodes_of([t for t, _, _ in late])
     causes = stalls_before([first for first, _ in episodes], stalls)
     out = []
     i = 0
     for (first, n), cause in zip(episodes, causes, strict=True):
-        worst = max(ms for _, ms in late[i : i + n])  # episodes_of groups in time order
+        these = late[i : i + n]  # episodes_of groups in time order
         i += n
+        last = these[-1][0]
+        sending = sum(1 for a, _ in per if a.size and a[0] <= first <= a[-1])
         out.append(
             {
                 "at_ms": (first - t0_ns) // 1_000_000,
+                "span_ms": (last - first) // 1_000_000,
                 "packets": n,
-                "max_ms": round(worst, 2),
+                "calls": len({c for _, _, c in these}),
+                "calls_sending": sending,
+                "max_ms": round(max(m for _, m, _ in these), 2),
                 "stall_before_ms": cause,
             }
         )
@@ -325,8 +333,10 @@ def main() -> int:
                     for e in host["excursions"]:
                         cause = e["stall_before_ms"]
                         print(
-                            f"      t={e['at_ms']} ms: {e['packets']} packets over {EXCURSION_MS:g}"
-                            f" ms (max {e['max_ms']}), "
+                            f"      t={e['at_ms']} ms for {e['span_ms']} ms: {e['packets']} "
+                            f"packets "
+                            f"over {EXCURSION_MS:g} ms on {e['calls']} of {e['calls_sending']} "
+                            f"calls (max {e['max_ms']}), "
                             + (f"after a {cause} ms stall" if cause else "no stall before it"),
                             flush=True,
                         )

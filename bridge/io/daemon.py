@@ -44,6 +44,7 @@ from bridge.config import (
 from bridge.engine import Event
 from bridge.io.api_shell import api_handler, metrics_refusal
 from bridge.io.embedded import EmbeddedTts
+from bridge.io.fdtable import descriptors_needed, reserve_slots
 from bridge.io.gcpolicy import (
     GcPolicy,
     ReleaseWatch,
@@ -391,6 +392,7 @@ class Daemon:
     async def start(self) -> None:
         """Start everything; a failure a user can cause raises ``StartupError`` naming the
         key, address and cause (``bridge.io.startup``)."""
+        fd_slots = self._reserve_descriptors(self.config)
         self.ticker = MediaTicker(asyncio.get_running_loop())
         self.services = Services(
             self.config,
@@ -469,7 +471,14 @@ class Daemon:
             legs=[leg.name for leg in self.legs],
             api=self.config.api.listen if self.api else None,
             embedded_ok=embedded_ok,
+            fd_slots=fd_slots,
         )
+
+    @staticmethod
+    def _reserve_descriptors(cfg: Config) -> int:
+        """The descriptor table grown for the config's limits now, not at the call
+        that crosses a power of two (``bridge.io.fdtable``)."""
+        return reserve_slots(descriptors_needed(cfg.sip.max_calls, cfg.media_streams.max_streams))
 
     def _collect_garbage(self) -> None:
         """The GC policy's step for now (``bridge.io.gcpolicy``), every ``GC_TICK_S``."""
@@ -642,6 +651,7 @@ class Daemon:
                 outcome = "reload failed"
                 return
             await self._prerender_within(runtime)  # the new config's prompts, before its calls
+            self._reserve_descriptors(cfg)  # higher limits: grown before their calls
             old, self.runtime, self.config = self.runtime, runtime, cfg
             self.services.config, self.services.runtime = cfg, runtime
             self._apply_live(cfg, old.config if old is not None else cfg)

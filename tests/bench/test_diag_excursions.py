@@ -40,6 +40,22 @@ def test_bench_ivr_excursions_group_late_packets_and_name_their_stall() -> None:
     stalls = [(1.118, 9.0)]  # ended 2 ms before the first late packet
     found = excursions([call_a, call_b], stalls, t0)
     assert found == [
-        {"at_ms": 120, "packets": 2, "max_ms": 15.0, "stall_before_ms": 9.0},
-        {"at_ms": 3000, "packets": 1, "max_ms": 11.0, "stall_before_ms": None},
+        {
+            "at_ms": 120,
+            "span_ms": 20,
+            "packets": 2,
+            "calls": 1,
+            "calls_sending": 1,
+            "max_ms": 15.0,
+            "stall_before_ms": 9.0,
+        },
+        {
+            "at_ms": 3000,
+            "span_ms": 0,
+            "packets": 1,
+            "calls": 1,
+            "calls_sending": 1,
+            "max_ms": 11.0,
+            "stall_before_ms": None,
+        },
     ]
