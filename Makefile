@@ -64,7 +64,7 @@ config-reference: venv
 	$(VENV)/bin/python -m bridge.config --write config/README.md
 
 typecheck: venv
-	$(VENV)/bin/mypy --strict codecs/telcodec bridge/engine.py bridge/commands.py bridge/addresses.py bridge/config.py bridge/settings.py bridge/sip bridge/rtp bridge/streams bridge/media bridge/ttsd bridge/control bridge/providers bridge/io/dns.py bridge/io/gcpolicy.py bridge/io/services.py bridge/io/ticker.py bridge/io/callrun.py bridge/io/legs/sip_call.py bridge/io/legs/stream_call.py bridge/io/httpws.py bridge/io/provider_ws.py bridge/io/provider_pool.py bridge/io/provider_turns.py bridge/io/session_http.py bridge/io/ws_client.py
+	$(VENV)/bin/mypy --strict codecs/telcodec bridge/engine.py bridge/commands.py bridge/addresses.py bridge/config.py bridge/settings.py bridge/sip bridge/rtp bridge/streams bridge/media bridge/ttsd bridge/control bridge/providers bridge/io/dns.py bridge/io/gcpolicy.py bridge/io/fdtable.py bridge/io/services.py bridge/io/ticker.py bridge/io/callrun.py bridge/io/legs/sip_call.py bridge/io/legs/stream_call.py bridge/io/httpws.py bridge/io/provider_ws.py bridge/io/provider_pool.py bridge/io/provider_turns.py bridge/io/session_http.py bridge/io/ws_client.py
 
 unit: venv
 	$(PY) -m pytest -q -m "not slow and not peers"
