@@ -82,7 +82,7 @@ class Hangup(Command):
 
 @dataclass(frozen=True, slots=True)
 class Transfer(Command):
-    """Blind transfer (SIP REFER) or a new outbound leg to ``target``."""
+    """Blind transfer (SIP REFER) to ``target``."""
 
     target: str
     trunk: str = ""
@@ -217,3 +217,6 @@ class CommandRejected(CallEvent):
     command: str
     turn_id: str
     reason: str
+    source: Command | None = field(default=None, compare=False, repr=False)
+    """The refused command itself: its sender tells it apart from an equal one (the
+    application protocol echoes the ``id`` the command came with)."""

@@ -333,6 +333,8 @@ def _hangup(req: _Request) -> ApiResponse:
 REFUSALS: dict[str, tuple[int, str]] = {
     "not_early_media": (409, "$"),
     "call_ended": (409, "$"),
+    "transfer_unsupported": (409, "$"),
+    "dtmf_unsupported": (409, "$"),
     "unknown_trunk": (422, "trunk"),
     "empty_target": (422, "target"),
     "bad_digits": (422, "digits"),
@@ -370,9 +372,14 @@ _COMMAND_TEXT = {
     "transfer": (
         "Blind transfer of the caller (SIP REFER)",
         "target: a sip:, sips: or tel: URI; trunk: the [trunks] entry a tel: target goes "
-        "through (default: the call's own trunk); 422 unknown_trunk for another name",
+        "through (default: the call's own trunk); 422 unknown_trunk for another name; "
+        "409 transfer_unsupported on a media-stream call",
     ),
-    "dtmf": ("Send DTMF digits on the call", "digits: 1-32 of 0-9 * # A B C D"),
+    "dtmf": (
+        "Send DTMF digits on the call",
+        "digits: 1-32 of 0-9 * # A B C D; 409 dtmf_unsupported on a media stream whose "
+        "carrier protocol has no DTMF message",
+    ),
 }
 """Each API command's (summary, request description) in the OpenAPI document."""
 

@@ -64,6 +64,7 @@ from __future__ import annotations
 import enum
 import json
 import re
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -106,11 +107,15 @@ __all__ = [
     "AppSession",
     "FieldSpec",
     "decode_command",
+    "decode_command_and_id",
     "encode_error",
     "encode_event",
 ]
 
 MAX_MESSAGE_BYTES = 64 * 1024
+RECENT_IDS = 64
+"""Commands with an ``id`` kept for their rejection's ``error``: a call refuses a
+command in the same pump that carries it out, so far fewer are ever waiting."""
 """Largest command message accepted (UTF-8 bytes); the shell sets its WS ``max_size`` to it."""
 MAX_TEXT_CHARS = 4096
 MAX_PENDING_EVENTS = 256
@@ -261,6 +266,13 @@ def decode_command(text: str | bytes) -> Command | AppError:
         at fault (fields are checked in a fixed order: the message, ``id``,
         ``type``, unknown fields, then the command's fields as documented).
     """
+    decoded = decode_command_and_id(text)
+    return decoded if isinstance(decoded, AppError) else decoded[0]
+
+
+def decode_command_and_id(text: str | bytes) -> tuple[Command, str | None] | AppError:
+    """``decode_command``, with the command's ``id`` (None: it had none), which an
+    ``error`` about the command echoes."""
     try:
         obj = _parse(text)
     except _Refused as e:
@@ -284,7 +296,7 @@ def decode_command(text: str | bytes) -> Command | AppError:
         ok_id = command_id if e.field != "id" else None
         ok_type = ctype if ctype in COMMAND_TYPES else None
         return AppError(e.field, e.message, ok_id, ok_type)
-    return COMMAND_BUILDERS[ctype](obj)
+    return COMMAND_BUILDERS[ctype](obj), command_id
 
 
 def _parse(text: str | bytes) -> dict[str, Any]:
@@ -462,12 +474,12 @@ _REJECTED_FIELD = {
 }
 
 
-def _rejection(event: CommandRejected) -> AppError:
+def _rejection(event: CommandRejected, command_id: str | None = None) -> AppError:
     where = f" (turn {event.turn_id})" if event.turn_id else ""
     return AppError(
         _REJECTED_FIELD.get(event.reason, "$"),
         f"refused by the call: {event.reason}{where}",
-        None,
+        command_id,
         _REJECTED_TYPE.get(event.command),
     )
 
@@ -536,6 +548,9 @@ class AppSession(Outbox):
         self._pending: list[str] = [encode_event(call_started)]
         self._max_pending = max_pending_events
         self._commands: list[Command] = []
+        self._ids: deque[tuple[Command, str]] = deque(maxlen=RECENT_IDS)
+        """The latest commands that came with an ``id``: a rejection (which names its
+        command object) echoes it."""
         self.dropped_events = 0
         self.refused_commands = 0
 
@@ -546,6 +561,14 @@ class AppSession(Outbox):
     @property
     def is_connected(self) -> bool:
         return self._state is AppState.OPEN
+
+    def _id_of(self, event: CommandRejected) -> str | None:
+        """The ``id`` the refused command came with (None: none, or not the app's)."""
+        for i, (command, command_id) in enumerate(self._ids):
+            if command is event.source:
+                del self._ids[i]
+                return command_id
+        return None
 
     def commands_to_send(self) -> list[Command]:
         """Drain the application's valid commands, in arrival order."""
@@ -580,12 +603,15 @@ class AppSession(Outbox):
         """One text message from the application: a command or an ``error`` reply."""
         if self._state is not AppState.OPEN:
             return
-        result = decode_command(text)
+        result = decode_command_and_id(text)
         if isinstance(result, AppError):
             self.refused_commands += 1
             self._actions.append(SendText(encode_error(result)))
         else:
-            self._commands.append(result)
+            command, command_id = result
+            self._commands.append(command)
+            if command_id is not None:
+                self._ids.append((command, command_id))
 
     def receive_bytes(self, data: bytes, now: float) -> None:
         """Binary messages are not part of the protocol: answered with ``error``."""
@@ -602,7 +628,7 @@ class AppSession(Outbox):
         if self._state in (AppState.ENDED, AppState.LOST):
             return
         if isinstance(event, CommandRejected):
-            self._send(encode_error(_rejection(event), "command_rejected"))
+            self._send(encode_error(_rejection(event, self._id_of(event)), "command_rejected"))
         elif type(event) in _ENCODERS:
             self._send(encode_event(event))
         if isinstance(event, CallEnded):

@@ -741,17 +741,21 @@ class CallBridge:
                 self._early_end = None  # in early media the hangup decides (SIP: 480)
                 self._actions.append(HangupLeg(reason))
             case cmd.Transfer(target=target, trunk=trunk):
-                if not target:
+                if not self._leg.can_transfer:
+                    self._reject(command, "", "transfer_unsupported")
+                elif not target:
                     self._reject(command, "", "empty_target")
                 elif trunk and trunk not in self._options.trunks:
                     self._reject(command, "", "unknown_trunk")
                 else:
                     self._actions.append(TransferLeg(target, trunk))
             case cmd.SendDtmf(digits=digits):
-                if digits and all(d in DTMF_DIGITS for d in digits.upper()):
-                    self._actions.append(SendLegDtmf(digits.upper()))
-                else:
+                if not digits or any(d not in DTMF_DIGITS for d in digits.upper()):
                     self._reject(command, "", "bad_digits")
+                elif not self._leg.can_send_dtmf:
+                    self._reject(command, "", "dtmf_unsupported")
+                else:
+                    self._actions.append(SendLegDtmf(digits.upper()))
             case cmd.HandOver():
                 self._hand_over(command)
             case cmd.Answer():
@@ -911,7 +915,9 @@ class CallBridge:
             self._actions.append(ConnectApp(command.app))
 
     def _reject(self, command: cmd.Command, turn_id: str, reason: str) -> None:
-        self._events.append(cmd.CommandRejected(type(command).__name__, turn_id, reason))
+        self._events.append(
+            cmd.CommandRejected(type(command).__name__, turn_id, reason, source=command)
+        )
 
     # ------------------------------------------------------------ provider input
 

@@ -72,6 +72,12 @@ class LegProfile:
     """The carrier has a buffer-clear command (Twilio ``clear``)."""
     mark_interval_ms: int = 1000
     """Marks inside long turns on mark legs (the heard position's resolution)."""
+    can_transfer: bool = True
+    """The leg can hand the caller to another party (SIP REFER); a media stream's
+    carrier protocol cannot, and the call refuses ``transfer`` (``transfer_unsupported``)."""
+    can_send_dtmf: bool = True
+    """The leg can send DTMF (RFC 4733 on SIP; on a media stream, only a dialect with a
+    DTMF message); elsewhere the call refuses ``dtmf`` (``dtmf_unsupported``)."""
 
     def __post_init__(self) -> None:
         if self.kind not in _LEG_KINDS:
@@ -224,7 +230,7 @@ class RejectLeg(Action):
 
 @dataclass(frozen=True, slots=True)
 class TransferLeg(Action):
-    """Blind transfer (SIP REFER) or a new outbound leg to ``target``."""
+    """Blind transfer (SIP REFER) to ``target``."""
 
     target: str
     trunk: str = ""

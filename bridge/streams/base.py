@@ -54,7 +54,7 @@ dropped and return ``False``, because the call may race the carrier's
 * ``flush(now)``: push out audio a packing dialect still holds (no-op
   elsewhere); ``mark`` flushes first by itself.
 * ``send_dtmf(digits, now)``: only where the dialect has it
-  (``supports_send_dtmf``); elsewhere the call plays in-band tones.
+  (``supports_send_dtmf``); elsewhere the call refuses the command (``dtmf_unsupported``).
 * ``hangup(now)``: close 1000. ``reject(reason, now)``: close 1008 (failed
   authentication of the ``start`` message).
 

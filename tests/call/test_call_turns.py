@@ -264,6 +264,25 @@ def test_leg_commands_and_rejections() -> None:
     ]
 
 
+def test_a_leg_without_transfer_or_dtmf_refuses_them() -> None:
+    """A media stream: no carrier protocol here transfers, most send no DTMF. The
+    call refuses both (the app and the API learn why); bad digits are still bad."""
+    stream = LegProfile(
+        kind="twilio", codec="mulaw", heard_from="marks", can_transfer=False, can_send_dtmf=False
+    )
+    h = Harness(stream)
+    h.call.execute(Transfer("sip:desk@example.com"), 0.0)
+    h.call.execute(SendDtmf("12#"), 0.0)
+    h.call.execute(SendDtmf("12x"), 0.0)
+    actions, events = h.take()
+    assert not [a for a in actions if isinstance(a, (TransferLeg, SendLegDtmf))]
+    assert [(e.command, e.reason) for e in of_type(events, CommandRejected)] == [
+        ("Transfer", "transfer_unsupported"),
+        ("SendDtmf", "dtmf_unsupported"),
+        ("SendDtmf", "bad_digits"),
+    ]
+
+
 def test_a_transfer_through_a_trunk_needs_a_configured_trunk() -> None:
     """``Transfer.trunk`` must name one of ``CallOptions.trunks`` (the config's); the
     leg gets it with the target."""

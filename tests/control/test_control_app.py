@@ -463,6 +463,22 @@ def test_call_rejections_become_error_messages() -> None:
     assert msg["command"] == "cancel" and "no_such_turn" in msg["message"]
 
 
+def test_a_rejection_echoes_the_id_its_command_came_with() -> None:
+    """Two equal commands with different ids: each refusal names its own; a command
+    without an id, or one the app did not send (a flow's), gets none."""
+    s = session()
+    s.connected(11.0)
+    s.actions_to_send()
+    s.receive_text('{"type":"cancel","turn_id":"t9","id":"a"}', 11.5)
+    s.receive_text('{"type":"cancel","turn_id":"t9","id":"b"}', 11.6)
+    s.receive_text('{"type":"cancel","turn_id":"t9"}', 11.7)
+    first, second, third = s.commands_to_send()
+    assert first == second == third
+    for command in (second, first, third, Cancel("t9")):
+        s.handle_event(CommandRejected("Cancel", "t9", "no_such_turn", source=command), 12.0)
+    assert [m.get("id") for m in texts(s)] == ["b", "a", None, None]
+
+
 def test_early_media_refusals_become_error_messages() -> None:
     s = session()
     s.connected(11.0)

@@ -23,6 +23,7 @@ from .harness import (
     FACTOR,
     AppServer,
     TwilioCall,
+    api_post,
     app_route,
     speech_mulaw,
     stack,
@@ -174,6 +175,39 @@ def test_malformed_command_gets_an_error_naming_the_field_and_the_call_goes_on()
                 assert "final" in json.dumps(error)
                 finished = await app.wait_for("turn.finished")
                 assert finished["turn_id"] == "ok"
+
+    run(body())
+
+
+def test_transfer_and_dtmf_are_refused_on_a_twilio_stream_and_the_call_goes_on() -> None:
+    """Twilio's media-stream protocol has no transfer and no DTMF message: the app is told
+    (command_rejected, naming the reason), the API caller gets 409, and the call goes on."""
+
+    async def body() -> None:
+        async with AppServer() as app:
+            app.on_started = [
+                {"type": "transfer", "target": "sip:desk@example.com", "id": "x1"},
+                {"type": "dtmf", "digits": "12#", "id": "d1"},
+                {"type": "say", "turn_id": "ok", "text": "Still here.", "final": True},
+            ]
+            async with stack(app_route(app.url)) as st, TwilioCall(st.ms_port):
+                started = await app.wait_for("call.started")
+                await app.wait_for("turn.finished")
+                errors = app.of("error")
+                assert [(e["code"], e["command"], e["id"]) for e in errors] == [
+                    ("command_rejected", "transfer", "x1"),
+                    ("command_rejected", "dtmf", "d1"),
+                ]
+                assert "transfer_unsupported" in str(errors[0]["message"])
+                assert "dtmf_unsupported" in str(errors[1]["message"])
+                path = f"/v1/calls/{started['call_id']}"
+                status, err = await api_post(
+                    st.api_port, f"{path}/transfer", {"target": "sip:desk@example.com"}
+                )
+                assert (status, err["error"]["code"]) == (409, "transfer_unsupported")  # type: ignore[index]
+                status, err = await api_post(st.api_port, f"{path}/dtmf", {"digits": "5"})
+                assert (status, err["error"]["code"]) == (409, "dtmf_unsupported")  # type: ignore[index]
+                assert len(app.of("error")) == 2  # the API's refusals are not sent to the app
 
     run(body())
 

@@ -217,6 +217,8 @@ class MediaStreamsLeg:
             sample_rate_hz=event.sample_rate_hz,
             heard_from="marks",
             can_clear=stream.engine.DIALECT in CAN_CLEAR,
+            can_transfer=False,  # no carrier protocol here has a transfer message
+            can_send_dtmf=stream.engine.supports_send_dtmf,
         )
         stream.cutter = FrameCutter(profile.frame_bytes)
         started = cmd.CallStarted(
