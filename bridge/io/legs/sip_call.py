@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import socket
 import sys
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -64,6 +65,8 @@ from bridge.rtp.session import (
 )
 from bridge.sip.sdp import NegotiatedAudio
 from bridge.sip.ua import SipUserAgent
+from telcodec import g711
+from telcodec.dtmf import generate as dtmf_tones
 from telcodec.g722 import FRAME_BYTES as G722_PCM_FRAME_BYTES
 from telcodec.g722 import G722Decoder, G722Encoder
 from telcodec.opus import OpusDecoder, OpusEncoder
@@ -87,6 +90,9 @@ SO_TIMESTAMPNS = SCM_TIMESTAMPNS if sys.platform == "linux" else None
 """Linux: the kernel stamps each datagram's arrival (``SCM_TIMESTAMPNS``, CLOCK_REALTIME)."""
 FRAME_S = 0.02
 MAX_READS_PER_TICK = 32
+INBAND_TONE_MS = 100
+INBAND_GAP_MS = 60
+"""DTMF played as tones: each key 100 ms, 60 ms apart (as the RFC 4733 sender's)."""
 """A call's RTP socket is read at its tick; a backlog larger than this waits for the next one."""
 
 
@@ -207,6 +213,7 @@ class _SipCall:
         "ended",
         "heard_audio",
         "inband",
+        "inband_out",
         "loop",
         "outbound",
         "outbox",
@@ -243,6 +250,9 @@ class _SipCall:
         self.caller_silence = self.silence
         """What the runner hears for a frame that did not arrive (the leg's format)."""
         self.wide: G722Media | None = None
+        self.inband_out: deque[bytes] = deque()
+        """DTMF played as tones in the audio (no telephone-event negotiated): the next
+        frames to send, in the form ``send_frame`` takes (G.711, or PCM on a wide leg)."""
         """A G.722 or Opus call's codecs (None: G.711, stateless)."""
         self.payload_bytes = 160
         """The size of a caller's 20 ms payload (G.711, G.722); 0: any (Opus varies)."""
@@ -452,6 +462,8 @@ class _SipCall:
                 self._pump_rtp()
                 return self._inbound_cb
         wide = self.wide
+        if self.inband_out:  # a key press played as tones takes the frame's place
+            frame = self.inband_out.popleft()
         if frame is None:
             frame = self.silence if wide is None else wide.encoder.encode_silence()
             self.sending_audio = False
@@ -620,11 +632,28 @@ class _SipCall:
         self.ua.pump()
 
     def send_dtmf(self, digits: str) -> None:
-        if self.audio is not None and self.audio.telephone_event_pt is not None:
+        """RFC 4733 events where telephone-event was negotiated; otherwise the digits are
+        played as tones in the audio (as the in-band fallback hears them), in place of
+        the bot's frames while they last."""
+        audio = self.audio
+        if audio is None:
+            return
+        if audio.telephone_event_pt is not None:
             self.dtmf.send_digits(digits)
             self.dtmf_active = True
-        else:
-            log.warning("sip.dtmf_unsupported", call_id=self.call_id)
+            return
+        rate_hz = 8000 if self.wide is None else 16000
+        pcm = dtmf_tones(
+            digits, rate_hz, tone_ms=INBAND_TONE_MS, gap_ms=INBAND_GAP_MS, level_dbfs=-10.0
+        )
+        step = rate_hz // 50 * 2  # 20 ms of s16le
+        encode = g711.alaw_encode if audio.codec == "PCMA" else g711.ulaw_encode
+        if self.wide is not None:  # the wide encoder takes PCM
+            for at in range(0, len(pcm) - step + 1, step):
+                self.inband_out.append(pcm[at : at + step])
+            return
+        for at in range(0, len(pcm) - step + 1, step):
+            self.inband_out.append(encode(pcm[at : at + step]))
 
     def close(self) -> None:
         self.rtp.close(self.loop.time())
