@@ -40,7 +40,6 @@ max <= 10 ms, in every placement, warm and cold.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import re
 import subprocess
@@ -51,15 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import write
+from bench.loadgen import hostspeed
 from bench.loadgen.analysis import pacing_summary, rtp_deviations_ns
-from bench.loadgen.hostspeed import (
-    STALL_MS,
-    STALL_REACH_MS,
-    chance_pct,
-    episodes_of,
-    stalls_before,
-    watch_into,
-)
 from bench.loadgen.procs import (
     DAEMON_CORE,
     LOADGEN_CORE,
@@ -167,7 +159,7 @@ def excursions(
     """Episodes of packets deviating over ``EXCURSION_MS`` (``episodes_of``): when (ms after
     ``t0_ns``) and for how long, how many packets on how many calls (of those sending
     then), the largest deviation, and the longest host stall that ended within
-    ``STALL_REACH_MS`` before the episode began (None: none did). Every call late at once
+    ``hostspeed.STALL_REACH_MS`` before the episode began (None: none did). Every call late at once
     is one late wake-up of the media clock; a few calls late for long is their grid."""
     late: list[tuple[int, float, int]] = []
     for call, (a, dev) in enumerate(per):
@@ -175,12 +167,12 @@ def excursions(
         ms = (abs(dev[over]) / 1e6).tolist()
         late.extend((t, m, call) for t, m in zip(a[over].tolist(), ms, strict=True))
     late.sort()
-    episodes = episodes_of([t for t, _, _ in late])
-    causes = stalls_before([first for first, _ in episodes], stalls)
+    episodes = hostspeed.episodes_of([t for t, _, _ in late])
+    causes = hostspeed.stalls_before([first for first, _ in episodes], stalls)
     out = []
     i = 0
     for (first, n), cause in zip(episodes, causes, strict=True):
-        these = late[i : i + n]  # episodes_of groups in time order
+        these = late[i : i + n]  # hostspeed.episodes_of groups in time order
         i += n
         last = these[-1][0]
         sending = sum(1 for a, _ in per if a.size and a[0] <= first <= a[-1])
@@ -208,7 +200,7 @@ def run_once(
     watch_stalls: bool = False,
 ) -> dict[str, Any]:
     d = Daemon(workdir, cache_dir, rate)
-    stall_proc = stall_end = None
+    watcher: hostspeed.StallWatch | None = None
     try:
         ready_s = d.wait_ready(300)
         kids = d.children()
@@ -217,11 +209,7 @@ def run_once(
             os.sched_setaffinity(pid, target)
         load = RtpLoad(("127.0.0.1", d.sip), route="demo")
         if watch_stalls:  # the ramp, up to 30 s for the last answer, the hold
-            ctx = multiprocessing.get_context("fork")
-            stall_end, child_end = ctx.Pipe(duplex=False)
-            watch_s = calls / rate + hold_s + 10
-            stall_proc = ctx.Process(target=watch_into, args=(watch_s, DAEMON_CORE, child_end))
-            stall_proc.start()
+            watcher = hostspeed.StallWatch(calls / rate + hold_s + 10, DAEMON_CORE)
         load.recording = True
         c0, t0 = d.cpu_s(), time.monotonic()
         k0 = sum(d.cpu_s(k) for k in kids)
@@ -238,18 +226,15 @@ def run_once(
         load.close()
         time.sleep(1.0)
         host: dict[str, Any] = {}
-        if stall_proc is not None and stall_end is not None:
-            stalls = stall_end.recv()
-            stall_proc.join(10)
-            if stalls is not None:
-                t0_ns = int(t0 * 1e9)
-                seen = [(end, ms) for end, ms in stalls if end >= t0]
-                host = {
-                    "stalls": len(seen),
-                    "longest_stall_ms": max((ms for _, ms in seen), default=0.0),
-                    "stall_chance_pct": round(chance_pct(seen, t1 - t0), 1),
-                    "excursions": excursions(per, seen, t0_ns),
-                }
+        stalls = watcher.result() if watcher is not None else None
+        if stalls is not None:
+            seen = [(end, ms) for end, ms in stalls if end >= t0]
+            host = {
+                "stalls": len(seen),
+                "longest_stall_ms": max((ms for _, ms in seen), default=0.0),
+                "stall_chance_pct": round(hostspeed.chance_pct(seen, t1 - t0), 1),
+                "excursions": excursions(per, seen, int(t0 * 1e9)),
+            }
         events = d.log_counts(("turn.finished", "turn.interrupted", "provider.error"))
         turns = {
             "finished": events["turn.finished"],
@@ -325,8 +310,9 @@ def main() -> int:
                 host = r.get("host_stalls")
                 if host:
                     print(
-                        f"      host stalls over {STALL_MS} ms: {host['stalls']} (longest "
-                        f"{host['longest_stall_ms']} ms; a stall ends within {STALL_REACH_MS:g} ms "
+                        f"      host stalls over {hostspeed.STALL_MS} ms: {host['stalls']} "
+                        f"(longest {host['longest_stall_ms']} ms; a stall ends within "
+                        f"{hostspeed.STALL_REACH_MS:g} ms "
                         f"before a random moment {host['stall_chance_pct']} % of the time)",
                         flush=True,
                     )

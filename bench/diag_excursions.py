@@ -26,7 +26,6 @@ kernel's) to explain.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import shutil
 import tempfile
 from pathlib import Path
@@ -37,10 +36,10 @@ from bench.loadgen.analysis import rtp_deviations_ns
 from bench.loadgen.hostspeed import (
     STALL_MS,
     STALL_REACH_MS,
+    StallWatch,
     chance_pct,
     episodes_of,
     stalls_before,
-    watch_into,
 )
 from bench.loadgen.procs import DAEMON_CORE, DaemonUnderTest, TtsProcess, pin_self
 from bench.loadgen.rtp import RtpLoad
@@ -61,7 +60,7 @@ def main() -> None:
     ap.add_argument("--stalls", action="store_true", help="watch the core's host stalls too")
     ap.add_argument("--keep-log", type=Path, help="copy the daemon's JSON log here")
     args = ap.parse_args()
-    stall_proc = stall_end = None
+    watcher: StallWatch | None = None
     pin_self()
     with tempfile.TemporaryDirectory() as tmp:
         tts = TtsProcess.start(Path(tmp))
@@ -72,12 +71,7 @@ def main() -> None:
             load.wait_answered(20)
             load.run_for(2)
             if args.stalls:
-                ctx = multiprocessing.get_context("fork")
-                stall_end, child_end = ctx.Pipe(duplex=False)
-                stall_proc = ctx.Process(
-                    target=watch_into, args=(args.seconds + 1, DAEMON_CORE, child_end)
-                )
-                stall_proc.start()
+                watcher = StallWatch(args.seconds + 1, DAEMON_CORE)
             load.recording = True
             load.run_for(args.seconds)
             load.recording = False
@@ -89,10 +83,7 @@ def main() -> None:
             tts.stop()
             if args.keep_log is not None:
                 shutil.copyfile(Path(tmp) / "daemon.log", args.keep_log)
-    stalls: list[tuple[float, float]] | None = None
-    if stall_proc is not None and stall_end is not None:
-        stalls = stall_end.recv()
-        stall_proc.join(10)
+    stalls = watcher.result() if watcher is not None else None
     starts = [c.arrival_ns[0] for c in calls if c.arrival_ns]
     if not starts:
         print("no packets received")

@@ -200,6 +200,22 @@ def watch_into(seconds: float, core: int | None, out: Connection) -> None:
     out.close()
 
 
+class StallWatch:
+    """``watch_into`` in a child process for ``seconds`` from now, on ``core``;
+    ``result()`` waits for it to end: the stalls, or None without real-time priority."""
+
+    def __init__(self, seconds: float, core: int | None) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self._end, child_end = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=watch_into, args=(seconds, core, child_end))
+        self._proc.start()
+
+    def result(self) -> list[tuple[float, float]] | None:
+        stalls: list[tuple[float, float]] | None = self._end.recv()
+        self._proc.join(10)
+        return stalls
+
+
 def episodes_of(late_ns: list[int], gap_ms: float = 50.0) -> list[tuple[int, int]]:
     """Late packets grouped into episodes (a gap over ``gap_ms`` starts one):
     (first packet's time in ns, packets in it)."""
