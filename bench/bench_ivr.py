@@ -159,7 +159,7 @@ def excursions(
     """Episodes of packets deviating over ``EXCURSION_MS`` (``episodes_of``): when (ms after
     ``t0_ns``) and for how long, how many packets on how many calls (of those sending
     then), the largest deviation, and the longest host stall that ended within
-    ``hostspeed.STALL_REACH_MS`` before the episode began (None: none did). Every call late at once
+    ``STALL_REACH_MS`` before the episode began (None: none did). Every call late at once
     is one late wake-up of the media clock; a few calls late for long is their grid."""
     late: list[tuple[int, float, int]] = []
     for call, (a, dev) in enumerate(per):
@@ -172,7 +172,7 @@ def excursions(
     out = []
     i = 0
     for (first, n), cause in zip(episodes, causes, strict=True):
-        these = late[i : i + n]  # hostspeed.episodes_of groups in time order
+        these = late[i : i + n]  # episodes_of groups in time order
         i += n
         last = these[-1][0]
         sending = sum(1 for a, _ in per if a.size and a[0] <= first <= a[-1])

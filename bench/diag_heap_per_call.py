@@ -62,7 +62,6 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=1, help="frames kept per allocation")
     ap.add_argument("--top", type=int, default=30)
     a = ap.parse_args()
-    src = ROOT
     pin_self(LOADGEN_CORE)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -71,10 +70,10 @@ def main() -> None:
         env = {
             "TM_DIR": str(out),
             "TM_FRAMES": str(a.frames),
-            "PYTHONPATH": os.pathsep.join([str(TRACED_SITE), str(src), str(src / "codecs")]),
+            "PYTHONPATH": os.pathsep.join([str(TRACED_SITE), str(ROOT), str(ROOT / "codecs")]),
         }
         tts = TtsProcess.start(work)
-        d = DaemonUnderTest.start(work, tts.port, env=env, src=src)
+        d = DaemonUnderTest.start(work, tts.port, env=env)
         try:
             warm = _hold(d, a.calls)
             warm.hangup_all(settle_s=2)
@@ -91,7 +90,7 @@ def main() -> None:
     stats = active.compare_to(idle, a.key)
     total = sum(s.size_diff for s in stats)
     n = a.calls
-    print(f"{src}: traced heap with {n} calls up minus idle: {total / 1024:.1f} KiB, ", end="")
+    print(f"{ROOT}: traced heap with {n} calls up minus idle: {total / 1024:.1f} KiB, ", end="")
     print(f"{total / n / 1024:.2f} KiB per call")
     for s in stats[: a.top]:
         print(f"{s.size_diff / n:9.0f} B/call {s.count_diff / n:7.1f} blocks/call  {s.traceback}")

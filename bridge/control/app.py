@@ -113,10 +113,10 @@ __all__ = [
 ]
 
 MAX_MESSAGE_BYTES = 64 * 1024
+"""Largest command message accepted (UTF-8 bytes); the shell sets its WS ``max_size`` to it."""
 RECENT_IDS = 64
 """Commands with an ``id`` kept for their rejection's ``error``: a call refuses a
 command in the same pump that carries it out, so far fewer are ever waiting."""
-"""Largest command message accepted (UTF-8 bytes); the shell sets its WS ``max_size`` to it."""
 MAX_TEXT_CHARS = 4096
 MAX_PENDING_EVENTS = 256
 DEFAULT_CONNECT_TIMEOUT_S = 5.0

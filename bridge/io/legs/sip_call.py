@@ -90,10 +90,10 @@ SO_TIMESTAMPNS = SCM_TIMESTAMPNS if sys.platform == "linux" else None
 """Linux: the kernel stamps each datagram's arrival (``SCM_TIMESTAMPNS``, CLOCK_REALTIME)."""
 FRAME_S = 0.02
 MAX_READS_PER_TICK = 32
+"""A call's RTP socket is read at its tick; a backlog larger than this waits for the next one."""
 INBAND_TONE_MS = 100
 INBAND_GAP_MS = 60
 """DTMF played as tones: each key 100 ms, 60 ms apart (as the RFC 4733 sender's)."""
-"""A call's RTP socket is read at its tick; a backlog larger than this waits for the next one."""
 
 
 class CallerSide(Protocol):
@@ -250,10 +250,10 @@ class _SipCall:
         self.caller_silence = self.silence
         """What the runner hears for a frame that did not arrive (the leg's format)."""
         self.wide: G722Media | None = None
+        """A G.722 or Opus call's codecs (None: G.711, stateless)."""
         self.inband_out: deque[bytes] = deque()
         """DTMF played as tones in the audio (no telephone-event negotiated): the next
         frames to send, in the form ``send_frame`` takes (G.711, or PCM on a wide leg)."""
-        """A G.722 or Opus call's codecs (None: G.711, stateless)."""
         self.payload_bytes = 160
         """The size of a caller's 20 ms payload (G.711, G.722); 0: any (Opus varies)."""
         self.dtmf = DtmfSender()
@@ -647,13 +647,11 @@ class _SipCall:
             digits, rate_hz, tone_ms=INBAND_TONE_MS, gap_ms=INBAND_GAP_MS, level_dbfs=-10.0
         )
         step = rate_hz // 50 * 2  # 20 ms of s16le
-        encode = g711.alaw_encode if audio.codec == "PCMA" else g711.ulaw_encode
-        if self.wide is not None:  # the wide encoder takes PCM
-            for at in range(0, len(pcm) - step + 1, step):
-                self.inband_out.append(pcm[at : at + step])
-            return
-        for at in range(0, len(pcm) - step + 1, step):
-            self.inband_out.append(encode(pcm[at : at + step]))
+        frames = [pcm[at : at + step] for at in range(0, len(pcm) - step + 1, step)]
+        if self.wide is None:  # G.711 here; the wide encoder takes PCM in send_frame
+            encode = g711.alaw_encode if audio.codec == "PCMA" else g711.ulaw_encode
+            frames = [encode(f) for f in frames]
+        self.inband_out.extend(frames)
 
     def close(self) -> None:
         self.rtp.close(self.loop.time())

@@ -102,14 +102,14 @@ class StreamLeg:
         self.stream.pump()
 
     def transfer(self, target: str, trunk: str = "") -> None:
+        # the call refuses a transfer on a media stream (``LegProfile.can_transfer``)
         log.warning("streams.transfer_unsupported", dialect=self.kind, target=target)
 
     def send_dtmf(self, digits: str) -> None:
-        if self.stream.engine.supports_send_dtmf:
-            self.stream.engine.send_dtmf(digits, self.stream.now())
-            self.stream.pump()
-        else:
-            log.warning("streams.dtmf_unsupported", dialect=self.kind)
+        # only dialects with a DTMF message get here: the call refuses it on the others
+        # (``LegProfile.can_send_dtmf``), and the engine raises if one did
+        self.stream.engine.send_dtmf(digits, self.stream.now())
+        self.stream.pump()
 
 
 class StreamCall:
